@@ -1,0 +1,37 @@
+"""Error types. Every user-facing error names where (file:line:col or argument) and the fix."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One problem in a rule file, located at file:line:col (1-based)."""
+
+    file: str
+    line: int
+    col: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.message}"
+
+
+class OracleError(Exception):
+    """Base class of every error the oracle raises on purpose."""
+
+
+class RuleError(OracleError):
+    """Rule files are broken; carries every diagnostic found, not just the first."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = list(diagnostics)
+        super().__init__("\n".join(str(d) for d in self.diagnostics))
+
+
+class ScenarioError(OracleError):
+    """A scenario is malformed: names the field and what is expected."""
+
+
+class EnvValueError(OracleError):
+    """A declared environment variable holds a value its parser rejects."""

@@ -1,0 +1,187 @@
+"""Run a compiled policy against one question. Pure: reads only the Ctx it is given.
+
+Two modes share one code path: the fast mode stops at the first failing check and keeps
+no trace; the trace mode (used lazily by Decision.trace and by explain) evaluates every
+check of every candidate so that all reasons are reported, not only vLLM's first one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compiler import FROM_SCENARIO, Backend, Ctx, Family, Kernel, Policy, Step
+from .errors import EnvValueError
+
+
+@dataclass
+class Result:
+    outcome: str
+    backend: Backend | None = None
+    kernel: Kernel | None = None
+    report_kernel: bool = True
+    activation_key: Any = None
+    error: str | None = None
+    emits: dict[str, Any] = field(default_factory=dict)
+    decided_by: Step | None = None
+    reported_backend: str | None = None  # for outcome none: the backend value to report, if any
+
+
+def _keys(family: Family, backend: Backend, ctx: Ctx) -> None:
+    wk = family.weight_key
+    ctx.weight_key = ctx.facts["moe.weight_key"] if wk == FROM_SCENARIO else wk
+    ak = backend.activation_key
+    ctx.activation_key = ctx.facts["moe.activation_key"] if ak == FROM_SCENARIO else ak
+
+
+def _words(ctx: Ctx, backend: Backend | None = None, reason: str | None = None) -> dict[str, Any]:
+    return {"backend": backend.value if backend else None, "reason": reason, "weight_key": ctx.weight_key,
+            "activation_key": ctx.activation_key}
+
+
+def _first_failure(kernel: Kernel, ctx: Ctx, batched_word: str) -> str | None:
+    for check in kernel.checks:
+        if not check.fn(ctx):
+            return check.reason.render(ctx, {**_words(ctx), "activation_format": batched_word})
+    return None
+
+
+def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: Step,
+                batched_word: str) -> tuple[Kernel | None, str | None]:
+    """First kernel of `backend` that accepts the question, or (None, reason of the last kernel tried)."""
+    _keys(family, backend, ctx)
+    reason = None
+    for kernel in backend.kernels:
+        if trace is None:
+            reason = _first_failure(kernel, ctx, batched_word)
+            if reason is None:
+                return kernel, None
+            continue
+        failed = []
+        for check in kernel.checks:
+            try:
+                ok = check.fn(ctx)
+            except EnvValueError as exc:
+                ok, note = False, str(exc)
+            else:
+                note = None
+            if not ok:
+                words = {**_words(ctx), "activation_format": batched_word}
+                failed.append({"check": check.name, "reason": note or check.reason.render(ctx, words),
+                               "condition": check.text})
+        trace.append({"candidate": backend.name, "kernel": kernel.name, "accepted": not failed, "failed": failed,
+                      "step": step.id, "at": kernel.at})
+        if not failed:
+            return kernel, None
+        reason = failed[0]["reason"]
+    return None, reason
+
+
+def _selected(backend: Backend, kernel: Kernel | None, ctx: Ctx, step: Step, report: bool = True) -> Result:
+    return Result("selected", backend, kernel, report and not (kernel and kernel.function_check),
+                  ctx.activation_key, decided_by=step)
+
+
+def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: Step, batched_word: str) -> Result:
+    family = policy.family
+    if not step.check:
+        _keys(family, backend, ctx)
+        if trace is not None:
+            trace.append({"candidate": backend.name, "kernel": backend.kernels[0].name if backend.kernels else None,
+                          "accepted": True, "failed": [], "step": step.id, "unchecked": True, "at": backend.at})
+        return _selected(backend, backend.kernels[0] if backend.kernels else None, ctx, step, step.report_kernel)
+    kernel, reason = try_backend(family, backend, ctx, trace, step, batched_word)
+    if kernel is not None:
+        return _selected(backend, kernel, ctx, step, step.report_kernel)
+    key = "backend_rejected" if reason else "backend_rejected_no_reason"
+    msg = family.messages[key].render(ctx, _words(ctx, backend, reason))
+    return Result("invalid", backend, error=msg, decided_by=step)
+
+
+def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -> Result:
+    family = policy.family
+    candidates = list(policy.candidates)
+    batched_word = "('batched_experts',)" if batched_fn is not None and batched_fn(ctx) else "standard"
+    emits: dict[str, Any] = {}
+    call_result: Result | None = None
+    for step in policy.steps:
+        if step.when is not None:
+            matched = step.when.fn(ctx)
+            if trace is not None:
+                trace.append({"step": step.id, "matched": bool(matched), "when": step.when.text, "at": step.at,
+                              "why": step.why})
+            if not matched:
+                continue
+        elif trace is not None:
+            trace.append({"step": step.id, "matched": True, "at": step.at, "why": step.why})
+        action, arg = step.action, step.arg
+        if action == "try":
+            names = candidates if arg == "candidates" else arg
+            for name in names:
+                backend = family.backends[name]
+                kernel, _ = try_backend(family, backend, ctx, trace, step, batched_word)
+                if kernel is not None:
+                    return _finish(_selected(backend, kernel, ctx, step, step.report_kernel), emits)
+            continue
+        if action == "use":
+            return _finish(_use(policy, family.backends[arg], ctx, trace, step, batched_word), emits)
+        if action == "drop":
+            dropped = set(arg)
+            candidates = [c for c in candidates if c not in dropped]
+            continue
+        if action == "use_explicit":
+            requested = ctx.facts["moe.moe_backend"]
+            name = family.explicit.get(requested)
+            if name is None:
+                msg = family.messages["unknown_moe_backend"].render(
+                    ctx, {"explicit_keys": ", ".join(f"'{k}'" for k in family.explicit)})
+                return _finish(Result("invalid", error=msg, decided_by=step), emits)
+            if batched_fn is not None and batched_fn(ctx):
+                name = family.explicit_batched.get(name, name)
+            return _finish(_use(policy, family.backends[name], ctx, trace, step, batched_word), emits)
+        if action == "outcome":
+            outcome, report = arg
+            msg = step.message.render(ctx, {}) if step.message else None
+            res = Result(outcome, error=msg, decided_by=step)
+            if report is not None:
+                res.reported_backend = family.backends[report].value
+            return _finish(res, emits)
+        if action == "emit":
+            for name, fn in arg:
+                emits[name] = fn(ctx)
+            continue
+        if action == "call":
+            sub_trace = [] if trace is not None else None
+            call_result = call_policy(arg, ctx, sub_trace)
+            if trace is not None:
+                trace.append({"step": step.id, "call": arg, "outcome": call_result.outcome, "trace": sub_trace,
+                              "at": step.at})
+            if call_result.outcome in ("invalid", "unsupported", "error"):
+                return _finish(call_result, emits)
+            ctx.call_backend = call_result.backend.name if call_result.backend else None
+            continue
+        if action == "result":
+            if call_result is None:
+                return Result("error", error=f"step '{step.id}' ({step.at}) returns a call result but no call ran before it")
+            return _finish(call_result, emits)
+    return Result("error", error=f"policy '{policy.name}' ({policy.at}) ended without a decision")
+
+
+def _finish(res: Result, emits: dict[str, Any]) -> Result:
+    if emits:
+        res.emits = {**res.emits, **emits}
+    return res
+
+
+def round_sizes(family: Family, backend_name: str, ctx: Ctx) -> tuple[int, int]:
+    hidden = ctx.facts["moe.hidden_size"]
+    inter = ctx.facts["moe.intermediate_size"]
+    for row in family.round_up:
+        if row.backends is not None and backend_name not in row.backends:
+            continue
+        if row.when is not None and not row.when.fn(ctx):
+            continue
+        inter = -(-inter // row.intermediate) * row.intermediate
+        if row.hidden:
+            hidden = -(-hidden // row.hidden) * row.hidden
+        break
+    return hidden, inter

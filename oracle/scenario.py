@@ -1,0 +1,177 @@
+"""Turn a scenario mapping (../spec contract) into a frozen, hashable Scenario.
+
+Unknown fields, wrong types and out-of-range values raise ScenarioError naming the
+field, what is expected and, for a misspelling, the close name.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .errors import ScenarioError
+from .facts import ACTIVATIONS, FACTS, PLATFORM_KINDS, QUERIES
+from .rules import did_you_mean
+
+_TOP = ("policy", "profile", "platform", "packages", "env", "moe", "quark", "query", "backend")
+_PLATFORM = ("kind", "capability", "gcn_arch")
+_MOE = tuple(k.split(".", 1)[1] for k in FACTS if k.startswith("moe.") and not k.startswith("moe.parallel."))
+_PARALLEL = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("moe.parallel."))
+_QUARK = ("weight", "input", "input_dtype", "weight_dtype")
+_QUARK_WEIGHT = ("dtype", "qscheme")
+_QUARK_INPUT = ("dtype", "is_dynamic")
+
+
+class Scenario:
+    """One normalized question. Immutable and hashable, so answers can be cached by it."""
+
+    __slots__ = ("policy", "profile", "query", "backend", "facts", "env", "packages", "platform_given", "_key", "_hash")
+
+    def __init__(self, policy: str, profile: str | None, query: str, backend: str | None, facts: dict[str, Any],
+                 env: dict[str, str], packages: frozenset, platform_given: bool):
+        object.__setattr__(self, "policy", policy)
+        object.__setattr__(self, "profile", profile)
+        object.__setattr__(self, "query", query)
+        object.__setattr__(self, "backend", backend)
+        object.__setattr__(self, "facts", facts)
+        object.__setattr__(self, "env", env)
+        object.__setattr__(self, "packages", packages)
+        object.__setattr__(self, "platform_given", platform_given)
+        key = (policy, profile, query, backend, tuple(facts.items()), tuple(sorted(env.items())), packages)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Scenario is immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Scenario) and self._key == other._key
+
+    def __repr__(self) -> str:
+        return f"Scenario(policy={self.policy!r}, profile={self.profile!r}, query={self.query!r})"
+
+
+def _fields(obj: Any, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    if obj is None:
+        return {}
+    if not isinstance(obj, Mapping):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(obj).__name__}")
+    for key in obj:
+        if key not in allowed:
+            raise ScenarioError(f"{where}.{key}: unknown field{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}"
+                                if where else f"{key}: unknown field{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
+    return obj
+
+
+def _typed(value: Any, kind: str, where: str) -> Any:
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ScenarioError(f"{where}: expected true or false, got {value!r}")
+    elif kind == "int":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ScenarioError(f"{where}: expected a non-negative integer, got {value!r}")
+    elif kind in ("str", "choice"):
+        if not isinstance(value, str):
+            raise ScenarioError(f"{where}: expected a string, got {value!r}")
+    elif kind == "str?":
+        if value is not None and not isinstance(value, str):
+            raise ScenarioError(f"{where}: expected a string or null, got {value!r}")
+    return value
+
+
+def parse_scenario(raw: Any, rocm_archs: Mapping[str, tuple[int, int]], packages_known: frozenset,
+                   default_platform: Mapping[str, Any] | None = None) -> Scenario:
+    top = _fields(raw, "", _TOP)
+    if not isinstance(raw, Mapping):
+        raise ScenarioError("scenario: expected a mapping with at least 'policy'")
+    policy = top.get("policy")
+    if not isinstance(policy, str):
+        raise ScenarioError("policy: required; one of mxfp4-gpt-oss, mxfp4, nvfp4, ocp-mx")
+    profile = top.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise ScenarioError(f"profile: expected a profile name string, got {profile!r}")
+    query = top.get("query", "select")
+    if query not in QUERIES:
+        raise ScenarioError(f"query: {query!r} is not a query{did_you_mean(query, QUERIES)}; expected one of {', '.join(QUERIES)}")
+    backend = top.get("backend")
+    if backend is not None and not isinstance(backend, str):
+        raise ScenarioError(f"backend: expected a backend name string, got {backend!r}")
+    if query == "round_up" and backend is None:
+        raise ScenarioError("backend: the round_up query needs a backend name (or \"None\")")
+
+    facts: dict[str, Any] = {k: d for k, (_, d) in FACTS.items()}
+    platform_given = "platform" in top
+    platform = _fields(top.get("platform") if platform_given else default_platform, "platform", _PLATFORM)
+    kind = platform.get("kind", "cuda")
+    if kind not in PLATFORM_KINDS:
+        raise ScenarioError(f"platform.kind: {kind!r} is not a platform{did_you_mean(kind, PLATFORM_KINDS)}; expected one of {', '.join(PLATFORM_KINDS)}")
+    facts["platform.kind"] = kind
+    if kind == "cuda":
+        cap = platform.get("capability", [9, 0] if not platform_given else None)
+        if (not isinstance(cap, (list, tuple)) or len(cap) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cap)):
+            raise ScenarioError(f"platform.capability: expected [major, minor] for cuda, e.g. [9, 0]; got {cap!r}")
+        facts["platform.capability"] = (cap[0], cap[1])
+        if "gcn_arch" in platform:
+            raise ScenarioError("platform.gcn_arch: only for kind rocm")
+    elif kind == "rocm":
+        arch = platform.get("gcn_arch")
+        if arch not in rocm_archs:
+            raise ScenarioError(f"platform.gcn_arch: {arch!r} is not a known ROCm arch{did_you_mean(arch, rocm_archs)}; "
+                                f"expected one of {', '.join(rocm_archs)}")
+        facts["platform.gcn_arch"] = arch
+        facts["platform.capability"] = rocm_archs[arch]
+        if "capability" in platform:
+            raise ScenarioError("platform.capability: derived from gcn_arch on rocm; remove it")
+    else:
+        if "capability" in platform or "gcn_arch" in platform:
+            raise ScenarioError(f"platform: {kind} takes no capability or gcn_arch")
+
+    pk = _fields(top.get("packages"), "packages", tuple(sorted(packages_known)))
+    for name, present in pk.items():
+        _typed(present, "bool", f"packages.{name}")
+    packages = frozenset(n for n, present in pk.items() if present)
+
+    env_raw = top.get("env") or {}
+    if not isinstance(env_raw, Mapping):
+        raise ScenarioError("env: expected a mapping NAME: \"value\"")
+    env: dict[str, str] = {}
+    for name, value in env_raw.items():
+        if not isinstance(value, str):
+            raise ScenarioError(f"env.{name}: values are strings exactly as in the environment (write \"{_as_env(value)}\", quoted)")
+        env[str(name)] = value
+
+    moe = _fields(top.get("moe"), "moe", _MOE + ("parallel",))
+    for key, value in moe.items():
+        if key == "parallel":
+            continue
+        path = "moe." + key
+        facts[path] = _typed(value, FACTS[path][0], path)
+    if facts["moe.activation"] not in ACTIVATIONS:
+        a = facts["moe.activation"]
+        raise ScenarioError(f"moe.activation: {a!r} is not an activation{did_you_mean(a, ACTIVATIONS)}; expected one of {', '.join(ACTIVATIONS)}")
+    parallel = _fields(moe.get("parallel"), "moe.parallel", _PARALLEL)
+    for key, value in parallel.items():
+        path = "moe.parallel." + key
+        facts[path] = _typed(value, FACTS[path][0], path)
+
+    quark = _fields(top.get("quark"), "quark", _QUARK)
+    for key in ("input_dtype", "weight_dtype"):
+        if key in quark:
+            facts["quark." + key] = _typed(quark[key], "str?", "quark." + key)
+    weight = _fields(quark.get("weight"), "quark.weight", _QUARK_WEIGHT)
+    for key, value in weight.items():
+        facts["quark.weight." + key] = _typed(value, "str?", "quark.weight." + key)
+    inp = _fields(quark.get("input"), "quark.input", _QUARK_INPUT)
+    if "dtype" in inp:
+        facts["quark.input.dtype"] = _typed(inp["dtype"], "str?", "quark.input.dtype")
+    if "is_dynamic" in inp:
+        facts["quark.input.is_dynamic"] = _typed(inp["is_dynamic"], "bool", "quark.input.is_dynamic")
+    return Scenario(policy, profile, query, backend, facts, env, packages, platform_given)
+
+
+def _as_env(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
