@@ -23,13 +23,13 @@ class Decision:
     """
 
     __slots__ = ("outcome", "backend", "kernel", "activation_key", "hidden_size", "intermediate_size", "error",
-                 "extras", "profile", "policy", "rule_files", "implementation", "_trace", "_trace_fn")
+                 "extras", "profile", "policy", "rule_files", "implementation", "decided_by", "_trace", "_trace_fn")
 
     def __init__(self, outcome: str, *, backend: str | None = None, kernel: str | None = None,
                  activation_key: str | None = None, hidden_size: int | None = None,
                  intermediate_size: int | None = None, error: str | None = None, extras: Mapping[str, Any] = (),
                  profile: str | None = None, policy: str | None = None, rule_files: tuple[str, ...] = (),
-                 implementation: str | None = None, trace_fn=None):
+                 implementation: str | None = None, decided_by: dict | None = None, trace_fn=None):
         self.outcome = outcome
         self.backend = backend
         self.kernel = kernel
@@ -42,6 +42,7 @@ class Decision:
         self.policy = policy
         self.rule_files = rule_files
         self.implementation = implementation
+        self.decided_by = decided_by
         self._trace = None
         self._trace_fn = trace_fn
 
@@ -65,6 +66,8 @@ class Decision:
         out.update(self.extras)
         if self.error is not None:
             out["error"] = self.error
+        if self.decided_by is not None:
+            out["decided_by"] = self.decided_by
         if self.profile is not None:
             out["profile"] = self.profile
             out["policy"] = self.policy
@@ -204,6 +207,9 @@ class Oracle:
             return steps
 
         extras = res.emits
+        step = res.decided_by
+        if step is not None:
+            meta = {**meta, "decided_by": {"step": step.id, "at": step.at, "why": step.why}}
         if res.outcome == "selected":
             family = res.backend and _family_of(table, res.backend)
             h, i = round_sizes(family, res.backend.name, Ctx(sc.facts, sc.env, sc.packages))

@@ -384,6 +384,7 @@ class Table:
     policies: Mapping[str, Policy]
     families: Mapping[str, Family]
     packages: frozenset
+    env_vars: frozenset
     rocm_archs: Mapping[str, tuple[int, int]]
     batched: Fn | None
 
@@ -482,7 +483,7 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
                                  tuple(steps), MappingProxyType(queries), pe.at())
     archs = {k: parse_capability(v.data) for k, v in s["rocm_archs"].items()}
     return Table(rs.name, rs.description, tuple(rs.files), MappingProxyType(policies), MappingProxyType(families),
-                 frozenset(packages), MappingProxyType(archs), batched)
+                 frozenset(packages), frozenset(c.env), MappingProxyType(archs), batched)
 
 
 def _key_matcher(spec: Any) -> tuple[Callable[[Any], bool], str]:

@@ -1,0 +1,307 @@
+"""moe-oracle command line: select, explain, validate, profiles.
+
+Exit codes: 0 answered (selected or none) / rules valid; 1 the answer is invalid or
+unsupported; 2 bad usage or a malformed scenario; 3 broken rule files. Bad input never
+produces a traceback: one message naming the argument or file:line and the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .api import Decision, Oracle
+from .errors import OracleError, RuleError, ScenarioError
+from .facts import ACTIVATIONS, PLATFORM_KINDS, QUERIES
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RULES = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """A command-line argument is wrong; the message names it and the fix."""
+
+
+def _parse_platform(text: str) -> dict[str, Any]:
+    kind, _, detail = text.partition(":")
+    if kind not in PLATFORM_KINDS:
+        raise UsageError(f"--platform {text!r}: kind must be one of {', '.join(PLATFORM_KINDS)} "
+                         "(e.g. cuda:9.0, rocm:gfx950, xpu, cpu)")
+    if kind == "cuda":
+        try:
+            major, minor = (int(x) for x in detail.split("."))
+        except ValueError:
+            raise UsageError(f"--platform {text!r}: cuda needs a capability, e.g. cuda:9.0 or cuda:10.0") from None
+        return {"kind": "cuda", "capability": [major, minor]}
+    if kind == "rocm":
+        if not detail:
+            raise UsageError(f"--platform {text!r}: rocm needs a gcn arch, e.g. rocm:gfx950")
+        return {"kind": "rocm", "gcn_arch": detail}
+    if detail:
+        raise UsageError(f"--platform {text!r}: {kind} takes no detail; write --platform {kind}")
+    return {"kind": kind}
+
+
+def _parse_env(items: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env {item!r}: expected NAME=VALUE, e.g. --env VLLM_MXFP4_USE_MARLIN=0")
+        env[name] = value
+    return env
+
+
+def _read_scenario(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--scenario {path}: cannot read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)  # JSON is YAML; safe_load never builds objects
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        raise UsageError(f"{path}{where}: not valid JSON or YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a scenario must be a mapping with at least 'policy'")
+    return data
+
+
+def _scenario_from_args(args: argparse.Namespace, oracle: Oracle) -> dict[str, Any]:
+    sc: dict[str, Any] = _read_scenario(args.scenario) if args.scenario else {}
+    if args.policy:
+        sc["policy"] = args.policy
+    if args.profile:
+        sc["profile"] = args.profile
+    if args.query:
+        sc["query"] = args.query
+    if args.backend:
+        sc["backend"] = args.backend
+    if args.platform:
+        sc["platform"] = _parse_platform(args.platform)
+    elif "platform" not in sc:
+        from .platform import detect_platform
+
+        sc["platform"] = detect_platform()
+    table = oracle.table(sc.get("profile") if isinstance(sc.get("profile"), str) else None)
+    if args.detect_packages:
+        from .platform import detect_packages
+
+        sc["packages"] = {**detect_packages(table.packages), **(sc.get("packages") or {})}
+    if args.detect_env:
+        from .platform import env_snapshot
+
+        sc["env"] = {**env_snapshot(table.env_vars), **(sc.get("env") or {})}
+    for name in args.package or []:
+        sc.setdefault("packages", {})[name] = True
+    for name in args.no_package or []:
+        sc.setdefault("packages", {})[name] = False
+    if args.env:
+        sc["env"] = {**(sc.get("env") or {}), **_parse_env(args.env)}
+    moe = sc.setdefault("moe", {}) if any(v is not None for v in (
+        args.moe_backend, args.activation, args.lora, args.routing_method, args.hidden_size, args.intermediate_size)) else sc.get("moe")
+    if moe is not None:
+        for key, value in (("moe_backend", args.moe_backend), ("activation", args.activation), ("lora", args.lora),
+                           ("routing_method", args.routing_method), ("hidden_size", args.hidden_size),
+                           ("intermediate_size", args.intermediate_size)):
+            if value is not None:
+                moe[key] = value
+    if "policy" not in sc:
+        raise UsageError("--policy is required (mxfp4-gpt-oss, mxfp4, nvfp4, ocp-mx), or give it in --scenario")
+    return sc
+
+
+def _exit_for(decision: Decision) -> int:
+    return {"selected": EXIT_OK, "none": EXIT_OK, "error": EXIT_USAGE}.get(decision.outcome, EXIT_REFUSED)
+
+
+def _summary(d: Decision) -> str:
+    if d.outcome == "selected":
+        if d.backend is None:
+            return "selected: " + ", ".join(f"{k}={v}" for k, v in d.to_dict(with_trace=False).items()
+                                            if k in ("hidden_size", "intermediate_size", "ocp_mx_scheme"))
+        parts = [f"selected {d.backend}"]
+        if d.kernel:
+            parts.append(f"kernel {d.kernel}")
+        parts.append(f"activations {d.activation_key or 'bf16'}")
+        if d.hidden_size is not None:
+            parts.append(f"hidden {d.hidden_size} intermediate {d.intermediate_size}")
+        for k, v in d.extras.items():
+            parts.append(f"{k} {json.dumps(v)}")
+        return ", ".join(parts)
+    if d.outcome == "none":
+        extra = "".join(f", {k} {json.dumps(v)}" for k, v in d.extras.items())
+        return f"none: no fused-MoE backend on this platform (backend {d.backend}){extra}"
+    return f"{d.outcome}: {d.error}"
+
+
+def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
+    lines = [f"policy {d.policy}   profile {d.profile}"]
+    if d.rule_files:
+        lines.append("rules  " + ", ".join(d.rule_files))
+    plat = scenario.get("platform", {})
+    plat_text = plat.get("kind", "?") + (" " + ".".join(map(str, plat["capability"])) if "capability" in plat else "") + \
+        (" " + plat["gcn_arch"] if "gcn_arch" in plat else "")
+    pk = ", ".join(n for n, v in sorted((scenario.get("packages") or {}).items()) if v) or "(none)"
+    env = ", ".join(f"{k}={v}" for k, v in sorted((scenario.get("env") or {}).items())) or "(none)"
+    lines.append(f"platform {plat_text}   packages {pk}   env {env}")
+    lines.append("")
+    lines.append("=> " + _summary(d))
+    if d.decided_by:
+        lines.append(f"   decided by step '{d.decided_by['step']}' at {d.decided_by['at']}: {d.decided_by['why']}")
+    lines.append("")
+    _trace_lines(d.trace, lines, "")
+    return "\n".join(lines)
+
+
+def _trace_lines(trace: list[dict], lines: list[str], indent: str) -> None:
+    for entry in trace:
+        if "candidate" in entry:
+            verdict = "ACCEPTED" if entry["accepted"] else "rejected"
+            if entry.get("unchecked"):
+                verdict = "taken unchecked"
+            lines.append(f"{indent}    {verdict:<16}{entry['candidate']} / {entry['kernel']}   ({entry['at']})")
+            for f in entry["failed"]:
+                lines.append(f"{indent}        x {f['check']}: {f['reason']}")
+                lines.append(f"{indent}          needs {f['condition']}")
+        elif "call" in entry:
+            lines.append(f"{indent}  step {entry['step']}: calls policy {entry['call']} -> {entry['outcome']}   ({entry['at']})")
+            _trace_lines(entry["trace"] or [], lines, indent + "    ")
+        elif "error" in entry:
+            lines.append(f"{indent}  error: {entry['error']}")
+        else:
+            mark = "*" if entry["matched"] else "-"
+            cond = f" when {entry['when']}" if "when" in entry else ""
+            lines.append(f"{indent}  {mark} step {entry['step']}{cond}   ({entry['at']})")
+
+
+def _cmd_select(args: argparse.Namespace, oracle: Oracle, explain: bool) -> int:
+    if args.batch:
+        return _cmd_batch(args, oracle)
+    sc = _scenario_from_args(args, oracle)
+    d = oracle.select(sc)
+    if args.json:
+        print(json.dumps(d.to_dict(with_trace=explain or args.trace), indent=1 if explain else None))
+    elif explain:
+        print(_explain_text(d, sc))
+    else:
+        print(_summary(d))
+    return _exit_for(d)
+
+
+def _cmd_batch(args: argparse.Namespace, oracle: Oracle) -> int:
+    try:
+        fh = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--batch {args.batch}: cannot read ({exc.strerror})") from None
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                sc = json.loads(line)
+            except json.JSONDecodeError as exc:
+                out = {"outcome": "error", "error": f"{args.batch}:{lineno}:{exc.colno}: not valid JSON ({exc.msg})"}
+            else:
+                if isinstance(sc, dict) and "scenario" in sc and "policy" not in sc:
+                    sc = sc["scenario"]  # accept golden-file lines {"scenario": ..., "expected": ...}
+                d = oracle.select(sc) if isinstance(sc, dict) else None
+                out = d.to_dict(with_trace=args.trace) if d else {"outcome": "error", "error": f"{args.batch}:{lineno}: a scenario must be a JSON object"}
+                if out["outcome"] == "error":
+                    out["error"] = f"{args.batch}:{lineno}: {out['error']}"
+            sys.stdout.write(json.dumps(out) + "\n")
+    return EXIT_OK
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import validate_paths
+
+    diagnostics, checked = validate_paths([Path(p) for p in args.paths] if args.paths else None, args.rules)
+    for d in diagnostics:
+        if args.format == "github":
+            print(f"::error file={d.file},line={d.line},col={d.col}::{d.message}")
+        else:
+            print(d)
+    if diagnostics:
+        print(f"{len(diagnostics)} problem(s) in {checked} file(s)", file=sys.stderr)
+        return EXIT_RULES
+    print(f"ok: {checked} rule file(s) valid")
+    return EXIT_OK
+
+
+def _cmd_profiles(oracle: Oracle) -> int:
+    width = max(len(n) for n in oracle.profiles())
+    for name, desc in oracle.profiles().items():
+        mark = " (default)" if name == oracle.default_profile else ""
+        print(f"{name:<{width}}  {desc}{mark}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moe-oracle", description="Select and explain quantized MoE kernel backends from YAML rule tables.")
+    p.add_argument("--rules", help="rules directory with profiles.yaml (default: the embedded rules)")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in (("select", "answer one question (or a JSONL batch)"),
+                            ("explain", "show every step and candidate, accepted or rejected, with rule locations")):
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("--scenario", metavar="FILE", help="scenario file, JSON or YAML ('-' = stdin)")
+        if name == "select":
+            s.add_argument("--batch", metavar="FILE", help="JSONL file, one scenario per line ('-' = stdin)")
+        s.add_argument("--policy", help="mxfp4-gpt-oss | mxfp4 | nvfp4 | ocp-mx")
+        s.add_argument("--profile", help="rule-set profile (see `moe-oracle profiles`)")
+        s.add_argument("--platform", help="cuda:MAJOR.MINOR | rocm:GFXARCH | xpu | cpu (default: detected)")
+        s.add_argument("--package", action="append", metavar="NAME", help="treat this optional package as installed")
+        s.add_argument("--no-package", action="append", metavar="NAME", help="treat this package as absent")
+        s.add_argument("--detect-packages", action="store_true", help="use the packages installed here")
+        s.add_argument("--detect-env", action="store_true", help="use the declared env vars set here")
+        s.add_argument("--env", action="append", metavar="NAME=VALUE", help="an environment variable, exactly as a string")
+        s.add_argument("--moe-backend", help="explicit moe_backend string (default auto)")
+        s.add_argument("--activation", choices=ACTIVATIONS)
+        s.add_argument("--lora", action="store_const", const=True, default=None, help="LoRA enabled")
+        s.add_argument("--routing-method")
+        s.add_argument("--hidden-size", type=int)
+        s.add_argument("--intermediate-size", type=int)
+        s.add_argument("--query", choices=QUERIES)
+        s.add_argument("--backend", help="backend for the round_up query")
+        s.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "select":
+            s.add_argument("--trace", action="store_true", help="include the trace in JSON output")
+        s.set_defaults(trace=False, batch=None)
+    v = sub.add_parser("validate", help="validate rule files: exit 0 when valid, 3 with file:line:col messages")
+    v.add_argument("paths", nargs="*", help="rule files or rules directories (default: the rules in use)")
+    v.add_argument("--format", choices=("text", "github"), default="text")
+    sub.add_parser("profiles", help="list the rule-set profiles")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "validate":
+            return _cmd_validate(args)
+        oracle = Oracle(args.rules)
+        if args.command == "profiles":
+            return _cmd_profiles(oracle)
+        return _cmd_select(args, oracle, explain=args.command == "explain")
+    except RuleError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_RULES
+    except (UsageError, ScenarioError) as exc:
+        print(f"moe-oracle: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OracleError as exc:
+        print(f"moe-oracle: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
