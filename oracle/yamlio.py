@@ -59,6 +59,9 @@ def load_yaml_text(text: str, file: str) -> Located:
 
     def build(node: yaml.Node, path: Path) -> Any:
         marks.setdefault(path, _mark(node))
+        if node.tag not in _SAFE_TAGS:
+            problems.append(Diagnostic(file, *_mark(node), f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
+            return None
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
@@ -77,9 +80,6 @@ def load_yaml_text(text: str, file: str) -> Located:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [build(item, path + (i,)) for i, item in enumerate(node.value)]
-        if node.tag not in _SAFE_TAGS:
-            problems.append(Diagnostic(file, *_mark(node), f"tag {node.tag} is not allowed in rule files"))
-            return None
         return _scalar_constructor.construct_object(node, deep=True)
 
     data = build(root, ()) if root is not None else None
@@ -88,7 +88,7 @@ def load_yaml_text(text: str, file: str) -> Located:
     return Located(file, data, marks)
 
 
-_SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null")}
+_SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
 def load_yaml_file(path: str, display_name: str | None = None) -> Located:

@@ -1,0 +1,30 @@
+"""Shared fixtures: one Oracle over the shipped rules for the whole session."""
+from __future__ import annotations
+
+import pytest
+
+from oracle import Oracle
+
+
+@pytest.fixture(scope="session")
+def oracle() -> Oracle:
+    return Oracle()
+
+
+def scenario(policy: str, platform: str = "cuda:9.0", *, packages=("flashinfer", "triton_kernels", "deep_gemm", "aiter"),
+             env=None, profile=None, **moe) -> dict:
+    """A scenario dict from short arguments: platform 'cuda:9.0' | 'rocm:gfx950' | 'xpu' | 'cpu'."""
+    kind, _, detail = platform.partition(":")
+    plat: dict = {"kind": kind}
+    if kind == "cuda":
+        plat["capability"] = [int(x) for x in detail.split(".")]
+    elif kind == "rocm":
+        plat["gcn_arch"] = detail
+    parallel = moe.pop("parallel", None)
+    sc: dict = {"policy": policy, "platform": plat, "packages": {p: True for p in packages}, "env": dict(env or {}),
+                "moe": dict(moe)}
+    if parallel:
+        sc["moe"]["parallel"] = parallel
+    if profile:
+        sc["profile"] = profile
+    return sc

@@ -1,0 +1,104 @@
+"""Properties of the engine itself: purity, caching, errors, traces, vocabulary in one place."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from conftest import scenario
+from oracle import Oracle, Scenario
+from oracle.facts import FACTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_schema_fact_enum_is_the_fact_table():
+    schema = json.loads((ROOT / "schemas" / "rules.schema.json").read_text())
+    assert schema["$defs"]["fact_name"]["enum"] == sorted(FACTS)
+
+
+def test_select_never_reads_the_process_environment(oracle, monkeypatch):
+    sc = scenario("mxfp4-gpt-oss", "cuda:10.0")
+    before = oracle.select_uncached(oracle.prepare(sc)).backend
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_MXFP4_BF16", "0")
+    monkeypatch.setenv("VLLM_MXFP4_USE_MARLIN", "1")
+    assert oracle.select_uncached(oracle.prepare(sc)).backend == before == "FLASHINFER_TRTLLM_MXFP4_BF16"
+
+
+def test_repeated_question_is_served_from_the_cache(oracle):
+    prepared = oracle.prepare(scenario("mxfp4", "cuda:9.0"))
+    assert isinstance(prepared, Scenario)
+    first = oracle.select(prepared)
+    assert oracle.select(prepared) is first
+    assert oracle.select(oracle.prepare(scenario("mxfp4", "cuda:9.0"))) is first, "equal scenarios share the answer"
+    fresh = oracle.select_uncached(prepared)
+    assert fresh is not first and fresh.to_dict() == first.to_dict()
+
+
+def test_answer_does_not_depend_on_key_order(oracle):
+    sc = scenario("mxfp4-gpt-oss", "cuda:9.0", env={"VLLM_MXFP4_USE_MARLIN": "1", "VLLM_BATCH_INVARIANT": "0"},
+                  activation="silu")
+    reordered = json.loads(json.dumps(dict(reversed(list(sc.items())))))
+    reordered["env"] = dict(reversed(list(sc["env"].items())))
+    assert oracle.select(reordered).to_dict() == oracle.select(sc).to_dict()
+
+
+def test_trace_lists_every_failing_check_with_its_rule(oracle):
+    d = oracle.select(scenario("mxfp4-gpt-oss", "cuda:7.0", activation="relu2_no_mul", is_act_and_mul=False,
+                               packages=()))
+    assert d.backend == "EMULATION"
+    rejected = [e for e in d.trace if e.get("candidate") and not e["accepted"]]
+    aiter = next(e for e in rejected if e["candidate"] == "AITER")
+    assert [f["check"] for f in aiter["failed"]] == ["device", "act_and_mul", "activation", "quant_scheme"]
+    assert all(re.search(r"kernels\.yaml:\d+$", e["at"]) for e in rejected)
+    steps = [e for e in d.trace if "step" in e and "candidate" not in e]
+    assert all(re.search(r"mxfp4\.yaml:\d+$", e["at"]) for e in steps)
+    assert d.to_dict()["decided_by"]["step"] == "auto"
+
+
+def test_malformed_scenarios_are_errors_that_name_the_field(oracle):
+    cases = {
+        "moe.hiden_size: unknown field (did you mean 'hidden_size'?)": {"moe": {"hiden_size": 1}},
+        "platform.kind: 'gpu' is not a platform": {"platform": {"kind": "gpu"}},
+        "platform.capability: expected [major, minor]": {"platform": {"kind": "cuda", "capability": "9.0"}},
+        "platform.gcn_arch: 'gfx1100' is not a known ROCm arch": {"platform": {"kind": "rocm", "gcn_arch": "gfx1100"}},
+        "env.VLLM_MXFP4_USE_MARLIN: values are strings": {"env": {"VLLM_MXFP4_USE_MARLIN": 0}},
+        "packages.flashinfr: unknown field (did you mean 'flashinfer'?)": {"packages": {"flashinfr": True}},
+        "moe.activation: 'swiglu' is not an activation (did you mean 'swigluoai'?)": {"moe": {"activation": "swiglu"}},
+        "moe.parallel.dp_size: expected a non-negative integer": {"moe": {"parallel": {"dp_size": "2"}}},
+    }
+    for message, patch in cases.items():
+        d = oracle.select({"policy": "mxfp4", **patch})
+        assert d.outcome == "error", patch
+        assert d.error.startswith(message), (d.error, message)
+    assert oracle.select({"policy": "mxfp5"}).error.startswith("policy: unknown policy 'mxfp5' (did you mean 'mxfp4'?)")
+    assert oracle.select({"policy": "mxfp4", "profile": "vllm-0.2"}).error.startswith("profile: unknown profile 'vllm-0.2'")
+
+
+def test_refusals_always_explain_themselves(oracle):
+    for sc in (scenario("mxfp4", "cpu"), scenario("mxfp4-gpt-oss", "rocm:gfx950", lora=True),
+               scenario("mxfp4-gpt-oss", "cuda:8.0", moe_backend="xpu")):
+        d = oracle.select(sc)
+        assert d.outcome in ("invalid", "unsupported") and len(d.error) > 20
+
+
+def test_profiles_are_listed_with_a_description(oracle):
+    profiles = oracle.profiles()
+    assert {"vllm-0.20", "vllm-0.15"} <= set(profiles) and oracle.default_profile == "vllm-0.20"
+    assert all(len(desc) > 20 for desc in profiles.values())
+
+
+def test_a_user_rules_directory_replaces_the_shipped_one(tmp_path):
+    (tmp_path / "p.yaml").write_text((ROOT / "tests" / "bad_rules" / "valid.yaml").read_text())
+    (tmp_path / "profiles.yaml").write_text("default: mine\nprofiles:\n  mine: {description: 'my rules', files: [p.yaml]}\n")
+    o = Oracle(tmp_path)
+    assert o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [8, 0]}}).backend == "TRITON"
+    assert o.select({"policy": "pol", "platform": {"kind": "cpu"}}).outcome == "unsupported"
+    d = o.select({"policy": "pol", "platform": {"kind": "cpu"}, "env": {"VLLM_FORCE_TRITON": "1"}})
+    assert d.outcome == "invalid" and d.error == "backend 'TRITON' rejected: device cpu"
+
+
+def test_oracle_modules_never_import_torch_at_module_level():
+    for path in (ROOT / "oracle").glob("*.py"):
+        top_level = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
+        assert not any("torch" in line or "triton" in line for line in top_level), path.name

@@ -1,0 +1,80 @@
+"""A corpus of broken rule files, each with the exact message it must produce.
+
+The files in tests/bad_rules are one small valid rule file (valid.yaml) with one
+mistake each; messages name file:line:col, the problem and, where possible, the fix.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oracle.cli import main
+from oracle.facts import FACTS
+from oracle.validate import validate_paths
+
+BAD = Path(__file__).parent / "bad_rules"
+
+EXPECTED = {
+    "bad_capability": "14:41: kernels.TritonExperts.device.ge: 'nine' is not of type 'number'",
+    "candidate_without_kernels": "43:26: candidate NONE has no kernel table; add kernels to it or remove it from the list",
+    "conditional_last_step": "52:9: the last step must decide unconditionally (no 'when'; outcome, use or result)",
+    "duplicate_step_id": "49:9: duplicate step id 'forced' (first at step 1)",
+    "duplicate_yaml_key": "43:5: duplicate key 'description' (first defined at line 42); remove one of them",
+    "implementation_outside_backends": "25:64: families.fam.backends.TRITON.implementation: 'os:system' does not match "
+                                       "the required pattern ^backends(\\.[a-z_][a-z0-9_]*)+:[a-z_][a-z0-9_]*$",
+    "kernel_extends_cycle": "13:3: kernels reference cycle: TritonExperts -> TritonExperts",
+    "missing_why": "45:9: policies.pol.steps.0: missing required field 'why'",
+    "misspelt_fact": "14:14: kernels.TritonExperts.device.fact: 'platform.knd' is not allowed (did you mean 'platform.kind'?); "
+                     "expected one of " + ", ".join(sorted(FACTS)),
+    "misspelt_step_field": "45:9: unknown field 'whn' in policies.pol.steps.0 (did you mean 'when'?)",
+    "python_tag": "2:17: tag tag:yaml.org,2002:python/object/apply:os.system is not allowed in rule files (rules never build objects)",
+    "two_actions_in_step": "45:9: policies.pol.steps.0: give exactly one of the alternatives "
+                           "(outcome, use, use_explicit, drop, try, call, result, emit)",
+    "undeclared_env_var": "46:16: unknown environment variable 'VLLM_FORCE_TRITN' (did you mean 'VLLM_FORCE_TRITON'?)",
+    "unknown_backend_in_candidates": "43:18: unknown backend 'TRITN' (did you mean 'TRITON'?)",
+    "unknown_derived_ref": "46:16: unknown derived fact 'batched_activation_fmt' (did you mean 'batched_activation_format'?)",
+    "unknown_operator": "14:5: unknown field 'equals' in kernels.TritonExperts.device; "
+                        "allowed: fact, eq, ne, in, not_in, ge, gt, le, lt, family, is_null",
+    "unknown_placeholder": "27:7: unknown placeholder '{reasn}' in message (did you mean 'reason'?)",
+    "unknown_quant_key": "17:10: unknown quantization key 'kMxfp4Statc' (did you mean 'kMxfp4Static'?)",
+    "yaml_syntax_error": "16:18: YAML syntax error: did not find expected ',' or ']'",
+}
+
+
+def test_every_bad_file_has_an_expectation():
+    names = {p.stem for p in BAD.glob("*.yaml")} - {"valid"}
+    assert names == set(EXPECTED)
+
+
+def test_the_base_file_is_valid():
+    problems, checked = validate_paths([BAD / "valid.yaml"])
+    assert problems == [] and checked == 1
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bad_rule_file_message(name):
+    path = BAD / f"{name}.yaml"
+    problems, _ = validate_paths([path])
+    assert [f"{d.line}:{d.col}: {d.message}" for d in problems] == [EXPECTED[name]]
+    assert all(Path(d.file).name == path.name for d in problems)
+
+
+def test_cli_validate_exit_codes(capsys):
+    assert main(["validate", str(BAD / "misspelt_step_field.yaml")]) == 3
+    out = capsys.readouterr().out
+    assert out.strip().endswith("unknown field 'whn' in policies.pol.steps.0 (did you mean 'when'?)")
+    assert "misspelt_step_field.yaml:45:9:" in out
+    assert main(["validate", str(BAD / "valid.yaml")]) == 0
+
+
+def test_cli_validate_github_format(capsys):
+    assert main(["validate", "--format", "github", str(BAD / "unknown_backend_in_candidates.yaml")]) == 3
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("::error file=") and ",line=43,col=18::unknown backend 'TRITN'" in line
+
+
+def test_shipped_rules_are_valid():
+    problems, checked = validate_paths(None)
+    assert problems == []
+    assert checked >= 6
