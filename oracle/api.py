@@ -29,7 +29,7 @@ class Decision:
                  activation_key: str | None = None, hidden_size: int | None = None,
                  intermediate_size: int | None = None, error: str | None = None, extras: Mapping[str, Any] = (),
                  profile: str | None = None, policy: str | None = None, rule_files: tuple[str, ...] = (),
-                 implementation: str | None = None, decided_by: dict | None = None, trace_fn=None):
+                 implementation: str | None = None, decided_by: Any = None, trace_fn=None):
         self.outcome = outcome
         self.backend = backend
         self.kernel = kernel
@@ -67,7 +67,8 @@ class Decision:
         if self.error is not None:
             out["error"] = self.error
         if self.decided_by is not None:
-            out["decided_by"] = self.decided_by
+            step = self.decided_by
+            out["decided_by"] = {"step": step.id, "at": step.at, "why": step.why}
         if self.profile is not None:
             out["profile"] = self.profile
             out["policy"] = self.policy
@@ -187,17 +188,20 @@ class Oracle:
             res = self._run(table, policy.name, ctx, None)
         except EnvValueError as exc:
             res = Result("invalid", error=str(exc))
-        return self._decision(table, policy, res, sc, meta)
+        return self._decision(table, policy, res, sc, meta, ctx)
 
     def _run(self, table: Table, policy_name: str, ctx: Ctx, trace: list | None) -> Result:
+        return run(table.policies[policy_name], ctx, trace, table.batched, self._call_policy(table))
+
+    def _call_policy(self, table: Table):
+        """The `call` step's hook: run another policy of the same table on the same question."""
         def call(name: str, c: Ctx, t: list | None) -> Result:
             sub = Ctx(c.facts, c.env, c.packages)
             sub.memo = c.memo
-            return self._run(table, name, sub, t)
+            return run(table.policies[name], sub, t, table.batched, call)
+        return call
 
-        return run(table.policies[policy_name], ctx, trace, table.batched, call)
-
-    def _decision(self, table: Table, policy, res: Result, sc: Scenario, meta: dict) -> Decision:
+    def _decision(self, table: Table, policy, res: Result, sc: Scenario, meta: dict, ctx: Ctx) -> Decision:
         def trace() -> list[dict]:
             steps: list[dict] = []
             try:
@@ -207,12 +211,11 @@ class Oracle:
             return steps
 
         extras = res.emits
-        step = res.decided_by
-        if step is not None:
-            meta = {**meta, "decided_by": {"step": step.id, "at": step.at, "why": step.why}}
+        if res.decided_by is not None:
+            meta["decided_by"] = res.decided_by
         if res.outcome == "selected":
             family = res.backend and _family_of(table, res.backend)
-            h, i = round_sizes(family, res.backend.name, Ctx(sc.facts, sc.env, sc.packages))
+            h, i = round_sizes(family, res.backend.name, ctx)
             return Decision("selected", backend=res.backend.value,
                             kernel=res.kernel.name if res.kernel and res.report_kernel else None,
                             activation_key=res.activation_key, hidden_size=h, intermediate_size=i, extras=extras,

@@ -152,7 +152,8 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
     lines.append("")
     lines.append("=> " + _summary(d))
     if d.decided_by:
-        lines.append(f"   decided by step '{d.decided_by['step']}' at {d.decided_by['at']}: {d.decided_by['why']}")
+        step = d.decided_by
+        lines.append(f"   decided by step '{step.id}' at {step.at}: {step.why}")
     lines.append("")
     _trace_lines(d.trace, lines, "")
     return "\n".join(lines)

@@ -136,7 +136,11 @@ class Compiler:
             want = spec["set"]
             tests.append(Cond(lambda ctx: (name in ctx.env) == want, f"{name} {'is set' if want else 'is unset'}"))
 
+        default = var.default
+
         def value(ctx: Ctx) -> Any:
+            if name not in ctx.env:
+                return default
             memo = ctx.memo
             if key in memo:
                 return memo[key]
@@ -159,12 +163,10 @@ class Compiler:
             return None
         if "all" in spec:
             parts = tuple(self.condition(c) for c in spec["all"])
-            fns = tuple(p.fn for p in parts)
-            return Cond(lambda ctx: all(f(ctx) for f in fns), "(" + " and ".join(p.text for p in parts) + ")")
+            return Cond(_all_of(tuple(p.fn for p in parts)), "(" + " and ".join(p.text for p in parts) + ")")
         if "any" in spec:
             parts = tuple(self.condition(c) for c in spec["any"])
-            fns = tuple(p.fn for p in parts)
-            return Cond(lambda ctx: any(f(ctx) for f in fns), "(" + " or ".join(p.text for p in parts) + ")")
+            return Cond(_any_of(tuple(p.fn for p in parts)), "(" + " or ".join(p.text for p in parts) + ")")
         if "not" in spec:
             inner = self.condition(spec["not"])
             f = inner.fn
@@ -231,11 +233,38 @@ class Compiler:
         return fn
 
 
+def _all_of(fns: tuple[Fn, ...]) -> Fn:
+    """Short-circuit conjunction; a plain loop is ~2x faster than all() over a generator."""
+    if len(fns) == 1:
+        return fns[0]
+    if len(fns) == 2:
+        a, b = fns
+        return lambda ctx: bool(a(ctx)) and bool(b(ctx))
+
+    def fn(ctx: Ctx) -> bool:
+        for f in fns:
+            if not f(ctx):
+                return False
+        return True
+    return fn
+
+
+def _any_of(fns: tuple[Fn, ...]) -> Fn:
+    if len(fns) == 1:
+        return fns[0]
+
+    def fn(ctx: Ctx) -> bool:
+        for f in fns:
+            if f(ctx):
+                return True
+        return False
+    return fn
+
+
 def _conj(tests: list[Cond]) -> Cond:
     if len(tests) == 1:
         return tests[0]
-    fns = tuple(t.fn for t in tests)
-    return Cond(lambda ctx: all(f(ctx) for f in fns), " and ".join(t.text for t in tests))
+    return Cond(_all_of(tuple(t.fn for t in tests)), " and ".join(t.text for t in tests))
 
 
 def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Fn, Any], Fn]:

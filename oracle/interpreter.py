@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compiler import FROM_SCENARIO, Backend, Ctx, Family, Kernel, Policy, Step
+from .compiler import FROM_SCENARIO, Backend, Check, Ctx, Family, Kernel, Policy, Step
 from .errors import EnvValueError
 
 
@@ -38,25 +38,29 @@ def _words(ctx: Ctx, backend: Backend | None = None, reason: str | None = None) 
             "activation_key": ctx.activation_key}
 
 
-def _first_failure(kernel: Kernel, ctx: Ctx, batched_word: str) -> str | None:
-    for check in kernel.checks:
-        if not check.fn(ctx):
-            return check.reason.render(ctx, {**_words(ctx), "activation_format": batched_word})
-    return None
+def _reason(check: Check, ctx: Ctx, batched_word: str) -> str:
+    return check.reason.render(ctx, {**_words(ctx), "activation_format": batched_word})
 
 
 def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: Step,
-                batched_word: str) -> tuple[Kernel | None, str | None]:
-    """First kernel of `backend` that accepts the question, or (None, reason of the last kernel tried)."""
+                batched_word: str) -> tuple[Kernel | None, Check | str | None]:
+    """First kernel of `backend` that accepts the question, or (None, why the last kernel tried refused).
+
+    The refusal is the failing Check in fast mode (rendered only if a message needs it)."""
     _keys(family, backend, ctx)
+    if trace is None:
+        failed: Check | None = None
+        for kernel in backend.kernels:
+            for check in kernel.checks:
+                if not check.fn(ctx):
+                    failed = check
+                    break
+            else:
+                return kernel, None
+        return None, failed
     reason = None
     for kernel in backend.kernels:
-        if trace is None:
-            reason = _first_failure(kernel, ctx, batched_word)
-            if reason is None:
-                return kernel, None
-            continue
-        failed = []
+        failures = []
         for check in kernel.checks:
             try:
                 ok = check.fn(ctx)
@@ -65,14 +69,13 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, 
             else:
                 note = None
             if not ok:
-                words = {**_words(ctx), "activation_format": batched_word}
-                failed.append({"check": check.name, "reason": note or check.reason.render(ctx, words),
+                failures.append({"check": check.name, "reason": note or _reason(check, ctx, batched_word),
                                "condition": check.text})
-        trace.append({"candidate": backend.name, "kernel": kernel.name, "accepted": not failed, "failed": failed,
+        trace.append({"candidate": backend.name, "kernel": kernel.name, "accepted": not failures, "failed": failures,
                       "step": step.id, "at": kernel.at})
-        if not failed:
+        if not failures:
             return kernel, None
-        reason = failed[0]["reason"]
+        reason = failures[0]["reason"]
     return None, reason
 
 
@@ -89,9 +92,10 @@ def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: S
             trace.append({"candidate": backend.name, "kernel": backend.kernels[0].name if backend.kernels else None,
                           "accepted": True, "failed": [], "step": step.id, "unchecked": True, "at": backend.at})
         return _selected(backend, backend.kernels[0] if backend.kernels else None, ctx, step, step.report_kernel)
-    kernel, reason = try_backend(family, backend, ctx, trace, step, batched_word)
+    kernel, refusal = try_backend(family, backend, ctx, trace, step, batched_word)
     if kernel is not None:
         return _selected(backend, kernel, ctx, step, step.report_kernel)
+    reason = _reason(refusal, ctx, batched_word) if isinstance(refusal, Check) else refusal
     key = "backend_rejected" if reason else "backend_rejected_no_reason"
     msg = family.messages[key].render(ctx, _words(ctx, backend, reason))
     return Result("invalid", backend, error=msg, decided_by=step)
