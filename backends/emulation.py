@@ -1,0 +1,281 @@
+"""Reference fused-MoE forward that runs on any torch device: dequantize weights, then plain fp32 GEMMs.
+
+This is the EMULATION backend of the rule tables ("backends.emulation:moe_forward"): slow but
+portable, and the numerical yardstick the real kernels are compared against. It loops over the
+experts that received at least one token (never over tokens), dequantizes each active expert's
+weights once per call, and accumulates in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from backends import formats
+
+__all__ = ["moe_forward", "WEIGHT_FORMATS", "ACTIVATIONS", "GATE_UP_LAYOUTS"]
+
+WEIGHT_FORMATS = ("mxfp4", "nvfp4", "mxfp6_e3m2", "mxfp6_e2m3", "bf16")
+GATED_ACTIVATIONS = ("swigluoai", "silu", "gelu", "swiglustep")
+UNGATED_ACTIVATIONS = ("silu_no_mul", "gelu_no_mul", "relu2_no_mul")
+ACTIVATIONS = GATED_ACTIVATIONS + UNGATED_ACTIVATIONS
+GATE_UP_LAYOUTS = ("interleaved", "contiguous")
+
+_FN = "moe_forward"
+
+
+def _fail(kind, message: str):
+    raise kind(f"{_FN}: {message}")
+
+
+def _packed_cols(fmt: str, k: int) -> int:
+    """Width of the stored weight row for a logical reduction length k."""
+    if fmt in ("mxfp4", "nvfp4"):
+        return k // 2
+    if fmt.startswith("mxfp6"):
+        return k * 3 // 4
+    return k
+
+
+def _scale_spec(fmt: str):
+    """(block size, scale dtype) of a weight format's block scales; None for unquantized weights."""
+    if fmt == "nvfp4":
+        return formats.NVFP4_BLOCK_SIZE, torch.float8_e4m3fn
+    if fmt == "bf16":
+        return None
+    return formats.MX_BLOCK_SIZE, torch.uint8
+
+
+def _check_weight(name, weight, scale, global_scale, fmt, experts, rows, k, device):
+    """Validate one weight tensor ([E, rows, packed k]) and its scales against the chosen format."""
+    if not isinstance(weight, torch.Tensor):
+        _fail(TypeError, f"{name} must be a torch.Tensor, got {type(weight).__name__}")
+    expected = (experts, rows, _packed_cols(fmt, k))
+    if fmt == "bf16":
+        if not weight.dtype.is_floating_point or weight.dtype == torch.float8_e4m3fn:
+            _fail(TypeError, f"{name}.dtype={weight.dtype} must be bfloat16/float16/float32 for format='bf16'; "
+                  f"dequantize the weights first or pick the matching format")
+    elif weight.dtype != torch.uint8:
+        _fail(TypeError, f"{name}.dtype={weight.dtype} must be torch.uint8 (packed codes) for format={fmt!r}; "
+              f"view the packed weights as uint8")
+    if tuple(weight.shape) != expected:
+        _fail(ValueError, f"{name}.shape={tuple(weight.shape)} must be {expected} ([E, rows, K stored as "
+              f"{fmt}]) given x and the other weights; check the checkpoint layout and format")
+    if weight.device != device:
+        _fail(ValueError, f"{name} is on {weight.device} but x is on {device}; move it with .to(x.device)")
+    spec = _scale_spec(fmt)
+    scale_name = f"{name}_scale"
+    if spec is None:
+        if scale is not None:
+            _fail(ValueError, f"{scale_name} must be None for format='bf16' (unquantized weights have no scales); "
+                  f"drop it or pick the quantized format")
+        return
+    block, scale_dtype = spec
+    if k % block != 0:
+        _fail(ValueError, f"the reduction dim of {name} is {k}, which must be a multiple of {block} "
+              f"(the {fmt} block size); pad the hidden/intermediate size")
+    if not isinstance(scale, torch.Tensor):
+        _fail(TypeError, f"{scale_name} must be a torch.Tensor of dtype {scale_dtype} for format={fmt!r}, "
+              f"got {type(scale).__name__}")
+    if scale.dtype != scale_dtype:
+        _fail(TypeError, f"{scale_name}.dtype={scale.dtype} must be {scale_dtype} for format={fmt!r}; "
+              f"view the scales with .view({scale_dtype})")
+    expected_scale = (experts, rows, k // block)
+    if tuple(scale.shape) != expected_scale:
+        _fail(ValueError, f"{scale_name}.shape={tuple(scale.shape)} must be {expected_scale} (one scale per "
+              f"{block} weights); pass the scales that belong to {name}")
+    if fmt == "nvfp4":
+        gs_name = f"{name}_global_scale"
+        if not isinstance(global_scale, torch.Tensor) or tuple(global_scale.shape) != (experts,):
+            got = tuple(global_scale.shape) if isinstance(global_scale, torch.Tensor) else type(global_scale).__name__
+            _fail(ValueError, f"{gs_name} must be a float32 tensor of shape ({experts},) for format='nvfp4' "
+                  f"(got {got}); pass the per-expert quantization multiplier 1/weight_scale_2")
+
+
+def _dequantize_expert(fmt, weight, scale, global_scale, expert):
+    """One expert's weight matrix as float32 [rows, K]."""
+    if fmt == "bf16":
+        return weight[expert].float()
+    if fmt == "mxfp4":
+        return formats.dequantize_mxfp4(weight[expert], scale[expert])
+    if fmt == "nvfp4":
+        return formats.dequantize_nvfp4(weight[expert], scale[expert], global_scale[expert].float())
+    return formats.dequantize_mxfp6(weight[expert], scale[expert], kind=fmt.split("_")[1])
+
+
+def _route(router_logits, topk_ids, topk_weights, top_k, renormalize, tokens, experts, device):
+    """Return (topk_ids int64 [T, k], topk_weights fp32 [T, k]) from exactly one routing input."""
+    if (router_logits is None) == (topk_ids is None):
+        _fail(ValueError, "pass exactly one routing input: router_logits (with top_k) or topk_ids "
+              "(with topk_weights)")
+    if router_logits is not None:
+        if topk_weights is not None:
+            _fail(ValueError, "topk_weights is only used with topk_ids; drop it when passing router_logits")
+        if not isinstance(router_logits, torch.Tensor) or not router_logits.dtype.is_floating_point:
+            _fail(TypeError, "router_logits must be a floating tensor [T, E]; convert with .float()")
+        if tuple(router_logits.shape) != (tokens, experts):
+            _fail(ValueError, f"router_logits.shape={tuple(router_logits.shape)} must be ({tokens}, {experts}) "
+                  f"= (tokens of x, experts of w13)")
+        if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+            _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {experts}] when routing from router_logits; "
+                  f"pass the model's experts-per-token")
+        logits = router_logits.float()
+        if renormalize:  # gpt-oss / Renormalize: top-k on logits, then softmax over the k selected
+            top_logits, ids = torch.topk(logits, top_k, dim=-1)
+            return ids, torch.softmax(top_logits, dim=-1)
+        probs = torch.softmax(logits, dim=-1)  # softmax over all experts, keep the top-k probabilities as is
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        return ids, weights
+    if topk_weights is None:
+        _fail(ValueError, "topk_weights [T, k] is required together with topk_ids")
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        _fail(TypeError, "topk_ids must be an integer tensor [T, k]; convert with .long()")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens:
+        _fail(ValueError, f"topk_ids.shape={tuple(topk_ids.shape)} must be ({tokens}, k) with T = x.shape[0]")
+    if not isinstance(topk_weights, torch.Tensor) or not topk_weights.dtype.is_floating_point:
+        _fail(TypeError, "topk_weights must be a floating tensor [T, k]; convert with .float()")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        _fail(ValueError, f"topk_weights.shape={tuple(topk_weights.shape)} must equal topk_ids.shape="
+              f"{tuple(topk_ids.shape)}")
+    if top_k is not None and top_k != topk_ids.shape[1]:
+        _fail(ValueError, f"top_k={top_k} disagrees with topk_ids.shape[1]={topk_ids.shape[1]}; drop top_k")
+    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= experts):
+        _fail(ValueError, f"topk_ids must lie in [0, {experts}) (E = w13.shape[0]); "
+              f"got values in [{int(topk_ids.min())}, {int(topk_ids.max())}]")
+    return topk_ids.to(device=device, dtype=torch.int64), topk_weights.to(device=device, dtype=torch.float32)
+
+
+def _activate(hidden, activation, layout, alpha, beta, limit):
+    """Apply the expert activation to GEMM1 output [n, rows] -> [n, I]."""
+    if activation == "silu_no_mul":
+        return F.silu(hidden)
+    if activation == "gelu_no_mul":
+        return F.gelu(hidden)
+    if activation == "relu2_no_mul":
+        return torch.relu(hidden).square()
+    if layout == "interleaved":  # gpt-oss: even rows gate, odd rows up
+        gate, up = hidden[:, 0::2], hidden[:, 1::2]
+    else:  # [w1; w3]: first I rows gate, next I rows up
+        gate, up = hidden.chunk(2, dim=-1)
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "gelu":
+        return F.gelu(gate) * up  # exact (erf) GELU
+    if activation == "swigluoai":
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + beta) * gate * torch.sigmoid(alpha * gate)
+    # swiglustep (this project's definition): clamp the SiLU output from above, and the up projection
+    # symmetrically, then multiply: silu(gate).clamp(max=limit) * up.clamp(-limit, limit).
+    return F.silu(gate).clamp(max=limit) * up.clamp(min=-limit, max=limit)
+
+
+def moe_forward(
+    x: torch.Tensor,
+    *,
+    w13: torch.Tensor,
+    w13_scale: Optional[torch.Tensor],
+    w2: torch.Tensor,
+    w2_scale: Optional[torch.Tensor],
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+    router_logits: Optional[torch.Tensor] = None,
+    topk_ids: Optional[torch.Tensor] = None,
+    topk_weights: Optional[torch.Tensor] = None,
+    top_k: Optional[int] = None,
+    renormalize: bool = True,
+    format: str = "mxfp4",
+    w13_global_scale: Optional[torch.Tensor] = None,
+    w2_global_scale: Optional[torch.Tensor] = None,
+    activation: str = "swigluoai",
+    swiglu_alpha: float = 1.702,
+    swiglu_beta: float = 1.0,
+    swiglu_limit: float = 7.0,
+    gate_up_layout: str = "interleaved",
+    activation_scheme: Optional[str] = None,
+) -> torch.Tensor:
+    """Mixture-of-Experts MLP: out[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]).
+
+    Shapes (E experts, H hidden, I intermediate, R = 2I for gated activations, I for *_no_mul):
+      x [T, H] bf16/fp16/fp32; w13 [E, R, H/2] uint8 (mxfp4/nvfp4), [E, R, 3H/4] (mxfp6_*), [E, R, H] float (bf16);
+      w13_scale [E, R, H/32] uint8 E8M0 (nvfp4: [E, R, H/16] float8_e4m3fn; bf16: None); w2 [E, H, I/2|3I/4|I],
+      w2_scale [E, H, I/32] (nvfp4: I/16); w13_bias [E, R], w2_bias [E, H] (added in fp32 after each GEMM);
+      w13_global_scale / w2_global_scale: NVFP4 per-expert fp32 [E] *quantization* multipliers (= 1/weight_scale_2).
+    Routing: either router_logits [T, E] with top_k (renormalize=True: top-k on logits then softmax over the k;
+    False: softmax over all E, then top-k weights as is), or topk_ids [T, k] with topk_weights [T, k].
+    activation_scheme fake-quantizes both GEMM inputs (see formats.qdq_activation). Returns [T, H] in x.dtype.
+    """
+    if not isinstance(x, torch.Tensor):
+        _fail(TypeError, f"x must be a torch.Tensor [T, H], got {type(x).__name__}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        _fail(TypeError, f"x.dtype={x.dtype} must be bfloat16, float16 or float32; convert with x.to(torch.bfloat16)")
+    if x.dim() != 2:
+        _fail(ValueError, f"x.shape={tuple(x.shape)} must be 2-D [T, H]; flatten the batch dims with x.reshape(-1, H)")
+    if format not in WEIGHT_FORMATS:
+        _fail(ValueError, f"format={format!r} must be one of {WEIGHT_FORMATS}")
+    if activation not in ACTIVATIONS:
+        _fail(ValueError, f"activation={activation!r} must be one of {ACTIVATIONS}")
+    if gate_up_layout not in GATE_UP_LAYOUTS:
+        _fail(ValueError, f"gate_up_layout={gate_up_layout!r} must be one of {GATE_UP_LAYOUTS}")
+    if activation_scheme not in formats.ACTIVATION_SCHEMES:
+        _fail(ValueError, f"activation_scheme={activation_scheme!r} must be one of {formats.ACTIVATION_SCHEMES}")
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 3:
+        _fail(ValueError, "w13 must be a 3-D tensor [E, 2I (or I for *_no_mul), H stored in the format]")
+    if not isinstance(w2, torch.Tensor) or w2.dim() != 3:
+        _fail(ValueError, "w2 must be a 3-D tensor [E, H, I stored in the format]")
+
+    tokens, hidden_size = x.shape
+    experts, w13_rows = w13.shape[0], w13.shape[1]
+    gated = activation in GATED_ACTIVATIONS
+    if gated and w13_rows % 2 != 0:
+        _fail(ValueError, f"w13.shape[1]={w13_rows} must be even (gate and up rows) for activation={activation!r}; "
+              f"use a *_no_mul activation for non-gated experts")
+    intermediate = w13_rows // 2 if gated else w13_rows
+    _check_weight("w13", w13, w13_scale, w13_global_scale, format, experts, w13_rows, hidden_size, x.device)
+    _check_weight("w2", w2, w2_scale, w2_global_scale, format, experts, hidden_size, intermediate, x.device)
+    for bias_name, bias, rows in (("w13_bias", w13_bias, w13_rows), ("w2_bias", w2_bias, hidden_size)):
+        if bias is None:
+            continue
+        if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
+            _fail(TypeError, f"{bias_name} must be a floating tensor [{experts}, {rows}]")
+        if tuple(bias.shape) != (experts, rows):
+            _fail(ValueError, f"{bias_name}.shape={tuple(bias.shape)} must be ({experts}, {rows}) = (E, rows of the "
+                  f"matching weight)")
+
+    if activation_scheme is not None:
+        act_block = formats.NVFP4_BLOCK_SIZE if activation_scheme == "nvfp4" else formats.MX_BLOCK_SIZE
+        for dim_name, size in (("hidden size H", hidden_size), ("intermediate size I", intermediate)):
+            if size % act_block != 0:
+                _fail(ValueError, f"{dim_name}={size} must be a multiple of {act_block} to fake-quantize GEMM "
+                      f"inputs with activation_scheme={activation_scheme!r}; use activation_scheme=None")
+
+    ids, weights = _route(router_logits, topk_ids, topk_weights, top_k, renormalize, tokens, experts, x.device)
+    out = torch.zeros(tokens, hidden_size, dtype=torch.float32, device=x.device)
+    if tokens == 0:
+        return out.to(x.dtype)
+
+    gemm1_input = formats.qdq_activation(x.float(), activation_scheme)
+    k = ids.shape[1]
+    flat_experts = ids.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)
+    sorted_tokens = torch.div(order, k, rounding_mode="floor")
+    sorted_weights = weights.reshape(-1)[order]
+    active, counts = torch.unique_consecutive(flat_experts[order], return_counts=True)
+    start = 0
+    for expert, count in zip(active.tolist(), counts.tolist()):
+        rows = sorted_tokens[start:start + count]
+        route_weight = sorted_weights[start:start + count]
+        start += count
+        w13_e = _dequantize_expert(format, w13, w13_scale, w13_global_scale, expert)
+        w2_e = _dequantize_expert(format, w2, w2_scale, w2_global_scale, expert)
+        hidden = gemm1_input[rows] @ w13_e.T
+        if w13_bias is not None:
+            hidden = hidden + w13_bias[expert].float()
+        act = _activate(hidden, activation, gate_up_layout, swiglu_alpha, swiglu_beta, swiglu_limit)
+        expert_out = formats.qdq_activation(act, activation_scheme) @ w2_e.T
+        if w2_bias is not None:
+            expert_out = expert_out + w2_bias[expert].float()
+        out.index_add_(0, rows, expert_out * route_weight.unsqueeze(-1))
+    return out.to(x.dtype)
