@@ -28,3 +28,20 @@ def scenario(policy: str, platform: str = "cuda:9.0", *, packages=("flashinfer",
     if profile:
         sc["profile"] = profile
     return sc
+
+
+def _cuda_skip_reason() -> str | None:
+    """The oracle's own word on why GPU tests cannot run here (None when a CUDA device is present)."""
+    from oracle.platform import detect_platform
+
+    plat = detect_platform()
+    if plat["kind"] == "cuda":
+        return None
+    answer = Oracle().select({"policy": "mxfp4-gpt-oss", "platform": plat})
+    return (f"moe-oracle detected platform '{plat['kind']}' (no CUDA device); "
+            f"mxfp4-gpt-oss selects {answer.backend or answer.outcome} here")
+
+
+CUDA_SKIP_REASON = _cuda_skip_reason()
+requires_cuda = pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])]

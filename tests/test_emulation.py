@@ -14,10 +14,7 @@ import torch
 
 from backends import emulation, formats
 
-CUDA_SKIP = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"
-)
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[CUDA_SKIP, pytest.mark.gpu])]
+from conftest import DEVICES
 
 HIDDEN = 64
 INTERMEDIATE = 64

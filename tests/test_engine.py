@@ -50,7 +50,7 @@ def test_trace_lists_every_failing_check_with_its_rule(oracle):
     rejected = [e for e in d.trace if e.get("candidate") and not e["accepted"]]
     aiter = next(e for e in rejected if e["candidate"] == "AITER")
     assert [f["check"] for f in aiter["failed"]] == ["device", "act_and_mul", "activation", "quant_scheme"]
-    assert all(re.search(r"kernels\.yaml:\d+$", e["at"]) for e in rejected)
+    assert all(re.search(r"(kernels|marlin)\.yaml:\d+$", e["at"]) for e in rejected)
     steps = [e for e in d.trace if "step" in e and "candidate" not in e]
     assert all(re.search(r"mxfp4\.yaml:\d+$", e["at"]) for e in steps)
     assert d.to_dict()["decided_by"]["step"] == "auto"

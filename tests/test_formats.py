@@ -11,10 +11,7 @@ import torch
 
 from backends import formats
 
-CUDA_SKIP = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"
-)
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[CUDA_SKIP, pytest.mark.gpu])]
+from conftest import DEVICES
 
 E2M1_TABLE = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
