@@ -222,11 +222,29 @@ class Oracle:
                             implementation=res.backend.implementation, trace_fn=trace, **meta)
         if res.outcome == "none":
             return Decision("none", backend=res.reported_backend, extras=extras, trace_fn=trace, **meta)
-        return Decision(res.outcome, error=res.error, trace_fn=trace, **meta)
+        if res.outcome == "unsupported":
+            steps = trace()
+            rejected = _candidate_summary(steps)
+            error = f"{res.error} Candidates: {rejected}." if rejected else res.error
+            return Decision("unsupported", error=error, extras=extras, trace_fn=lambda: steps, **meta)
+        return Decision(res.outcome, error=res.error, extras=extras, trace_fn=trace, **meta)
 
     # ---------------------------------------------------------------- batches
     def select_many(self, scenarios: Iterable[Any]) -> list[Decision]:
         return [self.select(s) for s in scenarios]
+
+
+def _candidate_summary(trace: list[dict]) -> str:
+    """'BACKEND: first failing check of its last kernel; ...' over every candidate tried (calls included)."""
+    last: dict[str, str] = {}
+    for entry in trace:
+        if "trace" in entry:
+            nested = _candidate_summary(entry["trace"] or [])
+            if nested:
+                last[f"{entry['call']} ->"] = nested
+        elif "candidate" in entry and not entry["accepted"] and entry["failed"]:
+            last[entry["candidate"]] = entry["failed"][0]["reason"]
+    return "; ".join(f"{b}: {r}" for b, r in last.items())
 
 
 def _family_of(table: Table, backend) -> Any:

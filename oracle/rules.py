@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from .errors import Diagnostic, RuleError
 from .facts import FACTS, MESSAGE_WORDS
-from .resources import schemas_dir
+from .resources import rules_dir, schemas_dir
 from .yamlio import Located, load_yaml_file
 
 SECTIONS = ("rocm_archs", "quant_keys", "env_vars", "derived", "values", "tables", "kernels", "families", "policies")
@@ -416,8 +416,15 @@ def load_profile_index(root: Path) -> ProfileIndex:
 
 
 def _display(path: Path) -> str:
-    """Relative to the working directory when the file is below it (short, clickable), else absolute."""
+    """How a rule file is named in messages and traces.
+
+    Shipped rules are named as in the source tree (rules/...), wherever they are installed;
+    other files relative to the working directory when below it (short, clickable), else absolute.
+    """
     absolute = Path(os.path.abspath(path))
+    shipped = Path(os.path.abspath(rules_dir()))
+    if absolute.is_relative_to(shipped):
+        return str(Path("rules") / absolute.relative_to(shipped))
     try:
         return str(absolute.relative_to(Path.cwd()))
     except ValueError:

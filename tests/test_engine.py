@@ -102,3 +102,12 @@ def test_oracle_modules_never_import_torch_at_module_level():
     for path in (ROOT / "oracle").glob("*.py"):
         top_level = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
         assert not any("torch" in line or "triton" in line for line in top_level), path.name
+
+
+def test_unsupported_names_every_candidate_with_its_first_failing_check(oracle):
+    d = oracle.select(scenario("mxfp4", "cpu"))
+    assert d.outcome == "unsupported"
+    for backend in ("FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN", "BATCHED_MARLIN"):
+        assert f"{backend}: kernel does not support current device cpu" in d.error
+    lora = oracle.select(scenario("mxfp4-gpt-oss", "xpu", lora=True))
+    assert lora.outcome == "unsupported" and "Candidates" not in lora.error, "no candidate was tried"
