@@ -22,8 +22,9 @@ class Decision:
     computed on first access, so a server that only needs the backend pays nothing for it.
     """
 
-    __slots__ = ("outcome", "backend", "kernel", "activation_key", "hidden_size", "intermediate_size", "error",
-                 "extras", "profile", "policy", "rule_files", "implementation", "decided_by", "_trace", "_trace_fn")
+    __slots__ = ("outcome", "backend", "kernel", "activation_key", "hidden_size", "intermediate_size",
+                 "extras", "profile", "policy", "rule_files", "implementation", "decided_by", "_trace", "_trace_fn",
+                 "_error")
 
     def __init__(self, outcome: str, *, backend: str | None = None, kernel: str | None = None,
                  activation_key: str | None = None, hidden_size: int | None = None,
@@ -36,7 +37,7 @@ class Decision:
         self.activation_key = activation_key
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
-        self.error = error
+        self._error = error
         self.extras = dict(extras)
         self.profile = profile
         self.policy = policy
@@ -45,6 +46,13 @@ class Decision:
         self.decided_by = decided_by
         self._trace = None
         self._trace_fn = trace_fn
+
+    @property
+    def error(self) -> str | None:
+        """Why the answer is not `selected`; for `unsupported` it lists every candidate (built on first access)."""
+        if callable(self._error):
+            self._error = self._error()
+        return self._error
 
     @property
     def trace(self) -> list[dict]:
@@ -95,6 +103,7 @@ class Oracle:
         self.index = load_profile_index(self.root)
         self._tables: dict[str, Table] = {}
         self._cache: dict[Scenario, Decision] = {}
+        self._calls: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- tables
@@ -191,15 +200,10 @@ class Oracle:
         return self._decision(table, policy, res, sc, meta, ctx)
 
     def _run(self, table: Table, policy_name: str, ctx: Ctx, trace: list | None) -> Result:
-        return run(table.policies[policy_name], ctx, trace, table.batched, self._call_policy(table))
-
-    def _call_policy(self, table: Table):
-        """The `call` step's hook: run another policy of the same table on the same question."""
-        def call(name: str, c: Ctx, t: list | None) -> Result:
-            sub = Ctx(c.facts, c.env, c.packages)
-            sub.memo = c.memo
-            return run(table.policies[name], sub, t, table.batched, call)
-        return call
+        call = self._calls.get(table.name)
+        if call is None:
+            call = self._calls[table.name] = _call_hook(table)
+        return run(table.policies[policy_name], ctx, trace, table.batched, call)
 
     def _decision(self, table: Table, policy, res: Result, sc: Scenario, meta: dict, ctx: Ctx) -> Decision:
         def trace() -> list[dict]:
@@ -214,8 +218,7 @@ class Oracle:
         if res.decided_by is not None:
             meta["decided_by"] = res.decided_by
         if res.outcome == "selected":
-            family = res.backend and _family_of(table, res.backend)
-            h, i = round_sizes(family, res.backend.name, ctx)
+            h, i = round_sizes(res.family, res.backend.name, ctx)
             return Decision("selected", backend=res.backend.value,
                             kernel=res.kernel.name if res.kernel and res.report_kernel else None,
                             activation_key=res.activation_key, hidden_size=h, intermediate_size=i, extras=extras,
@@ -223,10 +226,14 @@ class Oracle:
         if res.outcome == "none":
             return Decision("none", backend=res.reported_backend, extras=extras, trace_fn=trace, **meta)
         if res.outcome == "unsupported":
-            steps = trace()
-            rejected = _candidate_summary(steps)
-            error = f"{res.error} Candidates: {rejected}." if rejected else res.error
-            return Decision("unsupported", error=error, extras=extras, trace_fn=lambda: steps, **meta)
+            decision = Decision("unsupported", extras=extras, trace_fn=trace, **meta)
+
+            def error() -> str:
+                rejected = _candidate_summary(decision.trace)
+                return f"{res.error} Candidates: {rejected}." if rejected else res.error
+
+            decision._error = error
+            return decision
         return Decision(res.outcome, error=res.error, extras=extras, trace_fn=trace, **meta)
 
     # ---------------------------------------------------------------- batches
@@ -247,11 +254,13 @@ def _candidate_summary(trace: list[dict]) -> str:
     return "; ".join(f"{b}: {r}" for b, r in last.items())
 
 
-def _family_of(table: Table, backend) -> Any:
-    for fam in table.families.values():
-        if fam.backends.get(backend.name) is backend:
-            return fam
-    raise AssertionError(f"backend {backend.name} belongs to no family")
+def _call_hook(table: Table):
+    """The `call` step's hook: run another policy of the same table on the same question."""
+    def call(name: str, c: Ctx, t: list | None) -> Result:
+        sub = Ctx(c.facts, c.env, c.packages)
+        sub.memo = c.memo
+        return run(table.policies[name], sub, t, table.batched, call)
+    return call
 
 
 _default: Oracle | None = None

@@ -339,9 +339,16 @@ class Check:
 class Kernel:
     name: str
     checks: tuple[Check, ...]
+    accepts: Fn  # all checks as one short-circuit conjunction: the fast path
     monolithic: bool
     function_check: bool
     at: str
+
+    def first_failure(self, ctx: "Ctx") -> Check | None:
+        for check in self.checks:
+            if not check.fn(ctx):
+                return check
+        return None
 
 
 @dataclass(frozen=True)
@@ -472,7 +479,8 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
         if not d.get("lora", False):
             add("lora", lambda ctx: not ctx.facts["moe.lora"], "moe.lora == false")
         e = s["kernels"][name]
-        return Kernel(name, tuple(checks), bool(d.get("monolithic")), bool(d.get("function_check")), e.at())
+        accepts = _all_of(tuple(c.fn for c in checks)) if checks else (lambda ctx: True)
+        return Kernel(name, tuple(checks), accepts, bool(d.get("monolithic")), bool(d.get("function_check")), e.at())
 
     families: dict[str, Family] = {}
     for fname, fe in s["families"].items():

@@ -24,6 +24,7 @@ class Result:
     emits: dict[str, Any] = field(default_factory=dict)
     decided_by: Step | None = None
     reported_backend: str | None = None  # for outcome none: the backend value to report, if any
+    family: Family | None = None  # the family of `backend`
 
 
 def _keys(family: Family, backend: Backend, ctx: Ctx) -> None:
@@ -43,21 +44,18 @@ def _reason(check: Check, ctx: Ctx, batched_word: str) -> str:
 
 
 def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: Step,
-                batched_word: str) -> tuple[Kernel | None, Check | str | None]:
+                batched_word: str) -> tuple[Kernel | None, Kernel | str | None]:
     """First kernel of `backend` that accepts the question, or (None, why the last kernel tried refused).
 
-    The refusal is the failing Check in fast mode (rendered only if a message needs it)."""
+    In fast mode the refusal is the last refusing Kernel; its reason is rendered only if a message needs it."""
     _keys(family, backend, ctx)
     if trace is None:
-        failed: Check | None = None
+        last = None
         for kernel in backend.kernels:
-            for check in kernel.checks:
-                if not check.fn(ctx):
-                    failed = check
-                    break
-            else:
+            if kernel.accepts(ctx):
                 return kernel, None
-        return None, failed
+            last = kernel
+        return None, last
     reason = None
     for kernel in backend.kernels:
         failures = []
@@ -79,9 +77,9 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, 
     return None, reason
 
 
-def _selected(backend: Backend, kernel: Kernel | None, ctx: Ctx, step: Step, report: bool = True) -> Result:
+def _selected(family: Family, backend: Backend, kernel: Kernel | None, ctx: Ctx, step: Step, report: bool = True) -> Result:
     return Result("selected", backend, kernel, report and not (kernel and kernel.function_check),
-                  ctx.activation_key, decided_by=step)
+                  ctx.activation_key, decided_by=step, family=family)
 
 
 def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: Step, batched_word: str) -> Result:
@@ -91,11 +89,15 @@ def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: S
         if trace is not None:
             trace.append({"candidate": backend.name, "kernel": backend.kernels[0].name if backend.kernels else None,
                           "accepted": True, "failed": [], "step": step.id, "unchecked": True, "at": backend.at})
-        return _selected(backend, backend.kernels[0] if backend.kernels else None, ctx, step, step.report_kernel)
+        return _selected(family, backend, backend.kernels[0] if backend.kernels else None, ctx, step, step.report_kernel)
     kernel, refusal = try_backend(family, backend, ctx, trace, step, batched_word)
     if kernel is not None:
-        return _selected(backend, kernel, ctx, step, step.report_kernel)
-    reason = _reason(refusal, ctx, batched_word) if isinstance(refusal, Check) else refusal
+        return _selected(family, backend, kernel, ctx, step, step.report_kernel)
+    if isinstance(refusal, Kernel):
+        check = refusal.first_failure(ctx)
+        reason = _reason(check, ctx, batched_word) if check is not None else None
+    else:
+        reason = refusal
     key = "backend_rejected" if reason else "backend_rejected_no_reason"
     msg = family.messages[key].render(ctx, _words(ctx, backend, reason))
     return Result("invalid", backend, error=msg, decided_by=step)
@@ -124,7 +126,7 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
                 backend = family.backends[name]
                 kernel, _ = try_backend(family, backend, ctx, trace, step, batched_word)
                 if kernel is not None:
-                    return _finish(_selected(backend, kernel, ctx, step, step.report_kernel), emits)
+                    return _finish(_selected(family, backend, kernel, ctx, step, step.report_kernel), emits)
             continue
         if action == "use":
             return _finish(_use(policy, family.backends[arg], ctx, trace, step, batched_word), emits)
