@@ -104,6 +104,7 @@ class Oracle:
         self._tables: dict[str, Table] = {}
         self._cache: dict[Scenario, Decision] = {}
         self._calls: dict[str, Any] = {}
+        self._files: dict = {}  # parsed rule files, shared by the profiles that list them
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- tables
@@ -122,7 +123,7 @@ class Oracle:
                 raise ScenarioError(f"profile: unknown profile {name!r}{did_you_mean(name, self.index.profiles)}; "
                                     f"known: {', '.join(self.index.profiles)}")
             desc, files = self.index.profiles[name]
-            rs, packages = load_files([self.root / f for f in files], name, desc)
+            rs, packages = load_files([self.root / f for f in files], name, desc, self._files)
             table = compile_ruleset(rs, packages)
             with self._lock:
                 self._tables[name] = table
@@ -229,8 +230,9 @@ class Oracle:
             decision = Decision("unsupported", extras=extras, trace_fn=trace, **meta)
 
             def error() -> str:
+                message = res.error() if callable(res.error) else res.error
                 rejected = _candidate_summary(decision.trace)
-                return f"{res.error} Candidates: {rejected}." if rejected else res.error
+                return f"{message} Candidates: {rejected}." if rejected else message
 
             decision._error = error
             return decision

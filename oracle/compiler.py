@@ -77,10 +77,24 @@ class EnvSpec:
 # ------------------------------------------------------------------ conditions
 
 
-@dataclass(frozen=True)
 class Cond:
-    fn: Fn
-    text: str
+    """A condition: Python source over `ctx`, its readable text, and (compiled on first use) the function.
+
+    Compiling lazily matters at load time: most nodes only ever contribute their code to a parent."""
+
+    __slots__ = ("code", "text", "_fn", "_compile")
+
+    def __init__(self, code: str, text: str, compile_fn: Callable[[str], Fn], fn: Fn | None = None):
+        self.code = code
+        self.text = text
+        self._fn = fn
+        self._compile = compile_fn
+
+    @property
+    def fn(self) -> Fn:
+        if self._fn is None:
+            self._fn = self._compile(self.code)
+        return self._fn
 
 
 def _literal(fact: str, value: Any) -> Any:
@@ -97,93 +111,129 @@ def _show(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
+_COMPARE = {"eq": "==", "ne": "!=", "in": "in", "not_in": "not in"}
+_ORDER = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+_OP_TEXT = {**_COMPARE, **_ORDER, "family": "in family", "is_null": "is null:"}
+
+
 class Compiler:
+    """Turns validated rule data into Python expressions and compiles each into one function.
+
+    Why generate code: a condition tree of closures costs one Python call per node; one
+    expression per kernel or step costs one. Safety: the generated source is built only from
+    fixed templates and constant-table indices (K[n]); no text from a rule file ever becomes
+    source, and the namespace has no builtins. Rule values are data in K, compared, never run.
+    """
+
     def __init__(self, rs: RuleSet):
         self.rs = rs
         s = rs.sections
         self.env = {n: EnvSpec(n, e.data["parse"], e.data.get("default"), tuple(e.data.get("choices", ())), e.at())
                     for n, e in s["env_vars"].items()}
+        self._consts: list[Any] = []
+        self._ns: dict[str, Any] = {"K": self._consts, "__builtins__": {}}
         self._derived: dict[str, Cond] = {}
         self._values: dict[str, Fn] = {}
+        self._env_values: dict[str, Fn] = {}
+
+    def k(self, value: Any) -> str:
+        """Reference to a constant: the only way rule data reaches generated code."""
+        self._consts.append(value)
+        return f"K[{len(self._consts) - 1}]"
+
+    def function(self, code: str) -> Fn:
+        return eval(f"lambda ctx: {code}", self._ns)  # noqa: S307 - code is built from templates only
+
+    def cond(self, code: str, text: str) -> Cond:
+        return Cond(code, text, self.function)
 
     # --- leaves
-    def _getter(self, fact: str) -> Fn:
+    def _getter(self, fact: str) -> str:
         if fact == "call.backend":
-            return lambda ctx: ctx.call_backend
-        return lambda ctx: ctx.facts[fact]
+            return "ctx.call_backend"
+        return f"ctx.facts[{self.k(fact)}]"
 
-    def _compare(self, get: Fn, name: str, spec: dict) -> Cond:
-        tests: list[Cond] = []
+    def _compare(self, get: str, name: str, spec: dict) -> Cond:
+        codes, texts = [], []
         for op in ("eq", "ne", "in", "not_in", "ge", "gt", "le", "lt", "family", "is_null"):
             if op not in spec:
                 continue
             raw = spec[op]
             if op in ("in", "not_in"):
-                v: Any = frozenset(_literal(name, x) for x in raw)
+                code = f"({get} {_COMPARE[op]} {self.k(frozenset(_literal(name, x) for x in raw))})"
+            elif op in _COMPARE:
+                code = f"({get} {_COMPARE[op]} {self.k(_literal(name, raw))})"
+            elif op in _ORDER:
+                code = f"((_v := {get}) is not None and _v {_ORDER[op]} {self.k(_literal(name, raw))})"
             elif op == "family":
-                v = frozenset(int(f.split(".")[0]) for f in (raw if isinstance(raw, list) else [raw]))
+                majors = frozenset(int(f.split(".")[0]) for f in (raw if isinstance(raw, list) else [raw]))
+                code = f"((_v := {get}) is not None and _v[0] in {self.k(majors)})"
             else:
-                v = _literal(name, raw)
-            tests.append(Cond(_OPS[op](get, v), f"{name} {_OP_TEXT[op]} {_show(raw)}"))
-        return _conj(tests)
+                code = f"(({get} is None) == {self.k(bool(raw))})"
+            codes.append(code)
+            texts.append(f"{name} {_OP_TEXT[op]} {_show(raw)}")
+        return self.cond(_joined(codes, "and"), " and ".join(texts))
+
+    def env_value(self, name: str) -> Fn:
+        """The parsed value of a declared variable (its default when unset), parsed once per question."""
+        if name not in self._env_values:
+            var = self.env[name]
+            key = "env:" + name
+            default = var.default
+
+            def value(ctx: Ctx) -> Any:
+                if name not in ctx.env:
+                    return default
+                memo = ctx.memo
+                if key in memo:
+                    return memo[key]
+                v = memo[key] = var.value(ctx.env)
+                return v
+
+            self._env_values[name] = value
+        return self._env_values[name]
 
     def _env(self, spec: dict) -> Cond:
-        var = self.env[spec["env"]]
-        name = var.name
-        key = "env:" + name
-        tests: list[Cond] = []
+        name = spec["env"]
+        value = f"{self.k(self.env_value(name))}(ctx)"
+        codes, texts = [], []
         if "set" in spec:
-            want = spec["set"]
-            tests.append(Cond(lambda ctx: (name in ctx.env) == want, f"{name} {'is set' if want else 'is unset'}"))
-
-        default = var.default
-
-        def value(ctx: Ctx) -> Any:
-            if name not in ctx.env:
-                return default
-            memo = ctx.memo
-            if key in memo:
-                return memo[key]
-            v = memo[key] = var.value(ctx.env)
-            return v
-
+            codes.append(f"(({self.k(name)} in ctx.env) == {self.k(spec['set'])})")
+            texts.append(f"{name} {'is set' if spec['set'] else 'is unset'}")
         if "is" in spec:
-            want_is = spec["is"]
-            tests.append(Cond(lambda ctx: value(ctx) is want_is, f"{name} is {_show(want_is)}"))
+            codes.append(f"({value} is {self.k(spec['is'])})")
+            texts.append(f"{name} is {_show(spec['is'])}")
         if "eq" in spec:
-            want_eq = spec["eq"]
-            tests.append(Cond(lambda ctx: value(ctx) == want_eq, f"{name} == {want_eq}"))
+            codes.append(f"({value} == {self.k(spec['eq'])})")
+            texts.append(f"{name} == {spec['eq']}")
         if "in" in spec:
-            want_in = frozenset(spec["in"])
-            tests.append(Cond(lambda ctx: value(ctx) in want_in, f"{name} in {_show(spec['in'])}"))
-        return _conj(tests)
+            codes.append(f"({value} in {self.k(frozenset(spec['in']))})")
+            texts.append(f"{name} in {_show(spec['in'])}")
+        return self.cond(_joined(codes, "and"), " and ".join(texts))
 
     def condition(self, spec: dict | None) -> Cond | None:
         if spec is None:
             return None
-        if "all" in spec:
-            parts = tuple(self.condition(c) for c in spec["all"])
-            return Cond(_all_of(tuple(p.fn for p in parts)), "(" + " and ".join(p.text for p in parts) + ")")
-        if "any" in spec:
-            parts = tuple(self.condition(c) for c in spec["any"])
-            return Cond(_any_of(tuple(p.fn for p in parts)), "(" + " or ".join(p.text for p in parts) + ")")
+        if "all" in spec or "any" in spec:
+            word = "and" if "all" in spec else "or"
+            parts = [self.condition(c) for c in spec["all" if word == "and" else "any"]]
+            return self.cond(_joined([p.code for p in parts], word), "(" + f" {word} ".join(p.text for p in parts) + ")")
         if "not" in spec:
             inner = self.condition(spec["not"])
-            f = inner.fn
-            return Cond(lambda ctx: not f(ctx), f"not {inner.text}")
+            return self.cond(f"(not {inner.code})", f"not {inner.text}")
         if "ref" in spec:
             return self.derived(spec["ref"])
         if "package" in spec:
-            pkg = spec["package"]
-            return Cond(lambda ctx: pkg in ctx.packages, f"package {pkg} installed")
+            return self.cond(f"({self.k(spec['package'])} in ctx.packages)", f"package {spec['package']} installed")
         if "env" in spec:
             return self._env(spec)
         if "fact" in spec:
             return self._compare(self._getter(spec["fact"]), spec["fact"], spec)
         name = spec["value"]
-        return self._compare(self.value(name), name, spec)
+        return self._compare(f"{self.k(self.value(name))}(ctx)", name, spec)
 
     def derived(self, name: str) -> Cond:
+        """A named fact, evaluated at most once per question (memoized in ctx.memo)."""
         if name not in self._derived:
             entry = self.rs.sections["derived"][name]
             inner = self.condition(entry.data["when"]).fn
@@ -193,14 +243,14 @@ class Compiler:
                 memo = ctx.memo
                 if key in memo:
                     return memo[key]
-                v = memo[key] = inner(ctx)
+                v = memo[key] = bool(inner(ctx))
                 return v
 
-            self._derived[name] = Cond(fn, name)
+            self._derived[name] = Cond(f"{self.k(fn)}(ctx)", name, self.function, fn)
         return self._derived[name]
 
     def operand(self, spec: dict) -> Fn:
-        return self._getter(spec["fact"]) if "fact" in spec else self.value(spec["value"])
+        return self.function(self._getter(spec["fact"])) if "fact" in spec else self.value(spec["value"])
 
     def value(self, name: str) -> Fn:
         if name in self._values:
@@ -208,7 +258,8 @@ class Compiler:
         d = self.rs.sections["values"][name].data
         key = "value:" + name
         if "when" in d:
-            inner = self.condition(d["when"]).fn
+            test = self.condition(d["when"]).fn
+            inner = lambda ctx: bool(test(ctx))  # noqa: E731
         elif "map" in d:
             of = self.operand(d["of"])
             table = dict(d["map"])
@@ -233,63 +284,8 @@ class Compiler:
         return fn
 
 
-def _all_of(fns: tuple[Fn, ...]) -> Fn:
-    """Short-circuit conjunction; a plain loop is ~2x faster than all() over a generator."""
-    if len(fns) == 1:
-        return fns[0]
-    if len(fns) == 2:
-        a, b = fns
-        return lambda ctx: bool(a(ctx)) and bool(b(ctx))
-
-    def fn(ctx: Ctx) -> bool:
-        for f in fns:
-            if not f(ctx):
-                return False
-        return True
-    return fn
-
-
-def _any_of(fns: tuple[Fn, ...]) -> Fn:
-    if len(fns) == 1:
-        return fns[0]
-
-    def fn(ctx: Ctx) -> bool:
-        for f in fns:
-            if f(ctx):
-                return True
-        return False
-    return fn
-
-
-def _conj(tests: list[Cond]) -> Cond:
-    if len(tests) == 1:
-        return tests[0]
-    return Cond(_all_of(tuple(t.fn for t in tests)), " and ".join(t.text for t in tests))
-
-
-def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Fn, Any], Fn]:
-    def make(get: Fn, v: Any) -> Fn:
-        def fn(ctx: Ctx) -> bool:
-            x = get(ctx)
-            return x is not None and op(x, v)
-        return fn
-    return make
-
-
-_OPS: dict[str, Callable[[Fn, Any], Fn]] = {
-    "eq": lambda get, v: (lambda ctx: get(ctx) == v),
-    "ne": lambda get, v: (lambda ctx: get(ctx) != v),
-    "in": lambda get, v: (lambda ctx: get(ctx) in v),
-    "not_in": lambda get, v: (lambda ctx: get(ctx) not in v),
-    "ge": _cmp(lambda x, v: x >= v),
-    "gt": _cmp(lambda x, v: x > v),
-    "le": _cmp(lambda x, v: x <= v),
-    "lt": _cmp(lambda x, v: x < v),
-    "family": lambda get, v: (lambda ctx: (c := get(ctx)) is not None and c[0] in v),
-    "is_null": lambda get, v: (lambda ctx: (get(ctx) is None) == v),
-}
-_OP_TEXT = {"eq": "==", "ne": "!=", "in": "in", "not_in": "not in", "ge": ">=", "gt": ">", "le": "<=",
-            "lt": "<", "family": "in family", "is_null": "is null:"}
+def _joined(codes: list[str], word: str) -> str:
+    return codes[0] if len(codes) == 1 else "(" + f" {word} ".join(codes) + ")"
 
 
 # ------------------------------------------------------------------ messages
@@ -316,7 +312,7 @@ def template(compiler: Compiler, text: str) -> Template:
     getters = []
     for name in dict.fromkeys(_PLACEHOLDER.findall(text)):
         if name in FACTS:
-            getters.append((name, compiler._getter(name)))
+            getters.append((name, compiler.function(compiler._getter(name))))
         elif name in compiler.rs.sections["values"]:
             getters.append((name, compiler.value(name)))
         else:
@@ -329,10 +325,19 @@ def template(compiler: Compiler, text: str) -> Template:
 
 @dataclass(frozen=True)
 class Check:
+    """One of a kernel's checks, in vLLM's order; its own function is compiled only for traces."""
+
     name: str
-    fn: Fn
-    text: str
+    cond: Cond
     reason: Template
+
+    @property
+    def fn(self) -> Fn:
+        return self.cond.fn
+
+    @property
+    def text(self) -> str:
+        return self.cond.text
 
 
 @dataclass(frozen=True)
@@ -442,45 +447,43 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
     c = Compiler(rs)
     s = rs.sections
     batched = c.derived("batched_activation_format").fn if "batched_activation_format" in s["derived"] else None
-    batch_inv = c.derived("batch_invariant_mode").fn if "batch_invariant_mode" in s["derived"] else (lambda ctx: False)
+    batch_inv = c.derived("batch_invariant_mode").fn if "batch_invariant_mode" in s["derived"] else None
 
     def kernel(name: str, reasons: Mapping[str, Template]) -> Kernel:
         d = _kernel_fields(s["kernels"], name)
         checks: list[Check] = []
 
-        def add(check: str, fn: Fn, text: str) -> None:
-            checks.append(Check(check, fn, text, reasons[check]))
+        def add(check: str, code: str, text: str) -> None:
+            checks.append(Check(check, c.cond(code, text), reasons[check]))
 
         device = c.condition(d.get("device"))
         if device is not None:
-            add("device", device.fn, device.text)
+            add("device", device.code, device.text)
         if not d.get("non_gated", False):
-            add("act_and_mul", lambda ctx: ctx.facts["moe.is_act_and_mul"], "moe.is_act_and_mul == true")
+            add("act_and_mul", f"ctx.facts[{c.k('moe.is_act_and_mul')}]", "moe.is_act_and_mul == true")
         if "activations" in d:
-            acts = frozenset(d["activations"])
-            add("activation", lambda ctx: ctx.facts["moe.activation"] in acts, f"moe.activation in {_show(d['activations'])}")
+            add("activation", f"(ctx.facts[{c.k('moe.activation')}] in {c.k(frozenset(d['activations']))})",
+                f"moe.activation in {_show(d['activations'])}")
         schemes = d.get("quant_schemes", "any")
         if schemes != "any":
-            rows = tuple(_scheme_row(c, r) for r in schemes)
-            text = " or ".join(r[3] for r in rows)
-            add("quant_scheme", lambda ctx: any(w(ctx.weight_key) and a(ctx.activation_key) and (cond is None or cond(ctx))
-                                                for w, a, cond, _ in rows), text)
+            rows = [_scheme_row(c, r) for r in schemes]
+            add("quant_scheme", _joined([code for code, _ in rows], "or"), " or ".join(text for _, text in rows))
         parallel = c.condition(d.get("parallel"))
         if parallel is not None:
-            add("parallel", parallel.fn, parallel.text)
+            add("parallel", parallel.code, parallel.text)
         if "routing_methods" in d:
-            methods = frozenset(d["routing_methods"])
-            add("routing", lambda ctx: ctx.facts["moe.routing_method"] in methods, f"moe.routing_method in {_show(d['routing_methods'])}")
+            add("routing", f"(ctx.facts[{c.k('moe.routing_method')}] in {c.k(frozenset(d['routing_methods']))})",
+                f"moe.routing_method in {_show(d['routing_methods'])}")
         if batched is not None:
             want = d.get("format", "standard") == "batched"
-            add("format", lambda ctx: batched(ctx) == want, f"batched_activation_format is {_show(want)}")
-        if not d.get("batch_invariant", False):
-            add("batch_invariance", lambda ctx: not batch_inv(ctx), "not batch_invariant_mode")
+            add("format", f"({c.k(batched)}(ctx) is {c.k(want)})", f"batched_activation_format is {_show(want)}")
+        if not d.get("batch_invariant", False) and batch_inv is not None:
+            add("batch_invariance", f"(not {c.k(batch_inv)}(ctx))", "not batch_invariant_mode")
         if not d.get("lora", False):
-            add("lora", lambda ctx: not ctx.facts["moe.lora"], "moe.lora == false")
-        e = s["kernels"][name]
-        accepts = _all_of(tuple(c.fn for c in checks)) if checks else (lambda ctx: True)
-        return Kernel(name, tuple(checks), accepts, bool(d.get("monolithic")), bool(d.get("function_check")), e.at())
+            add("lora", f"(not ctx.facts[{c.k('moe.lora')}])", "moe.lora == false")
+        accepts = c.function(_joined([ch.cond.code for ch in checks], "and")) if checks else (lambda ctx: True)
+        return Kernel(name, tuple(checks), accepts, bool(d.get("monolithic")), bool(d.get("function_check")),
+                      s["kernels"][name].at())
 
     families: dict[str, Family] = {}
     for fname, fe in s["families"].items():
@@ -523,18 +526,18 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
                  frozenset(packages), frozenset(c.env), MappingProxyType(archs), batched)
 
 
-def _key_matcher(spec: Any) -> tuple[Callable[[Any], bool], str]:
+def _key_test(c: Compiler, attr: str, spec: Any) -> tuple[str | None, str]:
     if spec == "any":
-        return (lambda k: True), "any"
+        return None, "any"
     if isinstance(spec, list):
-        allowed = frozenset(spec)
-        return (lambda k: k in allowed), "{" + ",".join(_show(x) for x in spec) + "}"
-    return (lambda k: k == spec), _show(spec)
+        return f"(ctx.{attr} in {c.k(frozenset(spec))})", "{" + ",".join(_show(x) for x in spec) + "}"
+    return f"(ctx.{attr} == {c.k(spec)})", _show(spec)
 
 
-def _scheme_row(c: Compiler, row: dict) -> tuple:
-    w, wt = _key_matcher(row["weight"])
-    a, at = _key_matcher(row["activation"])
+def _scheme_row(c: Compiler, row: dict) -> tuple[str, str]:
+    w, wt = _key_test(c, "weight_key", row["weight"])
+    a, at = _key_test(c, "activation_key", row["activation"])
     cond = c.condition(row.get("when"))
+    codes = [x for x in (w, a, cond.code if cond else None) if x]
     text = f"({wt} x {at}" + (f" if {cond.text})" if cond else ")")
-    return w, a, (cond.fn if cond else None), text
+    return (_joined(codes, "and") if codes else "True"), text

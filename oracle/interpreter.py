@@ -20,7 +20,7 @@ class Result:
     kernel: Kernel | None = None
     report_kernel: bool = True
     activation_key: Any = None
-    error: str | None = None
+    error: Any = None  # a message, or a function that renders it when first read
     emits: dict[str, Any] = field(default_factory=dict)
     decided_by: Step | None = None
     reported_backend: str | None = None  # for outcome none: the backend value to report, if any
@@ -39,12 +39,13 @@ def _words(ctx: Ctx, backend: Backend | None = None, reason: str | None = None) 
             "activation_key": ctx.activation_key}
 
 
-def _reason(check: Check, ctx: Ctx, batched_word: str) -> str:
-    return check.reason.render(ctx, {**_words(ctx), "activation_format": batched_word})
+def _reason(check: Check, ctx: Ctx, batched_fn) -> str:
+    fmt = "('batched_experts',)" if batched_fn is not None and batched_fn(ctx) else "standard"
+    return check.reason.render(ctx, {**_words(ctx), "activation_format": fmt})
 
 
 def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: Step,
-                batched_word: str) -> tuple[Kernel | None, Kernel | str | None]:
+                batched_fn) -> tuple[Kernel | None, Kernel | str | None]:
     """First kernel of `backend` that accepts the question, or (None, why the last kernel tried refused).
 
     In fast mode the refusal is the last refusing Kernel; its reason is rendered only if a message needs it."""
@@ -67,7 +68,7 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, 
             else:
                 note = None
             if not ok:
-                failures.append({"check": check.name, "reason": note or _reason(check, ctx, batched_word),
+                failures.append({"check": check.name, "reason": note or _reason(check, ctx, batched_fn),
                                "condition": check.text})
         trace.append({"candidate": backend.name, "kernel": kernel.name, "accepted": not failures, "failed": failures,
                       "step": step.id, "at": kernel.at})
@@ -82,7 +83,7 @@ def _selected(family: Family, backend: Backend, kernel: Kernel | None, ctx: Ctx,
                   ctx.activation_key, decided_by=step, family=family)
 
 
-def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: Step, batched_word: str) -> Result:
+def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: Step, batched_fn) -> Result:
     family = policy.family
     if not step.check:
         _keys(family, backend, ctx)
@@ -90,28 +91,28 @@ def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: S
             trace.append({"candidate": backend.name, "kernel": backend.kernels[0].name if backend.kernels else None,
                           "accepted": True, "failed": [], "step": step.id, "unchecked": True, "at": backend.at})
         return _selected(family, backend, backend.kernels[0] if backend.kernels else None, ctx, step, step.report_kernel)
-    kernel, refusal = try_backend(family, backend, ctx, trace, step, batched_word)
+    kernel, refusal = try_backend(family, backend, ctx, trace, step, batched_fn)
     if kernel is not None:
         return _selected(family, backend, kernel, ctx, step, step.report_kernel)
     if isinstance(refusal, Kernel):
         check = refusal.first_failure(ctx)
-        reason = _reason(check, ctx, batched_word) if check is not None else None
+        reason = _reason(check, ctx, batched_fn) if check is not None else None
     else:
         reason = refusal
     key = "backend_rejected" if reason else "backend_rejected_no_reason"
-    msg = family.messages[key].render(ctx, _words(ctx, backend, reason))
-    return Result("invalid", backend, error=msg, decided_by=step)
+    words = _words(ctx, backend, reason)
+    return Result("invalid", backend, error=lambda: family.messages[key].render(ctx, words), decided_by=step)
 
 
 def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -> Result:
     family = policy.family
     candidates = list(policy.candidates)
-    batched_word = "('batched_experts',)" if batched_fn is not None and batched_fn(ctx) else "standard"
     emits: dict[str, Any] = {}
     call_result: Result | None = None
     for step in policy.steps:
-        if step.when is not None:
-            matched = step.when.fn(ctx)
+        when = step.when
+        if when is not None:
+            matched = when.fn(ctx)
             if trace is not None:
                 trace.append({"step": step.id, "matched": bool(matched), "when": step.when.text, "at": step.at,
                               "why": step.why})
@@ -124,12 +125,12 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
             names = candidates if arg == "candidates" else arg
             for name in names:
                 backend = family.backends[name]
-                kernel, _ = try_backend(family, backend, ctx, trace, step, batched_word)
+                kernel, _ = try_backend(family, backend, ctx, trace, step, batched_fn)
                 if kernel is not None:
                     return _finish(_selected(family, backend, kernel, ctx, step, step.report_kernel), emits)
             continue
         if action == "use":
-            return _finish(_use(policy, family.backends[arg], ctx, trace, step, batched_word), emits)
+            return _finish(_use(policy, family.backends[arg], ctx, trace, step, batched_fn), emits)
         if action == "drop":
             dropped = set(arg)
             candidates = [c for c in candidates if c not in dropped]
@@ -143,11 +144,11 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
                 return _finish(Result("invalid", error=msg, decided_by=step), emits)
             if batched_fn is not None and batched_fn(ctx):
                 name = family.explicit_batched.get(name, name)
-            return _finish(_use(policy, family.backends[name], ctx, trace, step, batched_word), emits)
+            return _finish(_use(policy, family.backends[name], ctx, trace, step, batched_fn), emits)
         if action == "outcome":
             outcome, report = arg
-            msg = step.message.render(ctx, {}) if step.message else None
-            res = Result(outcome, error=msg, decided_by=step)
+            message = step.message
+            res = Result(outcome, error=(lambda: message.render(ctx, {})) if message else None, decided_by=step)
             if report is not None:
                 res.reported_backend = family.backends[report].value
             return _finish(res, emits)

@@ -431,20 +431,30 @@ def _display(path: Path) -> str:
         return str(absolute)
 
 
-def load_files(paths: list[Path], name: str, description: str) -> tuple[RuleSet, set[str]]:
+def load_checked(path: Path, cache: dict | None = None) -> Located:
+    """One rule file, parsed and schema-checked; `cache` reuses files shared by several profiles."""
+    stat = path.stat() if cache is not None and path.exists() else None
+    key = (str(path), stat.st_mtime_ns, stat.st_size) if stat else None
+    if key is not None and key in cache:
+        return cache[key]
+    doc = load_yaml_file(str(path), _display(path))
+    found = schema_diagnostics(doc)
+    if found:
+        raise RuleError(found)
+    if key is not None:
+        cache[key] = doc
+    return doc
+
+
+def load_files(paths: list[Path], name: str, description: str, cache: dict | None = None) -> tuple[RuleSet, set[str]]:
     """Load, schema-check, merge and semantically check a list of rule files."""
     docs: list[Located] = []
     problems: list[Diagnostic] = []
     for p in paths:
         try:
-            doc = load_yaml_file(str(p), _display(p))
+            docs.append(load_checked(p, cache))
         except RuleError as exc:
             problems.extend(exc.diagnostics)
-            continue
-        found = schema_diagnostics(doc)
-        problems.extend(found)
-        if not found:
-            docs.append(doc)
     if problems:
         raise RuleError(problems)
     rs, problems = merge(docs, name, description)

@@ -80,6 +80,8 @@ def load_yaml_text(text: str, file: str) -> Located:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [build(item, path + (i,)) for i, item in enumerate(node.value)]
+        if node.tag == _STR:
+            return node.value  # the common case, without the constructor's bookkeeping
         return _scalar_constructor.construct_object(node, deep=True)
 
     data = build(root, ()) if root is not None else None
@@ -88,6 +90,7 @@ def load_yaml_text(text: str, file: str) -> Located:
     return Located(file, data, marks)
 
 
+_STR = "tag:yaml.org,2002:str"
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 

@@ -111,3 +111,16 @@ def test_unsupported_names_every_candidate_with_its_first_failing_check(oracle):
         assert f"{backend}: kernel does not support current device cpu" in d.error
     lora = oracle.select(scenario("mxfp4-gpt-oss", "xpu", lora=True))
     assert lora.outcome == "unsupported" and "Candidates" not in lora.error, "no candidate was tried"
+
+
+def test_rule_values_are_data_never_code(tmp_path):
+    """Generated conditions reference constants by index: a rule value that looks like code is only compared."""
+    text = (ROOT / "tests" / "bad_rules" / "valid.yaml").read_text().replace(
+        "device: {fact: platform.kind, eq: cuda}", "device: {fact: moe.routing_method, eq: \"__import__('os').system('exit 3')\"}")
+    (tmp_path / "p.yaml").write_text(text)
+    (tmp_path / "profiles.yaml").write_text("default: x\nprofiles:\n  x: {description: 'code as data', files: [p.yaml]}\n")
+    o = Oracle(tmp_path)
+    d = o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]},
+                  "moe": {"routing_method": "__import__('os').system('exit 3')"}})
+    assert d.backend == "TRITON", "the string matched as a value"
+    assert o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]}}).outcome == "unsupported"
