@@ -38,7 +38,7 @@ class Decision:
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self._error = error
-        self.extras = dict(extras)
+        self.extras = extras if isinstance(extras, dict) else dict(extras)
         self.profile = profile
         self.policy = policy
         self.rule_files = rule_files
@@ -104,6 +104,7 @@ class Oracle:
         self._tables: dict[str, Table] = {}
         self._cache: dict[Scenario, Decision] = {}
         self._calls: dict[str, Any] = {}
+        self._resolved: dict[tuple, tuple] = {}
         self._files: dict = {}  # parsed rule files, shared by the profiles that list them
         self._lock = threading.Lock()
 
@@ -159,15 +160,24 @@ class Oracle:
     def select_uncached(self, scenario: Scenario) -> Decision:
         return self._answer(scenario)
 
+    def _resolve(self, profile: str | None, policy_name: str) -> tuple[Table, Any]:
+        """(table, policy) of a question, memoized: the lookup is on every uncached select."""
+        key = (profile, policy_name)
+        found = self._resolved.get(key)
+        if found is None:
+            table = self.table(profile)
+            policy = table.policies.get(policy_name)
+            if policy is None:
+                raise ScenarioError(f"policy: unknown policy {policy_name!r}{did_you_mean(policy_name, table.policies)}; "
+                                    f"profile {table.name} has {', '.join(table.policies)}")
+            found = self._resolved[key] = (table, policy)
+        return found
+
     def _answer(self, sc: Scenario) -> Decision:
         try:
-            table = self.table(sc.profile)
+            table, policy = self._resolve(sc.profile, sc.policy)
         except OracleError as exc:
             return error_decision(str(exc))
-        policy = table.policies.get(sc.policy)
-        if policy is None:
-            return error_decision(f"policy: unknown policy {sc.policy!r}{did_you_mean(sc.policy, table.policies)}; "
-                                  f"profile {table.name} has {', '.join(table.policies)}")
         meta = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
         ctx = Ctx(sc.facts, sc.env, sc.packages)
         family = policy.family

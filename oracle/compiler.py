@@ -372,7 +372,7 @@ FROM_SCENARIO = "from_scenario"
 @dataclass(frozen=True)
 class RoundRow:
     backends: frozenset | None
-    when: Cond | None
+    when: Fn | None
     intermediate: int
     hidden: int | None
     at: str
@@ -395,6 +395,7 @@ class Family:
 class Step:
     id: str
     when: Cond | None
+    test: Fn | None  # when.fn, resolved at build time: the hot loop reads a plain attribute
     action: str
     arg: Any
     check: bool
@@ -495,7 +496,8 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
                            b.get("activation_key", act_default), b.get("implementation"), fe.at("backends", bname))
             for bname, b in fd["backends"].items()}
         emap = fd.get("explicit_map") or {}
-        rows = tuple(RoundRow(frozenset(r["backends"]) if "backends" in r else None, c.condition(r.get("when")),
+        rows = tuple(RoundRow(frozenset(r["backends"]) if "backends" in r else None,
+                              c.condition(r["when"]).fn if "when" in r else None,
                               r["intermediate"], r.get("hidden"), fe.at("round_up", i))
                      for i, r in enumerate(fd.get("round_up") or []))
         families[fname] = Family(
@@ -515,7 +517,8 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
                 arg = tuple((k, c.operand(v)) for k, v in arg.items())
             elif action == "outcome":
                 arg = (arg, st.get("backend"))
-            steps.append(Step(st["id"], c.condition(st.get("when")), action, arg, st.get("check", True),
+            when = c.condition(st.get("when"))
+            steps.append(Step(st["id"], when, when.fn if when else None, action, arg, st.get("check", True),
                               st.get("report_kernel", True), template(c, st["message"]) if "message" in st else None,
                               pe.at("steps", i), st["why"]))
         queries = {q: c.value(spec["value"]) for q, spec in (pd.get("queries") or {}).items()}

@@ -110,9 +110,9 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
     emits: dict[str, Any] = {}
     call_result: Result | None = None
     for step in policy.steps:
-        when = step.when
-        if when is not None:
-            matched = when.fn(ctx)
+        test = step.test
+        if test is not None:
+            matched = test(ctx)
             if trace is not None:
                 trace.append({"step": step.id, "matched": bool(matched), "when": step.when.text, "at": step.at,
                               "why": step.why})
@@ -185,7 +185,7 @@ def round_sizes(family: Family, backend_name: str, ctx: Ctx) -> tuple[int, int]:
     for row in family.round_up:
         if row.backends is not None and backend_name not in row.backends:
             continue
-        if row.when is not None and not row.when.fn(ctx):
+        if row.when is not None and not row.when(ctx):
             continue
         inter = -(-inter // row.intermediate) * row.intermediate
         if row.hidden:
