@@ -178,19 +178,9 @@ class Compiler:
         """The parsed value of a declared variable (its default when unset), parsed once per question."""
         if name not in self._env_values:
             var = self.env[name]
-            key = "env:" + name
             default = var.default
-
-            def value(ctx: Ctx) -> Any:
-                if name not in ctx.env:
-                    return default
-                memo = ctx.memo
-                if key in memo:
-                    return memo[key]
-                v = memo[key] = var.value(ctx.env)
-                return v
-
-            self._env_values[name] = value
+            parsed = _memoized("env:" + name, lambda ctx: var.value(ctx.env))
+            self._env_values[name] = lambda ctx: parsed(ctx) if name in ctx.env else default
         return self._env_values[name]
 
     def _env(self, spec: dict) -> Cond:
@@ -237,15 +227,7 @@ class Compiler:
         if name not in self._derived:
             entry = self.rs.sections["derived"][name]
             inner = self.condition(entry.data["when"]).fn
-            key = "ref:" + name
-
-            def fn(ctx: Ctx) -> bool:
-                memo = ctx.memo
-                if key in memo:
-                    return memo[key]
-                v = memo[key] = bool(inner(ctx))
-                return v
-
+            fn = _memoized("ref:" + name, lambda ctx: bool(inner(ctx)))
             self._derived[name] = Cond(f"{self.k(fn)}(ctx)", name, self.function, fn)
         return self._derived[name]
 
@@ -256,7 +238,6 @@ class Compiler:
         if name in self._values:
             return self._values[name]
         d = self.rs.sections["values"][name].data
-        key = "value:" + name
         if "when" in d:
             test = self.condition(d["when"]).fn
             inner = lambda ctx: bool(test(ctx))  # noqa: E731
@@ -272,16 +253,19 @@ class Compiler:
             keys = tuple(self.operand(k) for k in d["keys"])
             default = d.get("default")
             inner = lambda ctx: rows.get(tuple(k(ctx) for k in keys), default)  # noqa: E731
-
-        def fn(ctx: Ctx) -> Any:
-            memo = ctx.memo
-            if key in memo:
-                return memo[key]
-            v = memo[key] = inner(ctx)
-            return v
-
-        self._values[name] = fn
+        fn = self._values[name] = _memoized("value:" + name, inner)
         return fn
+
+
+def _memoized(key: str, inner: Fn) -> Fn:
+    """Evaluate `inner` at most once per question: derived facts, values and env parses are shared."""
+    def fn(ctx: Ctx) -> Any:
+        memo = ctx.memo
+        if key in memo:
+            return memo[key]
+        v = memo[key] = inner(ctx)
+        return v
+    return fn
 
 
 def _joined(codes: list[str], word: str) -> str:
