@@ -124,3 +124,14 @@ def test_rule_values_are_data_never_code(tmp_path):
                   "moe": {"routing_method": "__import__('os').system('exit 3')"}})
     assert d.backend == "TRITON", "the string matched as a value"
     assert o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]}}).outcome == "unsupported"
+
+
+def test_emulation_backends_name_the_reference_implementation(oracle):
+    from backends import emulation
+
+    for policy, platform in (("mxfp4-gpt-oss", "cuda:7.0"), ("nvfp4", "cuda:7.0")):
+        d = oracle.select(scenario(policy, platform, packages=(), env={"VLLM_BATCH_INVARIANT": "1"},
+                                   activation="silu"))
+        assert d.backend == "EMULATION", d.error
+        module, _, function = d.implementation.partition(":")
+        assert module == "backends.emulation" and getattr(emulation, function) is emulation.moe_forward
