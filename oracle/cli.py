@@ -135,7 +135,8 @@ def _summary(d: Decision) -> str:
         return ", ".join(parts)
     if d.outcome == "none":
         extra = "".join(f", {k} {json.dumps(v)}" for k, v in d.extras.items())
-        return f"none: no fused-MoE backend on this platform (backend {d.backend}){extra}"
+        reported = f" (backend {d.backend})" if d.backend is not None else ""
+        return f"none: the policy selects no fused-MoE backend here{reported}{extra}"
     return f"{d.outcome}: {d.error}"
 
 

@@ -63,6 +63,8 @@ def _schema_message(err: Any, root: dict) -> str:
             return f"unknown field '{key}' in {where}{hint}"
     if err.validator == "enum" and isinstance(err.instance, str):
         return f"{where}: '{err.instance}' is not allowed{did_you_mean(err.instance, err.validator_value)}; expected one of {', '.join(map(str, err.validator_value))}"
+    if err.validator == "anyOf":
+        return f"{where}: {err.instance!r} is not valid here; expected {' or '.join(_describe(a) for a in err.validator_value)}"
     if err.validator == "required":
         return f"{where}: missing required field {err.message.split(' is a required')[0]}"
     if err.validator == "oneOf" and isinstance(err.instance, dict):
@@ -70,6 +72,23 @@ def _schema_message(err: Any, root: dict) -> str:
     if err.validator == "pattern":
         return f"{where}: {err.instance!r} does not match the required pattern {err.validator_value}"
     return f"{where}: {err.message}"
+
+
+def _describe(schema: Any) -> str:
+    if not isinstance(schema, dict):
+        return str(schema)
+    if "description" in schema:
+        return schema["description"]
+    if "const" in schema:
+        return repr(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(map(str, schema["enum"]))
+    if "type" in schema:
+        kind = schema["type"]
+        return " or ".join(kind) if isinstance(kind, list) else f"a {kind}"
+    if "anyOf" in schema:
+        return " or ".join(_describe(a) for a in schema["anyOf"])
+    return "a value matching the schema"
 
 
 def _one_of_summary(alternatives: list) -> str:
@@ -92,6 +111,9 @@ def _best_errors(errors: list) -> list:
 
 
 def _leaves(err: Any) -> list:
+    if err.validator == "anyOf" and err.context and all(list(sub.absolute_path) == list(err.absolute_path)
+                                                        for sub in err.context):
+        return [err]  # alternatives for this very value: one message naming them all
     if err.context and err.validator in ("anyOf", "allOf"):
         out: list = []
         for sub in err.context:

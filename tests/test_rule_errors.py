@@ -16,7 +16,8 @@ from oracle.validate import validate_paths
 BAD = Path(__file__).parent / "bad_rules"
 
 EXPECTED = {
-    "bad_capability": "14:41: kernels.TritonExperts.device.ge: 'nine' is not of type 'number'",
+    "bad_capability": "14:41: kernels.TritonExperts.device.ge: 'nine' is not valid here; "
+                      "expected a number or capability 'major.minor', e.g. \"9.0\"",
     "candidate_without_kernels": "43:26: candidate NONE has no kernel table; add kernels to it or remove it from the list",
     "conditional_last_step": "52:9: the last step must decide unconditionally (no 'when'; outcome, use or result)",
     "duplicate_step_id": "49:9: duplicate step id 'forced' (first at step 1)",
