@@ -79,3 +79,23 @@ def test_shipped_rules_are_valid():
     problems, checked = validate_paths(None)
     assert problems == []
     assert checked >= 6
+
+
+def test_a_name_defined_in_two_files_of_a_profile(tmp_path):
+    base = (BAD / "valid.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(base)
+    (tmp_path / "b.yaml").write_text("kernels:\n  TritonExperts:\n    why: \"a second definition\"\n")
+    (tmp_path / "profiles.yaml").write_text("default: p\nprofiles:\n  p: {description: 'two files', files: [a.yaml, b.yaml]}\n")
+    problems, _ = validate_paths([tmp_path])
+    assert [f"{Path(d.file).name}:{d.line}:{d.col}: {d.message}" for d in problems] == [
+        f"b.yaml:2:3: kernels 'TritonExperts' is already defined at {tmp_path / 'a.yaml'}:13; each name is defined once per profile"]
+
+
+def test_profile_index_errors(tmp_path):
+    (tmp_path / "profiles.yaml").write_text("default: q\nprofiles:\n  p: {description: 'x', files: [missing.yaml]}\n")
+    problems, _ = validate_paths([tmp_path])
+    assert [d.message for d in problems] == ["default profile 'q' is not defined"]
+    (tmp_path / "profiles.yaml").write_text("default: p\nprofiles:\n  p: {description: 'x', files: [missing.yaml]}\n")
+    problems, _ = validate_paths([tmp_path])
+    assert len(problems) == 1 and problems[0].message.startswith("rule file 'missing.yaml' does not exist")
+    assert problems[0].line == 3
