@@ -69,7 +69,7 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, 
                 note = None
             if not ok:
                 failures.append({"check": check.name, "reason": note or _reason(check, ctx, batched_fn),
-                               "condition": check.text})
+                                 "condition": check.text})
         trace.append({"candidate": backend.name, "kernel": kernel.name, "accepted": not failures, "failed": failures,
                       "step": step.id, "at": kernel.at})
         if not failures:
@@ -83,8 +83,8 @@ def _selected(family: Family, backend: Backend, kernel: Kernel | None, ctx: Ctx,
                   ctx.activation_key, decided_by=step, family=family)
 
 
-def _use(policy: Policy, backend: Backend, ctx: Ctx, trace: list | None, step: Step, batched_fn) -> Result:
-    family = policy.family
+def _use(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: Step, batched_fn) -> Result:
+    """Force `backend`: selected if one of its kernels accepts (or unchecked), else invalid with the reason."""
     if not step.check:
         _keys(family, backend, ctx)
         if trace is not None:
@@ -130,7 +130,7 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
                     return _finish(_selected(family, backend, kernel, ctx, step, step.report_kernel), emits)
             continue
         if action == "use":
-            return _finish(_use(policy, family.backends[arg], ctx, trace, step, batched_fn), emits)
+            return _finish(_use(family, family.backends[arg], ctx, trace, step, batched_fn), emits)
         if action == "drop":
             dropped = set(arg)
             candidates = [c for c in candidates if c not in dropped]
@@ -144,7 +144,7 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
                 return _finish(Result("invalid", error=msg, decided_by=step), emits)
             if batched_fn is not None and batched_fn(ctx):
                 name = family.explicit_batched.get(name, name)
-            return _finish(_use(policy, family.backends[name], ctx, trace, step, batched_fn), emits)
+            return _finish(_use(family, family.backends[name], ctx, trace, step, batched_fn), emits)
         if action == "outcome":
             outcome, report = arg
             message = step.message
@@ -165,6 +165,7 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
             if call_result.outcome in ("invalid", "unsupported", "error"):
                 return _finish(call_result, emits)
             ctx.call_backend = call_result.backend.name if call_result.backend else None
+            ctx.memo = {}  # anything memoized so far may have read call.backend before it was set
             continue
         if action == "result":
             if call_result is None:
