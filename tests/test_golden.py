@@ -30,3 +30,16 @@ def test_golden_case(oracle, case):
 
 def test_sample_covers_every_policy():
     assert {c["scenario"]["policy"] for c in CASES} == {"mxfp4-gpt-oss", "mxfp4", "nvfp4", "ocp-mx"}
+
+
+def test_every_answer_matches_the_decision_schema(oracle):
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "decision.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    for case in CASES:
+        out = oracle.select(case["scenario"]).to_dict()
+        errors = [e.message for e in validator.iter_errors(out)]
+        assert not errors, (case["scenario"], errors[:3])
+    bad = oracle.select({"policy": "mxfp4", "moe": {"hiden_size": 1}}).to_dict()
+    assert not list(validator.iter_errors(bad))
