@@ -52,7 +52,7 @@ def _validator(schema_name: str) -> Any:
     return jsonschema.validators.validator_for(schema)(schema)
 
 
-def _schema_message(err: Any, root: dict) -> str:
+def _schema_message(err: Any) -> str:
     where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
     if err.validator == "additionalProperties":
         extra = [k for k in err.instance if k not in err.schema.get("properties", {})] if isinstance(err.instance, dict) else []
@@ -130,7 +130,7 @@ def schema_diagnostics(doc: Located, schema_name: str = "rules.schema.json") -> 
         return []
     validator = _validator(schema_name)
     errors = list(validator.iter_errors(doc.data))
-    return [doc.diag(tuple(e.absolute_path), _schema_message(e, validator.schema)) for e in _best_errors(errors)]
+    return [doc.diag(tuple(e.absolute_path), _schema_message(e)) for e in _best_errors(errors)]
 
 
 @dataclass
