@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping
 
 from .compiler import Ctx, Table, compile_ruleset, format_capability
 from .errors import EnvValueError, OracleError, RuleError, ScenarioError
-from .interpreter import Result, round_sizes, run
+from .interpreter import Result, map_explicit, round_sizes, run
 from .resources import rules_dir
 from .rules import did_you_mean, load_files, load_profile_index
 from .scenario import Scenario, parse_scenario
@@ -189,14 +189,9 @@ class Oracle:
             h, i = round_sizes(family, backend.name, ctx)
             return Decision("selected", hidden_size=h, intermediate_size=i, **meta)
         if sc.query == "map_backend":
-            name = family.explicit.get(sc.facts["moe.moe_backend"])
+            name, refusal = map_explicit(family, ctx, table.batched)
             if name is None:
-                msg = family.messages["unknown_moe_backend"].render(
-                    ctx, {"explicit_keys": ", ".join(f"'{k}'" for k in family.explicit)}) if family.explicit else \
-                    f"policy {policy.name} takes no explicit moe_backend"
-                return Decision("invalid", error=msg, **meta)
-            if table.batched is not None and table.batched(ctx):
-                name = family.explicit_batched.get(name, name)
+                return Decision("invalid", error=refusal, **meta)
             return Decision("selected", backend=family.backends[name].value, **meta)
         if sc.query == "ocp_mx_scheme":
             fn = policy.queries.get("ocp_mx_scheme")

@@ -104,6 +104,19 @@ def _use(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: S
     return Result("invalid", backend, error=lambda: family.messages[key].render(ctx, words), decided_by=step)
 
 
+def map_explicit(family: Family, ctx: Ctx, batched_fn) -> tuple[str | None, str | None]:
+    """The backend an explicit moe_backend string names (batched remap applied), or (None, why not)."""
+    name = family.explicit.get(ctx.facts["moe.moe_backend"])
+    if name is None:
+        if not family.explicit:
+            return None, f"family {family.name} takes no explicit moe_backend"
+        keys = ", ".join(f"'{k}'" for k in family.explicit)
+        return None, family.messages["unknown_moe_backend"].render(ctx, {"explicit_keys": keys})
+    if batched_fn is not None and batched_fn(ctx):
+        name = family.explicit_batched.get(name, name)
+    return name, None
+
+
 def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -> Result:
     family = policy.family
     candidates = list(policy.candidates)
@@ -136,14 +149,9 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
             candidates = [c for c in candidates if c not in dropped]
             continue
         if action == "use_explicit":
-            requested = ctx.facts["moe.moe_backend"]
-            name = family.explicit.get(requested)
+            name, refusal = map_explicit(family, ctx, batched_fn)
             if name is None:
-                msg = family.messages["unknown_moe_backend"].render(
-                    ctx, {"explicit_keys": ", ".join(f"'{k}'" for k in family.explicit)})
-                return _finish(Result("invalid", error=msg, decided_by=step), emits)
-            if batched_fn is not None and batched_fn(ctx):
-                name = family.explicit_batched.get(name, name)
+                return _finish(Result("invalid", error=refusal, decided_by=step), emits)
             return _finish(_use(family, family.backends[name], ctx, trace, step, batched_fn), emits)
         if action == "outcome":
             outcome, report = arg
