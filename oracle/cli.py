@@ -102,14 +102,10 @@ def _scenario_from_args(args: argparse.Namespace, oracle: Oracle) -> dict[str, A
         sc.setdefault("packages", {})[name] = False
     if args.env:
         sc["env"] = {**(sc.get("env") or {}), **_parse_env(args.env)}
-    moe = sc.setdefault("moe", {}) if any(v is not None for v in (
-        args.moe_backend, args.activation, args.lora, args.routing_method, args.hidden_size, args.intermediate_size)) else sc.get("moe")
-    if moe is not None:
-        for key, value in (("moe_backend", args.moe_backend), ("activation", args.activation), ("lora", args.lora),
-                           ("routing_method", args.routing_method), ("hidden_size", args.hidden_size),
-                           ("intermediate_size", args.intermediate_size)):
-            if value is not None:
-                moe[key] = value
+    moe_flags = {key: getattr(args, key) for key in ("moe_backend", "activation", "lora", "routing_method",
+                                                      "hidden_size", "intermediate_size") if getattr(args, key) is not None}
+    if moe_flags:
+        sc["moe"] = {**(sc.get("moe") or {}), **moe_flags}
     if "policy" not in sc:
         raise UsageError("--policy is required (mxfp4-gpt-oss, mxfp4, nvfp4, ocp-mx), or give it in --scenario")
     return sc
