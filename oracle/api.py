@@ -23,14 +23,15 @@ class Decision:
     """
 
     __slots__ = ("outcome", "backend", "kernel", "activation_key", "hidden_size", "intermediate_size",
-                 "extras", "profile", "policy", "rule_files", "implementation", "decided_by", "_trace", "_trace_fn",
+                 "extras", "profile", "policy", "rule_files", "converter", "runner", "missing_why", "decided_by", "_trace", "_trace_fn",
                  "_error")
 
     def __init__(self, outcome: str, *, backend: str | None = None, kernel: str | None = None,
                  activation_key: str | None = None, hidden_size: int | None = None,
                  intermediate_size: int | None = None, error: str | None = None, extras: Mapping[str, Any] = (),
                  profile: str | None = None, policy: str | None = None, rule_files: tuple[str, ...] = (),
-                 implementation: str | None = None, decided_by: Any = None, trace_fn=None):
+                 converter: str | None = None, runner: str | None = None, missing_why: str | None = None,
+                 decided_by: Any = None, trace_fn=None):
         self.outcome = outcome
         self.backend = backend
         self.kernel = kernel
@@ -42,7 +43,9 @@ class Decision:
         self.profile = profile
         self.policy = policy
         self.rule_files = rule_files
-        self.implementation = implementation
+        self.converter = converter
+        self.runner = runner
+        self.missing_why = missing_why
         self.decided_by = decided_by
         self._trace = None
         self._trace_fn = trace_fn
@@ -68,6 +71,9 @@ class Decision:
                 out["kernel"] = self.kernel
         if self.activation_key is not None or self.outcome == "selected" and self.kernel is not None:
             out["activation_key"] = self.activation_key
+        if self.outcome == "selected" and self.backend is not None:
+            out["converter"] = self.converter
+            out["runner"] = self.runner
         if self.hidden_size is not None:
             out["hidden_size"] = self.hidden_size
             out["intermediate_size"] = self.intermediate_size
@@ -228,7 +234,8 @@ class Oracle:
             return Decision("selected", backend=res.backend.value,
                             kernel=res.kernel.name if res.kernel and res.report_kernel else None,
                             activation_key=res.activation_key, hidden_size=h, intermediate_size=i, extras=extras,
-                            implementation=res.backend.implementation, trace_fn=trace, **meta)
+                            converter=res.backend.converter, runner=res.backend.runner,
+                            missing_why=res.backend.missing_why, trace_fn=trace, **meta)
         if res.outcome == "none":
             return Decision("none", backend=res.reported_backend, extras=extras, trace_fn=trace, **meta)
         if res.outcome == "unsupported":

@@ -151,6 +151,9 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
     if d.decided_by:
         step = d.decided_by
         lines.append(f"   decided by step '{step.id}' at {step.at}: {step.why}")
+    if d.outcome == "selected" and d.backend is not None:
+        missing = f"   ({d.missing_why})" if d.missing_why and not (d.converter and d.runner) else ""
+        lines.append(f"   converter {d.converter or 'none'}   runner {d.runner or 'none'}{missing}")
     lines.append("")
     _trace_lines(d.trace, lines, "")
     return "\n".join(lines)

@@ -346,7 +346,9 @@ class Backend:
     value: str
     kernels: tuple[Kernel, ...]
     activation_key: Any  # a key name, None (BF16), or FROM_SCENARIO
-    implementation: str | None
+    converter: str | None  # module:attr resolved lazily by oracle.registry; None when there is none here
+    runner: str | None
+    missing_why: str | None  # why converter or runner is None
     at: str
 
 
@@ -477,7 +479,8 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
         act_default = FROM_SCENARIO if fd.get("activation_key") == FROM_SCENARIO else None
         backends = {
             bname: Backend(bname, b.get("value", bname), tuple(kernel(k, reasons) for k in b["kernels"]),
-                           b.get("activation_key", act_default), b.get("implementation"), fe.at("backends", bname))
+                           b.get("activation_key", act_default), b.get("converter"), b.get("runner"),
+                           b.get("missing_why"), fe.at("backends", bname))
             for bname, b in fd["backends"].items()}
         emap = fd.get("explicit_map") or {}
         rows = tuple(RoundRow(frozenset(r["backends"]) if "backends" in r else None,

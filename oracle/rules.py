@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import registry
 from .errors import Diagnostic, RuleError
 from .facts import FACTS, MESSAGE_WORDS
 from .resources import rules_dir, schemas_dir
@@ -297,11 +298,11 @@ class _Semantics:
             self.key(e, b.get("activation_key"), "backends", name, "activation_key")
             if b.get("kernels") and "activation_key" not in b and d.get("activation_key") != "from_scenario":
                 self.err(e, f"backend {name} has no activation_key and family '{e.name}' does not take it from the scenario", "backends", name)
-            impl = b.get("implementation")
-            if impl:
-                module = impl.split(":")[0]
-                if not _module_exists(module):
-                    self.err(e, f"implementation module '{module}' does not exist in the backends package", "backends", name, "implementation")
+            for role in ("converter", "runner"):
+                path = b.get(role)
+                found = registry.problem(path) if path else None
+                if found:
+                    self.err(e, f"{role} {found}", "backends", name, role)
         emap = d.get("explicit_map") or {}
         for k, b in (emap.get("entries") or {}).items():
             self.known(e, "backend", b, backends, "explicit_map", "entries", k)
@@ -390,18 +391,6 @@ def _refs(cond: Any, key: str) -> list[str]:
         if "not" in cond:
             out.extend(_refs(cond["not"], key))
     return out
-
-
-def _module_exists(module: str) -> bool:
-    """The implementation module is a file of the backends package (never imported here)."""
-    if not module.startswith("backends."):
-        return False
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def semantic_diagnostics(rs: RuleSet) -> tuple[list[Diagnostic], set[str]]:

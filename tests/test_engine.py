@@ -8,6 +8,7 @@ from pathlib import Path
 from conftest import scenario
 from oracle import Oracle, Scenario
 from oracle.facts import FACTS
+from oracle.registry import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,5 +134,7 @@ def test_emulation_backends_name_the_reference_implementation(oracle):
         d = oracle.select(scenario(policy, platform, packages=(), env={"VLLM_BATCH_INVARIANT": "1"},
                                    activation="silu"))
         assert d.backend == "EMULATION", d.error
-        module, _, function = d.implementation.partition(":")
+        module, _, function = d.runner.partition(":")
         assert module == "backends.emulation" and getattr(emulation, function) is emulation.moe_forward
+        assert d.converter is None and "converter" in d.missing_why
+        assert resolve(d.runner) is emulation.moe_forward

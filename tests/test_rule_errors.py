@@ -22,14 +22,15 @@ EXPECTED = {
     "conditional_last_step": "52:9: the last step must decide unconditionally (no 'when'; outcome, use or result)",
     "duplicate_step_id": "49:9: duplicate step id 'forced' (first at step 1)",
     "duplicate_yaml_key": "43:5: duplicate key 'description' (first defined at line 42); remove one of them",
-    "implementation_outside_backends": "25:64: families.fam.backends.TRITON.implementation: 'os:system' does not match "
-                                       "the required pattern ^backends(\\.[a-z_][a-z0-9_]*)+:[a-z_][a-z0-9_]*$",
     "kernel_extends_cycle": "13:3: kernels reference cycle: TritonExperts -> TritonExperts",
     "missing_why": "45:9: policies.pol.steps.0: missing required field 'why'",
     "misspelt_fact": "14:14: kernels.TritonExperts.device.fact: 'platform.knd' is not allowed (did you mean 'platform.kind'?); "
                      "expected one of " + ", ".join(sorted(FACTS)),
     "misspelt_step_field": "45:9: unknown field 'whn' in policies.pol.steps.0 (did you mean 'when'?)",
     "python_tag": "2:17: tag tag:yaml.org,2002:python/object/apply:os.system is not allowed in rule files (rules never build objects)",
+    "runner_outside_backends": "25:81: runner 'os:system': module 'os' is outside the allowed packages (backends); "
+                               "put the code under backends/ or register its package as an entry point of group "
+                               "moe_oracle.backends",
     "two_actions_in_step": "45:9: policies.pol.steps.0: give exactly one of the alternatives "
                            "(outcome, use, use_explicit, drop, try, call, result, emit)",
     "undeclared_env_var": "46:16: unknown environment variable 'VLLM_FORCE_TRITN' (did you mean 'VLLM_FORCE_TRITON'?)",

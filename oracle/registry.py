@@ -1,0 +1,107 @@
+"""The one registry of code that rules name: a backend's `converter` and `runner` (`module:attr`).
+
+Allowed modules: the `backends` package, and packages registered as entry points of group
+`moe_oracle.backends` (a plugin's entry point value names its package, e.g. `acme_moe`).
+
+`problem(path)` validates a path WITHOUT importing anything (the oracle never pulls in torch):
+it locates the module file through import specs and scans its source for a top-level
+`def`/`class`/assignment/import of the attribute. `resolve(path)` imports it on first use.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import re
+from functools import lru_cache
+from typing import Any
+
+GROUP = "moe_oracle.backends"
+BUILTIN_PACKAGE = "backends"
+_PATH = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):([A-Za-z_][A-Za-z0-9_]*)$")
+
+
+class RegistryError(LookupError):
+    """A converter/runner path cannot be used; the message names the path and the fix."""
+
+
+@lru_cache(maxsize=None)
+def plugin_packages() -> tuple[str, ...]:
+    """Top-level packages registered under the entry point group (read from metadata, nothing imported)."""
+    from importlib.metadata import entry_points
+
+    return tuple(sorted({ep.value.split(":")[0].strip() for ep in entry_points(group=GROUP)}))
+
+
+def allowed_packages() -> tuple[str, ...]:
+    return (BUILTIN_PACKAGE, *plugin_packages())
+
+
+def split(path: str) -> tuple[str, str]:
+    """('module', 'attr') of 'module:attr'; RegistryError when it is not of that form."""
+    found = _PATH.match(path) if isinstance(path, str) else None
+    if found is None:
+        raise RegistryError(f"{path!r} is not a 'module:attribute' path, e.g. backends.emulation:moe_forward")
+    return found.group(1), found.group(2)
+
+
+def _is_allowed(module: str) -> bool:
+    return any(module == root or module.startswith(root + ".") for root in allowed_packages())
+
+
+def _module_file(module: str) -> str | None:
+    """The source file of `module`, found without executing any package __init__."""
+    parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return None
+    for part in parts[1:]:
+        locations = spec.submodule_search_locations if spec is not None else None
+        if not locations:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _defines(source: str, attr: str) -> bool:
+    name = re.escape(attr)
+    top_level = re.compile(
+        rf"^(?:(?:async\s+)?def\s+{name}\b|class\s+{name}\b|{name}\s*(?::[^=\n]*)?=(?!=)"
+        rf"|from\s+\S+\s+import\s+(?:.*[\s,(])?{name}\b|import\s+\S+\s+as\s+{name}\b)", re.MULTILINE)
+    return top_level.search(source) is not None
+
+
+@lru_cache(maxsize=256)
+def problem(path: str) -> str | None:
+    """Why `path` cannot name a converter/runner, or None when it can. Never imports the module."""
+    try:
+        module, attr = split(path)
+    except RegistryError as exc:
+        return str(exc)
+    if not _is_allowed(module):
+        return (f"'{path}': module '{module}' is outside the allowed packages ({', '.join(allowed_packages())}); "
+                f"put the code under backends/ or register its package as an entry point of group {GROUP}")
+    origin = _module_file(module)
+    if origin is None:
+        return f"'{path}': module '{module}' does not exist; create it or fix the path"
+    try:
+        with open(origin, encoding="utf-8") as fh:
+            source = fh.read()
+    except OSError as exc:
+        return f"'{path}': cannot read {origin} ({exc.strerror})"
+    if not _defines(source, attr):
+        return f"'{path}': module '{module}' defines no top-level '{attr}'; define it or fix the path"
+    return None
+
+
+def resolve(path: str) -> Any:
+    """Import and return the object `path` names (this is where torch may be imported)."""
+    found = problem(path)
+    if found is not None:
+        raise RegistryError(found)
+    module, attr = split(path)
+    obj = getattr(importlib.import_module(module), attr, None)
+    if obj is None:
+        raise RegistryError(f"'{path}': module '{module}' has no attribute '{attr}' after import")
+    return obj
