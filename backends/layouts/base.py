@@ -1,0 +1,100 @@
+"""The converter protocol and the one place that pads, validates and builds a `KernelWeights`.
+
+    MoEWeights ──pad(decision sizes)──> padded MoEWeights ──Layout._to_kernel──> KernelWeights
+    KernelWeights ──Layout._from_kernel──> padded MoEWeights ──unpad──> MoEWeights
+
+A converter is any object with ``layout`` (its name), ``convert`` and ``invert``; the rules name
+one per backend as ``backends.layouts.<module>:<object>``. Concrete layouts subclass `Layout` and
+write only the two middle arrows, as batched torch on whatever device the weights are on (CPU,
+CUDA, meta), never modifying their input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from backends.weights import KernelWeights, MoEWeights
+
+__all__ = ["Converter", "Layout", "LayoutUnavailable", "reinterpret", "require_multiple", "require_tensor"]
+
+
+class LayoutUnavailable(RuntimeError):
+    """A layout step can only be done by a package or device this machine lacks (named in the message)."""
+
+
+@runtime_checkable
+class Converter(Protocol):
+    layout: str
+
+    def convert(self, weights: MoEWeights, *, hidden_size: int | None = None,
+                intermediate_size: int | None = None) -> KernelWeights: ...
+
+    def invert(self, kw: KernelWeights) -> MoEWeights: ...
+
+
+def require_multiple(layout: str, what: str, value: int, multiple: int, why: str) -> None:
+    """One clear error when a (padded) size does not fit the layout's tiles."""
+    if value % multiple:
+        raise ValueError(f"layout {layout!r}: {what}={value} must be a multiple of {multiple} ({why}); pad the layer "
+                         f"to the decision's rounded sizes (convert(..., hidden_size=..., intermediate_size=...))")
+
+
+def require_tensor(layout: str, kw: KernelWeights, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """kw[name], checked to have the shape and dtype this layout writes (so invert fails loudly on foreign input)."""
+    t = kw[name]
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+        raise ValueError(f"layout {layout!r}: tensors[{name!r}] is {tuple(t.shape)} {t.dtype} but this layout writes "
+                         f"{tuple(shape)} {dtype}; pass the KernelWeights that {layout!r}.convert produced")
+    return t
+
+
+def reinterpret(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Same bytes, other dtype (a view; the bit pattern is kept exactly)."""
+    return t if t.dtype == dtype else t.view(dtype)
+
+
+class Layout:
+    """Base of every converter: padding, format and layout checks live here, once."""
+
+    layout: str = ""
+    formats: tuple[str, ...] = ("mxfp4",)
+
+    def __repr__(self) -> str:
+        return f"<layout {self.layout} for {'/'.join(self.formats)}>"
+
+    # subclasses implement these two on already padded weights
+    def _to_kernel(self, w: MoEWeights) -> tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]:
+        raise NotImplementedError
+
+    def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
+        raise NotImplementedError
+
+    def _check_sizes(self, w: MoEWeights) -> None:
+        """Hook: tile constraints on the padded sizes (raise with require_multiple)."""
+
+    def convert(self, weights: MoEWeights, *, hidden_size: int | None = None,
+                intermediate_size: int | None = None) -> KernelWeights:
+        if not isinstance(weights, MoEWeights):
+            raise TypeError(f"layout {self.layout!r}: convert takes a backends.weights.MoEWeights, got "
+                            f"{type(weights).__name__}; build one from the checkpoint tensors first")
+        if weights.format not in self.formats:
+            raise ValueError(f"layout {self.layout!r} converts {self.formats} weights, got format={weights.format!r}; "
+                             f"pick the converter the decision names for this format")
+        padded = weights.pad(hidden_size, intermediate_size)
+        self._check_sizes(padded)
+        tensors, config = self._to_kernel(padded)
+        return KernelWeights(layout=self.layout, format=weights.format, tensors=tensors, hidden_size=weights.H,
+                             intermediate_size=weights.I, padded_hidden_size=padded.H,
+                             padded_intermediate_size=padded.I, gate_up=weights.gate_up, config=config)
+
+    def invert(self, kw: KernelWeights) -> MoEWeights:
+        if not isinstance(kw, KernelWeights):
+            raise TypeError(f"layout {self.layout!r}: invert takes a KernelWeights, got {type(kw).__name__}")
+        if kw.layout != self.layout:
+            raise ValueError(f"layout {self.layout!r} cannot invert weights in layout {kw.layout!r}; use the "
+                             f"converter that produced them")
+        padded = self._from_kernel(kw)
+        return padded.unpad(kw.hidden_size, kw.intermediate_size)

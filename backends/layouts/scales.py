@@ -1,0 +1,61 @@
+"""Block-scale layouts shared by several backends, each with its exact inverse (batched over experts).
+
+* E8M0 -> fp32 by bit placement (DeepGEMM): ``bits = code << 23``, i.e. 2^(code-127) for codes
+  1..254, **code 0 -> 0.0** (not 2^-127, as vLLM's upcast does) and code 255 -> +inf. The inverse
+  reads the exponent field back, so it is exact for every value the upcast produces.
+* The cuBLAS/CUTLASS "128x4" interleave (flashinfer ``block_scale_interleave`` /
+  ``nvfp4_block_scale_interleave``, vLLM ``swizzle_blockscale``): per expert, rows padded to 128 and
+  columns to 4 with zeros, then tile (r // 128, c // 4) is stored contiguously and inside a tile
+  element (r, c) sits at (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4. This is `formats.swizzle_nvfp4_scales`
+  applied to every expert at once; the output keeps the padded 2-D shape [E, Mp, Kp].
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["deinterleave_128x4", "e8m0_to_fp32", "fp32_to_e8m0", "interleave_128x4", "padded_128x4"]
+
+
+def e8m0_to_fp32(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 E8M0 codes -> float32 2^(code-127); code 0 -> 0.0 and 255 -> +inf (bit placement, as DeepGEMM)."""
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"e8m0_to_fp32: codes.dtype={codes.dtype} must be torch.uint8; view E8M0 scales as uint8")
+    return (codes.to(torch.int32) << 23).view(torch.float32)
+
+
+def fp32_to_e8m0(values: torch.Tensor) -> torch.Tensor:
+    """Inverse of e8m0_to_fp32: the fp32 exponent field as uint8 (exact on every value e8m0_to_fp32 returns)."""
+    if values.dtype != torch.float32:
+        raise TypeError(f"fp32_to_e8m0: values.dtype={values.dtype} must be torch.float32")
+    return ((values.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+
+
+def padded_128x4(rows: int, cols: int) -> tuple:
+    return -(-rows // 128) * 128, -(-cols // 4) * 4
+
+
+def interleave_128x4(scales: torch.Tensor) -> torch.Tensor:
+    """[E, M, K] block scales -> [E, Mp, Kp] in the 128x4 tiled layout (zero padding), any 1-byte dtype."""
+    if scales.dim() != 3:
+        raise ValueError(f"interleave_128x4: scales must be 3-D [E, M, K], got {tuple(scales.shape)}")
+    experts, rows, cols = scales.shape
+    prow, pcol = padded_128x4(rows, cols)
+    if (prow, pcol) != (rows, cols):
+        padded = scales.new_zeros((experts, prow, pcol))
+        padded[:, :rows, :cols] = scales
+        scales = padded
+    tiles = scales.reshape(experts, prow // 128, 4, 32, pcol // 4, 4)
+    return tiles.permute(0, 1, 4, 3, 2, 5).contiguous().reshape(experts, prow, pcol)
+
+
+def deinterleave_128x4(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Exact inverse of interleave_128x4: [E, Mp, Kp] tiled -> [E, rows, cols] linear (padding dropped)."""
+    prow, pcol = padded_128x4(rows, cols)
+    if swizzled.dim() != 3 or tuple(swizzled.shape[1:]) != (prow, pcol):
+        raise ValueError(f"deinterleave_128x4: swizzled.shape={tuple(swizzled.shape)} must be [E, {prow}, {pcol}] "
+                         f"for rows={rows}, cols={cols}; pass the sizes it was interleaved from")
+    experts = swizzled.shape[0]
+    tiles = swizzled.reshape(experts, prow // 128, pcol // 4, 32, 4, 4)
+    linear = tiles.permute(0, 1, 4, 3, 2, 5).reshape(experts, prow, pcol)
+    return linear[:, :rows, :cols].contiguous()
