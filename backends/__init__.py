@@ -1,1 +1,16 @@
-"""Numerics backends: quantized-format codecs (formats) and a reference MoE that runs anywhere (emulation)."""
+"""Tensor code: format codecs (formats), the reference MoE (emulation), checkpoint containers (weights),
+layouts, kernels, and `MoELayer`, the runtime path from checkpoint tensors to MoE output.
+
+`MoELayer` is loaded on first access, so importing a torch-free submodule (e.g. a kernel's
+capability table) does not import torch through this package.
+"""
+
+__all__ = ["LayerUnavailableError", "MoELayer"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from backends import layer
+
+        return getattr(layer, name)
+    raise AttributeError(f"module 'backends' has no attribute {name!r}")

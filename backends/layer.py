@@ -1,0 +1,347 @@
+"""`MoELayer`: checkpoint tensors in, MoE output out, through the oracle's decision.
+
+    MoEWeights ─┐
+    platform (detected from the device, or given), packages, env ─> scenario ─oracle(profile)─> Decision
+                └─ Decision.converter (padded to the decision's sizes, converted ONCE) ─> KernelWeights
+    x, router_logits | topk_ids + topk_weights ─ Decision.runner ─> y [T, H]
+
+The rules name the code (`converter`, `runner` as `module:attr`, resolved only through
+`oracle.registry`); this module never names a backend. Two runner conventions exist:
+
+* a converter is named: ``runner(x, kernel_weights, *, <routing>, top_k, renormalize, activation,
+  swiglu_alpha, swiglu_beta, swiglu_limit, deterministic)``;
+* ``converter: null`` (the backend reads the checkpoint layout as it is, e.g. EMULATION): the
+  layer pads the `MoEWeights` itself and calls ``runner(x, **weights.emulation_kwargs(), <same
+  keywords but deterministic>)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from backends.emulation import GATED_ACTIVATIONS
+from backends.weights import MoEWeights
+
+__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer"]
+
+logger = logging.getLogger("moe_oracle")
+
+DEFAULT_PROFILE = "moe-oracle"
+#: The layer's checkpoints are W4A16: the scenario's weight key by format, activations unquantized.
+_WEIGHT_KEY = {"mxfp4": "kMxfp4Static", "nvfp4": "kNvfp4Static"}
+#: The policy a checkpoint asks by default; the names are the same in every profile (vLLM's, and ours).
+_POLICY = {("mxfp4", "interleaved"): "mxfp4-gpt-oss", ("mxfp4", "contiguous"): "mxfp4",
+           ("nvfp4", "interleaved"): "nvfp4", ("nvfp4", "contiguous"): "nvfp4"}
+#: torch device type -> platform kinds the rules may describe it as
+_DEVICE_KINDS = {"cpu": ("cpu",), "cuda": ("cuda", "rocm"), "xpu": ("xpu",)}
+_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_logged: set = set()
+_logged_lock = threading.Lock()
+
+
+class LayerUnavailableError(RuntimeError):
+    """The rules select nothing this project can run for this layer here; the message names what can."""
+
+
+def _fail(kind, message: str):
+    raise kind(f"MoELayer: {message}")
+
+
+def _platform_text(platform: Mapping[str, Any]) -> str:
+    kind = platform.get("kind", "?")
+    if "capability" in platform:
+        return f"{kind} {'.'.join(str(c) for c in platform['capability'])}"
+    return f"{kind} {platform['gcn_arch']}" if "gcn_arch" in platform else str(kind)
+
+
+def _resolve(path: str, role: str, decision) -> Any:
+    from oracle.registry import RegistryError, resolve
+
+    try:
+        return resolve(path)
+    except RegistryError as exc:
+        raise LayerUnavailableError(f"MoELayer: the {role} of {decision.backend} (profile {decision.profile}) cannot "
+                                    f"be loaded: {exc}") from exc
+    except ImportError as exc:  # the module exists but a package it needs (e.g. triton) does not
+        raise LayerUnavailableError(f"MoELayer: the {role} {path} of {decision.backend} cannot be imported here "
+                                    f"({exc}); install the missing package or pick a profile that does not need it") from exc
+
+
+def _moved(weights: MoEWeights, device: torch.device) -> MoEWeights:
+    """The same checkpoint on `device` (a no-op when it is there already)."""
+    if weights.w13.device == device:
+        return weights
+    return weights.replace(**{name: getattr(weights, name).to(device) for name in weights.__dataclass_fields__
+                              if isinstance(getattr(weights, name), torch.Tensor)})
+
+
+class MoELayer:
+    """One MoE layer bound to the backend the oracle selected; build it with `from_checkpoint`."""
+
+    def __init__(self, *, decision, scenario: Mapping[str, Any], weights: MoEWeights, kernel_weights,
+                 runner, top_k: int, renormalize: bool, activation: str, swiglu: Mapping[str, float],
+                 deterministic: bool, device: torch.device):
+        self.decision = decision
+        self.scenario = dict(scenario)
+        self.format = weights.format
+        self.num_experts, self.hidden_size, self.intermediate_size = weights.E, weights.H, weights.I
+        self.padded_hidden_size = decision.hidden_size or weights.H
+        self.padded_intermediate_size = decision.intermediate_size or weights.I
+        self.top_k, self.renormalize, self.activation = top_k, renormalize, activation
+        self.device = device
+        self.kernel_weights = kernel_weights  # KernelWeights, or the padded MoEWeights (converter: null)
+        self._runner = runner
+        self._call = dict(top_k=top_k, renormalize=renormalize, activation=activation, **swiglu)
+        if decision.converter is not None:  # kernel runners take it; the checkpoint-layout emulation does not
+            self._call["deterministic"] = deterministic
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_checkpoint(cls, weights: MoEWeights, *, activation: str, top_k: int, profile: str = DEFAULT_PROFILE,
+                        platform: Mapping[str, Any] | None = None, device: Any = None, renormalize: bool = True,
+                        swiglu_alpha: float = 1.702, swiglu_beta: float = 1.0, swiglu_limit: float = 7.0,
+                        policy: str | None = None, moe_backend: str = "auto",
+                        packages: Mapping[str, bool] | None = None, env: Mapping[str, str] | None = None,
+                        deterministic: bool = False, oracle=None) -> MoELayer:
+        """Select a backend for these weights here, pad and convert them once, bind the runner.
+
+        weights: a `backends.weights.MoEWeights` (gpt-oss interleaved or generic contiguous; MXFP4/NVFP4).
+        activation: a gated activation (swigluoai for gpt-oss, silu, ...); top_k: experts per token.
+        profile: the rules profile (default: this project's own, whose backends all run here).
+        platform: a scenario platform mapping ({"kind": "cuda", "capability": [9, 0]}); default: detected
+        for `device`. device: where the layer runs (default: where the weights are; they are moved).
+        renormalize: True = top-k on logits then softmax over the k (gpt-oss); False = softmax then top-k.
+        policy / moe_backend / packages / env: override what the question asks (defaults: the
+        checkpoint's policy, auto, the packages installed and the rules' env vars as set here).
+        oracle: an `oracle.Oracle` over other rules (default: the shipped rules).
+        """
+        if not isinstance(weights, MoEWeights):
+            _fail(TypeError, f"weights must be a backends.weights.MoEWeights, got {type(weights).__name__}; build "
+                  f"one from the checkpoint tensors (MoEWeights(format=..., w13=..., w13_scale=..., ...))")
+        if activation not in GATED_ACTIVATIONS:
+            _fail(ValueError, f"activation={activation!r} must be one of {GATED_ACTIVATIONS} (MoEWeights holds gated "
+                  f"experts: gate and up rows in w13)")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= weights.E:
+            _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {weights.E}] (the layer has {weights.E} "
+                  f"experts); pass the model's experts per token")
+        if not isinstance(renormalize, bool):
+            _fail(TypeError, f"renormalize={renormalize!r} must be True or False")
+        try:
+            device = weights.w13.device if device is None else torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            _fail(ValueError, f"device={device!r} is not a torch device ({exc}); pass e.g. 'cpu' or 'cuda:0'")
+        if device.type not in _DEVICE_KINDS:
+            _fail(ValueError, f"device={str(device)!r}: a layer runs on {', '.join(_DEVICE_KINDS)} devices")
+        if platform is None:
+            platform = _detect_platform(device)
+        elif not isinstance(platform, Mapping):
+            _fail(TypeError, f"platform={platform!r} must be a scenario platform mapping, e.g. "
+                  f"{{'kind': 'cuda', 'capability': [9, 0]}}, or None to detect it")
+
+        if oracle is None:
+            from oracle import default_oracle
+
+            oracle = default_oracle()
+        question = _question(oracle, profile=profile, policy=policy or _POLICY[weights.format, weights.gate_up],
+                             platform=platform, packages=packages, env=env, weights=weights, activation=activation,
+                             top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)
+        decision = _select(oracle, question)
+        _require_runnable(oracle, decision, question)
+        if platform.get("kind") not in _DEVICE_KINDS[device.type]:
+            _fail(ValueError, f"platform={dict(platform)} does not describe device={str(device)!r}; the backend "
+                  f"{decision.backend} was chosen for that platform but would run on this device. Drop platform= "
+                  f"to detect it, or move the layer with device=")
+
+        runner = _resolve(decision.runner, "runner", decision)
+        weights = _moved(weights, device)
+        hidden, inter = decision.hidden_size or weights.H, decision.intermediate_size or weights.I
+        if decision.converter is None:
+            kernel_weights = weights.pad(hidden, inter)
+        else:
+            kernel_weights = _resolve(decision.converter, "converter", decision).convert(
+                weights, hidden_size=hidden, intermediate_size=inter)
+        swiglu = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
+        layer = cls(decision=decision, scenario=question, weights=weights, kernel_weights=kernel_weights,
+                    runner=runner, top_k=top_k, renormalize=renormalize, activation=activation, swiglu=swiglu,
+                    deterministic=deterministic, device=device)
+        layer._log_once()
+        return layer
+
+    # ------------------------------------------------------------------ running
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None, *,
+                topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """y [T, H] in x.dtype; route with router_logits [T, E], or pass topk_ids and topk_weights [T, top_k]."""
+        tokens = self._check_x(x)
+        routing = self._check_routing(tokens, router_logits, topk_ids, topk_weights)
+        if tokens == 0:
+            return x.new_zeros(0, self.hidden_size)
+        pad = self.padded_hidden_size - self.hidden_size
+        if pad:
+            x = F.pad(x, (0, pad))
+        if isinstance(self.kernel_weights, MoEWeights):
+            y = self._runner(x, **self.kernel_weights.emulation_kwargs(), **routing, **self._call)
+        else:
+            y = self._runner(x, self.kernel_weights, **routing, **self._call)
+        return y[:, :self.hidden_size].contiguous() if pad else y
+
+    __call__ = forward
+
+    def _check_x(self, x) -> int:
+        if not isinstance(x, torch.Tensor):
+            _fail(TypeError, f"x must be a torch.Tensor [T, {self.hidden_size}], got {type(x).__name__}")
+        if x.dim() != 2 or x.shape[1] != self.hidden_size:
+            _fail(ValueError, f"x.shape={tuple(x.shape)} must be (T, {self.hidden_size}) = (tokens, hidden size of the "
+                  f"checkpoint); flatten batch dims with x.reshape(-1, {self.hidden_size})")
+        if x.dtype not in _ACTIVATION_DTYPES:
+            _fail(TypeError, f"x.dtype={x.dtype} must be one of {_ACTIVATION_DTYPES} (W4A16: activations stay "
+                  f"unquantized); convert with x.to(torch.bfloat16)")
+        if x.device != self.device:
+            _fail(ValueError, f"x is on {x.device} but the layer is on {self.device}; move it with x.to('{self.device}')")
+        return x.shape[0]
+
+    def _check_tensor(self, name: str, t, shape: tuple, floating: bool) -> None:
+        kind = "floating" if floating else "integer"
+        fix = ".float()" if floating else ".long()"
+        if not isinstance(t, torch.Tensor):
+            _fail(TypeError, f"{name} must be a {kind} torch.Tensor {shape}, got {type(t).__name__}")
+        if t.dtype.is_floating_point != floating or t.dtype == torch.bool:
+            _fail(TypeError, f"{name}.dtype={t.dtype} must be a {kind} dtype; convert with {name}{fix}")
+        if tuple(t.shape) != shape:
+            _fail(ValueError, f"{name}.shape={tuple(t.shape)} must be {shape} = (tokens of x, "
+                  f"{'experts' if name == 'router_logits' else 'top_k'} = {shape[1]}); pass the routing of these tokens")
+        if t.device != self.device:
+            _fail(ValueError, f"{name} is on {t.device} but the layer is on {self.device}; move it with "
+                  f"{name}.to('{self.device}')")
+
+    def _check_routing(self, tokens: int, router_logits, topk_ids, topk_weights) -> dict:
+        if router_logits is not None:
+            if topk_ids is not None or topk_weights is not None:
+                _fail(ValueError, "pass router_logits OR (topk_ids and topk_weights), not both")
+            self._check_tensor("router_logits", router_logits, (tokens, self.num_experts), floating=True)
+            return {"router_logits": router_logits}
+        if topk_ids is None or topk_weights is None:
+            _fail(ValueError, "pass router_logits [T, E], or both topk_ids and topk_weights [T, top_k]")
+        self._check_tensor("topk_ids", topk_ids, (tokens, self.top_k), floating=False)
+        self._check_tensor("topk_weights", topk_weights, (tokens, self.top_k), floating=True)
+        return {"topk_ids": topk_ids, "topk_weights": topk_weights}
+
+    # ------------------------------------------------------------------ explaining
+    def _summary(self) -> str:
+        d = self.decision
+        sizes = f"H {self.hidden_size}->{self.padded_hidden_size}, I {self.intermediate_size}->{self.padded_intermediate_size}"
+        return (f"MoELayer {self.format} E={self.num_experts} top_k={self.top_k} {self.activation} on {self.device}: "
+                f"profile {d.profile}, policy {d.policy} -> {d.backend} / {d.kernel}; converter {d.converter or 'none'}"
+                f", runner {d.runner}; {sizes}")
+
+    def explain(self) -> str:
+        """The layer, then every step and candidate of its decision with the rule locations."""
+        from oracle.cli import _explain_text
+
+        return self._summary() + "\n\n" + _explain_text(self.decision, self.scenario)
+
+    def _log_once(self) -> None:
+        d = self.decision
+        key = (d.profile, d.policy, d.backend, d.kernel, d.converter, d.runner, self.format, self.num_experts,
+               self.hidden_size, self.intermediate_size, self.padded_hidden_size, self.padded_intermediate_size,
+               self.top_k, self.renormalize, self.activation, str(self.device))
+        with _logged_lock:
+            if key in _logged:
+                return
+            _logged.add(key)
+        logger.info("%s (decided by step %s)", self._summary(), getattr(d.decided_by, "id", "?"))
+
+    def __repr__(self) -> str:
+        return f"<{self._summary()}>"
+
+
+# ---------------------------------------------------------------------- the question and its answer
+def _detect_platform(device: torch.device) -> dict:
+    if device.type == "cpu":
+        return {"kind": "cpu"}
+    from oracle.platform import detect_platform
+
+    return detect_platform()
+
+
+def _question(oracle, *, profile, policy, platform, packages, env, weights: MoEWeights, activation, top_k,
+              renormalize, moe_backend) -> dict:
+    """The scenario mapping of this layer (the same fields `moe-oracle select --scenario` reads)."""
+    from oracle import OracleError
+    from oracle.platform import detect_packages, env_snapshot
+
+    if not isinstance(profile, str):
+        _fail(TypeError, f"profile={profile!r} must be a profile name; known: {', '.join(oracle.profiles())}")
+    try:
+        table = oracle.table(profile)
+    except OracleError as exc:
+        _fail(ValueError, f"profile={profile!r}: {exc}")
+    return {
+        "policy": policy, "profile": profile, "platform": dict(platform),
+        "packages": dict(packages) if packages is not None else detect_packages(table.packages),
+        "env": dict(env) if env is not None else env_snapshot(table.env_vars),
+        "moe": {"activation": activation, "is_act_and_mul": True, "moe_backend": moe_backend,
+                "routing_method": "Renormalize" if renormalize else "Default",
+                "hidden_size": weights.H, "intermediate_size": weights.I, "num_experts": weights.E, "top_k": top_k,
+                "has_bias": weights.w13_bias is not None or weights.w2_bias is not None,
+                "weight_key": _WEIGHT_KEY[weights.format], "activation_key": None},
+    }
+
+
+def _select(oracle, question: dict):
+    from oracle import OracleError
+
+    try:
+        scenario = oracle.prepare(question)
+    except OracleError as exc:
+        _fail(ValueError, f"the layer's question is malformed: {exc}")
+    return oracle.select(scenario)
+
+
+def _require_runnable(oracle, decision, question: dict) -> None:
+    """Raise LayerUnavailableError unless the decision names a backend with a runner; say which profile can run."""
+    where = (f"profile {question['profile']!r} (policy {question['policy']}, platform "
+             f"{_platform_text(question['platform'])})")
+    if decision.outcome != "selected" or decision.backend is None:
+        problem = (f"{where} selects no backend: {decision.outcome}" +
+                   (f": {decision.error}" if decision.error else ""))
+    elif decision.runner is None:
+        problem = (f"{where} selects {decision.backend} (kernel {decision.kernel}), which this project cannot run: "
+                   f"{decision.missing_why or 'no runner'}")
+    elif decision.activation_key is not None:
+        problem = (f"{where} selects {decision.backend}, which quantizes activations ({decision.activation_key}); "
+                   f"a MoELayer runs W4A16 (unquantized activations)")
+    else:
+        return
+    raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question)}")
+
+
+def _who_can_run(oracle, question: dict) -> str:
+    """The other profiles that select a backend with a runner for the same layer here, as advice."""
+    from oracle import OracleError
+    from oracle.platform import detect_packages
+
+    given = question["packages"]
+    runnable = []
+    for name in oracle.profiles():
+        if name == question["profile"]:
+            continue
+        try:
+            known = oracle.table(name).packages
+            packages = detect_packages(known - given.keys())
+            packages.update({p: present for p, present in given.items() if p in known})
+            other = dict(question, profile=name, packages=packages)
+            d = oracle.select(oracle.prepare(other))
+        except OracleError:
+            continue
+        if d.outcome == "selected" and d.runner is not None:
+            runnable.append(f"profile={name!r} selects {d.backend} here")
+    if not runnable:
+        return "No profile of these rules selects a backend with a runner for this layer here."
+    return "Runnable instead: " + "; ".join(runnable) + "."

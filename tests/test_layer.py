@@ -1,0 +1,315 @@
+"""backends.MoELayer: checkpoint -> decision under a profile -> padded/converted weights -> output.
+
+The layer adds selection, padding and argument checks around the runner the rules name, so its
+output is compared with `backends.emulation.moe_forward` called directly on the unpadded
+checkpoint: exactly equal when nothing is padded (same function, same arguments), within
+`fp32_reordered` when zero rows/columns were padded in (the GEMMs sum more, zero, terms).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import requires_cuda
+from tolerances import tolerance
+
+from backends import LayerUnavailableError, MoELayer, emulation, formats
+from backends import layer as layer_module
+from backends.weights import MoEWeights
+from oracle import Oracle
+
+RULES = Path(__file__).resolve().parents[1] / "rules"
+NATIVE_FILE = RULES / "moe-oracle" / "w4a16.yaml"
+CPU = {"kind": "cpu"}
+NO_PACKAGES: dict = {}  # a deterministic question: nothing optional installed, no env var set
+EXACT = tolerance("exact")
+FP32_TOL = tolerance("fp32_reordered")
+
+
+# --------------------------------------------------------------------------- rules under test
+def _rules_copy(root: Path, extra_profiles: dict) -> Path:
+    """The shipped rules plus `extra_profiles` ({name: (description, {relative file: text})})."""
+    shutil.copytree(RULES, root)
+    index = yaml.safe_load((root / "profiles.yaml").read_text())
+    for name, (description, files) in extra_profiles.items():
+        for rel, text in files.items():
+            (root / rel).write_text(text)
+        index["profiles"][name] = {"description": description,
+                                   "files": ["common/platform.yaml", *files]}
+    (root / "profiles.yaml").write_text(yaml.safe_dump(index, sort_keys=False))
+    return root
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory) -> Oracle:
+    """The shipped rules, plus 'padded': the native profile with EMULATION padding H and I to 64."""
+    native = NATIVE_FILE.read_text()
+    anchor = "- {backends: [TRITON_MOE], hidden: 32, intermediate: 32,"
+    assert native.count(anchor) == 2, "the native round_up rows changed; update this fixture"
+    padded = native.replace(anchor, "- {backends: [TRITON_MOE, EMULATION], hidden: 64, intermediate: 64,")
+    extra = {"padded": ("native rules, EMULATION padded to 64", {"moe-oracle/padded.yaml": padded})}
+    if "moe-oracle" not in Oracle().profiles():  # until rules/profiles.yaml lists it
+        extra["moe-oracle"] = ("native rules", {"moe-oracle/w4a16.yaml": native})
+    return Oracle(_rules_copy(tmp_path_factory.mktemp("rules") / "rules", extra))
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _checkpoint(fmt: str, gate_up: str, *, experts=4, hidden=64, inter=64, bias=False, seed=0) -> MoEWeights:
+    """A layer quantized from random fp32 weights (realistic codes and scales, no NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
+    w2 = torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5
+    fields: dict = {}
+    if fmt == "mxfp4":
+        fields["w13"], fields["w13_scale"] = formats.quantize_mxfp4(w13)
+        fields["w2"], fields["w2_scale"] = formats.quantize_mxfp4(w2)
+    else:
+        gs13 = 448 * 6 / w13.abs().amax(dim=(1, 2))
+        gs2 = 448 * 6 / w2.abs().amax(dim=(1, 2))
+        fields["w13"], fields["w13_scale"], fields["w13_global_scale"] = formats.quantize_nvfp4(w13, gs13)
+        fields["w2"], fields["w2_scale"], fields["w2_global_scale"] = formats.quantize_nvfp4(w2, gs2)
+    if bias:
+        fields["w13_bias"] = torch.randn(experts, 2 * inter, generator=g)
+        fields["w2_bias"] = torch.randn(experts, hidden, generator=g)
+    return MoEWeights(format=fmt, gate_up=gate_up, **fields)
+
+
+def _inputs(weights: MoEWeights, tokens=7, dtype=torch.bfloat16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, weights.H, generator=g).to(dtype)
+    logits = torch.randn(tokens, weights.E, generator=g)
+    return x, logits
+
+
+def _build(rules, weights, *, profile="moe-oracle", activation="swigluoai", top_k=2, **kw) -> MoELayer:
+    kw.setdefault("platform", CPU)
+    kw.setdefault("packages", NO_PACKAGES)
+    kw.setdefault("env", {})
+    return MoELayer.from_checkpoint(weights, activation=activation, top_k=top_k, profile=profile, oracle=rules, **kw)
+
+
+GPT_OSS = {"fmt": "mxfp4", "gate_up": "interleaved", "bias": True, "activation": "swigluoai"}
+GENERIC_NVFP4 = {"fmt": "nvfp4", "gate_up": "contiguous", "bias": False, "activation": "silu"}
+
+
+# --------------------------------------------------------------------------- output equals the emulation
+@pytest.mark.parametrize("case", [GPT_OSS, GENERIC_NVFP4], ids=["gpt-oss-mxfp4-swigluoai", "generic-nvfp4-silu"])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_forward_equals_emulation_on_the_checkpoint(rules, case, renormalize):
+    weights = _checkpoint(case["fmt"], case["gate_up"], bias=case["bias"])
+    layer = _build(rules, weights, activation=case["activation"], top_k=2, renormalize=renormalize,
+                   swiglu_alpha=1.5, swiglu_limit=3.0)
+    assert (layer.decision.backend, layer.decision.runner) == ("EMULATION", "backends.emulation:moe_forward")
+    x, logits = _inputs(weights)
+    expected = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=2,
+                                     renormalize=renormalize, activation=case["activation"], swiglu_alpha=1.5,
+                                     swiglu_limit=3.0)
+    torch.testing.assert_close(layer.forward(x, logits), expected, **EXACT)
+    # given routing (the same top-k and weights, computed here) gives the same output
+    if renormalize:
+        top_logits, ids = torch.topk(logits, 2, dim=-1)
+        w = torch.softmax(top_logits, dim=-1)
+    else:
+        w, ids = torch.topk(torch.softmax(logits, dim=-1), 2, dim=-1)
+    torch.testing.assert_close(layer(x, topk_ids=ids, topk_weights=w), expected, **EXACT)
+
+
+def test_swiglu_parameters_reach_the_runner(rules):
+    weights = _checkpoint("mxfp4", "interleaved", bias=True)
+    x, logits = _inputs(weights)
+    default = _build(rules, weights).forward(x, logits)
+    clamped = _build(rules, weights, swiglu_limit=0.25).forward(x, logits)
+    assert (default.float() - clamped.float()).abs().max() > 1e-2
+
+
+def test_zero_tokens_give_an_empty_output(rules):
+    weights = _checkpoint("nvfp4", "contiguous")
+    layer = _build(rules, weights, activation="silu")
+    out = layer.forward(torch.zeros(0, weights.H, dtype=torch.bfloat16), torch.zeros(0, weights.E))
+    assert out.shape == (0, weights.H) and out.dtype == torch.bfloat16
+
+
+# --------------------------------------------------------------------------- padding
+@pytest.mark.parametrize("case, hidden, inter", [(GPT_OSS, 96, 96), (GENERIC_NVFP4, 48, 80)],
+                         ids=["gpt-oss-mxfp4", "generic-nvfp4"])
+def test_padding_to_the_decision_sizes_is_applied_and_sliced(rules, case, hidden, inter):
+    weights = _checkpoint(case["fmt"], case["gate_up"], hidden=hidden, inter=inter, bias=case["bias"])
+    layer = _build(rules, weights, profile="padded", activation=case["activation"], top_k=3)
+    padded_h, padded_i = -(-hidden // 64) * 64, -(-inter // 64) * 64
+    assert (layer.decision.hidden_size, layer.decision.intermediate_size) == (padded_h, padded_i)
+    assert (layer.kernel_weights.H, layer.kernel_weights.I) == (padded_h, padded_i)  # converted once, at build
+    assert (layer.hidden_size, layer.intermediate_size) == (hidden, inter)
+    x, logits = _inputs(weights, dtype=torch.float32)
+    out = layer.forward(x, logits)
+    assert out.shape == (x.shape[0], hidden)
+    expected = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=3,
+                                     activation=case["activation"])
+    torch.testing.assert_close(out, expected, **FP32_TOL)
+
+
+# --------------------------------------------------------------------------- explain and logging
+def test_explain_shows_decision_converter_runner_and_rule_locations(rules):
+    layer = _build(rules, _checkpoint("mxfp4", "interleaved", bias=True))
+    text = layer.explain()
+    assert "profile moe-oracle" in text and "mxfp4-gpt-oss" in text
+    assert "converter none" in text and "runner backends.emulation:moe_forward" in text
+    assert "EMULATION" in text and "moe-oracle/w4a16.yaml:" in text  # the trace locates its rules
+    assert layer.decision.to_dict(with_trace=False)["runner"] == "backends.emulation:moe_forward"
+
+
+def test_decision_is_logged_once_per_distinct_layer(rules, caplog, monkeypatch):
+    monkeypatch.setattr(layer_module, "_logged", set())
+    weights = _checkpoint("nvfp4", "contiguous")
+    with caplog.at_level(logging.INFO, logger="moe_oracle"):
+        _build(rules, weights, activation="silu")
+        _build(rules, weights, activation="silu")
+        _build(rules, weights, activation="silu", top_k=3)
+    lines = [r.getMessage() for r in caplog.records if r.name == "moe_oracle"]
+    assert len(lines) == 2, lines
+    assert "EMULATION" in lines[0] and "top_k=2" in lines[0] and "top_k=3" in lines[1]
+
+
+def test_platform_is_detected_for_the_device(rules):
+    layer = MoELayer.from_checkpoint(_checkpoint("mxfp4", "interleaved"), activation="swigluoai", top_k=2,
+                                     oracle=rules, packages=NO_PACKAGES, env={})
+    assert layer.scenario["platform"] == CPU and layer.device == torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- errors
+@pytest.fixture(scope="module")
+def gpt_oss_layer(rules) -> MoELayer:
+    return _build(rules, _checkpoint("mxfp4", "interleaved", bias=True))
+
+
+@pytest.mark.parametrize("x, kind, words", [
+    (torch.zeros(3, 2, 64, dtype=torch.bfloat16), ValueError, "x.shape=(3, 2, 64) must be (T, 64)"),
+    (torch.zeros(3, 32, dtype=torch.bfloat16), ValueError, "x.shape=(3, 32) must be (T, 64)"),
+    (torch.zeros(3, 64, dtype=torch.float64), TypeError, "x.dtype=torch.float64"),
+    (torch.zeros(3, 64, dtype=torch.int32), TypeError, "convert with x.to(torch.bfloat16)"),
+    (torch.zeros(3, 64, dtype=torch.bfloat16, device="meta"), ValueError, "x is on meta but the layer is on cpu"),
+    ([[0.0] * 64] * 3, TypeError, "x must be a torch.Tensor"),
+], ids=["3-d", "wrong-hidden", "float64", "int32", "other-device", "not-a-tensor"])
+def test_bad_x_is_one_clear_error(gpt_oss_layer, x, kind, words):
+    with pytest.raises(kind, match="^MoELayer: ") as err:
+        gpt_oss_layer.forward(x, torch.zeros(3, 4))
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("routing, kind, words", [
+    ({"router_logits": torch.zeros(3, 5)}, ValueError, "router_logits.shape=(3, 5) must be (3, 4)"),
+    ({"router_logits": torch.zeros(2, 4)}, ValueError, "router_logits.shape=(2, 4) must be (3, 4)"),
+    ({"router_logits": torch.zeros(3, 4, dtype=torch.int64)}, TypeError, "router_logits.dtype=torch.int64"),
+    ({"router_logits": torch.zeros(3, 4, device="meta")}, ValueError, "router_logits is on meta"),
+    ({}, ValueError, "pass router_logits [T, E], or both topk_ids and topk_weights"),
+    ({"router_logits": torch.zeros(3, 4), "topk_ids": torch.zeros(3, 2, dtype=torch.long)}, ValueError, "not both"),
+    ({"topk_ids": torch.zeros(3, 2, dtype=torch.long)}, ValueError, "both topk_ids and topk_weights"),
+    ({"topk_ids": torch.zeros(3, 3, dtype=torch.long), "topk_weights": torch.ones(3, 3)}, ValueError,
+     "topk_ids.shape=(3, 3) must be (3, 2)"),
+    ({"topk_ids": torch.zeros(3, 2), "topk_weights": torch.ones(3, 2)}, TypeError, "topk_ids.dtype=torch.float32"),
+], ids=["experts", "tokens", "int-logits", "device", "none", "both", "ids-only", "k", "float-ids"])
+def test_bad_routing_is_one_clear_error(gpt_oss_layer, routing, kind, words):
+    x = torch.zeros(3, 64, dtype=torch.bfloat16)
+    with pytest.raises(kind, match="^MoELayer: ") as err:
+        gpt_oss_layer.forward(x, **routing)
+    assert words in str(err.value)
+
+
+def test_unknown_profile_names_the_known_ones(rules):
+    with pytest.raises(ValueError, match="profile='moe-orcale'") as err:
+        _build(rules, _checkpoint("mxfp4", "interleaved"), profile="moe-orcale")
+    assert "did you mean 'moe-oracle'" in str(err.value).lower() or "moe-oracle" in str(err.value)
+
+
+def test_backend_without_runner_names_the_profile_that_runs_here(rules):
+    """vllm-0.20 picks a library backend on Hopper that this project does not implement."""
+    with pytest.raises(LayerUnavailableError) as err:
+        _build(rules, _checkpoint("mxfp4", "interleaved"), profile="vllm-0.20",
+               platform={"kind": "cuda", "capability": [9, 0]}, packages={"triton_kernels": True})
+    message = str(err.value)
+    assert "profile 'vllm-0.20'" in message and "which this project cannot run" in message
+    assert "profile='moe-oracle' selects" in message
+
+
+def test_no_backend_under_a_vllm_profile_names_the_profile_that_runs_here(rules):
+    with pytest.raises(LayerUnavailableError) as err:  # vLLM's gpt-oss selector answers none on CPU
+        _build(rules, _checkpoint("mxfp4", "interleaved"), profile="vllm-0.20")
+    assert "selects no backend: none" in str(err.value)
+    assert "profile='moe-oracle' selects EMULATION here" in str(err.value)
+
+
+def test_unsupported_layer_is_one_clear_error(rules):
+    """Neither native backend is batch invariant, so asking for it leaves nothing to run."""
+    with pytest.raises(LayerUnavailableError, match="No moe-oracle backend runs this NVFP4 layer here"):
+        _build(rules, _checkpoint("nvfp4", "contiguous"), activation="silu", env={"VLLM_BATCH_INVARIANT": "1"})
+
+
+def test_explicit_backend_the_profile_lacks_is_refused(rules):
+    with pytest.raises(LayerUnavailableError, match="moe_backend='marlin' is not a backend of profile moe-oracle"):
+        _build(rules, _checkpoint("mxfp4", "interleaved"), moe_backend="marlin")
+
+
+def test_platform_that_is_not_the_device_is_refused(rules):
+    with pytest.raises(ValueError, match="does not describe device='cpu'"):
+        _build(rules, _checkpoint("mxfp4", "interleaved"), platform={"kind": "cuda", "capability": [7, 5]})
+
+
+@pytest.mark.parametrize("kw, kind, words", [
+    ({"weights": {"w13": None}}, TypeError, "weights must be a backends.weights.MoEWeights"),
+    ({"activation": "relu2_no_mul"}, ValueError, "activation='relu2_no_mul' must be one of"),
+    ({"top_k": 5}, ValueError, "top_k=5 must be an int in [1, 4]"),
+    ({"top_k": True}, ValueError, "top_k=True"),
+    ({"device": "gpu"}, ValueError, "device='gpu' is not a torch device"),
+    ({"platform": "cuda:9.0"}, TypeError, "platform='cuda:9.0' must be a scenario platform mapping"),
+    ({"platform": {"kind": "tpu"}}, ValueError, "platform.kind: 'tpu' is not a platform"),
+    ({"packages": {"tritn": True}}, ValueError, "packages.tritn: unknown field"),
+], ids=["weights", "activation", "top_k", "bool-top_k", "device", "platform-string", "platform-kind", "package"])
+def test_bad_from_checkpoint_arguments_are_one_clear_error(rules, kw, kind, words):
+    args = {"weights": _checkpoint("mxfp4", "interleaved"), "activation": "swigluoai", "top_k": 2}
+    args.update(kw)
+    weights = args.pop("weights")
+    with pytest.raises(kind, match="^MoELayer: ") as err:
+        _build(rules, weights, **args)
+    assert words in str(err.value)
+
+
+# --------------------------------------------------------------------------- the native profile is honest
+def test_native_capability_table_matches_the_triton_backend():
+    """The rules' TritonMoeW4A16 row says what backends/triton_moe/capabilities.py says the code does."""
+    from backends.triton_moe import CAPABILITIES
+
+    rules = yaml.safe_load(NATIVE_FILE.read_text())
+    kernel = rules["kernels"]["TritonMoeW4A16"]
+    assert sorted(kernel["activations"]) == sorted(CAPABILITIES["activations"])
+    weight_keys = {"kMxfp4Static": "mxfp4", "kNvfp4Static": "nvfp4"}
+    assert sorted(weight_keys[k] for s in kernel["quant_schemes"] for k in s["weight"]) == sorted(CAPABILITIES["formats"])
+    assert all(s["activation"] is None for s in kernel["quant_schemes"])  # W4A16
+    device = rules["derived"]["triton_runs_here"]["when"]["all"]
+    assert {"package": "triton"} in device
+    cuda = device[1]["any"][0]["all"]
+    assert {"fact": "platform.capability", "ge": ".".join(map(str, CAPABILITIES["min_capability"]))} in cuda
+    for family in rules["families"].values():
+        (row,) = [r for r in family["round_up"] if "TRITON_MOE" in r["backends"]]
+        assert row["hidden"] % CAPABILITIES["hidden_size_multiple"] == 0
+        assert row["intermediate"] % CAPABILITIES["intermediate_size_multiple"] == 0
+
+
+# --------------------------------------------------------------------------- GPU
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [GPT_OSS, GENERIC_NVFP4], ids=["gpt-oss-mxfp4-swigluoai", "generic-nvfp4-silu"])
+def test_gpu_layer_under_the_native_profile_matches_the_emulation(case):
+    """Detected platform and packages: the layer runs whatever moe-oracle selects on this GPU."""
+    weights = _checkpoint(case["fmt"], case["gate_up"], experts=8, hidden=256, inter=192, bias=case["bias"])
+    layer = MoELayer.from_checkpoint(weights, activation=case["activation"], top_k=2, device="cuda")
+    assert layer.decision.outcome == "selected" and layer.decision.runner is not None
+    x, logits = _inputs(weights, tokens=33)
+    out = layer.forward(x.cuda(), logits.cuda())
+    ref = emulation.moe_forward(x.float(), **weights.emulation_kwargs(), router_logits=logits, top_k=2,
+                                activation=case["activation"])
+    rel = (out.float().cpu() - ref).norm() / ref.norm()
+    assert rel <= tolerance("w4a16_moe_rel_l2")["rtol"], (layer.decision.backend, float(rel))
