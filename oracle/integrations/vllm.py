@@ -1,0 +1,338 @@
+"""vLLM plugin: vLLM's own MoE backend selectors answer from moe-oracle's rule tables.
+
+Registered under vLLM's `vllm.general_plugins` entry point (pyproject.toml), so vLLM calls
+`register()` in every process it starts. It does nothing unless the operator opts in:
+
+    MOE_ORACLE_RULES=vllm-0.20          # a shipped profile, or
+    MOE_ORACLE_RULES=/etc/moe-rules     # a rules directory with a profiles.yaml
+    MOE_ORACLE_PROFILE=my-profile       # optional: the profile inside that directory
+
+Then every selector of the running vLLM release (RELEASES) is replaced, in the module that
+defines it and in every vLLM module that imported it by name, by a wrapper that builds the
+oracle's scenario from vLLM's own objects (FusedMoEConfig, current_platform, the package
+probes, the VLLM_* environment), asks the oracle and returns vLLM's enum member and experts
+class; a refusal raises vLLM's exception type with the oracle's message. Each distinct
+decision is logged once under the `moe_oracle` logger with the rule file and step that made it.
+
+vLLM is imported only inside these functions: importing `oracle` never needs it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .vllm_scenario import (
+    build_scenario,
+    env_of,
+    platform_of,
+    quant_key_name,
+    to_vllm_answer,
+)
+
+RULES_ENV = "MOE_ORACLE_RULES"
+PROFILE_ENV = "MOE_ORACLE_PROFILE"
+log = logging.getLogger("moe_oracle")
+
+_MXFP4 = "vllm.model_executor.layers.fused_moe.oracle.mxfp4"
+_NVFP4 = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
+_QUANT = "vllm.model_executor.layers.quantization"
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One vLLM selector function and the oracle policy that answers it."""
+
+    module: str                 # the vLLM module that defines it (and the enum, backend_to_kernel_cls)
+    name: str                   # the function's name, patched wherever vLLM bound it
+    policy: str                 # the oracle policy of the same logic
+    enum: str                   # the backend enum's name in `module`
+    takes_keys: bool            # called as (config, weight_key, activation_key)
+    callers: tuple[str, ...]    # vLLM modules that import it by name (the proof test checks them)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A vLLM release series the plugin supports: its selectors and the profile encoding it."""
+
+    series: str
+    profile: str
+    selectors: tuple[Selector, ...]
+
+
+# Supported vLLM releases. 0.33 renamed the selectors; when the `vllm-0.33` profile lands, add
+#   "0.33": Release("0.33", "vllm-0.33", (
+#       Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", ...),   # (config, activation_key=None)
+#       Selector(_MXFP4, "select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4", "Mxfp4MoeBackend", ...),
+#       Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", ...)))
+# together with the scenario fields 0.33 adds (platform.amx, moe.swiglu_limit, user_activation_key).
+RELEASES: dict[str, Release] = {
+    "0.20": Release("0.20", "vllm-0.20", (
+        Selector(_MXFP4, "select_gpt_oss_mxfp4_moe_backend", "mxfp4-gpt-oss", "Mxfp4MoeBackend", False,
+                 (f"{_QUANT}.mxfp4", f"{_QUANT}.quark.quark_moe")),
+        Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", False, (f"{_QUANT}.mxfp4",)),
+        Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", True,
+                 (f"{_QUANT}.modelopt",
+                  f"{_QUANT}.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4")),
+    )),
+}
+
+
+def release_for(version: str) -> Release:
+    """The supported release series of a vLLM version string, or a RuntimeError naming them."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    release = RELEASES.get(f"{m.group(1)}.{m.group(2)}") if m else None
+    if release is None:
+        supported = ", ".join(f"{s}.x" for s in RELEASES)
+        raise RuntimeError(f"{RULES_ENV} is set, but moe-oracle's vLLM plugin supports vLLM {supported} only and "
+                           f"this is vLLM {version}; install a supported vLLM, or unset {RULES_ENV} to keep "
+                           f"vLLM's built-in MoE backend selection")
+    return release
+
+
+@dataclass
+class _Active:
+    oracle: Any
+    profile: str
+    source: str
+    release: Release
+
+
+_active: _Active | None = None
+_lock = threading.Lock()
+_logged: set = set()
+
+
+# ------------------------------------------------------------------ entry point, install, uninstall
+def register() -> None:
+    """vLLM's plugin hook: opt-in through MOE_ORACLE_RULES; without it, nothing happens."""
+    spec = os.environ.get(RULES_ENV, "").strip()
+    if spec:
+        install(spec, os.environ.get(PROFILE_ENV, "").strip() or None)
+
+
+def install(rules: str | Path, profile: str | None = None) -> _Active:
+    """Route this process's vLLM selectors through the oracle (idempotent; re-installing swaps rules)."""
+    global _active
+    import vllm
+
+    release = release_for(vllm.__version__)
+    oracle, chosen, source = open_rules(str(rules), profile, release)
+    _ensure_log_output()
+    with _lock:
+        _active = _Active(oracle, chosen, source, release)
+        _logged.clear()
+        patched = [where for sel in release.selectors for where in _patch(sel)]
+    log.info("moe-oracle plugin active for vLLM %s: rules %s, profile %s; patched %s",
+             vllm.__version__, source, chosen, ", ".join(patched))
+    return _active
+
+
+def uninstall() -> None:
+    """Give every patched name its original vLLM function back."""
+    global _active
+    with _lock:
+        if _active is None:
+            return
+        for sel in _active.release.selectors:
+            module = sys.modules.get(sel.module)
+            current = getattr(module, sel.name, None) if module else None
+            original = getattr(current, "__wrapped__", None)
+            if original is not None:
+                _rebind(current, original)
+        _active = None
+
+
+def open_rules(spec: str, profile: str | None, release: Release):
+    """(Oracle, profile, description) for MOE_ORACLE_RULES: a rules directory or a shipped profile."""
+    import oracle
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        engine = oracle.Oracle(path)
+        source = str(path.resolve())
+    else:
+        engine = oracle.default_oracle()
+        shipped = engine.profiles()
+        if spec not in shipped:
+            raise RuntimeError(f"{RULES_ENV}={spec!r} is neither a rules directory nor a shipped profile; "
+                               f"give a directory holding profiles.yaml, or one of: {', '.join(shipped)}")
+        source, profile = "the shipped rules", profile or spec
+    known = engine.profiles()
+    if profile is None:
+        profile = release.profile if release.profile in known else engine.default_profile
+    if profile not in known:
+        raise RuntimeError(f"{PROFILE_ENV}={profile!r}: no such profile in {source}; known: {', '.join(known)}")
+    if profile != release.profile:
+        log.warning("moe-oracle: profile %s answers for vLLM %s.x (its own profile is %s); "
+                    "backend names the running vLLM lacks are refused at selection", profile,
+                    release.series, release.profile)
+    for sel in release.selectors:  # fail at start-up, not at the first MoE layer, when a policy is missing
+        probe = engine.select({"policy": sel.policy, "profile": profile, "platform": {"kind": "cpu"}})
+        if probe.outcome == "error":
+            raise RuntimeError(f"rules {source}, profile {profile} cannot answer vLLM's {sel.name}: {probe.error}")
+    return engine, profile, source
+
+
+def _patch(sel: Selector) -> list[str]:
+    """Replace `sel.name` in its defining module and wherever vLLM bound the original."""
+    import importlib
+
+    module = importlib.import_module(sel.module)
+    current = getattr(module, sel.name, None)
+    if current is None:
+        raise RuntimeError(f"vLLM {_active.release.series}.x should define {sel.module}.{sel.name}, but it does not; "
+                           "this vLLM build differs from the release the plugin supports")
+    if getattr(current, "_moe_oracle_selector", None) is not None:
+        return [f"{sel.name} (already)"]
+    wrapper = _wrapper(sel, module, current)
+    return [f"{where}.{sel.name}" for where in _rebind(current, wrapper)]
+
+
+def _rebind(old: Callable, new: Callable) -> list[str]:
+    """Point every vLLM module attribute bound to `old` at `new`; the module names changed."""
+    changed = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "vllm" or name.startswith("vllm.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is old:
+                setattr(module, attr, new)
+                changed.append(name)
+    return changed
+
+
+# ------------------------------------------------------------------ the wrapper
+def _wrapper(sel: Selector, module: Any, original: Callable) -> Callable:
+    backend_enum = getattr(module, sel.enum)
+    kernel_classes = module.backend_to_kernel_cls
+
+    if sel.takes_keys:
+        def select(config, weight_key=None, activation_key=None):
+            names = _quant_key_names()
+            keys = (quant_key_name(weight_key, names), quant_key_name(activation_key, names))
+            return _answer(sel, backend_enum, kernel_classes, config, keys)
+    else:
+        def select(config):
+            return _answer(sel, backend_enum, kernel_classes, config, None)
+
+    select.__name__ = select.__qualname__ = sel.name
+    select.__module__ = sel.module
+    select.__doc__ = f"moe-oracle: answers vLLM's {sel.name} from the rule tables (policy {sel.policy})."
+    select.__wrapped__ = original
+    select._moe_oracle_selector = sel
+    return select
+
+
+def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, config: Any, keys) -> tuple:
+    from vllm.platforms import current_platform
+
+    active = _active
+    if active is None:  # uninstalled while a reference to the wrapper survived somewhere
+        raise RuntimeError(f"moe-oracle plugin was uninstalled; call vLLM's original {sel.name}")
+    _warn_once_if_unexpressed(config)
+    scenario = build_scenario(policy=sel.policy, profile=active.profile,
+                              platform=platform_of(current_platform, _gcn_arch), packages=package_probes(),
+                              env=env_of(os.environ), config=config,
+                              weight_key=keys[0] if keys else None, activation_key=keys[1] if keys else None,
+                              keys_given=keys is not None)
+    decision = active.oracle.select(scenario)
+    _log_once(sel, active, scenario, decision)
+    return to_vllm_answer(decision, backend_enum, kernel_classes)
+
+
+# ------------------------------------------------------------------ vLLM's probes
+# FlashInfer probes of vLLM's experts classes beyond has_flashinfer(); the rules know one package.
+_FLASHINFER_PARTS = ("has_flashinfer_trtllm_fused_moe", "has_flashinfer_cutlass_fused_moe",
+                     "has_flashinfer_cutedsl_grouped_gemm_nt_masked")
+
+
+def package_probes() -> dict[str, bool]:
+    """The scenario's packages, read from the probes vLLM's experts classes consult."""
+    import vllm._aiter_ops as aiter_ops
+    from vllm.utils import flashinfer, import_utils
+
+    found = {"flashinfer": bool(flashinfer.has_flashinfer()),
+             "triton_kernels": bool(import_utils.has_triton_kernels()),
+             "deep_gemm": bool(import_utils.has_deep_gemm()),
+             "aiter": bool(aiter_ops.IS_AITER_FOUND)}
+    if found["flashinfer"]:
+        missing = [name for name in _FLASHINFER_PARTS if not getattr(flashinfer, name)()]
+        if missing:
+            _warn_once(f"flashinfer is installed but vLLM's {', '.join(missing)} probe(s) say False; the rules "
+                       "treat flashinfer as one package, so a FlashInfer backend they choose may not load here: "
+                       "install a complete flashinfer-python, or drop those backends in your rules")
+    return found
+
+
+def _warn_once_if_unexpressed(config: Any) -> None:
+    """Say so when vLLM's config holds a fact the scenario cannot carry and a kernel would read."""
+    dtype = str(getattr(config, "router_logits_dtype", None))
+    if dtype not in ("torch.bfloat16", "None"):
+        _warn_once(f"router_logits_dtype is {dtype}; the rules assume bfloat16 router logits (vLLM's TRTLLM NVFP4 "
+                   "monolithic kernel takes float32 logits only with DeepSeekV3/Simulated routing), so an NVFP4 "
+                   "choice may differ from vLLM's own here")
+
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("moe-oracle: %s", message)
+
+
+def _gcn_arch() -> str:
+    """The ROCm arch string vLLM's own ROCm checks (on_mi3xx, supports_mx) read."""
+    from vllm.platforms import rocm
+
+    return rocm._GCN_ARCH
+
+
+_KEY_NAMES: dict[str, Any] | None = None
+
+
+def _quant_key_names() -> dict[str, Any]:
+    global _KEY_NAMES
+    if _KEY_NAMES is None:
+        from vllm.model_executor.layers.quantization.utils import quant_utils as q
+
+        _KEY_NAMES = {n: v for n, v in vars(q).items() if n.startswith("k") and isinstance(v, q.QuantKey)}
+    return _KEY_NAMES
+
+
+# ------------------------------------------------------------------ provenance
+def _log_once(sel: Selector, active: _Active, scenario: dict, decision: Any) -> None:
+    """One line per distinct decision: what was chosen, by which rule file and step."""
+    answer = decision.to_dict(with_trace=False)
+    step = answer.get("decided_by") or {}
+    key = (sel.name, active.source, active.profile, answer.get("outcome"), answer.get("backend"),
+           answer.get("kernel"), step.get("step"), step.get("at"))
+    if key in _logged:
+        return
+    _logged.add(key)
+    chosen = (f"{answer.get('backend')} / {answer.get('kernel')}" if answer["outcome"] == "selected"
+              else f"{answer['outcome']}: {answer.get('error') or answer.get('backend')}")
+    plat = scenario["platform"]
+    where = ".".join(map(str, plat["capability"])) if "capability" in plat else plat.get("gcn_arch", "")
+    log.info("moe-oracle: vLLM's %s on %s%s -> %s; decided by step %r at %s (%s) [profile %s, rules %s]",
+             sel.name, plat["kind"], f" {where}" if where else "", chosen, step.get("step"), step.get("at"),
+             step.get("why"), active.profile, active.source)
+
+
+def _ensure_log_output() -> None:
+    """Make the provenance lines visible when nobody configured logging for `moe_oracle`."""
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [moe_oracle] %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
