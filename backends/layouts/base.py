@@ -18,7 +18,7 @@ import torch
 
 from backends.weights import KernelWeights, MoEWeights
 
-__all__ = ["Converter", "Layout", "LayoutUnavailable", "reinterpret", "require_multiple", "require_tensor"]
+__all__ = ["Converter", "Layout", "LayoutUnavailable", "reinterpret", "require_multiple", "require_tensor", "tile_permute", "tile_unpermute"]
 
 
 class LayoutUnavailable(RuntimeError):
@@ -56,6 +56,27 @@ def reinterpret(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.view(dtype)
 
 
+def tile_permute(t: torch.Tensor, view_shape: tuple, dims: tuple) -> torch.Tensor:
+    """t viewed as `view_shape`, dims permuted, stored contiguously, returned in t's shape (one copy)."""
+    return t.reshape(view_shape).permute(dims).contiguous().reshape(t.shape)
+
+
+def tile_unpermute(t: torch.Tensor, view_shape: tuple, dims: tuple) -> torch.Tensor:
+    """Exact inverse of tile_permute(., view_shape, dims)."""
+    permuted_shape = tuple(view_shape[d] for d in dims)
+    inverse = tuple(sorted(range(len(dims)), key=lambda d: dims[d]))
+    return t.reshape(permuted_shape).permute(inverse).contiguous().reshape(t.shape)
+
+
+#: checkpoint values a layout keeps in ``KernelWeights.config`` unchanged, so that `invert` is exact
+SOURCE_KEYS = ("w13_global_scale", "w2_global_scale", "w13_input_scale", "w2_input_scale")
+
+
+def source_config(w: MoEWeights) -> dict:
+    """The NVFP4 per-expert scalars of `w`, kept as they are (kernel-specific values derive from them)."""
+    return {name: getattr(w, name) for name in SOURCE_KEYS if getattr(w, name) is not None}
+
+
 class Layout:
     """Base of every converter: padding, format and layout checks live here, once."""
 
@@ -71,6 +92,11 @@ class Layout:
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
         raise NotImplementedError
+
+    def _rebuild(self, kw: KernelWeights, **tensors) -> MoEWeights:
+        """The padded MoEWeights from checkpoint-layout tensors plus the scalars kept in kw.config."""
+        kept = {name: kw.config[name] for name in SOURCE_KEYS if name in kw.config}
+        return MoEWeights(format=kw.format, gate_up=kw.gate_up, **kept, **tensors)
 
     def _check_sizes(self, w: MoEWeights) -> None:
         """Hook: tile constraints on the padded sizes (raise with require_multiple)."""

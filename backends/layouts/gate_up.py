@@ -9,6 +9,9 @@ order                  row of gate_i / up_i                        who uses it
 ``contiguous``         i / I+i          ([w1; w3])                 generic checkpoints, AITER, VLLM_CUTLASS
 ``up_gate``            I+i / i          ([w3; w1])                 FlashInfer CUTLASS (MXFP4 and NVFP4)
 ``up_gate_interleaved`` 2i+1 / 2i        ([w3_0, w1_0, w3_1, ...])  FlashInfer TRT-LLM (before its shuffle)
+``up_gate_groups64``   128(i//64)+64+i%64 / 128(i//64)+i%64        FlashInfer CuteDSL (vLLM 0.20):
+                       ([w3; w1] then 64-row groups alternate,     ``interleave_linear_and_gate``
+                       w3 group first)                             (group 64) after the [w3; w1] swap
 =====================  ==========================================  ===================================
 
 `row_permutation(source, target, I)` returns ``perm`` with ``target_rows = source_rows[perm]``, so a
@@ -23,7 +26,7 @@ import torch
 
 __all__ = ["ROW_ORDERS", "compose", "invert_permutation", "permute_rows", "row_permutation"]
 
-ROW_ORDERS = ("interleaved", "contiguous", "up_gate", "up_gate_interleaved")
+ROW_ORDERS = ("interleaved", "contiguous", "up_gate", "up_gate_interleaved", "up_gate_groups64")
 
 
 def _positions(order: str, inter: int) -> torch.Tensor:
@@ -37,6 +40,11 @@ def _positions(order: str, inter: int) -> torch.Tensor:
         return torch.stack((inter + i, i))
     if order == "up_gate_interleaved":
         return torch.stack((2 * i + 1, 2 * i))
+    if order == "up_gate_groups64":
+        if inter % 64:
+            raise ValueError(f"row order 'up_gate_groups64' needs I % 64 == 0, got I={inter}; pad the layer")
+        base = (i // 64) * 128 + i % 64
+        return torch.stack((base + 64, base))
     raise ValueError(f"row order {order!r} must be one of {ROW_ORDERS}")
 
 

@@ -1,0 +1,61 @@
+"""Per-backend scalar configuration derived from the checkpoint (no weight tensors): one place for it.
+
+NVFP4 (vLLM `prepare_nvfp4_moe_layer_for_fi_or_cutlass` + `make_nvfp4_moe_quant_config`):
+with ``ws = 1 / global_scale`` (the checkpoint's ``weight_scale_2``) and ``a = input_scale``,
+
+* FlashInfer backends share one input scale over all experts: ``a13 = max over experts and over
+  (w1, w3)``, ``a2 = max over experts``, broadcast to [E]; VLLM_CUTLASS keeps one per expert,
+  ``a13 = max(w1, w3)`` of that expert.
+* ``g1_alphas = a13 * ws13``, ``g2_alphas = a2 * ws2``, ``a1_gscale = 1 / a13``,
+  ``a2_gscale = 1 / a2``; TRT-LLM additionally ``g1_scale_c = g1_alphas / a2`` (and vLLM passes it
+  no quant config: the values travel as layer attributes).
+
+MXFP4 gated backends with the gpt-oss activation take per-expert fp32 ``swiglu_alpha`` (1.702),
+``swiglu_beta`` (1.0) and ``swiglu_limit`` (7.0) tensors (TRT-LLM's gemm1_alpha/beta/clamp_limit,
+FlashInfer CUTLASS's swiglu_alpha/beta/limit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.weights import MoEWeights
+
+__all__ = ["INPUT_SCALE_REDUCTIONS", "nvfp4_w4a4_config", "swiglu_config"]
+
+INPUT_SCALE_REDUCTIONS = ("experts", "pair")
+
+GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_beta": 1.0, "swiglu_limit": 7.0}
+
+
+def swiglu_config(w: MoEWeights, *, alpha: float, beta: float, limit: float) -> dict:
+    """Per-expert fp32 [E] tensors of the gpt-oss SwiGLU constants, on the weights' device."""
+    return {name: torch.full((w.E,), float(value), dtype=torch.float32, device=w.w13.device)
+            for name, value in (("swiglu_alpha", alpha), ("swiglu_beta", beta), ("swiglu_limit", limit))}
+
+
+def _broadcast_max(t: torch.Tensor, experts: int) -> torch.Tensor:
+    if experts == 0:
+        return t.new_empty((0,))
+    return t.amax().reshape(1).expand(experts).contiguous()
+
+
+def nvfp4_w4a4_config(w: MoEWeights, *, layout: str, reduce: str, trtllm: bool = False) -> dict:
+    """g1/g2 alphas and a1/a2 global scales of an NVFP4 W4A4 backend (see the module docstring)."""
+    if reduce not in INPUT_SCALE_REDUCTIONS:
+        raise ValueError(f"nvfp4_w4a4_config: reduce={reduce!r} must be one of {INPUT_SCALE_REDUCTIONS}")
+    if w.w13_input_scale is None or w.w2_input_scale is None:
+        raise ValueError(f"layout {layout!r} quantizes activations to NVFP4 and needs the checkpoint's input scales: "
+                         f"pass MoEWeights(w13_input_scale=[E, 2] (w1, w3), w2_input_scale=[E]) as fp32")
+    if reduce == "experts":
+        a13 = _broadcast_max(w.w13_input_scale, w.E)
+        a2 = _broadcast_max(w.w2_input_scale, w.E)
+    else:
+        a13 = w.w13_input_scale.amax(dim=1) if w.E else w.w13_input_scale.new_empty((0,))
+        a2 = w.w2_input_scale
+    g1_alphas = a13 * (1.0 / w.w13_global_scale)
+    config = {"g1_alphas": g1_alphas, "g2_alphas": a2 * (1.0 / w.w2_global_scale),
+              "a1_gscale": 1.0 / a13, "a2_gscale": 1.0 / a2}
+    if trtllm:
+        config["g1_scale_c"] = g1_alphas / a2
+    return config

@@ -1,0 +1,124 @@
+"""FlashInfer TRT-LLM-gen MoE layouts: FLASHINFER_TRTLLM_MXFP4_{BF16,MXFP8} and NVFP4 FLASHINFER_TRTLLM.
+
+Matches vLLM 0.20.0 (`convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`, TRTLLM branch, and
+`prepare_nvfp4_moe_layer_for_fi_or_cutlass`) with flashinfer's pure-torch index helpers as of
+flashinfer 0.6.x-0.7.2 (`get_shuffle_matrix_a_row_indices`, `get_shuffle_matrix_sf_a_row_indices`,
+`get_reorder_rows_for_gated_act_gemm_row_indices`), all with ``epilogue_tile_m = 128``:
+
+1. w13 rows -> ``[w3_0, w1_0, w3_1, w1_1, ...]`` (gpt-oss: swap every two rows; generic [w1; w3]:
+   swap halves, then the gated-act row interleave; both give the same order);
+2. every matrix (w13, w2 and their biases as column vectors) gets the epilogue row shuffle: inside
+   each block of 32 rows, source row r goes to row ``8 * (r % 4) + r // 4`` (flashinfer's
+   ``srcToDstBlk32RowMap``; block 16 with map ``8 * (r % 2) + r // 2`` for tiles not multiple of 128);
+3. block scales follow the same rows and are then stored in the 128x4 interleave
+   (`scales.interleave_128x4`, = ``nvfp4_block_scale_interleave``); MXFP4's E8M0 bytes are
+   re-viewed as float8_e4m3fn, as vLLM does (same bytes).
+
+Steps 1 and 2 compose into one gather per tensor. Biases stay fp32. Config: MXFP4 gets the gpt-oss
+SwiGLU constants per expert; NVFP4 gets the global-SF quant values (`quant_config`).
+Sizes: 2I and H multiples of 128 (scale rows), H/B and I/B multiples of 4 (scale columns).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.layouts.base import (
+    Layout,
+    require_multiple,
+    require_tensor,
+    source_config,
+)
+from backends.layouts.gate_up import (
+    compose,
+    invert_permutation,
+    permute_rows,
+    row_permutation,
+)
+from backends.layouts.quant_config import (
+    GPT_OSS_SWIGLU,
+    nvfp4_w4a4_config,
+    swiglu_config,
+)
+from backends.layouts.scales import deinterleave_128x4, interleave_128x4
+from backends.weights import BLOCK_SIZE, KernelWeights, MoEWeights
+
+__all__ = ["EPILOGUE_TILE_M", "TrtllmLayout", "epilogue_row_shuffle", "mxfp4", "nvfp4"]
+
+EPILOGUE_TILE_M = 128
+
+
+def epilogue_row_shuffle(rows: int, epilogue_tile_m: int = EPILOGUE_TILE_M) -> torch.Tensor:
+    """flashinfer ``get_shuffle_matrix_a_row_indices``: ``shuffled = x[idx]`` (idx[new_row] = old_row)."""
+    block = 32 if epilogue_tile_m % 128 == 0 else 16
+    if rows % block:
+        raise ValueError(f"epilogue_row_shuffle: rows={rows} must be a multiple of {block}")
+    lanes = block // 8
+    old = torch.arange(rows)
+    in_block = old % block
+    new = old - in_block + 8 * (in_block % lanes) + in_block // lanes
+    idx = torch.empty_like(old)
+    idx[new] = old
+    return idx
+
+
+class TrtllmLayout(Layout):
+    """One class for both formats: they differ in the scale dtype and in the config."""
+
+    def __init__(self, fmt: str, swiglu: dict | None = None):
+        self.formats = (fmt,)
+        self.layout = f"flashinfer_trtllm_{fmt}"
+        self.swiglu = dict(GPT_OSS_SWIGLU if swiglu is None else swiglu)
+
+    def _check_sizes(self, w: MoEWeights) -> None:
+        block = BLOCK_SIZE[w.format]
+        require_multiple(self.layout, "2 * intermediate_size", 2 * w.I, 128, "w13 scale rows fill 128-row tiles")
+        require_multiple(self.layout, "hidden_size", w.H, 128, "w2 scale rows fill 128-row tiles")
+        require_multiple(self.layout, f"hidden_size / {block}", w.H // block, 4, "scale columns fill 4-column tiles")
+        require_multiple(self.layout, f"intermediate_size / {block}", w.I // block, 4, "scale columns fill 4-column tiles")
+
+    def _perms(self, gate_up: str, inter: int, hidden: int):
+        p13 = compose(row_permutation(gate_up, "up_gate_interleaved", inter), epilogue_row_shuffle(2 * inter))
+        return p13, epilogue_row_shuffle(hidden)
+
+    def _to_kernel(self, w: MoEWeights):
+        p13, p2 = self._perms(w.gate_up, w.I, w.H)
+
+        def scales(s, perm):
+            return interleave_128x4(permute_rows(s.view(torch.uint8), perm)).view(torch.float8_e4m3fn)
+
+        tensors = {"w13": permute_rows(w.w13, p13), "w13_scale": scales(w.w13_scale, p13),
+                   "w2": permute_rows(w.w2, p2), "w2_scale": scales(w.w2_scale, p2)}
+        if w.w13_bias is not None:
+            tensors["w13_bias"] = permute_rows(w.w13_bias, p13)
+        if w.w2_bias is not None:
+            tensors["w2_bias"] = permute_rows(w.w2_bias, p2)
+        if w.format == "mxfp4":
+            config = swiglu_config(w, **{k.removeprefix("swiglu_"): v for k, v in self.swiglu.items()})
+        else:
+            config = {**nvfp4_w4a4_config(w, layout=self.layout, reduce="experts", trtllm=True), **source_config(w)}
+        return tensors, config
+
+    def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
+        e, hidden, inter = kw.E, kw.padded_hidden_size, kw.padded_intermediate_size
+        block = BLOCK_SIZE[kw.format]
+        p13, p2 = (invert_permutation(p) for p in self._perms(kw.gate_up, inter, hidden))
+        dtype = torch.uint8 if kw.format == "mxfp4" else torch.float8_e4m3fn
+
+        def scales(name, rows, cols, perm):
+            s = require_tensor(self.layout, kw, name, (e, rows, cols), torch.float8_e4m3fn)
+            return permute_rows(deinterleave_128x4(s.view(torch.uint8), rows, cols), perm).view(dtype)
+
+        def rows(name, perm):
+            return None if name not in kw.tensors else permute_rows(kw[name], perm)
+
+        return self._rebuild(kw, w13=rows("w13", p13), w2=rows("w2", p2),
+                             w13_scale=scales("w13_scale", 2 * inter, hidden // block, p13),
+                             w2_scale=scales("w2_scale", hidden, inter // block, p2),
+                             w13_bias=rows("w13_bias", p13), w2_bias=rows("w2_bias", p2))
+
+
+#: backends FLASHINFER_TRTLLM_MXFP4_BF16 and FLASHINFER_TRTLLM_MXFP4_MXFP8 (same weight layout)
+mxfp4 = TrtllmLayout("mxfp4")
+#: NVFP4 backend FLASHINFER_TRTLLM
+nvfp4 = TrtllmLayout("nvfp4")
