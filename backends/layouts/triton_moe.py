@@ -1,0 +1,138 @@
+"""Weight layout of this project's Triton MoE kernels (backends.triton_moe), and the way back.
+
+Kernel layout (per expert e, K packed two E2M1 codes per byte, low nibble first, rows K-major):
+    w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
+    w13_scale  uint8   [E, 2I, H/B]   E8M0 exponents (MXFP4, B=32) or E4M3 bytes (NVFP4, B=16)
+    w2         uint8   [E, H, I/2];   w2_scale uint8 [E, H, I/B]
+    w13_bias   fp32    [E, 2I] (same row order) or None;  w2_bias fp32 [E, H] or None
+    w13_global_scale, w2_global_scale  fp32 [E]: NVFP4 per-expert quantization multipliers (the
+               kernels divide the fp32 accumulator by them, as the format defines); None for MXFP4
+The checkpoint's gpt-oss interleaving (even rows gate, odd rows up) is undone once here, with the
+same permutation on scales and biases, so the kernel loads a gate tile and an up tile at rows n and I+n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FORMATS = ("mxfp4", "nvfp4")
+SCALE_BLOCK = {"mxfp4": 32, "nvfp4": 16}
+#: H and I must be multiples of this (the largest scale block, so every K tile holds whole blocks).
+SIZE_ALIGNMENT = 32
+
+
+@dataclass(frozen=True)
+class TritonMoEWeights:
+    """Tensors in the kernel layout above; `format` is 'mxfp4' or 'nvfp4'."""
+
+    format: str
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    w13_global_scale: torch.Tensor | None = None
+    w2_global_scale: torch.Tensor | None = None
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.w13.shape[2] * 2
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.w13.shape[1] // 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.device
+
+
+def _fail(message: str):
+    raise ValueError(f"triton_moe layout: {message}")
+
+
+def _deinterleave_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+    """[E, 2I, ...] with rows (g0, u0, g1, u1, ...) -> rows (g0..g_{I-1}, u0..u_{I-1})."""
+    if t is None:
+        return None
+    return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1).contiguous()
+
+
+def _interleave_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Inverse of _deinterleave_rows."""
+    if t is None:
+        return None
+    gate, up = t.chunk(2, dim=1)
+    return torch.stack([gate, up], dim=2).reshape(t.shape).contiguous()
+
+
+def _scale_bytes(scale: torch.Tensor, fmt: str, name: str) -> torch.Tensor:
+    expected = torch.uint8 if fmt == "mxfp4" else torch.float8_e4m3fn
+    if scale.dtype != expected:
+        _fail(f"{name}.dtype={scale.dtype} must be {expected} for format={fmt!r}")
+    return scale.contiguous().view(torch.uint8)
+
+
+def to_kernel_layout(
+    *, format: str, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+    w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+    w13_global_scale: torch.Tensor | None = None, w2_global_scale: torch.Tensor | None = None,
+    gate_up_layout: str = "interleaved",
+) -> TritonMoEWeights:
+    """Checkpoint tensors (the emulation backend's arguments) -> kernel layout; done once at load."""
+    if format not in FORMATS:
+        _fail(f"format={format!r} must be one of {FORMATS}; other formats run on the EMULATION backend")
+    if gate_up_layout not in ("interleaved", "contiguous"):
+        _fail(f"gate_up_layout={gate_up_layout!r} must be 'interleaved' (gpt-oss) or 'contiguous' ([w1; w3])")
+    for name, t in (("w13", w13), ("w2", w2)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 3:
+            _fail(f"{name} must be a uint8 tensor [E, rows, K/2] of packed E2M1 codes")
+    experts, rows, half_h = w13.shape
+    hidden, inter = half_h * 2, rows // 2
+    if rows % 2:
+        _fail(f"w13.shape[1]={rows} must be even (gate and up rows); non-gated experts are not supported")
+    if tuple(w2.shape) != (experts, hidden, inter // 2):
+        _fail(f"w2.shape={tuple(w2.shape)} must be {(experts, hidden, inter // 2)} given w13.shape={tuple(w13.shape)}")
+    for dim, size in (("hidden size H", hidden), ("intermediate size I", inter)):
+        if size % SIZE_ALIGNMENT:
+            _fail(f"{dim}={size} must be a multiple of {SIZE_ALIGNMENT}; pad it (backends round_up) first")
+    block = SCALE_BLOCK[format]
+    s13, s2 = _scale_bytes(w13_scale, format, "w13_scale"), _scale_bytes(w2_scale, format, "w2_scale")
+    if tuple(s13.shape) != (experts, rows, hidden // block) or tuple(s2.shape) != (experts, hidden, inter // block):
+        _fail(f"scales {tuple(s13.shape)}, {tuple(s2.shape)} must be {(experts, rows, hidden // block)}, "
+              f"{(experts, hidden, inter // block)} (one per {block} weights)")
+    gs13 = gs2 = None
+    if format == "nvfp4":
+        for name, gs in (("w13_global_scale", w13_global_scale), ("w2_global_scale", w2_global_scale)):
+            if not isinstance(gs, torch.Tensor) or tuple(gs.shape) != (experts,):
+                _fail(f"{name} must be a float32 tensor [{experts}] (per-expert quantization multiplier) for NVFP4")
+        gs13, gs2 = w13_global_scale.float().contiguous(), w2_global_scale.float().contiguous()
+    fix = _deinterleave_rows if gate_up_layout == "interleaved" else (lambda t: None if t is None else t.contiguous())
+    return TritonMoEWeights(
+        format=format,
+        w13=fix(w13), w13_scale=fix(s13), w2=w2.contiguous(), w2_scale=s2.contiguous(),
+        w13_bias=None if w13_bias is None else fix(w13_bias.float()),
+        w2_bias=None if w2_bias is None else w2_bias.float().contiguous(),
+        w13_global_scale=gs13, w2_global_scale=gs2,
+    )
+
+
+def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleaved") -> dict:
+    """Kernel layout -> the emulation backend's keyword arguments (exact inverse of to_kernel_layout)."""
+    fix = _interleave_rows if gate_up_layout == "interleaved" else (lambda t: t)
+    scale_dtype = torch.uint8 if kw.format == "mxfp4" else torch.float8_e4m3fn
+    out = {"format": kw.format, "w13": fix(kw.w13), "w13_scale": fix(kw.w13_scale).view(scale_dtype),
+               "w2": kw.w2, "w2_scale": kw.w2_scale.view(scale_dtype),
+               "w13_bias": None if kw.w13_bias is None else fix(kw.w13_bias), "w2_bias": kw.w2_bias,
+               "gate_up_layout": gate_up_layout}
+    if kw.format == "nvfp4":
+        out["w13_global_scale"] = kw.w13_global_scale
+        out["w2_global_scale"] = kw.w2_global_scale
+    return out

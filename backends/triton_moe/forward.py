@@ -1,0 +1,181 @@
+"""This project's fused W4A16 MoE on Triton: MXFP4 / NVFP4 weights, BF16 activations.
+
+    moe_forward(x, weights, router_logits=... | topk_ids=..., topk_weights=...)
+      1. route      torch top-k (+ softmax), identical to the emulation backend     _routing.route
+      2. align      pairs sorted by expert, padded to BLOCK_M, no host sync         _routing.align
+      3. GEMM1      gate/up tiles, FP4 dequantized in registers, bias, activation   _kernels.gemm1_act_kernel
+      4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
+      5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
+Tiles come from tuning (configs/*.yaml, per GPU and shape bucket). No atomics: every run gives the
+same bits (`deterministic=True` is therefore always honoured). CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.layouts.triton_moe import SCALE_BLOCK, TritonMoEWeights
+from backends.triton_moe import tuning
+from backends.triton_moe._routing import align, route
+from backends.triton_moe.capabilities import ACTIVATIONS
+
+__all__ = ["moe_forward"]
+
+_FN = "backends.triton_moe.moe_forward"
+
+
+def _fail(kind, message: str):
+    raise kind(f"{_FN}: {message}")
+
+
+def _kernels_for(device: torch.device):
+    """The kernel module; on CPU only under Triton's interpreter, which must be on from triton's first import.
+
+    Triton decides compiled vs interpreted when each @jit function (its own library included) is
+    decorated, so a process cannot switch later: CPU runs (tests, CI) need TRITON_INTERPRET=1 set at start.
+    """
+    from backends.triton_moe import _kernels
+
+    if device.type == "cpu" and not _kernels.INTERPRETED:
+        _fail(RuntimeError, "x is on the CPU but Triton's interpreter is off in this process; start it with "
+              "TRITON_INTERPRET=1 (before triton is imported), run on CUDA, or use the EMULATION backend")
+    return _kernels
+
+
+def _check_inputs(x, w: TritonMoEWeights, activation):
+    if not isinstance(w, TritonMoEWeights):
+        _fail(TypeError, f"weights must be TritonMoEWeights (from backends.layouts.triton_moe), got "
+              f"{type(w).__name__}; convert the checkpoint once with the triton_moe layout converter")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        _fail(ValueError, "x must be a 2-D tensor [T, H]; flatten batch dims with x.reshape(-1, H)")
+    if x.dtype != torch.bfloat16:
+        _fail(TypeError, f"x.dtype={x.dtype} must be torch.bfloat16 (W4A16 kernels); convert with x.bfloat16()")
+    if x.shape[1] != w.hidden_size:
+        _fail(ValueError, f"x.shape[1]={x.shape[1]} must equal the weights' hidden size {w.hidden_size}")
+    if x.device != w.device:
+        _fail(ValueError, f"x is on {x.device} but the weights are on {w.device}; move x with .to({w.device})")
+    if x.device.type not in ("cuda", "cpu"):
+        _fail(ValueError, f"x is on {x.device}: these Triton kernels run on CUDA (and, slowly, on CPU through "
+              f"Triton's interpreter, for tests); use the EMULATION backend on other devices")
+    if activation not in ACTIVATIONS:
+        _fail(ValueError, f"activation={activation!r} must be one of {ACTIVATIONS}")
+
+
+def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormalize):
+    tokens, experts = x.shape[0], w.num_experts
+    if (router_logits is None) == (topk_ids is None):
+        _fail(ValueError, "pass exactly one routing input: router_logits (with top_k) or topk_ids (with topk_weights)")
+    if router_logits is not None:
+        if topk_weights is not None:
+            _fail(ValueError, "topk_weights is only used with topk_ids; drop it when passing router_logits")
+        if not isinstance(router_logits, torch.Tensor) or tuple(router_logits.shape) != (tokens, experts):
+            got = tuple(router_logits.shape) if isinstance(router_logits, torch.Tensor) else type(router_logits).__name__
+            _fail(ValueError, f"router_logits must be a tensor of shape ({tokens}, {experts}) = (T, E), got {got}")
+        if router_logits.device != x.device:
+            _fail(ValueError, f"router_logits is on {router_logits.device} but x is on {x.device}")
+        if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+            _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {experts}] when routing from router_logits")
+        return route(router_logits, top_k, renormalize)
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype.is_floating_point or topk_ids.dim() != 2 \
+            or topk_ids.shape[0] != tokens:
+        _fail(ValueError, f"topk_ids must be an integer tensor [T={tokens}, k]")
+    if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        _fail(ValueError, f"topk_weights must be a floating tensor of shape {tuple(topk_ids.shape)} (= topk_ids)")
+    if top_k is not None and top_k != topk_ids.shape[1]:
+        _fail(ValueError, f"top_k={top_k} disagrees with topk_ids.shape[1]={topk_ids.shape[1]}; drop top_k")
+    if topk_ids.device != x.device or topk_weights.device != x.device:
+        _fail(ValueError, f"topk_ids/topk_weights must be on x's device {x.device}")
+    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing and topk_ids.numel():  # range check syncs, so it is skipped inside graph capture
+        low, high = int(topk_ids.min()), int(topk_ids.max())
+        if low < 0 or high >= experts:
+            _fail(ValueError, f"topk_ids must lie in [0, {experts}); got values in [{low}, {high}]")
+    return topk_ids.to(torch.int32), topk_weights.float()
+
+
+def moe_forward(
+    x: torch.Tensor,
+    weights: TritonMoEWeights,
+    *,
+    router_logits: torch.Tensor | None = None,
+    topk_ids: torch.Tensor | None = None,
+    topk_weights: torch.Tensor | None = None,
+    top_k: int | None = None,
+    renormalize: bool = True,
+    activation: str = "swigluoai",
+    swiglu_alpha: float = 1.702,
+    swiglu_beta: float = 1.0,
+    swiglu_limit: float = 7.0,
+    deterministic: bool = False,
+    config: tuning.MoEConfig | None = None,
+) -> torch.Tensor:
+    """y[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]); same contract as the emulation.
+
+    deterministic: accepted for the rules' sake; the kernels use no atomics, so runs are always
+    bit-identical. config: override the tuned launch config (benchmark sweeps).
+    """
+    _check_inputs(x, weights, activation)
+    ids, route_w = _routing_inputs(x, weights, router_logits, topk_ids, topk_weights, top_k, renormalize)
+    tokens, hidden = x.shape
+    inter, experts, k = weights.intermediate_size, weights.num_experts, ids.shape[1]
+    out = torch.empty_like(x)
+    if tokens == 0:
+        return out
+    if config is None:
+        device_name = torch.cuda.get_device_name(x.device) if x.device.type == "cuda" else None
+        config = tuning.select_config(device_name=device_name, format=weights.format, tokens=tokens,
+                                      experts=experts, top_k=k, hidden_size=hidden, intermediate_size=inter)
+    al = align(ids, experts, config.gemm1.block_m)
+    kernels = _kernels_for(x.device)
+    _launch(kernels, x, weights, al, route_w, out, config, activation,
+            (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED)
+    return out
+
+
+def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted):
+    """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids."""
+    tokens, hidden = x.shape
+    inter, k = weights.intermediate_size, route_w.shape[1]
+    num_pairs = tokens * k
+    c1, c2 = config.gemm1, config.gemm2
+    nvfp4 = weights.format == "nvfp4"
+    scale_block = SCALE_BLOCK[weights.format]
+    unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
+    gs13 = weights.w13_global_scale if nvfp4 else unused
+    gs2 = weights.w2_global_scale if nvfp4 else unused
+    b13 = weights.w13_bias if weights.w13_bias is not None else unused
+    b2 = weights.w2_bias if weights.w2_bias is not None else unused
+
+    h = torch.empty(al.num_blocks * c1.block_m, inter, dtype=torch.bfloat16, device=x.device)
+    kernels.gemm1_act_kernel[(al.num_blocks * _cdiv(inter, c1.block_n),)](
+        x, weights.w13, weights.w13_scale, gs13, b13, h,
+        al.sorted_pairs, al.block_expert, al.padded_total,
+        num_pairs, al.num_blocks, hidden, inter,
+        x.stride(0), weights.w13.stride(0), weights.w13.stride(1), weights.w13_scale.stride(0),
+        weights.w13_scale.stride(1), b13.stride(0), h.stride(0), *swiglu,
+        TOP_K=k, BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
+        SCALE_BLOCK=scale_block, NVFP4=nvfp4,
+        ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
+        HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
+        EVEN_K=hidden % c1.block_k == 0, num_warps=c1.num_warps, num_stages=c1.num_stages,
+    )
+    pair_out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
+    kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n),)](
+        h, weights.w2, weights.w2_scale, gs2, b2, route_w, pair_out,
+        al.sorted_pairs, al.block_expert, al.padded_total,
+        num_pairs, al.num_blocks, inter, hidden,
+        h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
+        weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(0),
+        BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
+        SCALE_BLOCK=scale_block, NVFP4=nvfp4, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
+        DOT_FP32=interpreted, EVEN_K=inter % c2.block_k == 0, num_warps=c2.num_warps, num_stages=c2.num_stages,
+    )
+    sum_block = 1024
+    kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](
+        pair_out, out, hidden, pair_out.stride(0), out.stride(0), TOP_K=k, BLOCK_N=sum_block,
+        INTERPRETED=interpreted,
+    )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,249 @@
+"""Whole-layer timing of backends.triton_moe on a GPU, against the memory floor, bf16 matmul, and baselines.
+
+Per T: the layer (routing + alignment + both GEMMs + top-k sum) captured once in a CUDA graph and
+replayed, L2 flushed (a 256 MiB write) before every replay, median of CUDA-event times. Same run:
+memory bandwidth = the higher of a 2 GiB-per-side device copy (read + write bytes) and a read-only
+reduction over 2 GiB; bf16 8192^3 torch.matmul TFLOP/s. Columns: µs; touched-expert bytes
+(unique(topk_ids) x packed weights + block scales, biases not counted, as in kernels.md §9) / time
+as a fraction of that bandwidth; 6·T·k·H·I FLOP / time as a fraction of the matmul rate; speedup
+over the emulation backend (eager) and over a torch bf16 grouped-GEMM layer (bf16 weights,
+torch._grouped_mm, as a CUDA graph).
+
+    python benchmarks/bench_moe.py --out $OUT                 # the table of issue 16 item 5
+    python benchmarks/bench_moe.py --sweep --out $OUT         # time candidate launch configs, write YAML
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from backends import emulation
+from backends.layouts.triton_moe import to_kernel_layout
+from backends.triton_moe import moe_forward, tuning
+from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
+
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+GIB = 1 << 30
+
+
+def _events_ms(fn, flush, iters):
+    samples = []
+    for _ in range(iters):
+        flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def measure_ceilings():
+    """(bandwidth GB/s = max(copy, read-only reduction), copy GB/s, read GB/s, bf16 matmul TFLOP/s)."""
+    src = torch.empty(2 * GIB, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+
+    def no_flush():  # the buffers are 40x the L2
+        return None
+
+    copy_ms = min(_events_ms(functools.partial(dst.copy_, src), no_flush, 10) for _ in range(2))
+    read_ms = min(_events_ms(src.view(torch.float32).sum, no_flush, 10) for _ in range(2))
+    src = dst = None
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    for _ in range(3):
+        a @ b
+    mm_ms = _events_ms(lambda: a @ b, no_flush, 20)
+    copy = 2 * 2 * GIB / copy_ms / 1e6
+    read = 2 * GIB / read_ms / 1e6
+    return max(copy, read), copy, read, 2 * 8192**3 / mm_ms / 1e9
+
+
+class Flusher:
+    def __init__(self):
+        self.buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def __call__(self):
+        self.buf.zero_()
+
+
+def expert_bytes(shape) -> int:
+    """Packed FP4 + block scales of one expert (both GEMMs)."""
+    h, i, block = shape.hidden_size, shape.intermediate_size, 32 if shape.format == "mxfp4" else 16
+    elems = 3 * h * i
+    return elems // 2 + elems // block
+
+
+def graph_of(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+class GroupedBf16Layer:
+    """Torch baseline: bf16 weights, sort by expert, torch._grouped_mm twice, index_add over top-k."""
+
+    def __init__(self, ckpt, shape):
+        e = shape.experts
+        w13 = torch.stack([emulation._dequantize_expert(ckpt["format"], ckpt["w13"], ckpt["w13_scale"],
+                                                        ckpt.get("w13_global_scale"), j).bfloat16() for j in range(e)])
+        w2 = torch.stack([emulation._dequantize_expert(ckpt["format"], ckpt["w2"], ckpt["w2_scale"],
+                                                       ckpt.get("w2_global_scale"), j).bfloat16() for j in range(e)])
+        self.w13_t = w13.transpose(1, 2)  # [E, H, 2I] (column-major view, as grouped_mm wants)
+        self.w2_t = w2.transpose(1, 2)  # [E, I, H]
+        self.b13, self.b2 = ckpt.get("w13_bias"), ckpt.get("w2_bias")
+        self.shape, self.layout = shape, ckpt["gate_up_layout"]
+
+    def __call__(self, x, logits):
+        s = self.shape
+        top, ids = torch.topk(logits, s.top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat)
+        counts = torch.zeros(s.experts, dtype=torch.int32, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        rows = x[order // s.top_k]
+        h = torch._grouped_mm(rows, self.w13_t, offs=offs)
+        if self.b13 is not None:
+            h = h + self.b13[flat[order]].bfloat16()
+        h = emulation._activate(h.float(), s.activation, self.layout, 1.702, 1.0, 7.0).bfloat16()
+        y = torch._grouped_mm(h, self.w2_t, offs=offs).float()
+        if self.b2 is not None:
+            y = y + self.b2[flat[order]]
+        y = y * weights.reshape(-1)[order, None]
+        out = torch.zeros(x.shape[0], s.hidden_size, device=x.device, dtype=torch.float32)
+        out.index_add_(0, order // s.top_k, y)
+        return out.bfloat16()
+
+
+def time_layer(fn, flush, iters):
+    graph = graph_of(fn)
+    return _events_ms(graph.replay, flush, iters) * 1e3  # µs
+
+
+def sweep_candidates(tokens):
+    """Launch configs worth timing at this T (decode: swap-AB and narrow tiles; prefill: big tiles)."""
+    L = tuning.LaunchConfig
+    if tokens <= 64:
+        return [(c, c) for c in (L(16, 32, 128, 1, True, 4, 3), L(16, 64, 128, 1, True, 4, 3),
+                                 L(16, 128, 128, 1, True, 4, 3), L(16, 32, 256, 1, True, 4, 3),
+                                 L(16, 64, 256, 1, True, 4, 3), L(16, 32, 128, 1, False, 4, 3),
+                                 L(16, 64, 128, 1, False, 4, 3), L(16, 64, 128, 1, True, 4, 4))]
+    if tokens <= 1024:
+        return [(L(bm, bn, 128, 8, False, w, 3), L(bm, 128, 128, 8, False, w, 3))
+                for bm in (32, 64) for bn in (64, 128) for w in (4, 8)]
+    return [(L(bm, bn, bk, 8, False, 8, st), L(bm, 128, bk, 8, False, 8, st))
+            for bm in (64, 128) for bn in (64, 128) for bk, st in ((64, 3), (64, 4), (128, 3))]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="gpt-oss-120b,deepseek-nvfp4")
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--sweep", action="store_true", help="time sweep_candidates() per T instead of the table")
+    p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--budget-s", type=float, default=1e9, help="sweep: stop starting candidates after this")
+    p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    gpu = torch.cuda.get_device_name()
+    bw, copy, read, mm = measure_ceilings()
+    print(f"# {gpu}: copy {copy:.0f} GB/s, read-only {read:.0f} GB/s -> bandwidth {bw:.0f} GB/s; "
+          f"bf16 8192^3 matmul {mm:.1f} TFLOP/s", flush=True)
+    flush = Flusher()
+    rows = []
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        ckpt = random_checkpoint(shape, device="cuda")
+        kw = to_kernel_layout(**ckpt)
+        act = activation_kwargs(shape)
+        baseline = None if args.no_baselines or args.sweep else GroupedBf16Layer(ckpt, shape)
+        print(f"\n## {name} ({shape.format}, E={shape.experts}, k={shape.top_k}, H={shape.hidden_size}, "
+              f"I={shape.intermediate_size}, {shape.activation})", flush=True)
+        print("| T | experts touched | µs | fraction of memory floor | TFLOP/s | fraction of bf16 matmul "
+              "| config | vs emulation | vs torch bf16 grouped |" if not args.sweep else
+              "| T | config | µs |", flush=True)
+        for tokens in map(int, args.tokens.split(",")):
+            x = torch.randn(tokens, shape.hidden_size, device="cuda").bfloat16()
+            logits = torch.randn(tokens, shape.experts, device="cuda")
+            touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
+            floor_us = touched * expert_bytes(shape) / (bw * 1e3)
+            flops = 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
+            if args.sweep:
+                best = None
+                for c1, c2 in sweep_candidates(tokens):
+                    if time.perf_counter() - started > args.budget_s:
+                        break
+                    cfg = tuning.MoEConfig(c1, c2, "sweep")
+                    layer = functools.partial(moe_forward, x, kw, router_logits=logits, top_k=shape.top_k,
+                                              config=cfg, **act)
+                    try:
+                        us = time_layer(layer, flush, 10)
+                    except Exception as exc:  # noqa: BLE001  a tile that does not fit (shared memory, registers)
+                        print(f"| {tokens} | {c1} / {c2} | failed: {type(exc).__name__} |", flush=True)
+                        continue
+                    rows.append({"shape": name, "tokens": tokens, "gemm1": c1.__dict__, "gemm2": c2.__dict__,
+                                 "us": us, "floor_fraction": floor_us / us})
+                    if best is None or us < best[0]:
+                        best = (us, c1, c2)
+                if best:
+                    print(f"| {tokens} | best {best[1]} / {best[2]} | {best[0]:.1f} ({floor_us / best[0]:.2f} of "
+                          f"floor) |", flush=True)
+                continue
+            default_cfg = tuning.select_config(device_name=gpu, format=shape.format, tokens=tokens,
+                                               experts=shape.experts, top_k=shape.top_k,
+                                               hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size)
+            layer = functools.partial(moe_forward, x, kw, router_logits=logits, top_k=shape.top_k, **act)
+            us = time_layer(layer, flush, args.iters)
+            row = {"shape": name, "gpu": gpu, "tokens": tokens, "touched": touched, "us": us,
+                   "floor_us": floor_us, "floor_fraction": floor_us / us, "tflops": flops / us / 1e6,
+                   "matmul_fraction": flops / us / 1e6 / mm, "config": default_cfg.source}
+            if baseline is not None:
+                t0 = time.perf_counter()
+                for _ in range(2):
+                    emulation.moe_forward(x, router_logits=logits, top_k=shape.top_k, **ckpt, **act)
+                torch.cuda.synchronize()
+                row["emulation_us"] = (time.perf_counter() - t0) / 2 * 1e6
+                try:
+                    row["grouped_bf16_us"] = time_layer(functools.partial(baseline, x, logits), flush,
+                                                        max(5, args.iters // 3))
+                except Exception as exc:  # noqa: BLE001  recorded in the row: the baseline is optional
+                    row["grouped_bf16_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(row)
+            emu = f"{row['emulation_us'] / us:.1f}x" if "emulation_us" in row else "-"
+            grp = f"{row['grouped_bf16_us'] / us:.2f}x" if "grouped_bf16_us" in row else "-"
+            print(f"| {tokens} | {touched} | {us:.1f} | {row['floor_fraction']:.2f} | {row['tflops']:.1f} | "
+                  f"{row['matmul_fraction']:.2f} | {row['config']} | {emu} | {grp} |", flush=True)
+        kw = ckpt = baseline = None
+        torch.cuda.empty_cache()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        tag = "sweep" if args.sweep else "bench"
+        with open(os.path.join(args.out, f"moe-{tag}.json"), "w") as f:
+            json.dump({"gpu": gpu, "bandwidth_gbs": bw, "copy_gbs": copy, "read_gbs": read, "matmul_tflops": mm,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The Triton MoE kernels on CPU, through Triton's interpreter, against the emulation backend.
+
+Triton fixes compiled-vs-interpreted when it is first imported, and other tests (or GPU cases) may
+import it compiled, so the cases run in one `TRITON_INTERPRET=1` subprocess (this file run as a
+script) that prints one JSON line per case; each test below checks its case's line. Shapes are tiny
+(the interpreter runs numpy per tile) but cover both formats, both activations, biases, both gate/up
+layouts, both routings, the K tail, swap-AB and plain tiles, one expert taking every token, and
+bit-identical repeated runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+
+from tolerances import tolerance
+
+ROOT = Path(__file__).resolve().parents[1]
+# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, routing, config)
+CASES = {
+    "mxfp4-swigluoai-bias-swap": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "swap"),
+    "mxfp4-swigluoai-bias-plain": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "plain"),
+    "nvfp4-silu-k-tail-swap": ("nvfp4", 8, 3, 96, 64, "silu", False, 9, "contiguous", "logits", "swap"),
+    "nvfp4-silu-k-tail-plain": ("nvfp4", 8, 3, 96, 64, "silu", False, 9, "contiguous", "logits", "plain"),
+    "mxfp4-silu-top1-swap": ("mxfp4", 6, 1, 64, 96, "silu", True, 9, "contiguous", "softmax_topk", "swap"),
+    "nvfp4-swigluoai-one-expert": ("nvfp4", 4, 3, 64, 64, "swigluoai", True, 20, "interleaved", "one_expert", "plain"),
+    "mxfp4-default-config": ("mxfp4", 8, 2, 64, 64, "swigluoai", True, 5, "interleaved", "logits", None),
+}
+
+
+def _run_case(name: str, spec) -> dict:
+    import torch
+
+    from backends import emulation
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe import moe_forward, tuning
+    from backends.triton_moe.testing import (
+        Shape,
+        activation_kwargs,
+        compare,
+        random_checkpoint,
+    )
+
+    fmt, e, k, h, i, act, biases, tokens, layout, routing, config_name = spec
+    swap = tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2)
+    plain = tuning.LaunchConfig(32, 32, 32, 2, False, 4, 2)
+    configs = {"swap": tuning.MoEConfig(swap, swap, "test"),
+               "plain": tuning.MoEConfig(plain, tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"), None: None}
+    shape = Shape(name, fmt, e, k, h, i, act, biases)
+    gen = torch.Generator().manual_seed(len(name))
+    ckpt = random_checkpoint(shape, generator=gen, gate_up_layout=layout)
+    x = torch.randn(tokens, h, generator=gen).bfloat16()
+    if routing == "one_expert":  # slot 0 of every token on expert 0, the others on experts 1..k-1
+        weights = torch.rand(tokens, k, generator=gen)
+        route = {"topk_ids": torch.arange(k).repeat(tokens, 1), "topk_weights": weights / weights.sum(-1, keepdim=True)}
+    else:
+        route = {"router_logits": torch.randn(tokens, e, generator=gen), "top_k": k,
+                 "renormalize": routing == "logits"}
+    ref = emulation.moe_forward(x, **ckpt, **route, **activation_kwargs(shape))
+    kw = to_kernel_layout(**ckpt)
+    out = moe_forward(x, kw, **route, **activation_kwargs(shape), config=configs[config_name])
+    again = moe_forward(x, kw, **route, **activation_kwargs(shape), config=configs[config_name], deterministic=True)
+    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
+    stats = compare(out, ref, rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
+                    atol_rms_units=elementwise["atol"])
+    stats["bit_identical_rerun"] = torch.equal(out.view(torch.int16), again.view(torch.int16))
+    return stats
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    proc = subprocess.run([sys.executable, __file__], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
+    return {row["case"]: row for row in map(json.loads, proc.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interpreter_matches_emulation(interpreter_results, case):
+    stats = interpreter_results[case]
+    assert "error" not in stats, stats.get("error")
+    assert stats["shape_ok"] and stats["finite"], stats
+    assert stats["rel_l2_ratio"] <= 1.0, f"relative L2 error {stats['rel_l2']:.3e} over the tolerance: {stats}"
+    assert stats["elementwise_ratio"] <= 1.0, stats
+    assert stats["bit_identical_rerun"], "two runs on the same input differ"
+
+
+if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
+    import traceback
+
+    for case_name, case_spec in CASES.items():
+        try:
+            row = _run_case(case_name, case_spec)
+        except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
+            row = {"error": traceback.format_exc()[-3000:]}
+        print(json.dumps({"case": case_name, **row}), flush=True)

@@ -1,0 +1,108 @@
+"""Triton MoE weight layout (round trip, gate/up de-interleaving), alignment and launch-config tables.
+
+Pure torch / YAML: no Triton needed, so these run everywhere and fast.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from backends.layouts.triton_moe import from_kernel_layout, to_kernel_layout
+from backends.triton_moe import _routing, tuning
+from backends.triton_moe.testing import Shape, random_checkpoint
+
+SMALL_MX = Shape("mx", "mxfp4", 4, 2, 64, 64, "swigluoai", True)
+SMALL_NV = Shape("nv", "nvfp4", 4, 2, 64, 32, "silu", True)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "contiguous"])
+@pytest.mark.parametrize("shape", [SMALL_MX, SMALL_NV], ids=["mxfp4", "nvfp4"])
+def test_layout_round_trip_is_exact(shape, layout):
+    ckpt = random_checkpoint(shape, generator=torch.Generator().manual_seed(0), gate_up_layout=layout)
+    back = from_kernel_layout(to_kernel_layout(**ckpt), gate_up_layout=layout)
+    assert set(back) == set(ckpt)
+    for key, value in ckpt.items():
+        if isinstance(value, torch.Tensor):
+            assert back[key].dtype == value.dtype and torch.equal(back[key].view(torch.uint8), value.view(torch.uint8)), key
+        else:
+            assert back[key] == value, key
+
+
+def test_interleaved_rows_become_gate_then_up():
+    ckpt = random_checkpoint(SMALL_MX, generator=torch.Generator().manual_seed(1))
+    kw = to_kernel_layout(**ckpt)
+    inter = SMALL_MX.intermediate_size
+    for src, dst in (("w13", kw.w13), ("w13_scale", kw.w13_scale), ("w13_bias", kw.w13_bias)):
+        assert torch.equal(dst[:, :inter], ckpt[src][:, 0::2]) and torch.equal(dst[:, inter:], ckpt[src][:, 1::2]), src
+
+
+def test_layout_rejects_bad_checkpoints():
+    ckpt = random_checkpoint(SMALL_NV)
+    with pytest.raises(ValueError, match="w13_global_scale"):
+        to_kernel_layout(**{**ckpt, "w13_global_scale": None})
+    with pytest.raises(ValueError, match="format='mxfp6_e3m2'"):
+        to_kernel_layout(**{**ckpt, "format": "mxfp6_e3m2"})
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        to_kernel_layout(**{**ckpt, "w13_scale": ckpt["w13_scale"].view(torch.uint8)})
+    odd = random_checkpoint(Shape("odd", "mxfp4", 2, 1, 64, 48, "silu", False))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        to_kernel_layout(**odd)
+
+
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_alignment_groups_pairs_by_expert_with_padding(block_m):
+    gen = torch.Generator().manual_seed(2)
+    experts, tokens, k = 8, 37, 3
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+    ids[:, 0] = 5  # a crowded expert; some experts may get nothing
+    al = _routing.align(ids, experts, block_m)
+    total = int(al.padded_total)
+    assert total % block_m == 0 and al.num_blocks * block_m >= total
+    assert al.num_blocks == _routing.max_row_blocks(tokens * k, experts, block_m)
+    flat = ids.reshape(-1)
+    seen = []
+    for b in range(total // block_m):
+        rows = al.sorted_pairs[b * block_m:(b + 1) * block_m]
+        real = rows[rows < tokens * k]
+        assert torch.all(flat[real.long()] == al.block_expert[b]), "a block mixes experts"
+        assert torch.all(real[1:] > real[:-1]), "pairs of one expert keep their order (stable)"
+        seen.append(real)
+    assert torch.equal(torch.sort(torch.cat(seen)).values, torch.arange(tokens * k, dtype=torch.int32))
+    assert torch.all(al.sorted_pairs[total:] == tokens * k), "rows past the padded end are sentinels"
+
+
+def test_every_shipped_config_table_validates_and_covers_every_call():
+    names = sorted(p.name for p in tuning.CONFIG_DIR.glob("*.yaml"))
+    assert "default.yaml" in names
+    for name in names:
+        table = tuning.load_table(str(tuning.CONFIG_DIR / name))
+        assert table["entries"][-1]["when"] == {}
+    cfg = tuning.select_config(device_name="Some Future GPU", format="nvfp4", tokens=10**6, experts=3, top_k=1,
+                               hidden_size=64, intermediate_size=64)
+    assert cfg.source.startswith("default.yaml#")
+    decode = tuning.select_config(device_name=None, format="mxfp4", tokens=1, experts=128, top_k=4,
+                                  hidden_size=2880, intermediate_size=2880)
+    assert decode.gemm1.block_m == decode.gemm2.block_m
+
+
+def test_bad_config_tables_are_rejected_with_the_place():
+    table = tuning.load_table(str(tuning.CONFIG_DIR / "default.yaml"))
+    broken = copy.deepcopy(table)
+    broken["entries"][0]["gemm1"]["block_k"] = 48
+    with pytest.raises(ValueError, match=r"x.yaml: entries/0/gemm1/block_k"):
+        tuning.validate_table(broken, "x.yaml")
+    broken = copy.deepcopy(table)
+    broken["entries"][-1]["when"] = {"max_tokens": 4}
+    with pytest.raises(ValueError, match="last entry must have `when: {}`"):
+        tuning.validate_table(broken, "x.yaml")
+    broken = copy.deepcopy(table)
+    broken["entries"][0]["gemm2"]["block_m"] = 2 * broken["entries"][0]["gemm1"]["block_m"]
+    with pytest.raises(ValueError, match="block_m must be equal"):
+        tuning.validate_table(broken, "x.yaml")
+    broken = copy.deepcopy(table)
+    broken["entries"][0]["when"]["tokens"] = 3
+    with pytest.raises(ValueError, match="tokens"):
+        tuning.validate_table(broken, "x.yaml")
