@@ -88,7 +88,7 @@ def permute_rows(t: torch.Tensor, perm: torch.Tensor, dim: int = 1) -> torch.Ten
     for wide in (torch.int64, torch.int32, torch.int16):
         width = torch.empty((), dtype=wide).element_size()
         if row_bytes % width == 0 and row_bytes >= width and t.dtype != wide and t.element_size() <= width:
-            rows = t.reshape(*t.shape[: dim + 1], -1)
+            rows = t.reshape(*t.shape[: dim + 1], row_bytes // t.element_size())
             try:
                 as_words = rows.view(torch.uint8).view(wide) if rows.dtype != torch.uint8 else rows.view(wide)
             except RuntimeError:

@@ -62,7 +62,8 @@ _E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 def _gather_runs(t: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """Apply `perm` to every run of len(perm) consecutive elements of each expert's flattened tensor."""
     e = t.shape[0]
-    return t.reshape(e, -1, perm.numel()).index_select(2, perm.to(t.device)).reshape(t.shape)
+    runs = t.shape[1:].numel() // perm.numel()
+    return t.reshape(e, runs, perm.numel()).index_select(2, perm.to(t.device)).reshape(t.shape)
 
 
 def repack_weights(w: torch.Tensor) -> torch.Tensor:
