@@ -108,8 +108,7 @@ def test_scenarios_built_from_vllm_objects_get_the_golden_questions_answers(orac
         built = build_scenario(policy=sc["policy"], profile="vllm-0.20",
                                platform=platform_of(fake_platform(sc["platform"]), lambda a=arch: a),
                                packages=sc.get("packages", {}), env=sc.get("env", {}), config=fake_config(moe),
-                               weight_key=moe["weight_key"], activation_key=moe["activation_key"],
-                               keys_given=BY_POLICY[sc["policy"]].takes_keys)
+                               quant_keys={k: moe[k] for k in BY_POLICY[sc["policy"]].key_args})
         assert answer_of(oracle.select(built)) == answer_of(oracle.select(sc)), sc
 
 
@@ -178,6 +177,18 @@ def test_rules_spec_is_a_directory_or_a_shipped_profile(tmp_path):
         plugin.open_rules("vllm-0.2O", None, RELEASE)
     with pytest.raises(RuntimeError, match="MOE_ORACLE_PROFILE='nope': no such profile"):
         plugin.open_rules(str(tmp_path / "rules"), "nope", RELEASE)
+
+
+def test_a_selector_whose_name_or_signature_changed_is_refused(monkeypatch):
+    module = types.ModuleType("fake_vllm_oracle")
+    module.select_x = lambda config: None
+    monkeypatch.setitem(sys.modules, "fake_vllm_oracle", module)
+    sel = plugin.Selector("fake_vllm_oracle", "select_x", "nvfp4", "E", ("weight_key", "activation_key"), ())
+    with pytest.raises(RuntimeError, match=r"select_x takes \(config\), but the plugin answers "
+                                           r"\(config, weight_key, activation_key\)"):
+        plugin._patch(sel)
+    with pytest.raises(RuntimeError, match="this vLLM has no fake_vllm_oracle.select_y"):
+        plugin._patch(plugin.Selector("fake_vllm_oracle", "select_y", "nvfp4", "E", (), ()))
 
 
 # ============================================================== part 2: the real vLLM 0.20.0
@@ -304,9 +315,8 @@ class SimulatedMachine:
         self.aiter_ops.rocm_aiter_ops.refresh_env_variables()
         moe = full_moe(scenario)
         kwargs = {"config": vllm_config(moe)}
-        if BY_POLICY[scenario["policy"]].takes_keys:
-            for key in ("weight_key", "activation_key"):
-                kwargs[key] = getattr(quant_utils, moe[key]) if moe[key] else None
+        for key in BY_POLICY[scenario["policy"]].key_args:
+            kwargs[key] = getattr(quant_utils, moe[key]) if moe[key] else None
         return kwargs
 
 

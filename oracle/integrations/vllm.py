@@ -18,6 +18,7 @@ vLLM is imported only inside these functions: importing `oracle` never needs it.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -53,7 +54,7 @@ class Selector:
     name: str                   # the function's name, patched wherever vLLM bound it
     policy: str                 # the oracle policy of the same logic
     enum: str                   # the backend enum's name in `module`
-    takes_keys: bool            # called as (config, weight_key, activation_key)
+    key_args: tuple[str, ...]   # its QuantKey parameters after `config`; each becomes moe.<name> of the scenario
     callers: tuple[str, ...]    # vLLM modules that import it by name (the proof test checks them)
 
 
@@ -68,16 +69,17 @@ class Release:
 
 # Supported vLLM releases. 0.33 renamed the selectors; when the `vllm-0.33` profile lands, add
 #   "0.33": Release("0.33", "vllm-0.33", (
-#       Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", ...),   # (config, activation_key=None)
-#       Selector(_MXFP4, "select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4", "Mxfp4MoeBackend", ...),
-#       Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", ...)))
-# together with the scenario fields 0.33 adds (platform.amx, moe.swiglu_limit, user_activation_key).
+#       Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", ("activation_key",), ...),
+#       Selector(_MXFP4, "select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4", "Mxfp4MoeBackend", (), ...),
+#       Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", ("weight_key", "activation_key"), ...)))
+# together with the scenario fields 0.33 adds (platform.amx, moe.swiglu_limit, moe.user_activation_key, the
+# humming / b12x / quark probes). _patch checks each signature, so a renamed parameter is refused, not guessed.
 RELEASES: dict[str, Release] = {
     "0.20": Release("0.20", "vllm-0.20", (
-        Selector(_MXFP4, "select_gpt_oss_mxfp4_moe_backend", "mxfp4-gpt-oss", "Mxfp4MoeBackend", False,
+        Selector(_MXFP4, "select_gpt_oss_mxfp4_moe_backend", "mxfp4-gpt-oss", "Mxfp4MoeBackend", (),
                  (f"{_QUANT}.mxfp4", f"{_QUANT}.quark.quark_moe")),
-        Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", False, (f"{_QUANT}.mxfp4",)),
-        Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", True,
+        Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", (), (f"{_QUANT}.mxfp4",)),
+        Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", ("weight_key", "activation_key"),
                  (f"{_QUANT}.modelopt",
                   f"{_QUANT}.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4")),
     )),
@@ -187,10 +189,14 @@ def _patch(sel: Selector) -> list[str]:
     module = importlib.import_module(sel.module)
     current = getattr(module, sel.name, None)
     if current is None:
-        raise RuntimeError(f"vLLM {_active.release.series}.x should define {sel.module}.{sel.name}, but it does not; "
-                           "this vLLM build differs from the release the plugin supports")
+        raise RuntimeError(f"this vLLM has no {sel.module}.{sel.name}, which the plugin patches; "
+                           "it differs from the release the plugin supports")
     if getattr(current, "_moe_oracle_selector", None) is not None:
         return [f"{sel.name} (already)"]
+    params = tuple(inspect.signature(current).parameters)
+    if params != ("config", *sel.key_args):
+        raise RuntimeError(f"this vLLM's {sel.name} takes ({', '.join(params)}), but the plugin answers "
+                           f"({', '.join(('config', *sel.key_args))}); it differs from the release the plugin supports")
     wrapper = _wrapper(sel, module, current)
     return [f"{where}.{sel.name}" for where in _rebind(current, wrapper)]
 
@@ -212,16 +218,14 @@ def _rebind(old: Callable, new: Callable) -> list[str]:
 def _wrapper(sel: Selector, module: Any, original: Callable) -> Callable:
     backend_enum = getattr(module, sel.enum)
     kernel_classes = module.backend_to_kernel_cls
+    signature = inspect.signature(original)
 
-    if sel.takes_keys:
-        def select(config, weight_key=None, activation_key=None):
-            names = _quant_key_names()
-            keys = (quant_key_name(weight_key, names), quant_key_name(activation_key, names))
-            return _answer(sel, backend_enum, kernel_classes, config, keys)
-    else:
-        def select(config):
-            return _answer(sel, backend_enum, kernel_classes, config, None)
+    def select(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)  # vLLM's own calling convention, defaults included
+        bound.apply_defaults()
+        return _answer(sel, backend_enum, kernel_classes, bound.arguments)
 
+    select.__signature__ = signature
     select.__name__ = select.__qualname__ = sel.name
     select.__module__ = sel.module
     select.__doc__ = f"moe-oracle: answers vLLM's {sel.name} from the rule tables (policy {sel.policy})."
@@ -230,18 +234,19 @@ def _wrapper(sel: Selector, module: Any, original: Callable) -> Callable:
     return select
 
 
-def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, config: Any, keys) -> tuple:
+def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, arguments: dict) -> tuple:
     from vllm.platforms import current_platform
 
     active = _active
     if active is None:  # uninstalled while a reference to the wrapper survived somewhere
         raise RuntimeError(f"moe-oracle plugin was uninstalled; call vLLM's original {sel.name}")
+    config = arguments["config"]
     _warn_once_if_unexpressed(config)
+    names = _quant_key_names() if sel.key_args else {}
     scenario = build_scenario(policy=sel.policy, profile=active.profile,
                               platform=platform_of(current_platform, _gcn_arch), packages=package_probes(),
                               env=env_of(os.environ), config=config,
-                              weight_key=keys[0] if keys else None, activation_key=keys[1] if keys else None,
-                              keys_given=keys is not None)
+                              quant_keys={k: quant_key_name(arguments[k], names) for k in sel.key_args})
     decision = active.oracle.select(scenario)
     _log_once(sel, active, scenario, decision)
     return to_vllm_answer(decision, backend_enum, kernel_classes)

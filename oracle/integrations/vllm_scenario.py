@@ -81,13 +81,12 @@ def env_of(environ: Mapping[str, str], prefix: str = "VLLM_") -> dict[str, str]:
 
 
 def build_scenario(*, policy: str, profile: str, platform: Mapping[str, Any], packages: Mapping[str, bool],
-                   env: Mapping[str, str], config: Any, weight_key: str | None = None,
-                   activation_key: str | None = None, keys_given: bool = False) -> dict[str, Any]:
-    """The full scenario mapping for one selector call; every field explicit, no defaults."""
+                   env: Mapping[str, str], config: Any, quant_keys: Mapping[str, str | None] | None = None
+                   ) -> dict[str, Any]:
+    """The full scenario mapping for one selector call. `quant_keys` are the selector's QuantKey
+    arguments by parameter name (`weight_key`, `activation_key`), already named (quant_key_name)."""
     moe = moe_of(config)
-    if keys_given:
-        moe["weight_key"] = weight_key
-        moe["activation_key"] = activation_key
+    moe.update(quant_keys or {})
     return {"policy": policy, "profile": profile, "platform": dict(platform), "packages": dict(packages),
             "env": dict(env), "moe": moe}
 
