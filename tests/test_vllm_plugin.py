@@ -186,9 +186,9 @@ def test_a_selector_whose_name_or_signature_changed_is_refused(monkeypatch):
     sel = plugin.Selector("fake_vllm_oracle", "select_x", "nvfp4", "E", ("weight_key", "activation_key"), ())
     with pytest.raises(RuntimeError, match=r"select_x takes \(config\), but the plugin answers "
                                            r"\(config, weight_key, activation_key\)"):
-        plugin._patch(sel)
+        plugin._target(sel)
     with pytest.raises(RuntimeError, match="this vLLM has no fake_vllm_oracle.select_y"):
-        plugin._patch(plugin.Selector("fake_vllm_oracle", "select_y", "nvfp4", "E", (), ()))
+        plugin._target(plugin.Selector("fake_vllm_oracle", "select_y", "nvfp4", "E", (), ()))
 
 
 # ============================================================== part 2: the real vLLM 0.20.0

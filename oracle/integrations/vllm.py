@@ -128,9 +128,10 @@ def install(rules: str | Path, profile: str | None = None) -> _Active:
     oracle, chosen, source = open_rules(str(rules), profile, release)
     _ensure_log_output()
     with _lock:
+        targets = [(sel, *_target(sel)) for sel in release.selectors]  # refuses before anything is patched
         _active = _Active(oracle, chosen, source, release)
         _logged.clear()
-        patched = [where for sel in release.selectors for where in _patch(sel)]
+        patched = [where for target in targets for where in _patch(*target)]
     log.info("moe-oracle plugin active for vLLM %s: rules %s, profile %s; patched %s",
              vllm.__version__, source, chosen, ", ".join(patched))
     return _active
@@ -182,8 +183,8 @@ def open_rules(spec: str, profile: str | None, release: Release):
     return engine, profile, source
 
 
-def _patch(sel: Selector) -> list[str]:
-    """Replace `sel.name` in its defining module and wherever vLLM bound the original."""
+def _target(sel: Selector) -> tuple[Any, Callable]:
+    """(defining module, vLLM's function) of a selector, checked against the name and signature expected."""
     import importlib
 
     module = importlib.import_module(sel.module)
@@ -191,12 +192,18 @@ def _patch(sel: Selector) -> list[str]:
     if current is None:
         raise RuntimeError(f"this vLLM has no {sel.module}.{sel.name}, which the plugin patches; "
                            "it differs from the release the plugin supports")
-    if getattr(current, "_moe_oracle_selector", None) is not None:
-        return [f"{sel.name} (already)"]
-    params = tuple(inspect.signature(current).parameters)
+    original = getattr(current, "__wrapped__", current) if hasattr(current, "_moe_oracle_selector") else current
+    params = tuple(inspect.signature(original).parameters)
     if params != ("config", *sel.key_args):
         raise RuntimeError(f"this vLLM's {sel.name} takes ({', '.join(params)}), but the plugin answers "
                            f"({', '.join(('config', *sel.key_args))}); it differs from the release the plugin supports")
+    return module, current
+
+
+def _patch(sel: Selector, module: Any, current: Callable) -> list[str]:
+    """Replace `sel.name` in its defining module and wherever vLLM bound the original."""
+    if getattr(current, "_moe_oracle_selector", None) is not None:
+        return [f"{sel.name} (already)"]
     wrapper = _wrapper(sel, module, current)
     return [f"{where}.{sel.name}" for where in _rebind(current, wrapper)]
 
