@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import DEVICES, requires_cuda
 from layout_cases import assert_same_weights, random_layer
 from tolerances import tolerance
 
@@ -67,7 +68,7 @@ def convert(case: Case, w):
 
 
 # ---------------------------------------------------------------------------------------------- round trips
-@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("device", [*DEVICES, "meta"])
 @pytest.mark.parametrize("experts", [0, 1, 3])
 @pytest.mark.parametrize("gate_up", ["interleaved", "contiguous"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -83,6 +84,18 @@ def test_round_trip_is_bit_exact_and_leaves_the_input_alone(case, gate_up, exper
     for name, t in before.items():  # never in place
         if device != "meta" and t.numel():
             assert torch.equal(getattr(w, name).view(torch.uint8), t.view(torch.uint8)), name
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_cuda_conversion_writes_the_same_bytes_as_cpu(case):
+    w = layer(case, experts=3, seed=5)
+    on_cpu = convert(case, w)
+    on_cuda = convert(case, layer(case, experts=3, seed=5, device="cuda"))
+    assert sorted(on_cpu.tensors) == sorted(on_cuda.tensors)
+    for name, t in on_cpu.tensors.items():
+        assert torch.equal(on_cuda[name].cpu().contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), name
 
 
 def test_unpadded_sizes_round_trip_too():

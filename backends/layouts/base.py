@@ -56,16 +56,31 @@ def reinterpret(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.view(dtype)
 
 
+def _widened(t: torch.Tensor, view_shape: tuple, dims: tuple):
+    """When the innermost view dim stays innermost, move it as 8/4/2-byte words (same bytes, fewer elements)."""
+    last = len(view_shape) - 1
+    inner_bytes = view_shape[-1] * t.element_size()
+    if dims[-1] != last or not t.is_contiguous():
+        return t, view_shape
+    for width, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if width > t.element_size() and inner_bytes % width == 0:
+            flat = t.reshape(-1, inner_bytes // t.element_size())
+            return flat.view(dtype), (*view_shape[:-1], inner_bytes // width)
+    return t, view_shape
+
+
 def tile_permute(t: torch.Tensor, view_shape: tuple, dims: tuple) -> torch.Tensor:
     """t viewed as `view_shape`, dims permuted, stored contiguously, returned in t's shape (one copy)."""
-    return t.reshape(view_shape).permute(dims).contiguous().reshape(t.shape)
+    wide, shape = _widened(t, view_shape, dims)
+    out = wide.reshape(shape).permute(dims).contiguous()
+    return out.view(t.dtype).reshape(t.shape) if wide.dtype != t.dtype else out.reshape(t.shape)
 
 
 def tile_unpermute(t: torch.Tensor, view_shape: tuple, dims: tuple) -> torch.Tensor:
     """Exact inverse of tile_permute(., view_shape, dims)."""
     permuted_shape = tuple(view_shape[d] for d in dims)
     inverse = tuple(sorted(range(len(dims)), key=lambda d: dims[d]))
-    return t.reshape(permuted_shape).permute(inverse).contiguous().reshape(t.shape)
+    return tile_permute(t, permuted_shape, inverse)
 
 
 #: checkpoint values a layout keeps in ``KernelWeights.config`` unchanged, so that `invert` is exact

@@ -30,6 +30,8 @@ from backends.layouts.base import (
     LayoutUnavailable,
     require_multiple,
     require_tensor,
+    tile_permute,
+    tile_unpermute,
 )
 from backends.layouts.gate_up import invert_permutation, permute_rows, row_permutation
 from backends.layouts.quant_config import GPT_OSS_SWIGLU, swiglu_config
@@ -42,27 +44,22 @@ __all__ = ["CutlassMxfp4Layout", "mxfp4_bf16_sm90", "mxfp4_bf16_sm90_legacy", "m
 VARIANTS = ("sm100_mxfp8", "sm90_bf16", "sm90_bf16_legacy", "sm90_bf16_scales_only")
 
 
-def _fold_view(s: torch.Tensor) -> tuple:
-    e, rows, groups = s.shape
-    return (e, rows // 64, 4, 16, groups // 4, 4)
+_FOLD_DIMS = (0, 1, 4, 3, 2, 5)
+_LEGACY_DIMS = (0, 2, 1, 3)
 
 
 def sm90_fold_scales(s: torch.Tensor) -> torch.Tensor:
     """[E, rows, K/32] -> [E, rows/64, K/128, 16, 16] (flashinfer >= 0.6.16 SM90 mixed-GEMM scales)."""
     e, rows, groups = s.shape
-    return s.reshape(_fold_view(s)).permute(0, 1, 4, 3, 2, 5).contiguous().reshape(e, rows // 64, groups // 4, 16, 16)
+    folded = tile_permute(s, (e, rows // 64, 4, 16, groups // 4, 4), _FOLD_DIMS)
+    return folded.reshape(e, rows // 64, groups // 4, 16, 16)
 
 
 def sm90_unfold_scales(folded: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
     """Exact inverse of sm90_fold_scales."""
     e = folded.shape[0]
-    view = (e, rows // 64, groups // 4, 16, 4, 4)
-    return folded.reshape(view).permute(0, 1, 4, 3, 2, 5).contiguous().reshape(e, rows, groups)
-
-
-def _legacy_view(s: torch.Tensor) -> tuple:
-    e, rows, groups = s.shape
-    return (e, rows, groups // 4, 4)
+    flat = folded.reshape(e, rows, groups)
+    return tile_unpermute(flat, (e, rows // 64, 4, 16, groups // 4, 4), _FOLD_DIMS)
 
 
 def _flashinfer_sm90_weight_interleave(layout: str, w: torch.Tensor) -> torch.Tensor:
@@ -104,7 +101,7 @@ class CutlassMxfp4Layout(Layout):
             return interleave_128x4(s)
         if self.variant == "sm90_bf16_legacy":
             e, rows, groups = s.shape
-            return s.reshape(_legacy_view(s)).permute(0, 2, 1, 3).contiguous().reshape(e, groups // 4, rows * 4)
+            return tile_permute(s, (e, rows, groups // 4, 4), _LEGACY_DIMS).reshape(e, groups // 4, rows * 4)
         return sm90_fold_scales(s)
 
     def _unscales(self, s: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
@@ -112,7 +109,7 @@ class CutlassMxfp4Layout(Layout):
             return deinterleave_128x4(s, rows, groups)
         if self.variant == "sm90_bf16_legacy":
             e = s.shape[0]
-            return s.reshape(e, groups // 4, rows, 4).permute(0, 2, 1, 3).contiguous().reshape(e, rows, groups)
+            return tile_unpermute(s.reshape(e, rows, groups), (e, rows, groups // 4, 4), _LEGACY_DIMS)
         return sm90_unfold_scales(s, rows, groups)
 
     def _to_kernel(self, w: MoEWeights):

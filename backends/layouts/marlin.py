@@ -20,7 +20,8 @@ per-expert global scale into ``(1 / global_scale).to(act) * 2^(bias - 7)``, bias
 (fp16), kept in the config as g1/g2 alphas. Biases: cast to the activation dtype and permuted by
 ``marlin_permute_bias`` (`SCALE_PERM_SINGLE` on runs of 32). The gate/up row order is the
 checkpoint's (Marlin's activation reads either convention). Not covered: FP8-activation Marlin.
-Needs N % 64 and K % 128 for both GEMMs (N = 2I, K = H for w13; N = H, K = I for w2).
+The layout needs N % 64 and K % 16 for both GEMMs (N = 2I, K = H for w13; N = H, K = I for w2);
+the kernel's own tile limits are the rules' support checks and round-up sizes.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class MarlinLayout(Layout):
     def _check_sizes(self, w: MoEWeights) -> None:
         for what, n, k in (("w13", 2 * w.I, w.H), ("w2", w.H, w.I)):
             require_multiple(self.layout, f"{what} output rows", n, 64, "Marlin's 64-wide thread tiles and permutation")
-            require_multiple(self.layout, f"{what} reduction size", k, 128, "Marlin's 128-deep thread tiles")
+            require_multiple(self.layout, f"{what} reduction size", k, 16, "Marlin's 16x16 weight tiles")
         if w.format == "nvfp4" and w.w13.device.type != "meta":
             for name in ("w13_scale", "w2_scale"):
                 bad = getattr(w, name).view(torch.uint8) >= 0x7F

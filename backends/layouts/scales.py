@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from backends.layouts.base import tile_permute, tile_unpermute
+
 __all__ = ["deinterleave_128x4", "e8m0_to_fp32", "fp32_to_e8m0", "interleave_128x4", "padded_128x4"]
 
 
@@ -31,6 +33,13 @@ def fp32_to_e8m0(values: torch.Tensor) -> torch.Tensor:
     return ((values.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
 
 
+_TILE_DIMS = (0, 1, 4, 3, 2, 5)
+
+
+def _TILES(experts: int, prow: int, pcol: int) -> tuple:
+    return (experts, prow // 128, 4, 32, pcol // 4, 4)
+
+
 def padded_128x4(rows: int, cols: int) -> tuple:
     return -(-rows // 128) * 128, -(-cols // 4) * 4
 
@@ -45,8 +54,7 @@ def interleave_128x4(scales: torch.Tensor) -> torch.Tensor:
         padded = scales.new_zeros((experts, prow, pcol))
         padded[:, :rows, :cols] = scales
         scales = padded
-    tiles = scales.reshape(experts, prow // 128, 4, 32, pcol // 4, 4)
-    return tiles.permute(0, 1, 4, 3, 2, 5).contiguous().reshape(experts, prow, pcol)
+    return tile_permute(scales, _TILES(experts, prow, pcol), _TILE_DIMS)
 
 
 def deinterleave_128x4(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -55,7 +63,5 @@ def deinterleave_128x4(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Te
     if swizzled.dim() != 3 or tuple(swizzled.shape[1:]) != (prow, pcol):
         raise ValueError(f"deinterleave_128x4: swizzled.shape={tuple(swizzled.shape)} must be [E, {prow}, {pcol}] "
                          f"for rows={rows}, cols={cols}; pass the sizes it was interleaved from")
-    experts = swizzled.shape[0]
-    tiles = swizzled.reshape(experts, prow // 128, pcol // 4, 32, 4, 4)
-    linear = tiles.permute(0, 1, 4, 3, 2, 5).reshape(experts, prow, pcol)
-    return linear[:, :rows, :cols].contiguous()
+    linear = tile_unpermute(swizzled, _TILES(swizzled.shape[0], prow, pcol), _TILE_DIMS)
+    return linear if (prow, pcol) == (rows, cols) else linear[:, :rows, :cols].contiguous()
