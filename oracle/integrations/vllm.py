@@ -18,6 +18,9 @@ vLLM is imported only inside these functions: importing `oracle` never needs it.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import logging
 import os
@@ -107,7 +110,7 @@ class _Active:
 
 
 _active: _Active | None = None
-_lock = threading.Lock()
+_lock = threading.RLock()
 _logged: set = set()
 
 
@@ -128,10 +131,15 @@ def install(rules: str | Path, profile: str | None = None) -> _Active:
     oracle, chosen, source = open_rules(str(rules), profile, release)
     _ensure_log_output()
     with _lock:
-        targets = [(sel, *_target(sel)) for sel in release.selectors]  # refuses before anything is patched
+        loaded = [sel for sel in release.selectors if sel.module in sys.modules]
+        targets = [(sel, *_target(sel)) for sel in loaded]  # refuses before anything is patched
         _active = _Active(oracle, chosen, source, release)
         _logged.clear()
         patched = [where for target in targets for where in _patch(*target)]
+        for sel in release.selectors:
+            if sel not in loaded:  # not imported yet: patched the moment vLLM imports it, so opting in costs no import
+                _ON_IMPORT.expect(sel)
+                patched.append(f"{sel.module}.{sel.name} (on import)")
     log.info("moe-oracle plugin active for vLLM %s: rules %s, profile %s; patched %s",
              vllm.__version__, source, chosen, ", ".join(patched))
     return _active
@@ -141,6 +149,9 @@ def uninstall() -> None:
     """Give every patched name its original vLLM function back."""
     global _active
     with _lock:
+        _ON_IMPORT.waiting.clear()
+        if _ON_IMPORT in sys.meta_path:
+            sys.meta_path.remove(_ON_IMPORT)
         if _active is None:
             return
         for sel in _active.release.selectors:
@@ -185,8 +196,6 @@ def open_rules(spec: str, profile: str | None, release: Release):
 
 def _target(sel: Selector) -> tuple[Any, Callable]:
     """(defining module, vLLM's function) of a selector, checked against the name and signature expected."""
-    import importlib
-
     module = importlib.import_module(sel.module)
     current = getattr(module, sel.name, None)
     if current is None:
@@ -206,6 +215,53 @@ def _patch(sel: Selector, module: Any, current: Callable) -> list[str]:
         return [f"{sel.name} (already)"]
     wrapper = _wrapper(sel, module, current)
     return [f"{where}.{sel.name}" for where in _rebind(current, wrapper)]
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches a selector's module right after its code runs, before any caller can import the name."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[Selector]] = {}
+        self._finding = False
+
+    def expect(self, sel: Selector) -> None:
+        if sel not in self.waiting.setdefault(sel.module, []):
+            self.waiting[sel.module].append(sel)
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, fullname, path, target=None):
+        if self._finding or fullname not in self.waiting:
+            return None
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader, self.waiting.pop(fullname))
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, selectors: list[Selector]):
+        self.inner, self.selectors = inner, selectors
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        with _lock:
+            if _active is not None:
+                for sel in self.selectors:
+                    _patch(sel, *_target(sel))
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ...: the real loader's
+        return getattr(self.inner, name)
+
+
+_ON_IMPORT = _PatchOnImport()
 
 
 def _rebind(old: Callable, new: Callable) -> list[str]:
