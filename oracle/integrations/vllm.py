@@ -8,13 +8,16 @@ Registered under vLLM's `vllm.general_plugins` entry point (pyproject.toml), so 
     MOE_ORACLE_PROFILE=my-profile       # optional: the profile inside that directory
 
 Then every selector of the running vLLM release (RELEASES) is replaced, in the module that
-defines it and in every vLLM module that imported it by name, by a wrapper that builds the
+defines it and in every vLLM module that imported it by name (at once if vLLM has imported it,
+else the moment vLLM does), by a wrapper with vLLM's signature that builds the
 oracle's scenario from vLLM's own objects (FusedMoEConfig, current_platform, the package
 probes, the VLLM_* environment), asks the oracle and returns vLLM's enum member and experts
 class; a refusal raises vLLM's exception type with the oracle's message. Each distinct
 decision is logged once under the `moe_oracle` logger with the rule file and step that made it.
 
 vLLM is imported only inside these functions: importing `oracle` never needs it.
+Known gaps (warned once at run time): the scenario has one `flashinfer` package where vLLM's
+classes probe several FlashInfer sub-modules, and no router-logits dtype.
 """
 from __future__ import annotations
 
@@ -341,11 +344,12 @@ def package_probes() -> dict[str, bool]:
 
 def _warn_once_if_unexpressed(config: Any) -> None:
     """Say so when vLLM's config holds a fact the scenario cannot carry and a kernel would read."""
-    dtype = str(getattr(config, "router_logits_dtype", None))
-    if dtype not in ("torch.bfloat16", "None"):
-        _warn_once(f"router_logits_dtype is {dtype}; the rules assume bfloat16 router logits (vLLM's TRTLLM NVFP4 "
-                   "monolithic kernel takes float32 logits only with DeepSeekV3/Simulated routing), so an NVFP4 "
-                   "choice may differ from vLLM's own here")
+    routing = getattr(config.routing_method, "name", "")
+    if str(getattr(config, "router_logits_dtype", None)) == "torch.float32" and routing not in ("DeepSeekV3",
+                                                                                                 "Simulated"):
+        _warn_once(f"router_logits_dtype is float32 with {routing} routing; the rules cannot see the router dtype "
+                   "(vLLM's TRTLLM NVFP4 monolithic kernel refuses float32 logits except with DeepSeekV3/Simulated "
+                   "routing), so an NVFP4 choice may differ from vLLM's own here")
 
 
 _warned: set = set()
