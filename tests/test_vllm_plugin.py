@@ -191,6 +191,37 @@ def test_a_selector_whose_name_or_signature_changed_is_refused(monkeypatch):
         plugin._target(plugin.Selector("fake_vllm_oracle", "select_y", "nvfp4", "E", (), ()))
 
 
+def test_each_distinct_decision_is_logged_once_with_its_rule_file_and_step(oracle, caplog):
+    active = plugin._Active(oracle, "vllm-0.20", "the shipped rules", RELEASE)
+    sel = BY_POLICY["mxfp4-gpt-oss"]
+    hopper = {"policy": sel.policy, "platform": {"kind": "cuda", "capability": [9, 0]},
+              "packages": {"triton_kernels": True}}
+    forced = {**hopper, "env": {"VLLM_MXFP4_USE_MARLIN": "1"}}
+    plugin._logged.clear()
+    with caplog.at_level(logging.INFO, logger="moe_oracle"):
+        for question in (hopper, hopper, forced, hopper, forced):  # five MoE layers, two distinct decisions
+            plugin._log_once(sel, active, question, oracle.select(question))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "on cuda 9.0 -> TRITON / OAITritonMxfp4ExpertsMonolithic; decided by step 'auto' at rules/common/mxfp4.yaml:" in lines[0]
+    assert "-> MARLIN / MarlinExperts; decided by step 'marlin-forced'" in lines[1]
+
+
+def test_float32_router_logits_are_warned_about_where_vllm_reads_them(caplog):
+    class Float32:
+        def __str__(self):
+            return "torch.float32"
+    plugin._warned.clear()
+    routing = enum.IntEnum("RoutingMethodType", {"DeepSeekV3": 2, "Renormalize": 1})
+    with caplog.at_level(logging.WARNING, logger="moe_oracle"):
+        plugin._warn_once_if_unexpressed(types.SimpleNamespace(router_logits_dtype=Float32(), routing_method=routing.DeepSeekV3))
+        assert not caplog.records
+        for _ in range(2):
+            plugin._warn_once_if_unexpressed(types.SimpleNamespace(router_logits_dtype=Float32(),
+                                                                   routing_method=routing.Renormalize))
+    assert len(caplog.records) == 1 and "float32 with Renormalize routing" in caplog.records[0].getMessage()
+
+
 # ============================================================== part 2: the real vLLM 0.20.0
 def _vllm_version() -> str | None:
     try:
