@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.metadata
-import json
 import logging
 import shutil
 import sys
@@ -18,6 +17,15 @@ import types
 from pathlib import Path
 
 import pytest
+from vllm_simulation import (
+    BY_POLICY,
+    RELEASE,
+    SimulatedMachine,
+    answer_of,
+    full_moe,
+    golden_questions,
+    vllm_answer,
+)
 
 import oracle
 from oracle.integrations import vllm as plugin
@@ -27,38 +35,6 @@ from oracle.integrations.vllm_scenario import (
     platform_of,
     to_vllm_answer,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-RELEASE = plugin.RELEASES["0.20"]
-BY_POLICY = {sel.policy: sel for sel in RELEASE.selectors}
-# The scenario spec's documented defaults (shared/spec/scenario.md): a golden question leaves them out.
-MOE_DEFAULTS = {"activation": "swigluoai", "is_act_and_mul": True, "moe_backend": "auto", "lora": False,
-                "routing_method": "Renormalize", "hidden_size": 2880, "intermediate_size": 2880, "num_experts": 32,
-                "top_k": 4, "has_bias": False, "weight_key": "kNvfp4Static", "activation_key": "kNvfp4Dynamic"}
-PARALLEL_DEFAULTS = {"dp_size": 1, "ep_size": 1, "use_ep": False, "all2all_backend": "allgather_reducescatter",
-                     "eplb": False}
-
-
-def golden_questions() -> list[dict]:
-    """Every vllm-0.20 MXFP4 / NVFP4 selection question of the golden sample."""
-    rows = [json.loads(line) for line in (ROOT / "tests/data/golden-sample.jsonl").read_text().splitlines() if line]
-    return [r for r in rows if r["scenario"].get("profile") == "vllm-0.20" and r["scenario"]["policy"] in BY_POLICY
-            and r["scenario"].get("query", "select") == "select"]
-
-
-def full_moe(scenario: dict) -> dict:
-    moe = {**MOE_DEFAULTS, **scenario.get("moe", {})}
-    moe["parallel"] = {**PARALLEL_DEFAULTS, **moe.get("parallel", {})}
-    return moe
-
-
-def answer_of(decision) -> tuple:
-    """A decision as vLLM would report it: (outcome or exception type, backend value, kernel)."""
-    if decision.outcome in ("invalid", "unsupported"):
-        return ({"invalid": "ValueError", "unsupported": "NotImplementedError"}[decision.outcome], None, None)
-    if decision.outcome == "none":
-        return ("none", decision.backend or "None", None)
-    return (decision.outcome, decision.backend, decision.kernel)
 
 
 # ============================================================== part 1: translation, with fakes
@@ -235,154 +211,6 @@ requires_vllm_020 = pytest.mark.skipif(
     reason=f"needs vllm==0.20.0 importable (found {_vllm_version() or 'no vllm'}); see docs/vllm-plugin-run.log")
 
 # vLLM's optional-package probes, by the scenario package each one stands for.
-PROBES = {"flashinfer": ("has_flashinfer", "has_flashinfer_moe", "has_flashinfer_cutedsl",
-                         "has_flashinfer_trtllm_fused_moe", "has_flashinfer_cutlass_fused_moe",
-                         "has_flashinfer_cutedsl_grouped_gemm_nt_masked", "has_flashinfer_cutedsl_moe_nvfp4"),
-          "triton_kernels": ("has_triton_kernels",), "deep_gemm": ("has_deep_gemm",), "aiter": ("has_aiter",)}
-PROBE_HOME = {"flashinfer": "vllm.utils.flashinfer", "triton_kernels": "vllm.utils.import_utils",
-              "deep_gemm": "vllm.utils.import_utils", "aiter": "vllm.utils.import_utils"}
-# Native extensions whose import needs a GPU driver; selection never calls into them.
-NATIVE_WITHOUT_DRIVER = ("vllm._C", "vllm._C_stable_libtorch", "vllm_xpu_kernels", "vllm_xpu_kernels._C",
-                         "vllm_xpu_kernels._moe_C", "vllm_xpu_kernels._xpu_C")
-
-
-def rebind_in_vllm(old, new) -> None:
-    for name, module in list(sys.modules.items()):
-        if module is not None and name.startswith("vllm"):
-            for attr, value in list(vars(module).items()):
-                if value is old:
-                    setattr(module, attr, new)
-
-
-class SimulatedMachine:
-    """vLLM's real Python on a machine without a GPU; platform, package probes and env set per question.
-
-    The platform is vLLM's one `current_platform` object, whose class becomes a subclass of
-    vLLM's CUDA / ROCm / XPU / CPU platform overriding only `get_device_capability` (ROCm's
-    arch string comes from a stand-in amdsmi, as vLLM reads it). Probes answer from the question.
-    """
-
-    def __init__(self, mp: pytest.MonkeyPatch):
-        self.mp, self.packages, self.arch, self._restore = mp, {}, None, []
-        import vllm.platforms
-
-        self.platform = vllm.platforms.current_platform  # resolved on the real machine, before any stand-in
-        mp.setattr(self.platform, "__class__", type(self.platform))  # restored at teardown
-        for name in NATIVE_WITHOUT_DRIVER:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                mp.setitem(sys.modules, name, types.ModuleType(name))
-        amdsmi = types.ModuleType("amdsmi")
-        amdsmi.AmdSmiException = RuntimeError
-        amdsmi.amdsmi_init = amdsmi.amdsmi_shut_down = lambda *a: None
-        amdsmi.amdsmi_get_processor_handles = lambda: ["gpu0"]
-        amdsmi.amdsmi_get_gpu_asic_info = lambda handle: {"target_graphics_version": self.arch}
-        for fn in ("amdsmi_get_gpu_device_uuid", "amdsmi_topo_get_link_type", "amdsmi_topo_get_numa_node_number"):
-            setattr(amdsmi, fn, lambda *a: pytest.fail("selection asked amdsmi for more than the arch"))
-        mp.setitem(sys.modules, "amdsmi", amdsmi)
-        for sel in RELEASE.selectors:  # import every experts class before simulating (XPU's imports kernels)
-            mod = importlib.import_module(sel.module)
-            for member in getattr(mod, sel.enum):
-                if member.value != "None":
-                    mod.backend_to_kernel_cls(member)
-            for caller in sel.callers:
-                importlib.import_module(caller)
-        import vllm._aiter_ops
-
-        self.aiter_ops = vllm._aiter_ops
-        for package, names in PROBES.items():
-            home = importlib.import_module(PROBE_HOME[package])
-            for name in names:
-                original = getattr(home, name)
-                switch = self._probe(package)
-                rebind_in_vllm(original, switch)
-                self._restore.append((switch, original))
-        self.originals = {sel.name: getattr(importlib.import_module(sel.module), sel.name) for sel in RELEASE.selectors}
-
-    def _probe(self, package: str):
-        return lambda *args, **kwargs: self.packages.get(package, False)
-
-    def restore(self) -> None:
-        for switch, original in self._restore:
-            rebind_in_vllm(switch, original)
-
-    def platform_class(self, plat: dict) -> type:
-        from vllm.platforms.interface import DeviceCapability
-
-        kind, cap = plat["kind"], None
-        if kind == "cuda":
-            from vllm.platforms.cuda import CudaPlatform as base
-            cap = DeviceCapability(*plat["capability"])
-        elif kind == "rocm":
-            if self.arch != plat["gcn_arch"]:  # vLLM reads the arch once, at import: import it again
-                self.arch = plat["gcn_arch"]
-                loaded = sys.modules.get("vllm.platforms.rocm")
-                rocm = importlib.reload(loaded) if loaded else importlib.import_module("vllm.platforms.rocm")
-            rocm = sys.modules["vllm.platforms.rocm"]
-            base, cap = rocm.RocmPlatform, DeviceCapability(*rocm._capability_from_gcn_arch(self.arch))
-        elif kind == "xpu":
-            from vllm.platforms.xpu import XPUPlatform as base
-        else:
-            from vllm.platforms.cpu import CpuPlatform as base
-        return type(f"Simulated{base.__name__}", (base,),
-                    {"get_device_capability": classmethod(lambda cls, device_id=0: cap)})
-
-    def ask(self, scenario: dict):
-        """Set platform, probes and env for one question; return (config, selector keyword arguments)."""
-        import os
-
-        from vllm.model_executor.layers.quantization.utils import quant_utils
-        from vllm.utils.deep_gemm import is_deep_gemm_supported
-
-        self.platform.__class__ = self.platform_class(scenario["platform"])
-        self.packages = dict(scenario.get("packages", {}))
-        self.aiter_ops.IS_AITER_FOUND = self.packages.get("aiter", False)
-        for name in [n for n in os.environ if n.startswith("VLLM_")]:
-            self.mp.delenv(name)
-        for name, value in scenario.get("env", {}).items():
-            self.mp.setenv(name, value)
-        is_deep_gemm_supported.cache_clear()
-        self.aiter_ops.rocm_aiter_ops.refresh_env_variables()
-        moe = full_moe(scenario)
-        kwargs = {"config": vllm_config(moe)}
-        for key in BY_POLICY[scenario["policy"]].key_args:
-            kwargs[key] = getattr(quant_utils, moe[key]) if moe[key] else None
-        return kwargs
-
-
-def vllm_config(moe: dict):
-    import torch
-    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.config import (
-        FusedMoEConfig,
-        FusedMoEParallelConfig,
-        RoutingMethodType,
-    )
-
-    p = moe["parallel"]
-    parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=p["dp_size"], ep_size=p["ep_size"], tp_rank=0,
-                                      pcp_rank=0, dp_rank=0, ep_rank=0, sp_size=1, use_ep=p["use_ep"],
-                                      all2all_backend=p["all2all_backend"], enable_eplb=p["eplb"])
-    return FusedMoEConfig(num_experts=moe["num_experts"], experts_per_token=moe["top_k"], hidden_dim=moe["hidden_size"],
-                          intermediate_size_per_partition=moe["intermediate_size"], num_local_experts=moe["num_experts"],
-                          num_logical_experts=moe["num_experts"], activation=MoEActivation(moe["activation"]),
-                          device="cuda", routing_method=RoutingMethodType[moe["routing_method"]],
-                          moe_parallel_config=parallel, in_dtype=torch.bfloat16, moe_backend=moe["moe_backend"],
-                          has_bias=moe["has_bias"], is_act_and_mul=moe["is_act_and_mul"], is_lora_enabled=moe["lora"])
-
-
-def vllm_answer(fn, kwargs) -> tuple[tuple, str | None]:
-    """What a vLLM selector did: ((outcome or exception type, backend value, kernel), message)."""
-    try:
-        backend, kernel = fn(**kwargs)
-    except (ValueError, NotImplementedError) as exc:
-        return (type(exc).__name__, None, None), str(exc)
-    if kernel is None:
-        return ("none", backend.value, None), None
-    return ("selected", backend.value, kernel.__name__), None
-
-
 @pytest.fixture(scope="module")
 def machine():
     with pytest.MonkeyPatch.context() as mp:
