@@ -1,102 +1,52 @@
-"""The public selection API: Oracle (rules loaded once), Decision, select()."""
+"""The public selection API: Oracle (rules loaded once, one swappable snapshot), select().
+
+    rules/*.yaml -> yamlio -> schema -> loader -> semantics -> compiler/kernels/tables -> Table
+    scenario -> parse_scenario -> Scenario -> interpreter.run(Table) -> Decision (frozen)
+
+Everything one version of the rules answers with (profile index, compiled tables, cached
+answers) lives in one Snapshot; `reload()` builds a new one and swaps the reference, so a
+question is always answered from one consistent version.
+"""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from .compiler import Ctx, Table, compile_ruleset, format_capability
-from .errors import EnvValueError, OracleError, RuleError, ScenarioError
-from .interpreter import Result, map_explicit, round_sizes, run
+from .decision import OUTCOMES, Decision, error_decision
+from .errors import EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
+from .interpreter import CallPolicy, Result, Trace, map_explicit, round_sizes, run
+from .loader import FileCache, ProfileIndex, load_profile_index, load_ruleset
+from .model import Ctx, Policy, Table, format_capability
 from .resources import rules_dir
-from .rules import did_you_mean, load_files, load_profile_index
 from .scenario import Scenario, parse_scenario
-
-OUTCOMES = ("selected", "none", "invalid", "unsupported", "error")
-
-
-class Decision:
-    """The answer to one question; `to_dict()` is the output contract of the scenario spec.
-
-    The trace (every step and candidate, with all failing checks and their file:line) is
-    computed on first access, so a server that only needs the backend pays nothing for it.
-    """
-
-    __slots__ = ("outcome", "backend", "kernel", "activation_key", "hidden_size", "intermediate_size",
-                 "extras", "profile", "policy", "rule_files", "converter", "runner", "missing_why", "decided_by", "_trace", "_trace_fn",
-                 "_error")
-
-    def __init__(self, outcome: str, *, backend: str | None = None, kernel: str | None = None,
-                 activation_key: str | None = None, hidden_size: int | None = None,
-                 intermediate_size: int | None = None, error: str | None = None, extras: Mapping[str, Any] = (),
-                 profile: str | None = None, policy: str | None = None, rule_files: tuple[str, ...] = (),
-                 converter: str | None = None, runner: str | None = None, missing_why: str | None = None,
-                 decided_by: Any = None, trace_fn=None):
-        self.outcome = outcome
-        self.backend = backend
-        self.kernel = kernel
-        self.activation_key = activation_key
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self._error = error
-        self.extras = extras if isinstance(extras, dict) else dict(extras)
-        self.profile = profile
-        self.policy = policy
-        self.rule_files = rule_files
-        self.converter = converter
-        self.runner = runner
-        self.missing_why = missing_why
-        self.decided_by = decided_by
-        self._trace = None
-        self._trace_fn = trace_fn
-
-    @property
-    def error(self) -> str | None:
-        """Why the answer is not `selected`; for `unsupported` it lists every candidate (built on first access)."""
-        if callable(self._error):
-            self._error = self._error()
-        return self._error
-
-    @property
-    def trace(self) -> list[dict]:
-        if self._trace is None:
-            self._trace = self._trace_fn() if self._trace_fn else []
-        return self._trace
-
-    def to_dict(self, *, with_trace: bool = True) -> dict[str, Any]:
-        out: dict[str, Any] = {"outcome": self.outcome}
-        if self.outcome in ("selected", "none"):
-            out["backend"] = self.backend
-            if self.kernel is not None or self.outcome == "selected" or self.extras:
-                out["kernel"] = self.kernel
-        if self.activation_key is not None or self.outcome == "selected" and self.kernel is not None:
-            out["activation_key"] = self.activation_key
-        if self.outcome == "selected" and self.backend is not None:
-            out["converter"] = self.converter
-            out["runner"] = self.runner
-        if self.hidden_size is not None:
-            out["hidden_size"] = self.hidden_size
-            out["intermediate_size"] = self.intermediate_size
-        out.update(self.extras)
-        if self.error is not None:
-            out["error"] = self.error
-        if self.decided_by is not None:
-            step = self.decided_by
-            out["decided_by"] = {"step": step.id, "at": step.at, "why": step.why}
-        if self.profile is not None:
-            out["profile"] = self.profile
-            out["policy"] = self.policy
-            out["rule_files"] = list(self.rule_files)
-        if with_trace:
-            out["trace"] = self.trace
-        return out
-
-    def __repr__(self) -> str:
-        return f"Decision({self.outcome}, backend={self.backend!r}, kernel={self.kernel!r})"
+from .semantics import semantic_diagnostics
+from .tables import compile_ruleset
+from .trace import Entry, ErrorEntry, candidate_summary
 
 
-def error_decision(message: str) -> Decision:
-    return Decision("error", error=message)
+def build_table(files: list[Path], name: str, description: str, cache: FileCache | None = None) -> Table:
+    """Load, check and compile one profile's rule files (RuleError lists every problem)."""
+    rs = load_ruleset(files, name, description, cache)
+    problems, packages = semantic_diagnostics(rs)
+    if problems:
+        raise RuleError(problems)
+    return compile_ruleset(rs, packages)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One version of the rules and everything derived from it. The fields never change; the
+    dicts only grow (lazy compilation, memoized lookups, the answer cache)."""
+
+    index: ProfileIndex
+    tables: dict[str, Table] = field(default_factory=dict)
+    answers: dict[Scenario, Decision] = field(default_factory=dict)
+    resolved: dict[tuple[str | None, str], tuple[Table, Policy]] = field(default_factory=dict)
+    calls: dict[str, CallPolicy] = field(default_factory=dict)
+    files: FileCache = field(default_factory=dict)  # parsed rule files shared by the profiles listing them
 
 
 class Oracle:
@@ -106,38 +56,49 @@ class Oracle:
 
     def __init__(self, rules: str | Path | None = None):
         self.root = Path(rules) if rules is not None else rules_dir()
-        self.index = load_profile_index(self.root)
-        self._tables: dict[str, Table] = {}
-        self._cache: dict[Scenario, Decision] = {}
-        self._calls: dict[str, Any] = {}
-        self._resolved: dict[tuple, tuple] = {}
-        self._files: dict = {}  # parsed rule files, shared by the profiles that list them
+        self._snapshot = Snapshot(load_profile_index(self.root))
         self._lock = threading.Lock()
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def reload(self) -> None:
+        """Re-read the rules directory; profiles compiled before are compiled again before the swap,
+        so broken rules raise RuleError here and the previous snapshot stays in use."""
+        fresh = Snapshot(load_profile_index(self.root))
+        for name in self._snapshot.tables:
+            if name in fresh.index.profiles:
+                self._compile(fresh, name)
+        self._snapshot = fresh
 
     # ---------------------------------------------------------------- tables
     @property
+    def index(self) -> ProfileIndex:
+        return self._snapshot.index
+
+    @property
     def default_profile(self) -> str:
-        return self.index.default
+        return self._snapshot.index.default
 
     def profiles(self) -> dict[str, str]:
-        return {name: desc for name, (desc, _) in self.index.profiles.items()}
+        return {name: p.description for name, p in self._snapshot.index.profiles.items()}
 
     def table(self, profile: str | None = None) -> Table:
-        name = profile or self.index.default
-        table = self._tables.get(name)
-        if table is None:
-            if name not in self.index.profiles:
-                raise ScenarioError(f"profile: unknown profile {name!r}{did_you_mean(name, self.index.profiles)}; "
-                                    f"known: {', '.join(self.index.profiles)}")
-            desc, files = self.index.profiles[name]
-            rs, packages = load_files([self.root / f for f in files], name, desc, self._files)
-            table = compile_ruleset(rs, packages)
-            with self._lock:
-                self._tables[name] = table
-        return table
+        snap = self._snapshot
+        return snap.tables.get(profile or snap.index.default) or self._compile(snap, profile or snap.index.default)
+
+    def _compile(self, snap: Snapshot, name: str) -> Table:
+        found = snap.index.profiles.get(name)
+        if found is None:
+            raise ScenarioError(f"profile: unknown profile {name!r}{did_you_mean(name, snap.index.profiles)}; "
+                                f"known: {', '.join(snap.index.profiles)}")
+        table = build_table(found.files, name, found.description, snap.files)
+        with self._lock:
+            return snap.tables.setdefault(name, table)
 
     def compile_all(self) -> None:
-        for name in self.index.profiles:
+        for name in self._snapshot.index.profiles:
             self.table(name)
 
     # ---------------------------------------------------------------- questions
@@ -145,7 +106,7 @@ class Oracle:
         """Validate and freeze a scenario mapping (raises ScenarioError)."""
         profile = raw.get("profile") if isinstance(raw, Mapping) else None
         table = self.table(profile if isinstance(profile, str) else None)
-        return parse_scenario(raw, table.rocm_archs, table.packages, default_platform)
+        return parse_scenario(raw, table, default_platform)
 
     def select(self, scenario: Scenario | Mapping[str, Any]) -> Decision:
         """Answer one question. Never raises for bad input: that is outcome 'error'."""
@@ -154,126 +115,117 @@ class Oracle:
                 scenario = self.prepare(scenario)
             except OracleError as exc:
                 return error_decision(str(exc))
-        cached = self._cache.get(scenario)
+        answers = self._snapshot.answers
+        cached = answers.get(scenario)
         if cached is not None:
             return cached
-        decision = self._answer(scenario)
-        if len(self._cache) >= self.CACHE_SIZE:
-            self._cache.clear()
-        self._cache[scenario] = decision
+        decision = self._answer(self._snapshot, scenario)
+        if len(answers) >= self.CACHE_SIZE:
+            answers.clear()
+        answers[scenario] = decision
         return decision
 
     def select_uncached(self, scenario: Scenario) -> Decision:
-        return self._answer(scenario)
+        return self._answer(self._snapshot, scenario)
 
-    def _resolve(self, profile: str | None, policy_name: str) -> tuple[Table, Any]:
+    def select_many(self, scenarios: Iterable[Any]) -> list[Decision]:
+        return [self.select(s) for s in scenarios]
+
+    def _resolve(self, snap: Snapshot, profile: str | None, policy_name: str) -> tuple[Table, Policy]:
         """(table, policy) of a question, memoized: the lookup is on every uncached select."""
         key = (profile, policy_name)
-        found = self._resolved.get(key)
+        found = snap.resolved.get(key)
         if found is None:
-            table = self.table(profile)
+            table = snap.tables.get(profile or snap.index.default) or self._compile(snap, profile or snap.index.default)
             policy = table.policies.get(policy_name)
             if policy is None:
                 raise ScenarioError(f"policy: unknown policy {policy_name!r}{did_you_mean(policy_name, table.policies)}; "
                                     f"profile {table.name} has {', '.join(table.policies)}")
-            found = self._resolved[key] = (table, policy)
+            found = snap.resolved[key] = (table, policy)
         return found
 
-    def _answer(self, sc: Scenario) -> Decision:
+    def _answer(self, snap: Snapshot, sc: Scenario) -> Decision:
         try:
-            table, policy = self._resolve(sc.profile, sc.policy)
+            table, policy = self._resolve(snap, sc.profile, sc.policy)
         except OracleError as exc:
             return error_decision(str(exc))
-        meta = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
+        meta: dict[str, Any] = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
         ctx = Ctx(sc.facts, sc.env, sc.packages)
         family = policy.family
+        if sc.query == "select":
+            try:
+                res = self._run(snap, table, policy.name, ctx, None)
+            except EnvValueError as exc:
+                res = Result("invalid", error=str(exc))
+            return self._decision(snap, table, policy, res, sc, meta, ctx)
         if sc.query == "round_up":
-            backend = family.backends.get(sc.backend) or family.by_value.get(sc.backend)
+            backend = family.backends.get(sc.backend or "") or family.by_value.get(sc.backend or "")
             if backend is None:
                 return Decision("invalid", error=f"backend: {sc.backend!r} is not a {family.name} backend"
-                                f"{did_you_mean(sc.backend, family.backends)}; expected one of {', '.join(family.backends)}", **meta)
-            h, i = round_sizes(family, backend.name, ctx)
+                                f"{did_you_mean(sc.backend, family.backends)}; expected one of {', '.join(family.backends)}",
+                                **meta)
+            h, i = round_sizes(family.round_up, backend.name, ctx)
             return Decision("selected", hidden_size=h, intermediate_size=i, **meta)
         if sc.query == "map_backend":
-            name, refusal = map_explicit(family, ctx, table.batched)
+            name, refusal = map_explicit(family, ctx)
             if name is None:
                 return Decision("invalid", error=refusal, **meta)
             return Decision("selected", backend=family.backends[name].value, **meta)
-        if sc.query == "ocp_mx_scheme":
-            fn = policy.queries.get("ocp_mx_scheme")
-            if fn is None:
-                return error_decision(f"query: policy {policy.name} does not answer ocp_mx_scheme")
-            scheme = fn(ctx)
-            return Decision("selected" if scheme else "none", extras={"ocp_mx_scheme": scheme}, **meta)
-        try:
-            res = self._run(table, policy.name, ctx, None)
-        except EnvValueError as exc:
-            res = Result("invalid", error=str(exc))
-        return self._decision(table, policy, res, sc, meta, ctx)
+        fn = policy.queries.get(sc.query)
+        if fn is None:
+            return error_decision(f"query: policy {policy.name} does not answer {sc.query}; it answers "
+                                  f"{', '.join(('select', 'round_up', 'map_backend', *policy.queries))}")
+        answer = fn(ctx)
+        return Decision("selected" if answer else "none", extras={sc.query: answer}, **meta)
 
-    def _run(self, table: Table, policy_name: str, ctx: Ctx, trace: list | None) -> Result:
-        call = self._calls.get(table.name)
+    def _run(self, snap: Snapshot, table: Table, policy_name: str, ctx: Ctx, trace: Trace) -> Result:
+        call = snap.calls.get(table.name)
         if call is None:
-            call = self._calls[table.name] = _call_hook(table)
-        return run(table.policies[policy_name], ctx, trace, table.batched, call)
+            call = snap.calls[table.name] = _call_hook(table)
+        return run(table.policies[policy_name], ctx, trace, call)
 
-    def _decision(self, table: Table, policy, res: Result, sc: Scenario, meta: dict, ctx: Ctx) -> Decision:
-        def trace() -> list[dict]:
-            steps: list[dict] = []
-            try:
-                self._run(table, policy.name, Ctx(sc.facts, sc.env, sc.packages), steps)
-            except EnvValueError as exc:
-                steps.append({"error": str(exc)})
-            return steps
+    def _decision(self, snap: Snapshot, table: Table, policy: Policy, res: Result, sc: Scenario,
+                  meta: dict[str, Any], ctx: Ctx) -> Decision:
+        computed: list[tuple[Entry, ...]] = []
+
+        def trace() -> tuple[Entry, ...]:
+            if not computed:
+                steps: list[Entry] = []
+                try:
+                    self._run(snap, table, policy.name, Ctx(sc.facts, sc.env, sc.packages), steps)
+                except EnvValueError as exc:
+                    steps.append(ErrorEntry(str(exc)))
+                computed.append(tuple(steps))
+            return computed[0]
 
         extras = res.emits
         if res.decided_by is not None:
-            meta["decided_by"] = res.decided_by
+            meta["decided_by"] = res.decided_by.decided_by
         if res.outcome == "selected":
-            h, i = round_sizes(res.family, res.backend.name, ctx)
-            return Decision("selected", backend=res.backend.value,
-                            kernel=res.kernel.name if res.kernel and res.report_kernel else None,
+            assert res.backend is not None and res.family is not None
+            h, i = round_sizes(res.family.round_up, res.backend.name, ctx)
+            b = res.backend
+            return Decision("selected", backend=b.value, kernel=res.kernel.name if res.kernel and res.report_kernel else None,
                             activation_key=res.activation_key, hidden_size=h, intermediate_size=i, extras=extras,
-                            converter=res.backend.converter, runner=res.backend.runner,
-                            missing_why=res.backend.missing_why, trace_fn=trace, **meta)
+                            converter=b.converter, runner=b.runner, missing_why=b.missing_why, trace=trace, **meta)
         if res.outcome == "none":
-            return Decision("none", backend=res.reported_backend, extras=extras, trace_fn=trace, **meta)
+            return Decision("none", backend=res.reported_backend, extras=extras, trace=trace, **meta)
         if res.outcome == "unsupported":
-            decision = Decision("unsupported", extras=extras, trace_fn=trace, **meta)
-
             def error() -> str:
                 message = res.error() if callable(res.error) else res.error
-                rejected = _candidate_summary(decision.trace)
+                rejected = candidate_summary(trace())
                 return f"{message} Candidates: {rejected}." if rejected else message
 
-            decision._error = error
-            return decision
-        return Decision(res.outcome, error=res.error, extras=extras, trace_fn=trace, **meta)
-
-    # ---------------------------------------------------------------- batches
-    def select_many(self, scenarios: Iterable[Any]) -> list[Decision]:
-        return [self.select(s) for s in scenarios]
+            return Decision("unsupported", error=error, extras=extras, trace=trace, **meta)
+        return Decision(res.outcome, error=res.error, extras=extras, trace=trace, **meta)
 
 
-def _candidate_summary(trace: list[dict]) -> str:
-    """'BACKEND: first failing check of its last kernel; ...' over every candidate tried (calls included)."""
-    last: dict[str, str] = {}
-    for entry in trace:
-        if "trace" in entry:
-            nested = _candidate_summary(entry["trace"] or [])
-            if nested:
-                last[f"{entry['call']} ->"] = nested
-        elif "candidate" in entry and not entry["accepted"] and entry["failed"]:
-            last[entry["candidate"]] = entry["failed"][0]["reason"]
-    return "; ".join(f"{b}: {r}" for b, r in last.items())
-
-
-def _call_hook(table: Table):
+def _call_hook(table: Table) -> CallPolicy:
     """The `call` step's hook: run another policy of the same table on the same question."""
-    def call(name: str, c: Ctx, t: list | None) -> Result:
+    def call(name: str, c: Ctx, t: Trace) -> Result:
         sub = Ctx(c.facts, c.env, c.packages)
         sub.memo = c.memo
-        return run(table.policies[name], sub, t, table.batched, call)
+        return run(table.policies[name], sub, t, call)
     return call
 
 
@@ -295,5 +247,5 @@ def select(scenario: Scenario | Mapping[str, Any]) -> Decision:
     return default_oracle().select(scenario)
 
 
-__all__ = ["Decision", "Oracle", "Scenario", "select", "default_oracle", "RuleError", "ScenarioError", "OUTCOMES",
-           "format_capability"]
+__all__ = ["Decision", "Oracle", "Scenario", "Snapshot", "select", "default_oracle", "RuleError", "ScenarioError",
+           "OUTCOMES", "format_capability"]

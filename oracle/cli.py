@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .api import Decision, Oracle
 from .errors import OracleError, RuleError, ScenarioError
-from .facts import ACTIVATIONS, PLATFORM_KINDS, QUERIES
+from .facts import PLATFORM_KINDS
+from .trace import render_lines
+from .vocabulary import ACTIVATIONS
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RULES = 0, 1, 2, 3
 
@@ -107,7 +110,7 @@ def _scenario_from_args(args: argparse.Namespace, oracle: Oracle) -> dict[str, A
     if moe_flags:
         sc["moe"] = {**(sc.get("moe") or {}), **moe_flags}
     if "policy" not in sc:
-        raise UsageError("--policy is required (mxfp4-gpt-oss, mxfp4, nvfp4, ocp-mx), or give it in --scenario")
+        raise UsageError(f"--policy is required ({', '.join(table.policies)}), or give it in --scenario")
     return sc
 
 
@@ -118,8 +121,8 @@ def _exit_for(decision: Decision) -> int:
 def _summary(d: Decision) -> str:
     if d.outcome == "selected":
         if d.backend is None:
-            return "selected: " + ", ".join(f"{k}={v}" for k, v in d.to_dict(with_trace=False).items()
-                                            if k in ("hidden_size", "intermediate_size", "ocp_mx_scheme"))
+            answer = {"hidden_size": d.hidden_size, "intermediate_size": d.intermediate_size, **d.extras}
+            return "selected: " + ", ".join(f"{k}={v}" for k, v in answer.items() if v is not None)
         parts = [f"selected {d.backend}"]
         if d.kernel:
             parts.append(f"kernel {d.kernel}")
@@ -150,34 +153,13 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
     lines.append("=> " + _summary(d))
     if d.decided_by:
         step = d.decided_by
-        lines.append(f"   decided by step '{step.id}' at {step.at}: {step.why}")
+        lines.append(f"   decided by step '{step.step}' at {step.at}: {step.why}")
     if d.outcome == "selected" and d.backend is not None:
         missing = f"   ({d.missing_why})" if d.missing_why and not (d.converter and d.runner) else ""
         lines.append(f"   converter {d.converter or 'none'}   runner {d.runner or 'none'}{missing}")
     lines.append("")
-    _trace_lines(d.trace, lines, "")
+    render_lines(d.trace, lines)
     return "\n".join(lines)
-
-
-def _trace_lines(trace: list[dict], lines: list[str], indent: str) -> None:
-    for entry in trace:
-        if "candidate" in entry:
-            verdict = "ACCEPTED" if entry["accepted"] else "rejected"
-            if entry.get("unchecked"):
-                verdict = "taken unchecked"
-            lines.append(f"{indent}    {verdict:<16}{entry['candidate']} / {entry['kernel']}   ({entry['at']})")
-            for f in entry["failed"]:
-                lines.append(f"{indent}        x {f['check']}: {f['reason']}")
-                lines.append(f"{indent}          needs {f['condition']}")
-        elif "call" in entry:
-            lines.append(f"{indent}  step {entry['step']}: calls policy {entry['call']} -> {entry['outcome']}   ({entry['at']})")
-            _trace_lines(entry["trace"] or [], lines, indent + "    ")
-        elif "error" in entry:
-            lines.append(f"{indent}  error: {entry['error']}")
-        else:
-            mark = "*" if entry["matched"] else "-"
-            cond = f" when {entry['when']}" if "when" in entry else ""
-            lines.append(f"{indent}  {mark} step {entry['step']}{cond}   ({entry['at']})")
 
 
 def _cmd_select(args: argparse.Namespace, oracle: Oracle, explain: bool) -> int:
@@ -252,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--scenario", metavar="FILE", help="scenario file, JSON or YAML ('-' = stdin)")
         if name == "select":
             s.add_argument("--batch", metavar="FILE", help="JSONL file, one scenario per line ('-' = stdin)")
-        s.add_argument("--policy", help="mxfp4-gpt-oss | mxfp4 | nvfp4 | ocp-mx")
+        s.add_argument("--policy", help="a policy of the profile (see `moe-oracle profiles`)")
         s.add_argument("--profile", help="rule-set profile (see `moe-oracle profiles`)")
         s.add_argument("--platform", help="cuda:MAJOR.MINOR | rocm:GFXARCH | xpu | cpu (default: detected)")
         s.add_argument("--package", action="append", metavar="NAME", help="treat this optional package as installed")
@@ -266,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--routing-method")
         s.add_argument("--hidden-size", type=int)
         s.add_argument("--intermediate-size", type=int)
-        s.add_argument("--query", choices=QUERIES)
+        s.add_argument("--query", help="select (default), round_up, map_backend, or a query the policy declares")
         s.add_argument("--backend", help="backend for the round_up query")
         s.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "select":

@@ -1,7 +1,15 @@
 """Error types. Every user-facing error names where (file:line:col or argument) and the fix."""
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+
+def did_you_mean(word: object, choices: Iterable[object]) -> str:
+    """' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 @dataclass(frozen=True)

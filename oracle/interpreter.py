@@ -1,4 +1,4 @@
-"""Run a compiled policy against one question. Pure: reads only the Ctx it is given.
+"""Stage 7: run a compiled policy against one question. Pure: reads only the Ctx it is given.
 
 Two modes share one code path: the fast mode stops at the first failing check and keeps
 no trace; the trace mode (used lazily by Decision.trace and by explain) evaluates every
@@ -6,15 +6,22 @@ check of every candidate so that all reasons are reported, not only vLLM's first
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compiler import FROM_SCENARIO, Backend, Check, Ctx, Family, Kernel, Policy, Step
 from .errors import EnvValueError
+from .model import FROM_SCENARIO, Backend, Check, Ctx, Family, Kernel, Policy, RoundRow, Step
+from .trace import CallEntry, CandidateEntry, Entry, Failure, StepEntry
+
+Trace = list[Entry] | None
+CallPolicy = Callable[[str, Ctx, Trace], "Result"]
 
 
 @dataclass
 class Result:
+    """What a policy run decided, before it becomes a Decision."""
+
     outcome: str
     backend: Backend | None = None
     kernel: Kernel | None = None
@@ -39,13 +46,12 @@ def _words(ctx: Ctx, backend: Backend | None = None, reason: str | None = None) 
             "activation_key": ctx.activation_key}
 
 
-def _reason(check: Check, ctx: Ctx, batched_fn) -> str:
-    fmt = "('batched_experts',)" if batched_fn is not None and batched_fn(ctx) else "standard"
+def _reason(check: Check, ctx: Ctx, family: Family) -> str:
+    fmt = "('batched_experts',)" if family.batched is not None and family.batched(ctx) else "standard"
     return check.reason.render(ctx, {**_words(ctx), "activation_format": fmt})
 
 
-def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: Step,
-                batched_fn) -> tuple[Kernel | None, Kernel | str | None]:
+def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step) -> tuple[Kernel | None, Any]:
     """First kernel of `backend` that accepts the question, or (None, why the last kernel tried refused).
 
     In fast mode the refusal is the last refusing Kernel; its reason is rendered only if a message needs it."""
@@ -68,13 +74,11 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: list | None, 
             else:
                 note = None
             if not ok:
-                failures.append({"check": check.name, "reason": note or _reason(check, ctx, batched_fn),
-                                 "condition": check.text})
-        trace.append({"candidate": backend.name, "kernel": kernel.name, "accepted": not failures, "failed": failures,
-                      "step": step.id, "at": kernel.at})
+                failures.append(Failure(check.name, note or _reason(check, ctx, family), check.text))
+        trace.append(CandidateEntry(backend.name, kernel.name, not failures, tuple(failures), step.id, kernel.at))
         if not failures:
             return kernel, None
-        reason = failures[0]["reason"]
+        reason = failures[0].reason
     return None, reason
 
 
@@ -83,20 +87,21 @@ def _selected(family: Family, backend: Backend, kernel: Kernel | None, ctx: Ctx,
                   ctx.activation_key, decided_by=step, family=family)
 
 
-def _use(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: Step, batched_fn) -> Result:
+def _use(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step) -> Result:
     """Force `backend`: selected if one of its kernels accepts (or unchecked), else invalid with the reason."""
     if not step.check:
         _keys(family, backend, ctx)
+        first = backend.kernels[0] if backend.kernels else None
         if trace is not None:
-            trace.append({"candidate": backend.name, "kernel": backend.kernels[0].name if backend.kernels else None,
-                          "accepted": True, "failed": [], "step": step.id, "unchecked": True, "at": backend.at})
-        return _selected(family, backend, backend.kernels[0] if backend.kernels else None, ctx, step, step.report_kernel)
-    kernel, refusal = try_backend(family, backend, ctx, trace, step, batched_fn)
+            trace.append(CandidateEntry(backend.name, first.name if first else None, True, (), step.id, backend.at,
+                                        unchecked=True))
+        return _selected(family, backend, first, ctx, step, step.report_kernel)
+    kernel, refusal = try_backend(family, backend, ctx, trace, step)
     if kernel is not None:
         return _selected(family, backend, kernel, ctx, step, step.report_kernel)
     if isinstance(refusal, Kernel):
         check = refusal.first_failure(ctx)
-        reason = _reason(check, ctx, batched_fn) if check is not None else None
+        reason = _reason(check, ctx, family) if check is not None else None
     else:
         reason = refusal
     key = "backend_rejected" if reason else "backend_rejected_no_reason"
@@ -104,7 +109,7 @@ def _use(family: Family, backend: Backend, ctx: Ctx, trace: list | None, step: S
     return Result("invalid", backend, error=lambda: family.messages[key].render(ctx, words), decided_by=step)
 
 
-def map_explicit(family: Family, ctx: Ctx, batched_fn) -> tuple[str | None, str | None]:
+def map_explicit(family: Family, ctx: Ctx) -> tuple[str | None, str | None]:
     """The backend an explicit moe_backend string names (batched remap applied), or (None, why not)."""
     name = family.explicit.get(ctx.facts["moe.moe_backend"])
     if name is None:
@@ -112,12 +117,12 @@ def map_explicit(family: Family, ctx: Ctx, batched_fn) -> tuple[str | None, str 
             return None, f"family {family.name} takes no explicit moe_backend"
         keys = ", ".join(f"'{k}'" for k in family.explicit)
         return None, family.messages["unknown_moe_backend"].render(ctx, {"explicit_keys": keys})
-    if batched_fn is not None and batched_fn(ctx):
+    if family.batched is not None and family.batched(ctx):
         name = family.explicit_batched.get(name, name)
     return name, None
 
 
-def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -> Result:
+def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy) -> Result:
     family = policy.family
     candidates = list(policy.candidates)
     emits: dict[str, Any] = {}
@@ -127,32 +132,30 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
         if test is not None:
             matched = test(ctx)
             if trace is not None:
-                trace.append({"step": step.id, "matched": bool(matched), "when": step.when.text, "at": step.at,
-                              "why": step.why})
+                trace.append(StepEntry(step.id, bool(matched), step.at, step.why, step.when.text if step.when else None))
             if not matched:
                 continue
         elif trace is not None:
-            trace.append({"step": step.id, "matched": True, "at": step.at, "why": step.why})
+            trace.append(StepEntry(step.id, True, step.at, step.why))
         action, arg = step.action, step.arg
         if action == "try":
-            names = candidates if arg == "candidates" else arg
-            for name in names:
+            for name in (candidates if arg == "candidates" else arg):
                 backend = family.backends[name]
-                kernel, _ = try_backend(family, backend, ctx, trace, step, batched_fn)
+                kernel, _ = try_backend(family, backend, ctx, trace, step)
                 if kernel is not None:
                     return _finish(_selected(family, backend, kernel, ctx, step, step.report_kernel), emits)
             continue
         if action == "use":
-            return _finish(_use(family, family.backends[arg], ctx, trace, step, batched_fn), emits)
+            return _finish(_use(family, family.backends[arg], ctx, trace, step), emits)
         if action == "drop":
             dropped = set(arg)
             candidates = [c for c in candidates if c not in dropped]
             continue
         if action == "use_explicit":
-            name, refusal = map_explicit(family, ctx, batched_fn)
+            name, refusal = map_explicit(family, ctx)
             if name is None:
                 return _finish(Result("invalid", error=refusal, decided_by=step), emits)
-            return _finish(_use(family, family.backends[name], ctx, trace, step, batched_fn), emits)
+            return _finish(_use(family, family.backends[name], ctx, trace, step), emits)
         if action == "outcome":
             outcome, report = arg
             message = step.message
@@ -165,11 +168,10 @@ def run(policy: Policy, ctx: Ctx, trace: list | None, batched_fn, call_policy) -
                 emits[name] = fn(ctx)
             continue
         if action == "call":
-            sub_trace = [] if trace is not None else None
+            sub_trace: Trace = [] if trace is not None else None
             call_result = call_policy(arg, ctx, sub_trace)
             if trace is not None:
-                trace.append({"step": step.id, "call": arg, "outcome": call_result.outcome, "trace": sub_trace,
-                              "at": step.at})
+                trace.append(CallEntry(step.id, arg, call_result.outcome, tuple(sub_trace or ()), step.at))
             if call_result.outcome in ("invalid", "unsupported", "error"):
                 return _finish(call_result, emits)
             ctx.call_backend = call_result.backend.name if call_result.backend else None
@@ -188,16 +190,18 @@ def _finish(res: Result, emits: dict[str, Any]) -> Result:
     return res
 
 
-def round_sizes(family: Family, backend_name: str, ctx: Ctx) -> tuple[int, int]:
+def round_sizes(rows: tuple[RoundRow, ...], backend_name: str, ctx: Ctx) -> tuple[int, int]:
+    """Hidden and intermediate sizes after the first matching alignment row."""
     hidden = ctx.facts["moe.hidden_size"]
     inter = ctx.facts["moe.intermediate_size"]
-    for row in family.round_up:
+    for row in rows:
         if row.backends is not None and backend_name not in row.backends:
             continue
         if row.when is not None and not row.when(ctx):
             continue
-        inter = -(-inter // row.intermediate) * row.intermediate
-        if row.hidden:
+        if inter is not None:
+            inter = -(-inter // row.intermediate) * row.intermediate
+        if row.hidden and hidden is not None:
             hidden = -(-hidden // row.hidden) * row.hidden
         break
     return hidden, inter

@@ -9,7 +9,8 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def detect_platform() -> dict[str, Any]:

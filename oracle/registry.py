@@ -13,7 +13,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 GROUP = "moe_oracle.backends"
@@ -25,7 +25,7 @@ class RegistryError(LookupError):
     """A converter/runner path cannot be used; the message names the path and the fix."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def plugin_packages() -> tuple[str, ...]:
     """Top-level packages registered under the entry point group (read from metadata, nothing imported)."""
     from importlib.metadata import entry_points

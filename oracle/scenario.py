@@ -5,11 +5,15 @@ field, what is expected and, for a misspelling, the close name.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from .errors import ScenarioError
-from .facts import ACTIVATIONS, FACTS, PLATFORM_KINDS, QUERIES
-from .rules import did_you_mean
+from .errors import ScenarioError, did_you_mean
+from .facts import FACTS, PLATFORM_KINDS
+from .vocabulary import ACTIVATIONS
+
+if TYPE_CHECKING:
+    from .model import Table
 
 _TOP = ("policy", "profile", "platform", "packages", "env", "moe", "quark", "query", "backend")
 _PLATFORM = ("kind", "capability", "gcn_arch")
@@ -25,8 +29,17 @@ class Scenario:
 
     __slots__ = ("policy", "profile", "query", "backend", "facts", "env", "packages", "platform_given", "_key", "_hash")
 
+    policy: str
+    profile: str | None
+    query: str
+    backend: str | None
+    facts: Mapping[str, Any]
+    env: Mapping[str, str]
+    packages: frozenset[str]
+    platform_given: bool
+
     def __init__(self, policy: str, profile: str | None, query: str, backend: str | None, facts: dict[str, Any],
-                 env: dict[str, str], packages: frozenset, platform_given: bool):
+                 env: dict[str, str], packages: frozenset[str], platform_given: bool):
         object.__setattr__(self, "policy", policy)
         object.__setattr__(self, "profile", profile)
         object.__setattr__(self, "query", query)
@@ -80,27 +93,33 @@ def _typed(value: Any, kind: str, where: str) -> Any:
     return value
 
 
-def parse_scenario(raw: Any, rocm_archs: Mapping[str, tuple[int, int]], packages_known: frozenset,
-                   default_platform: Mapping[str, Any] | None = None) -> Scenario:
+def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] | None = None) -> Scenario:
+    """Validate `raw` against the fact table and one compiled rule table (policies, queries, archs, packages)."""
     top = _fields(raw, "", _TOP)
     if not isinstance(raw, Mapping):
         raise ScenarioError("scenario: expected a mapping with at least 'policy'")
     policy = top.get("policy")
     if not isinstance(policy, str):
-        raise ScenarioError("policy: required; one of mxfp4-gpt-oss, mxfp4, nvfp4, ocp-mx")
+        raise ScenarioError(f"policy: required; one of {', '.join(table.policies)}")
+    if policy not in table.policies:
+        raise ScenarioError(f"policy: unknown policy {policy!r}{did_you_mean(policy, table.policies)}; "
+                            f"profile {table.name} has {', '.join(table.policies)}")
     profile = top.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise ScenarioError(f"profile: expected a profile name string, got {profile!r}")
     query = top.get("query", "select")
-    if query not in QUERIES:
-        raise ScenarioError(f"query: {query!r} is not a query{did_you_mean(query, QUERIES)}; expected one of {', '.join(QUERIES)}")
+    if query not in table.queries:
+        raise ScenarioError(f"query: {query!r} is not a query{did_you_mean(query, table.queries)}; "
+                            f"expected one of {', '.join(table.queries)}")
     backend = top.get("backend")
     if backend is not None and not isinstance(backend, str):
         raise ScenarioError(f"backend: expected a backend name string, got {backend!r}")
     if query == "round_up" and backend is None:
         raise ScenarioError("backend: the round_up query needs a backend name (or \"None\")")
+    rocm_archs, packages_known = table.rocm_archs, table.packages
 
     facts: dict[str, Any] = {k: d for k, (_, d) in FACTS.items()}
+    facts.update(table.policies[policy].defaults)
     platform_given = "platform" in top
     platform = _fields(top.get("platform") if platform_given else default_platform, "platform", _PLATFORM)
     kind = platform.get("kind", "cuda")
@@ -148,7 +167,7 @@ def parse_scenario(raw: Any, rocm_archs: Mapping[str, tuple[int, int]], packages
             continue
         path = "moe." + key
         facts[path] = _typed(value, FACTS[path][0], path)
-    if facts["moe.activation"] not in ACTIVATIONS:
+    if facts["moe.activation"] is not None and facts["moe.activation"] not in ACTIVATIONS:
         a = facts["moe.activation"]
         raise ScenarioError(f"moe.activation: {a!r} is not an activation{did_you_mean(a, ACTIVATIONS)}; expected one of {', '.join(ACTIVATIONS)}")
     parallel = _fields(moe.get("parallel"), "moe.parallel", _PARALLEL)

@@ -3,24 +3,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .compiler import compile_ruleset
+from .api import build_table
 from .errors import Diagnostic, RuleError
+from .loader import load_profile_index
 from .resources import rules_dir
-from .rules import load_files, load_profile_index
 
 
 def _check_profiles(root: Path, only_with: Path | None = None) -> tuple[list[Diagnostic], set[Path]]:
     index = load_profile_index(root)
     problems: list[Diagnostic] = []
     files: set[Path] = set()
-    for name, (desc, rel) in index.profiles.items():
-        paths = [(root / f).resolve() for f in rel]
+    for name, profile in index.profiles.items():
+        paths = profile.files
         if only_with is not None and only_with.resolve() not in paths:
             continue
         files.update(paths)
         try:
-            rs, packages = load_files(paths, name, desc)
-            compile_ruleset(rs, packages)
+            build_table(paths, name, profile.description)
         except RuleError as exc:
             problems.extend(exc.diagnostics)
     return problems, files
@@ -69,8 +68,7 @@ def _validate_file(path: Path) -> tuple[list[Diagnostic], set[Path]]:
         if files:
             return found, files
     try:
-        rs, packages = load_files([path], path.stem, "standalone file")
-        compile_ruleset(rs, packages)
+        build_table([path], path.stem, "standalone file")
     except RuleError as exc:
         return exc.diagnostics, {path}
     return [], {path}

@@ -9,6 +9,7 @@ from conftest import scenario
 from oracle import Oracle, Scenario
 from oracle.facts import FACTS
 from oracle.registry import resolve
+from oracle.trace import CandidateEntry, StepEntry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,12 +49,13 @@ def test_trace_lists_every_failing_check_with_its_rule(oracle):
     d = oracle.select(scenario("mxfp4-gpt-oss", "cuda:7.0", activation="relu2_no_mul", is_act_and_mul=False,
                                packages=()))
     assert d.backend == "EMULATION"
-    rejected = [e for e in d.trace if e.get("candidate") and not e["accepted"]]
-    aiter = next(e for e in rejected if e["candidate"] == "AITER")
-    assert [f["check"] for f in aiter["failed"]] == ["device", "act_and_mul", "activation", "quant_scheme"]
-    assert all(re.search(r"(kernels|marlin)\.yaml:\d+$", e["at"]) for e in rejected)
-    steps = [e for e in d.trace if "step" in e and "candidate" not in e]
-    assert all(re.search(r"mxfp4\.yaml:\d+$", e["at"]) for e in steps)
+    rejected = [e for e in d.trace if isinstance(e, CandidateEntry) and not e.accepted]
+    aiter = next(e for e in rejected if e.candidate == "AITER")
+    assert [f.check for f in aiter.failed] == ["device", "act_and_mul", "activation", "quant_scheme"]
+    assert all(re.search(r"(kernels|marlin)\.yaml:\d+$", e.at) for e in rejected)
+    steps = [e for e in d.trace if isinstance(e, StepEntry)]
+    assert steps and all(re.search(r"mxfp4\.yaml:\d+$", e.at) for e in steps)
+    assert d.to_dict()["trace"] == [e.to_dict() for e in d.trace]
     assert d.to_dict()["decided_by"]["step"] == "auto"
 
 
@@ -138,3 +140,9 @@ def test_emulation_backends_name_the_reference_implementation(oracle):
         assert module == "backends.emulation" and getattr(emulation, function) is emulation.moe_forward
         assert d.converter is None and "converter" in d.missing_why
         assert resolve(d.runner) is emulation.moe_forward
+
+
+def test_engine_modules_stay_small():
+    """One stage per module (see the layout in oracle/api.py's docstring); none over ~400 lines."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "oracle").glob("*.py")}
+    assert {n: s for n, s in sizes.items() if s > 400} == {}

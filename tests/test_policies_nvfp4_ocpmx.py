@@ -516,3 +516,46 @@ def test_no_profile_or_version_branches_in_engine():
             if _VERSIONISH.search(const.value) or any(n in const.value for n in names):
                 offenders.append(f"{path.name}:{const.lineno}: {const.value!r}")
     assert not offenders, "engine code branches on a profile/version:\n" + "\n".join(offenders)
+
+
+def _rule_names() -> set[str]:
+    """Every policy, backend (name and enum value) and policy-declared query of every shipped profile."""
+    names: set[str] = set()
+    for profile in ORACLE.profiles():
+        table = ORACLE.table(profile)
+        names |= set(table.policies)
+        names |= {q for p in table.policies.values() for q in p.queries}
+        for family in table.families.values():
+            names |= set(family.backends) | set(family.by_value)
+    return names - {"None"}  # the NONE backend's enum value is also Python's spelling of null
+
+
+def _string_constants(tree: ast.AST):
+    """String constants outside docstrings (f-string parts included)."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node
+
+
+def test_engine_python_names_no_policy_backend_or_query():
+    """oracle/*.py reads policy, backend and query names from the compiled tables, never spells them.
+    (vocabulary.py is the format vocabulary: its codec 'mxfp4' is a format that a policy is named after.)"""
+    names = _rule_names()
+    assert {"mxfp4-gpt-oss", "nvfp4", "FLASHINFER_TRTLLM", "EMULATION", "ocp_mx_scheme"} <= names
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?![\w-])")
+    offenders = []
+    for path in sorted((ROOT / "oracle").glob("*.py")):
+        if path.name == "vocabulary.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for const in _string_constants(tree):
+            found = pattern.search(const.value)
+            if found:
+                offenders.append(f"{path.name}:{const.lineno}: {found.group(0)!r} in {const.value!r}")
+    assert not offenders, "engine Python names rule entities:\n" + "\n".join(offenders)

@@ -70,7 +70,7 @@ def test_every_random_scenario_is_answered_consistently(oracle, chunk):
         assert out["outcome"] in OUTCOMES and out["outcome"] != "error", (sc, out.get("error"))
         if out["outcome"] in ("invalid", "unsupported"):
             assert out["error"]
-        accepted = _accepted(d.trace)
+        accepted = _accepted(out["trace"])
         if out["outcome"] == "selected":
             # the trace's last accepted candidate is the decision (fast path == trace path)
             assert accepted, sc

@@ -32,7 +32,7 @@ EXPECTED = {
                                "put the code under backends/ or register its package as an entry point of group "
                                "moe_oracle.backends",
     "two_actions_in_step": "45:9: policies.pol.steps.0: give exactly one of the alternatives "
-                           "(outcome, use, use_explicit, drop, try, call, result, emit)",
+                           "(outcome, use, use_explicit, use_named_backend, drop, try, call, result, return_call_result, emit)",
     "undeclared_env_var": "46:16: unknown environment variable 'VLLM_FORCE_TRITN' (did you mean 'VLLM_FORCE_TRITON'?)",
     "unknown_backend_in_candidates": "43:18: unknown backend 'TRITN' (did you mean 'TRITON'?)",
     "unknown_derived_ref": "46:16: unknown derived fact 'batched_activation_fmt' (did you mean 'batched_activation_format'?)",
@@ -89,7 +89,8 @@ def test_a_name_defined_in_two_files_of_a_profile(tmp_path):
     (tmp_path / "profiles.yaml").write_text("default: p\nprofiles:\n  p: {description: 'two files', files: [a.yaml, b.yaml]}\n")
     problems, _ = validate_paths([tmp_path])
     assert [f"{Path(d.file).name}:{d.line}:{d.col}: {d.message}" for d in problems] == [
-        f"b.yaml:2:3: kernels 'TritonExperts' is already defined at {tmp_path / 'a.yaml'}:13; each name is defined once per profile"]
+        f"b.yaml:2:3: kernels 'TritonExperts' is already defined at {tmp_path / 'a.yaml'}:13; each name is defined once per profile "
+        "(add 'override: true' to replace it deliberately)"]
 
 
 def test_profile_index_errors(tmp_path):

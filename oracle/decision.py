@@ -1,0 +1,123 @@
+"""The answer to one question: a frozen Decision, safe to share between every caller of the cache.
+
+`to_dict()` is the JSON contract (schemas/decision.schema.json); `from_dict()` reads it back.
+The trace and the `unsupported` summary are computed on first access (a server that only
+needs the backend pays nothing for them); that is the only state that ever changes, once.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from operator import itemgetter
+from types import MappingProxyType
+from typing import Any
+
+from . import trace as tr
+from .model import DecidedBy
+
+OUTCOMES = ("selected", "none", "invalid", "unsupported", "error")
+# answer fields a Decision has as attributes; every other field of a dict is a policy's extra
+_FIELDS = ("outcome", "backend", "kernel", "activation_key", "converter", "runner", "hidden_size", "intermediate_size",
+           "error", "decided_by", "profile", "policy", "rule_files", "trace")
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class Decision(tuple):  # type: ignore[type-arg]
+    """Immutable answer (a tuple underneath: cheap to build, impossible to assign to).
+
+    Attributes: outcome, backend, kernel, activation_key, hidden_size, intermediate_size, extras,
+    profile, policy, rule_files, converter, runner, missing_why, decided_by, error, trace."""
+
+    __slots__ = ()
+
+    def __new__(cls, outcome: str, *, backend: str | None = None, kernel: str | None = None,
+                activation_key: str | None = None, hidden_size: int | None = None,
+                intermediate_size: int | None = None, error: str | Callable[[], str] | None = None,
+                extras: Mapping[str, Any] | None = None, profile: str | None = None, policy: str | None = None,
+                rule_files: tuple[str, ...] = (), converter: str | None = None, runner: str | None = None,
+                missing_why: str | None = None, decided_by: DecidedBy | None = None,
+                trace: tuple[tr.Entry, ...] | Callable[[], tuple[tr.Entry, ...]] | None = None) -> Decision:
+        return tuple.__new__(cls, (outcome, backend, kernel, activation_key, hidden_size, intermediate_size,
+                                   MappingProxyType(dict(extras)) if extras else _EMPTY, profile, policy,
+                                   tuple(rule_files), converter, runner, missing_why, decided_by,
+                                   [error, () if trace is None else trace]))
+
+    outcome: str = property(itemgetter(0))  # type: ignore[assignment]
+    backend: str | None = property(itemgetter(1))  # type: ignore[assignment]
+    kernel: str | None = property(itemgetter(2))  # type: ignore[assignment]
+    activation_key: str | None = property(itemgetter(3))  # type: ignore[assignment]
+    hidden_size: int | None = property(itemgetter(4))  # type: ignore[assignment]
+    intermediate_size: int | None = property(itemgetter(5))  # type: ignore[assignment]
+    extras: Mapping[str, Any] = property(itemgetter(6))  # type: ignore[assignment]
+    profile: str | None = property(itemgetter(7))  # type: ignore[assignment]
+    policy: str | None = property(itemgetter(8))  # type: ignore[assignment]
+    rule_files: tuple[str, ...] = property(itemgetter(9))  # type: ignore[assignment]
+    converter: str | None = property(itemgetter(10))  # type: ignore[assignment]
+    runner: str | None = property(itemgetter(11))  # type: ignore[assignment]
+    missing_why: str | None = property(itemgetter(12))  # type: ignore[assignment]
+    decided_by: DecidedBy | None = property(itemgetter(13))  # type: ignore[assignment]
+
+    @property
+    def error(self) -> str | None:
+        """Why the answer is not `selected`; for `unsupported` it lists every candidate (built on first access)."""
+        lazy = self[14]
+        if callable(lazy[0]):
+            lazy[0] = lazy[0]()
+        return lazy[0]  # type: ignore[no-any-return]
+
+    @property
+    def trace(self) -> tuple[tr.Entry, ...]:
+        """Every step and candidate (typed entries, see oracle.trace), computed on first access."""
+        lazy = self[14]
+        if callable(lazy[1]):
+            lazy[1] = tuple(lazy[1]())
+        return lazy[1]  # type: ignore[no-any-return]
+
+    def to_dict(self, *, with_trace: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"outcome": self.outcome}
+        if self.outcome in ("selected", "none"):
+            out["backend"] = self.backend
+            if self.kernel is not None or self.outcome == "selected" or self.extras:
+                out["kernel"] = self.kernel
+        if self.activation_key is not None or self.outcome == "selected" and self.kernel is not None:
+            out["activation_key"] = self.activation_key
+        if self.outcome == "selected" and self.backend is not None:
+            out["converter"] = self.converter
+            out["runner"] = self.runner
+        if self.hidden_size is not None:
+            out["hidden_size"] = self.hidden_size
+            out["intermediate_size"] = self.intermediate_size
+        out.update(self.extras)
+        if self.error is not None:
+            out["error"] = self.error
+        if self.decided_by is not None:
+            out["decided_by"] = self.decided_by.to_dict()
+        if self.profile is not None:
+            out["profile"] = self.profile
+            out["policy"] = self.policy
+            out["rule_files"] = list(self.rule_files)
+        if with_trace:
+            out["trace"] = [e.to_dict() for e in self.trace]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Decision:
+        """The Decision a `to_dict()` answer (e.g. one line of `select --json`) describes."""
+        if d.get("outcome") not in OUTCOMES:
+            raise ValueError(f"outcome: {d.get('outcome')!r} is not one of {', '.join(OUTCOMES)}")
+        by = d.get("decided_by")
+        return cls(d["outcome"], backend=d.get("backend"), kernel=d.get("kernel"),
+                   activation_key=d.get("activation_key"), hidden_size=d.get("hidden_size"),
+                   intermediate_size=d.get("intermediate_size"), error=d.get("error"),
+                   extras={k: v for k, v in d.items() if k not in _FIELDS}, profile=d.get("profile"),
+                   policy=d.get("policy"), rule_files=tuple(d.get("rule_files") or ()), converter=d.get("converter"),
+                   runner=d.get("runner"), decided_by=DecidedBy(by["step"], by["at"], by["why"]) if by else None,
+                   trace=tuple(tr.from_dict(e) for e in d.get("trace") or ()))
+
+    def __repr__(self) -> str:
+        return f"Decision({self.outcome}, backend={self.backend!r}, kernel={self.kernel!r})"
+
+
+def error_decision(message: str) -> Decision:
+    return Decision("error", error=message)

@@ -1,0 +1,92 @@
+"""Kernel capability checks as data: the rules' `kernel_checks` table applied to each kernel.
+
+Each row names a check (its reason key), the kernel field it reads and how that field becomes
+a condition; rows run in table order (vLLM's order for the shipped rules). A kernel's own
+`requires: [{check, when, reason}]` entries run after the table: new checks without an engine edit.
+
+Row forms (exactly one of):
+  field_is_condition: true      the field holds a condition (device, parallel)
+  fact_in_field: FACT           FACT must be one of the field's list (activation, routing)
+  quant_scheme_rows: true       the field lists (weight key, activation key[, when]) rows
+  requires: COND                COND must hold (e.g. `lora: false` kernels need moe.lora false)
+  requires_by_value: {V: COND}  COND for the field's value V (e.g. the activation format)
+with `default` (the field's value when the kernel omits it; no default: the row is skipped)
+and `skip_if` (a field value that turns the check off: `non_gated: true`, `quant_schemes: any`).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .compiler import Compiler, joined
+from .loader import Entry
+from .model import Check, Kernel, Template, show
+
+
+def kernel_fields(kernels: Mapping[str, Entry], name: str) -> dict[str, Any]:
+    """A kernel's fields with `extends` applied (the child's fields win)."""
+    d = dict(kernels[name].data)
+    parent = d.pop("extends", None)
+    d.pop("override", None)
+    if parent is None:
+        return d
+    merged = kernel_fields(kernels, parent)
+    merged.update(d)
+    return merged
+
+
+_MISSING = object()
+
+
+def _row_condition(c: Compiler, row: dict[str, Any], value: Any) -> tuple[str, str] | None:
+    """(code, text) of one table row for one kernel's field value; None when the row does not apply."""
+    if "requires" in row:
+        cond = c.condition(row["requires"])
+    elif "requires_by_value" in row:
+        cond = c.condition(row["requires_by_value"].get(str(value)))
+    elif row.get("field_is_condition"):
+        cond = c.condition(value)
+    elif "fact_in_field" in row:
+        fact = row["fact_in_field"]
+        return f"({c.getter(fact)} in {c.k(frozenset(value))})", f"{fact} in {show(value)}"
+    else:  # quant_scheme_rows
+        rows = [_scheme_row(c, r) for r in value]
+        return joined([code for code, _ in rows], "or"), " or ".join(text for _, text in rows)
+    return (cond.code, cond.text) if cond is not None else None
+
+
+def compile_kernel(c: Compiler, name: str, checks: Mapping[str, Entry], reasons: Mapping[str, Template]) -> Kernel:
+    kernels = c.rs.sections["kernels"]
+    d = kernel_fields(kernels, name)
+    out: list[Check] = []
+    for check, entry in checks.items():
+        row = entry.data
+        value = d.get(row["field"], row.get("default", _MISSING))
+        if value is _MISSING or ("skip_if" in row and value == row["skip_if"]):
+            continue
+        found = _row_condition(c, row, value)
+        if found is not None:
+            out.append(Check(check, c.cond(*found), reasons[check]))
+    for req in d.get("requires") or []:
+        cond = c.condition(req["when"])
+        assert cond is not None
+        out.append(Check(req["check"], cond, c.template(req["reason"])))
+    accepts = c.function(joined([ch.cond.code for ch in out], "and")) if out else (lambda ctx: True)
+    return Kernel(name, tuple(out), accepts, bool(d.get("monolithic")), bool(d.get("function_check")), kernels[name].at())
+
+
+def _key_test(c: Compiler, attr: str, spec: Any) -> tuple[str | None, str]:
+    if spec == "any":
+        return None, "any"
+    if isinstance(spec, list):
+        return f"(ctx.{attr} in {c.k(frozenset(spec))})", "{" + ",".join(show(x) for x in spec) + "}"
+    return f"(ctx.{attr} == {c.k(spec)})", show(spec)
+
+
+def _scheme_row(c: Compiler, row: dict[str, Any]) -> tuple[str, str]:
+    w, wt = _key_test(c, "weight_key", row["weight"])
+    a, at = _key_test(c, "activation_key", row["activation"])
+    cond = c.condition(row.get("when"))
+    codes = [x for x in (w, a, cond.code if cond else None) if x]
+    text = f"({wt} x {at}" + (f" if {cond.text})" if cond else ")")
+    return (joined(codes, "and") if codes else "True"), text

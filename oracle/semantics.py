@@ -1,0 +1,247 @@
+"""Stage 4: cross-reference checks that JSON Schema cannot express.
+
+Unknown backends, kernels, env vars, derived facts, values, placeholders and checks; a
+candidate without kernels; duplicate step ids; reference cycles; a last step that may not
+decide. Conditions are walked through the operator table, so a new operator needs no edit here.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from . import operators, registry
+from .errors import Diagnostic, did_you_mean
+from .facts import FACTS, MESSAGE_WORDS
+from .loader import Entry, RuleSet
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.]+)\}")
+# step keys that decide (the last step must have one); old and new spellings
+DECIDING_ACTIONS = ("outcome", "use", "use_explicit", "use_named_backend", "result", "return_call_result")
+
+
+class Semantics:
+    """Collects every cross-reference problem of one RuleSet (and the packages its rules test)."""
+
+    def __init__(self, rs: RuleSet):
+        self.rs = rs
+        self.s = rs.sections
+        self.problems: list[Diagnostic] = []
+        self.packages_used: set[str] = set()
+
+    def err(self, entry: Entry, message: str, *sub: Any) -> None:
+        self.problems.append(entry.diag(message, *sub))
+
+    def known(self, entry: Entry, kind: str, name: Any, choices: Iterable[str], *sub: Any) -> bool:
+        choices = list(choices)
+        if name in choices:
+            return True
+        self.err(entry, f"unknown {kind} '{name}'{did_you_mean(name, choices)}", *sub)
+        return False
+
+    def condition(self, entry: Entry, cond: Any, *sub: Any) -> None:
+        for node, head, path in operators.walk(cond):
+            where = (*sub, *path)
+            name = node[head.key]
+            if head.refers_to:
+                self.known(entry, head.what, name, self.s[head.refers_to], *where, head.key)
+            if head.key == "package":
+                self.packages_used.add(name)
+            if head.key == "env" and name in self.s["env_vars"]:
+                self.env_test(entry, node, self.s["env_vars"][name].data, *where)
+
+    def env_test(self, entry: Entry, cond: dict[str, Any], spec: dict[str, Any], *sub: Any) -> None:
+        name, parse = cond["env"], spec.get("parse")
+        if ("eq" in cond or "in" in cond) and parse != "choice":
+            self.err(entry, f"'{name}' parses as {parse}; test it with 'is', not 'eq'/'in'", *sub)
+        for v in [cond.get("eq"), *(cond.get("in") or [])]:
+            if v is not None and parse == "choice" and v not in spec.get("choices", []):
+                self.err(entry, f"'{v}' is not a choice of {name}{did_you_mean(v, spec['choices'])}", *sub)
+
+    def operand(self, entry: Entry, op: Any, *sub: Any) -> None:
+        if isinstance(op, dict) and "value" in op:
+            self.known(entry, "value", op["value"], self.s["values"], *sub, "value")
+
+    def key(self, entry: Entry, key: Any, *sub: Any) -> None:
+        if key is None or key in ("any", "from_scenario"):
+            return
+        keys = key if isinstance(key, list) else [key]
+        for i, k in enumerate(keys):
+            if k is not None:
+                self.known(entry, "quantization key", k, self.s["quant_keys"], *(sub + ((i,) if isinstance(key, list) else ())))
+
+    def message(self, entry: Entry, text: Any, *sub: Any) -> None:
+        if not isinstance(text, str):
+            return
+        allowed = set(FACTS) | set(self.s["values"]) | set(MESSAGE_WORDS)
+        for name in PLACEHOLDER.findall(text):
+            if name not in allowed:
+                self.err(entry, f"unknown placeholder '{{{name}}}' in message{did_you_mean(name, allowed)}", *sub)
+
+    def run(self) -> list[Diagnostic]:
+        for e in self.s["derived"].values():
+            self.condition(e, e.data.get("when"), "when")
+        for e in self.s["values"].values():
+            self.value(e)
+        for e in self.s["kernel_checks"].values():
+            self.kernel_check(e)
+        for e in self.s["kernels"].values():
+            self.kernel(e)
+        for e in self.s["families"].values():
+            self.family(e)
+        for e in self.s["policies"].values():
+            self.policy(e)
+        for e in self.s["fact_defaults"].values():
+            self.known(e, "fact", e.name, FACTS)
+        self.cycles("derived", lambda d: operators.references(d.get("when"), "derived"))
+        self.cycles("kernels", lambda d: [d["extends"]] if "extends" in d else [])
+        return self.problems
+
+    def value(self, e: Entry) -> None:
+        d = e.data
+        if "of" in d:
+            self.operand(e, d["of"], "of")
+        if "lookup" in d:
+            if self.known(e, "table", d["lookup"], self.s["tables"], "lookup"):
+                cols = self.s["tables"][d["lookup"]].data.get("columns", [])
+                if len(d.get("keys", [])) != len(cols) - 1:
+                    self.err(e, f"table '{d['lookup']}' has {len(cols) - 1} key columns; give as many keys", "keys")
+            for i, k in enumerate(d.get("keys", [])):
+                self.operand(e, k, "keys", i)
+        if "when" in d:
+            self.condition(e, d["when"], "when")
+
+    def kernel_check(self, e: Entry) -> None:
+        d = e.data
+        self.condition(e, d.get("requires"), "requires")
+        for v, cond in (d.get("requires_by_value") or {}).items():
+            self.condition(e, cond, "requires_by_value", v)
+        self.message(e, d.get("reason"), "reason")
+
+    def kernel(self, e: Entry) -> None:
+        d = e.data
+        if "extends" in d:
+            self.known(e, "kernel", d["extends"], self.s["kernels"], "extends")
+        for check in self.s["kernel_checks"].values():
+            if check.data.get("field_is_condition"):
+                self.condition(e, d.get(check.data["field"]), check.data["field"])
+        schemes = d.get("quant_schemes")
+        if isinstance(schemes, list):
+            for i, row in enumerate(schemes):
+                self.key(e, row.get("weight"), "quant_schemes", i, "weight")
+                self.key(e, row.get("activation"), "quant_schemes", i, "activation")
+                self.condition(e, row.get("when"), "quant_schemes", i, "when")
+        for i, req in enumerate(d.get("requires") or []):
+            self.condition(e, req.get("when"), "requires", i, "when")
+            self.message(e, req.get("reason"), "requires", i, "reason")
+        if d and not self.s["kernel_checks"] and not d.get("extends"):
+            self.err(e, "kernels need a kernel_checks table (which capability checks run, in which order); "
+                        "see rules/common/kernels.yaml")
+
+    def family(self, e: Entry) -> None:
+        d = e.data
+        backends = d.get("backends", {})
+        self.key(e, d.get("weight_key"), "weight_key")
+        for name, b in backends.items():
+            for i, k in enumerate(b.get("kernels", [])):
+                self.known(e, "kernel", k, self.s["kernels"], "backends", name, "kernels", i)
+            self.key(e, b.get("activation_key"), "backends", name, "activation_key")
+            if b.get("kernels") and "activation_key" not in b and d.get("activation_key") != "from_scenario":
+                self.err(e, f"backend {name} has no activation_key and family '{e.name}' does not take it from the scenario", "backends", name)
+            for role in ("converter", "runner"):
+                path = b.get(role)
+                found = registry.problem(path) if path else None
+                if found:
+                    self.err(e, f"{role} {found}", "backends", name, role)
+        emap = d.get("explicit_map") or {}
+        for k, b in (emap.get("entries") or {}).items():
+            self.known(e, "backend", b, backends, "explicit_map", "entries", k)
+        for a, b in (emap.get("batched") or {}).items():
+            self.known(e, "backend", a, backends, "explicit_map", "batched", a)
+            self.known(e, "backend", b, backends, "explicit_map", "batched")
+        if emap.get("batched") and "batched_when" not in d:
+            self.err(e, "explicit_map.batched needs the family's batched_when (the condition for the batched format)",
+                     "explicit_map", "batched")
+        self.condition(e, d.get("batched_when"), "batched_when")
+        for i, row in enumerate(d.get("round_up") or []):
+            for j, b in enumerate(row.get("backends") or []):
+                self.known(e, "backend", b, backends, "round_up", i, "backends", j)
+            self.condition(e, row.get("when"), "round_up", i, "when")
+        for k, text in (d.get("messages") or {}).items():
+            self.message(e, text, "messages", k)
+        for k, text in (d.get("kernel_reasons") or {}).items():
+            self.known(e, "kernel check", k, self.s["kernel_checks"], "kernel_reasons", k)
+            self.message(e, text, "kernel_reasons", k)
+        if emap and "unknown_moe_backend" not in (d.get("messages") or {}):
+            self.err(e, "a family with an explicit_map needs messages.unknown_moe_backend", "messages")
+
+    def policy(self, e: Entry) -> None:
+        d = e.data
+        if not self.known(e, "family", d.get("family"), self.s["families"], "family"):
+            return
+        fam = self.s["families"][d["family"]].data
+        backends = fam.get("backends", {})
+        for i, b in enumerate(d.get("candidates") or []):
+            if self.known(e, "backend", b, backends, "candidates", i) and not backends[b].get("kernels"):
+                self.err(e, f"candidate {b} has no kernel table; add kernels to it or remove it from the list", "candidates", i)
+        seen: dict[str, int] = {}
+        steps = d.get("steps") or []
+        for i, st in enumerate(steps):
+            self.step(e, d, fam, backends, st, i, seen)
+        if steps and ("when" in steps[-1] or not any(a in steps[-1] for a in DECIDING_ACTIONS)):
+            self.err(e, "the last step must decide unconditionally (no 'when'; outcome, use or result)", "steps", len(steps) - 1)
+        for q, spec in (d.get("queries") or {}).items():
+            self.known(e, "value", spec.get("value"), self.s["values"], "queries", q, "value")
+        for fact in d.get("defaults") or {}:
+            self.known(e, "fact", fact, FACTS, "defaults", fact)
+
+    def step(self, e: Entry, d: dict[str, Any], fam: dict[str, Any], backends: dict[str, Any], st: dict[str, Any],
+             i: int, seen: dict[str, int]) -> None:
+        sid = st.get("id")
+        if sid in seen:
+            self.err(e, f"duplicate step id '{sid}' (first at step {seen[sid] + 1})", "steps", i, "id")
+        seen[sid] = i
+        self.condition(e, st.get("when"), "steps", i, "when")
+        for key in ("use", "backend"):
+            if key in st:
+                self.known(e, "backend", st[key], backends, "steps", i, key)
+        for j, b in enumerate(st.get("drop") or []):
+            self.known(e, "backend", b, backends, "steps", i, "drop", j)
+        if isinstance(st.get("try"), list):
+            for j, b in enumerate(st["try"]):
+                if self.known(e, "backend", b, backends, "steps", i, "try", j) and not backends[b].get("kernels"):
+                    self.err(e, f"{b} has no kernel table to try", "steps", i, "try", j)
+        if st.get("try") == "candidates" and not d.get("candidates"):
+            self.err(e, "'try: candidates' needs a candidates list in the policy", "steps", i, "try")
+        if ("use_explicit" in st or "use_named_backend" in st) and not fam.get("explicit_map"):
+            self.err(e, f"family '{d['family']}' has no explicit_map for use_named_backend", "steps", i)
+        if "call" in st:
+            self.known(e, "policy", st["call"], self.s["policies"], "steps", i, "call")
+        for k, op in (st.get("emit") or {}).items():
+            self.operand(e, op, "steps", i, "emit", k)
+        self.message(e, st.get("message"), "steps", i, "message")
+
+    def cycles(self, section: str, edges: Callable[[Any], list[str]]) -> None:
+        items = self.s[section]
+        state: dict[str, int] = {}
+
+        def visit(name: str, stack: list[str]) -> None:
+            if state.get(name) == 2 or name not in items:
+                return
+            if state.get(name) == 1:
+                cyc = stack[stack.index(name):] + [name]
+                self.err(items[name], f"{section} reference cycle: {' -> '.join(cyc)}")
+                return
+            state[name] = 1
+            for nxt in edges(items[name].data):
+                visit(nxt, stack + [name])
+            state[name] = 2
+
+        for n in items:
+            visit(n, [])
+
+
+def semantic_diagnostics(rs: RuleSet) -> tuple[list[Diagnostic], set[str]]:
+    sem = Semantics(rs)
+    problems = sem.run()
+    return problems, sem.packages_used

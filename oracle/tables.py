@@ -1,0 +1,77 @@
+"""Stage 6: assemble a checked RuleSet into one immutable decision Table (families, policies, steps)."""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from .compiler import Compiler
+from .kernels import compile_kernel
+from .loader import Entry, RuleSet
+from .model import FROM_SCENARIO, Backend, DecidedBy, Family, Policy, RoundRow, Step, Table, parse_capability
+
+BUILTIN_QUERIES = ("select", "round_up", "map_backend")
+# step actions, and the clearer spellings the schema also accepts for two of them
+ACTIONS = ("outcome", "use", "use_explicit", "drop", "try", "call", "result", "emit")
+ACTION_ALIASES = {"use_named_backend": "use_explicit", "return_call_result": "result"}
+
+
+def _family(c: Compiler, fname: str, fe: Entry) -> Family:
+    s = c.rs.sections
+    fd = fe.data
+    reasons = {name: c.template((fd.get("kernel_reasons") or {}).get(name, e.data["reason"]))
+               for name, e in s["kernel_checks"].items()}
+    act_default = FROM_SCENARIO if fd.get("activation_key") == FROM_SCENARIO else None
+    backends = {
+        bname: Backend(bname, b.get("value", bname),
+                       tuple(compile_kernel(c, k, s["kernel_checks"], reasons) for k in b["kernels"]),
+                       b.get("activation_key", act_default), b.get("converter"), b.get("runner"),
+                       b.get("missing_why"), fe.at("backends", bname))
+        for bname, b in fd["backends"].items()}
+    emap = fd.get("explicit_map") or {}
+    rows = []
+    for i, r in enumerate(fd.get("round_up") or []):
+        when = c.condition(r.get("when"))
+        rows.append(RoundRow(frozenset(r["backends"]) if "backends" in r else None, when.fn if when else None,
+                             r["intermediate"], r.get("hidden"), fe.at("round_up", i)))
+    batched = c.condition(fd.get("batched_when"))
+    return Family(
+        fname, fd["weight_key"], MappingProxyType(backends),
+        MappingProxyType({b.value: b for b in backends.values()}),
+        MappingProxyType(dict(emap.get("entries") or {})), MappingProxyType(dict(emap.get("batched") or {})),
+        batched.fn if batched else None, tuple(rows),
+        MappingProxyType({k: c.template(v) for k, v in fd["messages"].items()}), fe.at())
+
+
+def _step(c: Compiler, st: dict[str, Any], at: str) -> Step:
+    key = next(a for a in (*ACTIONS, *ACTION_ALIASES) if a in st)
+    action = ACTION_ALIASES.get(key, key)
+    arg = st[key]
+    if action == "emit":
+        arg = tuple((k, c.operand(v)) for k, v in arg.items())
+    elif action == "outcome":
+        arg = (arg, st.get("backend"))
+    when = c.condition(st.get("when"))
+    check = st.get("check", not st.get("skip_support_check", False))
+    return Step(st["id"], when, when.fn if when else None, action, arg, check, st.get("report_kernel", True),
+                c.template(st["message"]) if "message" in st else None, at, st["why"], DecidedBy(st["id"], at, st["why"]))
+
+
+def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
+    c = Compiler(rs)
+    s = rs.sections
+    families = {fname: _family(c, fname, fe) for fname, fe in s["families"].items()}
+    table_defaults = {name: e.data for name, e in s["fact_defaults"].items()}
+    policies: dict[str, Policy] = {}
+    queries: dict[str, None] = {}
+    for pname, pe in s["policies"].items():
+        pd = pe.data
+        steps = tuple(_step(c, st, pe.at("steps", i)) for i, st in enumerate(pd["steps"]))
+        pq = {q: c.value(spec["value"]) for q, spec in (pd.get("queries") or {}).items()}
+        queries.update(dict.fromkeys(pq))
+        policies[pname] = Policy(pname, pd["description"], families[pd["family"]], tuple(pd.get("candidates") or ()),
+                                 steps, MappingProxyType(pq),
+                                 MappingProxyType({**table_defaults, **(pd.get("defaults") or {})}), pe.at())
+    archs = {k: parse_capability(v.data) for k, v in s["rocm_archs"].items()}
+    return Table(rs.name, rs.description, tuple(rs.files), MappingProxyType(policies), MappingProxyType(families),
+                 frozenset(packages), frozenset(c.env), MappingProxyType(archs),
+                 BUILTIN_QUERIES + tuple(q for q in queries if q not in BUILTIN_QUERIES), c.gen)
