@@ -144,15 +144,40 @@ def sweep_candidates(tokens):
     """Launch configs worth timing at this T (decode: swap-AB and narrow tiles; prefill: big tiles)."""
     L = tuning.LaunchConfig
     if tokens <= 64:
-        return [(c, c) for c in (L(16, 32, 128, 1, True, 4, 3), L(16, 64, 128, 1, True, 4, 3),
-                                 L(16, 128, 128, 1, True, 4, 3), L(16, 32, 256, 1, True, 4, 3),
-                                 L(16, 64, 256, 1, True, 4, 3), L(16, 32, 128, 1, False, 4, 3),
-                                 L(16, 64, 128, 1, False, 4, 3), L(16, 64, 128, 1, True, 4, 4))]
+        return [(c, c) for c in (L(16, 64, 128, 1, True, 4, 3), L(16, 128, 128, 1, True, 4, 3),
+                                 L(16, 64, 128, 1, True, 4, 4), L(16, 128, 128, 1, True, 8, 4),
+                                 L(16, 64, 64, 1, True, 4, 6), L(16, 32, 128, 1, False, 4, 3),
+                                 L(16, 64, 128, 1, False, 4, 4))]
     if tokens <= 1024:
-        return [(L(bm, bn, 128, 8, False, w, 3), L(bm, 128, 128, 8, False, w, 3))
-                for bm in (32, 64) for bn in (64, 128) for w in (4, 8)]
+        return [(L(bm, bn, 128, 8, swap, w, 3), L(bm, 128, 128, 8, swap, w, 3))
+                for bm, swap in ((16, True), (32, False), (64, False)) for bn in (64, 128) for w in (4, 8)]
     return [(L(bm, bn, bk, 8, False, 8, st), L(bm, 128, bk, 8, False, 8, st))
             for bm in (64, 128) for bn in (64, 128) for bk, st in ((64, 3), (64, 4), (128, 3))]
+
+
+def tuned_table(gpu: str, sweep_rows: list, tokens_list: list) -> dict:
+    """A configs/*.yaml table from sweep rows: per shape, the fastest config at each swept T, valid up to
+    the geometric middle of the next swept T; default.yaml's entries follow as the catch-all."""
+    entries = []
+    for name in dict.fromkeys(r["shape"] for r in sweep_rows):
+        shape = SHAPES[name]
+        when_shape = {"format": shape.format, "experts": shape.experts, "top_k": shape.top_k,
+                      "hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size}
+        swept = sorted({r["tokens"] for r in sweep_rows if r["shape"] == name})
+        for index, tokens in enumerate(swept):
+            best = min((r for r in sweep_rows if r["shape"] == name and r["tokens"] == tokens), key=lambda r: r["us"])
+            when = dict(when_shape)
+            if index + 1 < len(swept):
+                when["max_tokens"] = int((tokens * swept[index + 1]) ** 0.5)
+            entries.append({"why": f"{name} T={tokens}: {best['us']:.1f} us in the sweep", "when": when,
+                            "gemm1": best["gemm1"], "gemm2": best["gemm2"]})
+    default = tuning.load_table(str(tuning.CONFIG_DIR / "default.yaml"))
+    table = {"gpus": [gpu], "why": f"Fastest swept launch configs on {gpu} per shape and T (benchmarks/bench_moe.py "
+                                   f"--sweep); other shapes fall through to the default entries.",
+             "measured": time.strftime("%Y-%m-%d") + f" on {gpu}",
+             "entries": entries + default["entries"]}
+    tuning.validate_table(table, "sweep output")
+    return table
 
 
 def main():
@@ -243,6 +268,14 @@ def main():
         with open(os.path.join(args.out, f"moe-{tag}.json"), "w") as f:
             json.dump({"gpu": gpu, "bandwidth_gbs": bw, "copy_gbs": copy, "read_gbs": read, "matmul_tflops": mm,
                        "rows": rows}, f, indent=1)
+        if args.sweep and rows:
+            import yaml
+
+            name = gpu.lower().replace(" ", "-")
+            with open(os.path.join(args.out, f"{name}.yaml"), "w") as f:
+                f.write("# yaml-language-server: $schema=../../../schemas/tuning.schema.json\n")
+                yaml.safe_dump(tuned_table(gpu, rows, list(map(int, args.tokens.split(",")))), f, sort_keys=False,
+                               width=120)
 
 
 if __name__ == "__main__":

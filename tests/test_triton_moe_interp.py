@@ -74,9 +74,33 @@ def _run_case(name: str, spec) -> dict:
     return stats
 
 
+ALIGN_CASES = [(1, 128, 4, 16), (3, 32, 4, 16), (37, 8, 3, 16), (64, 256, 8, 16), (120, 128, 8, 64), (9, 6, 1, 32)]
+
+
+def _check_fused_alignment() -> dict:
+    """The one-launch alignment kernel gives exactly the torch path's blocks (T, E, k, BLOCK_M cases)."""
+    import torch
+
+    from backends.triton_moe import _kernels, _routing
+
+    gen = torch.Generator().manual_seed(5)
+    mismatches = []
+    for tokens, experts, k, block_m in ALIGN_CASES:
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).int()
+        ids[: tokens // 2, 0] = 1  # a crowded expert
+        ref = _routing._align_torch(ids, experts, block_m)
+        got = _routing._align_fused(ids, experts, block_m, _kernels)
+        used = int(ref.padded_total) // block_m
+        if not (int(got.padded_total) == int(ref.padded_total) and torch.equal(got.sorted_pairs, ref.sorted_pairs)
+                and torch.equal(got.block_expert[:used], ref.block_expert[:used])):
+            mismatches.append([tokens, experts, k, block_m])
+    return {"mismatches": mismatches}
+
+
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path))
     proc = subprocess.run([sys.executable, __file__], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
     return {row["case"]: row for row in map(json.loads, proc.stdout.splitlines())}
@@ -92,12 +116,18 @@ def test_interpreter_matches_emulation(interpreter_results, case):
     assert stats["bit_identical_rerun"], "two runs on the same input differ"
 
 
+def test_interpreter_fused_alignment_matches_torch_path(interpreter_results):
+    row = interpreter_results["fused-alignment"]
+    assert "error" not in row, row.get("error")
+    assert row["mismatches"] == [], f"(T, E, k, BLOCK_M) cases that differ: {row['mismatches']}"
+
+
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
     import traceback
 
-    for case_name, case_spec in CASES.items():
+    for case_name, case_spec in [*CASES.items(), ("fused-alignment", None)]:
         try:
-            row = _run_case(case_name, case_spec)
+            row = _check_fused_alignment() if case_spec is None else _run_case(case_name, case_spec)
         except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
             row = {"error": traceback.format_exc()[-3000:]}
         print(json.dumps({"case": case_name, **row}), flush=True)

@@ -10,7 +10,12 @@ import copy
 import pytest
 import torch
 
-from backends.layouts.triton_moe import from_kernel_layout, to_kernel_layout
+from backends.layouts.triton_moe import (
+    _from_words,
+    _to_words,
+    from_kernel_layout,
+    to_kernel_layout,
+)
 from backends.triton_moe import _routing, tuning
 from backends.triton_moe.testing import Shape, random_checkpoint
 
@@ -35,8 +40,26 @@ def test_interleaved_rows_become_gate_then_up():
     ckpt = random_checkpoint(SMALL_MX, generator=torch.Generator().manual_seed(1))
     kw = to_kernel_layout(**ckpt)
     inter = SMALL_MX.intermediate_size
-    for src, dst in (("w13", kw.w13), ("w13_scale", kw.w13_scale), ("w13_bias", kw.w13_bias)):
+    scale_bytes = _from_words(kw.w13_scale, "mxfp4", SMALL_MX.hidden_size)
+    for src, dst in (("w13", kw.w13), ("w13_scale", scale_bytes), ("w13_bias", kw.w13_bias)):
         assert torch.equal(dst[:, :inter], ckpt[src][:, 0::2]) and torch.equal(dst[:, inter:], ckpt[src][:, 1::2]), src
+
+
+@pytest.mark.parametrize("fmt,k", [("mxfp4", 2880), ("nvfp4", 7168), ("nvfp4", 96)])
+def test_scale_words_hold_one_128_chunk_little_endian(fmt, k):
+    block = 32 if fmt == "mxfp4" else 16
+    scales = torch.randint(0, 256, (2, 3, k // block), dtype=torch.uint8)
+    words = _to_words(scales, fmt)
+    assert words.dtype == (torch.int32 if fmt == "mxfp4" else torch.int64)
+    assert words.shape == (2, -(-k // 128), 3)
+    per_word = 128 // block
+    for chunk in range(words.shape[1]):
+        for j in range(per_word):
+            byte = (words[:, chunk, :] >> (8 * j)) & 0xFF
+            g = chunk * per_word + j
+            expected = scales[:, :, g].long() if g < k // block else torch.zeros(2, 3, dtype=torch.long)
+            assert torch.equal(byte.long(), expected), (chunk, j)
+    assert torch.equal(_from_words(words, fmt, k), scales)
 
 
 def test_layout_rejects_bad_checkpoints():

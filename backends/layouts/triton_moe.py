@@ -2,8 +2,11 @@
 
 Kernel layout (per expert e, K packed two E2M1 codes per byte, low nibble first, rows K-major):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
-    w13_scale  uint8   [E, 2I, H/B]   E8M0 exponents (MXFP4, B=32) or E4M3 bytes (NVFP4, B=16)
-    w2         uint8   [E, H, I/2];   w2_scale uint8 [E, H, I/B]
+    w13_scale  int32 (MXFP4) / int64 (NVFP4)  [E, ceil(H/128), 2I]: "scale words", one word per row and
+               128-wide K chunk holding that chunk's 4 E8M0 exponents (B=32) or 8 E4M3 bytes (B=16),
+               little-endian (byte j = sub-block j), chunk-major so a K step loads BN consecutive words;
+               a K tail chunk is padded with zero bytes
+    w2         uint8   [E, H, I/2];   w2_scale words [E, ceil(I/128), H]
     w13_bias   fp32    [E, 2I] (same row order) or None;  w2_bias fp32 [E, H] or None
     w13_global_scale, w2_global_scale  fp32 [E]: NVFP4 per-expert quantization multipliers (the
                kernels divide the fp32 accumulator by them, as the format defines); None for MXFP4
@@ -21,6 +24,9 @@ FORMATS = ("mxfp4", "nvfp4")
 SCALE_BLOCK = {"mxfp4": 32, "nvfp4": 16}
 #: H and I must be multiples of this (the largest scale block, so every K tile holds whole blocks).
 SIZE_ALIGNMENT = 32
+#: K elements covered by one scale word (the kernels' BLOCK_K must divide it).
+SCALE_CHUNK = 128
+_WORD_DTYPE = {"mxfp4": torch.int32, "nvfp4": torch.int64}
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,23 @@ def _scale_bytes(scale: torch.Tensor, fmt: str, name: str) -> torch.Tensor:
     return scale.contiguous().view(torch.uint8)
 
 
+def _to_words(scale_bytes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """[E, rows, K/B] uint8 -> [E, ceil(K/128), rows] words (zero bytes pad the last chunk)."""
+    per_word = SCALE_CHUNK // SCALE_BLOCK[fmt]
+    e, rows, groups = scale_bytes.shape
+    chunks = -(-groups // per_word)
+    padded = scale_bytes.new_zeros((e, rows, chunks * per_word))
+    padded[..., :groups] = scale_bytes
+    words = padded.view(_WORD_DTYPE[fmt]).reshape(e, rows, chunks)
+    return words.transpose(1, 2).contiguous()
+
+
+def _from_words(words: torch.Tensor, fmt: str, k: int) -> torch.Tensor:
+    """Inverse of _to_words: [E, chunks, rows] words -> [E, rows, K/B] uint8."""
+    e, _, rows = words.shape
+    return words.transpose(1, 2).contiguous().view(torch.uint8).reshape(e, rows, -1)[..., :k // SCALE_BLOCK[fmt]]
+
+
 def to_kernel_layout(
     *, format: str, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
@@ -117,7 +140,7 @@ def to_kernel_layout(
     fix = _deinterleave_rows if gate_up_layout == "interleaved" else (lambda t: None if t is None else t.contiguous())
     return TritonMoEWeights(
         format=format,
-        w13=fix(w13), w13_scale=fix(s13), w2=w2.contiguous(), w2_scale=s2.contiguous(),
+        w13=fix(w13), w13_scale=_to_words(fix(s13), format), w2=w2.contiguous(), w2_scale=_to_words(s2, format),
         w13_bias=None if w13_bias is None else fix(w13_bias.float()),
         w2_bias=None if w2_bias is None else w2_bias.float().contiguous(),
         w13_global_scale=gs13, w2_global_scale=gs2,
@@ -128,10 +151,12 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
     """Kernel layout -> the emulation backend's keyword arguments (exact inverse of to_kernel_layout)."""
     fix = _interleave_rows if gate_up_layout == "interleaved" else (lambda t: t)
     scale_dtype = torch.uint8 if kw.format == "mxfp4" else torch.float8_e4m3fn
-    out = {"format": kw.format, "w13": fix(kw.w13), "w13_scale": fix(kw.w13_scale).view(scale_dtype),
-               "w2": kw.w2, "w2_scale": kw.w2_scale.view(scale_dtype),
-               "w13_bias": None if kw.w13_bias is None else fix(kw.w13_bias), "w2_bias": kw.w2_bias,
-               "gate_up_layout": gate_up_layout}
+    s13 = _from_words(kw.w13_scale, kw.format, kw.hidden_size)
+    s2 = _from_words(kw.w2_scale, kw.format, kw.intermediate_size)
+    out = {"format": kw.format, "w13": fix(kw.w13), "w13_scale": fix(s13).view(scale_dtype),
+           "w2": kw.w2, "w2_scale": s2.view(scale_dtype),
+           "w13_bias": None if kw.w13_bias is None else fix(kw.w13_bias), "w2_bias": kw.w2_bias,
+           "gate_up_layout": gate_up_layout}
     if kw.format == "nvfp4":
         out["w13_global_scale"] = kw.w13_global_scale
         out["w2_global_scale"] = kw.w2_global_scale

@@ -45,6 +45,15 @@ def _dequant_tile(packed, scale_codes, ROWS: tl.constexpr, BLOCK_K: tl.constexpr
 
 
 @triton.jit
+def _scale_codes(words, k0, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+    """[ROWS] scale words (all block scales of one 128-wide K chunk, little-endian bytes) -> this K tile's
+    [ROWS, BLOCK_K/SCALE_BLOCK] codes. One 4- or 8-byte load per row keeps the scale loads wide enough
+    for Triton's asynchronous (cp.async) pipelining; byte loads would stall every K step."""
+    j = (k0 % 128) // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)
+    return (words[:, None] >> (8 * j).to(words.dtype)[None, :]) & 0xFF
+
+
+@triton.jit
 def _round_bf16(v, INTERPRETED: tl.constexpr):
     """fp32 -> bf16 rounded to nearest even; the CPU interpreter truncates casts, so round the bits there."""
     if INTERPRETED:
@@ -60,9 +69,11 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
     if DOT_FP32:  # CPU interpreter: its bf16 dot is wrong (triton 3.9); the operands are bf16-exact anyway
         a = a.to(tl.float32)
         w = w.to(tl.float32)
-    if SWAP_AB:
-        return tl.dot(w, tl.trans(a), acc)
-    return tl.dot(a, tl.trans(w), acc)
+    if SWAP_AB:  # one return: triton 3.6 compiles both returns of an early-return constexpr branch
+        acc = tl.dot(w, tl.trans(a), acc)
+    else:
+        acc = tl.dot(a, tl.trans(w), acc)
+    return acc
 
 
 @triton.jit
@@ -83,8 +94,8 @@ def _tile_ids(num_m_blocks, n_size, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr
 def gemm1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
-    num_pairs, num_m_blocks, K, N,
-    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_hm,
+    num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm,
     alpha, beta, limit,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -102,14 +113,13 @@ def gemm1_act_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
     offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_ks = tl.arange(0, BLOCK_K // SCALE_BLOCK)
     offs_k = tl.arange(0, BLOCK_K)
 
     x_ptrs = x_ptr + token[:, None] * stride_xm + offs_k[None, :]
     wg_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_kb[None, :]
     wu_ptrs = wg_ptrs + N * stride_wn
-    sg_ptrs = s_ptr + expert * stride_se + offs_n[:, None] * stride_sn + offs_ks[None, :]
-    su_ptrs = sg_ptrs + N * stride_sn
+    sg_ptrs = s_ptr + expert * stride_se + offs_n
+    su_ptrs = sg_ptrs + N
     if SWAP_AB:
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -120,23 +130,21 @@ def gemm1_act_kernel(
         if EVEN_K:
             k_ok = offs_k < BLOCK_K
             kb_ok = offs_kb < BLOCK_K
-            ks_ok = offs_ks < BLOCK_K
         else:
             k_ok = offs_k < K - k0
             kb_ok = offs_kb < (K - k0) // 2
-            ks_ok = offs_ks < (K - k0) // SCALE_BLOCK
         a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         wg = tl.load(wg_ptrs, mask=col_ok[:, None] & kb_ok[None, :], other=0)
         wu = tl.load(wu_ptrs, mask=col_ok[:, None] & kb_ok[None, :], other=0)
-        sg = tl.load(sg_ptrs, mask=col_ok[:, None] & ks_ok[None, :], other=0)
-        su = tl.load(su_ptrs, mask=col_ok[:, None] & ks_ok[None, :], other=0)
+        sg = _scale_codes(tl.load(sg_ptrs + (k0 // 128) * stride_sc, mask=col_ok, other=0), k0, BLOCK_K,
+                          SCALE_BLOCK)
+        su = _scale_codes(tl.load(su_ptrs + (k0 // 128) * stride_sc, mask=col_ok, other=0), k0, BLOCK_K,
+                          SCALE_BLOCK)
         acc_g = _mma(acc_g, a, _dequant_tile(wg, sg, BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4), SWAP_AB, DOT_FP32)
         acc_u = _mma(acc_u, a, _dequant_tile(wu, su, BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4), SWAP_AB, DOT_FP32)
         x_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K // 2
         wu_ptrs += BLOCK_K // 2
-        sg_ptrs += BLOCK_K // SCALE_BLOCK
-        su_ptrs += BLOCK_K // SCALE_BLOCK
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -162,8 +170,8 @@ def gemm1_act_kernel(
 def gemm2_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
-    num_pairs, num_m_blocks, K, N,
-    stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
+    num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr,
     DOT_FP32: tl.constexpr, EVEN_K: tl.constexpr,
@@ -179,12 +187,11 @@ def gemm2_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
     offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_ks = tl.arange(0, BLOCK_K // SCALE_BLOCK)
     offs_k = tl.arange(0, BLOCK_K)
 
     a_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_k[None, :]
     w_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_kb[None, :]
-    s_ptrs = s_ptr + expert * stride_se + offs_n[:, None] * stride_sn + offs_ks[None, :]
+    s_ptrs = s_ptr + expert * stride_se + offs_n
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -193,18 +200,15 @@ def gemm2_kernel(
         if EVEN_K:
             k_ok = offs_k < BLOCK_K
             kb_ok = offs_kb < BLOCK_K
-            ks_ok = offs_ks < BLOCK_K
         else:
             k_ok = offs_k < K - k0
             kb_ok = offs_kb < (K - k0) // 2
-            ks_ok = offs_ks < (K - k0) // SCALE_BLOCK
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=col_ok[:, None] & kb_ok[None, :], other=0)
-        s = tl.load(s_ptrs, mask=col_ok[:, None] & ks_ok[None, :], other=0)
+        s = _scale_codes(tl.load(s_ptrs + (k0 // 128) * stride_sc, mask=col_ok, other=0), k0, BLOCK_K, SCALE_BLOCK)
         acc = _mma(acc, a, _dequant_tile(w, s, BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4), SWAP_AB, DOT_FP32)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 2
-        s_ptrs += BLOCK_K // SCALE_BLOCK
     if SWAP_AB:
         acc = tl.trans(acc)
     if NVFP4:
@@ -218,7 +222,7 @@ def gemm2_kernel(
 
 
 @triton.jit
-def topk_sum_kernel(pair_out_ptr, out_ptr, N, stride_pm, stride_om,
+def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om,
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
     """y[t] = sum_j pair_out[t*k + j] in fixed order j = 0..k-1 (deterministic), rounded to bf16."""
     token = tl.program_id(0).to(tl.int64)
@@ -232,3 +236,39 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N, stride_pm, stride_om,
 
 #: True when Triton's CPU interpreter runs these kernels (TRITON_INTERPRET=1 at triton's first import).
 INTERPRETED = not isinstance(topk_sum_kernel, triton.runtime.jit.JITFunction)
+
+
+@triton.jit
+def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr, scratch_ptr, num_pairs,
+                       num_blocks, E: tl.constexpr, E_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,
+                       BLOCK_M: tl.constexpr, ROWS_CHUNK: tl.constexpr, BLOCKS_CHUNK: tl.constexpr):
+    """_routing.align in one program (decode sizes: num_pairs <= P_BLOCK): one launch instead of ~20.
+
+    Sorts keys expert * P_BLOCK + pair (unique, so the order inside an expert is the pair order),
+    histograms the experts, and scatters each pair to padded_start[e] + its rank inside e.
+    """
+    offs = tl.arange(0, P_BLOCK)
+    expert = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E).to(tl.int32)
+    bins = tl.arange(0, E_BLOCK)
+    counts = tl.where(bins < E, tl.histogram(expert, E_BLOCK), 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    delta = padded_end - padded - (tl.cumsum(counts, 0) - counts)  # padded start - unpadded start
+    tl.store(scratch_ptr + bins, delta)
+    tl.store(scratch_ptr + E_BLOCK + bins, padded_end)
+    total = tl.sum(padded, 0)
+    tl.store(padded_total_ptr, total)
+    for r0 in range(0, num_blocks * BLOCK_M, ROWS_CHUNK):  # sentinel everywhere first
+        rows = r0 + tl.arange(0, ROWS_CHUNK)
+        tl.store(sorted_pairs_ptr + rows, num_pairs, mask=rows < num_blocks * BLOCK_M)
+    tl.debug_barrier()
+    key = tl.sort(expert * P_BLOCK + offs)
+    sorted_expert = key // P_BLOCK
+    real = sorted_expert < E
+    dest = offs + tl.load(scratch_ptr + sorted_expert, mask=real, other=0)
+    tl.store(sorted_pairs_ptr + dest, key % P_BLOCK, mask=real)
+    for b0 in range(0, num_blocks, BLOCKS_CHUNK):  # expert of block b = #experts whose padded end <= b*BM
+        blocks = b0 + tl.arange(0, BLOCKS_CHUNK)
+        ends = tl.load(scratch_ptr + E_BLOCK + bins, mask=bins < E, other=2147483647)
+        owner = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), 1)
+        tl.store(block_expert_ptr + blocks, tl.minimum(owner, E - 1), mask=blocks < num_blocks)

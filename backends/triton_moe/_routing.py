@@ -50,8 +50,44 @@ class Alignment:
     block_m: int
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
-    """Counting sort of the pairs by expert, with per-expert padding to BLOCK_M; stable in pair order."""
+#: Up to this many (token, slot) pairs the alignment runs as one Triton program (one launch).
+SMALL_ALIGN_PAIRS = 4096
+
+
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None) -> Alignment:
+    """Counting sort of the pairs by expert, with per-expert padding to BLOCK_M; stable in pair order.
+
+    With `kernels` (the Triton module) and few pairs: one fused launch; otherwise a fixed sequence of
+    torch ops (both without host sync, both giving the same result).
+    """
+    num_pairs = topk_ids.numel()
+    if kernels is not None and 0 < num_pairs <= SMALL_ALIGN_PAIRS:
+        return _align_fused(topk_ids, num_experts, block_m, kernels)
+    return _align_torch(topk_ids, num_experts, block_m)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _align_fused(topk_ids, num_experts, block_m, kernels) -> Alignment:
+    device = topk_ids.device
+    num_pairs = topk_ids.numel()
+    num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
+    e_block = _pow2(num_experts + 1)  # one spare bin for the padding lanes (expert id E)
+    sorted_pairs = torch.empty(num_blocks * block_m, dtype=torch.int32, device=device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
+    padded_total = torch.empty(1, dtype=torch.int32, device=device)
+    scratch = torch.empty(2 * e_block, dtype=torch.int32, device=device)
+    kernels.align_small_kernel[(1,)](
+        topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch, num_pairs, num_blocks,
+        E=num_experts, E_BLOCK=e_block, P_BLOCK=max(16, _pow2(num_pairs)), BLOCK_M=block_m,
+        ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)), num_warps=4,
+    )
+    return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m)
+
+
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     num_pairs = flat.numel()

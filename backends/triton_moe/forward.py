@@ -125,8 +125,8 @@ def moe_forward(
         device_name = torch.cuda.get_device_name(x.device) if x.device.type == "cuda" else None
         config = tuning.select_config(device_name=device_name, format=weights.format, tokens=tokens,
                                       experts=experts, top_k=k, hidden_size=hidden, intermediate_size=inter)
-    al = align(ids, experts, config.gemm1.block_m)
     kernels = _kernels_for(x.device)
+    al = align(ids, experts, config.gemm1.block_m, kernels)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED)
     return out
