@@ -114,8 +114,9 @@ def test_decisions_become_vllm_return_values_or_vllm_exceptions():
 
     def classes(member):
         return [KernelA, KernelB]
-    assert to_vllm_answer(decision("selected", "TRITON", "KernelB"), FakeBackend, classes) == (FakeBackend.TRITON, KernelB)
-    assert to_vllm_answer(decision("selected", "TRITON", None), FakeBackend, classes) == (FakeBackend.TRITON, KernelA)
+    triton = FakeBackend.TRITON
+    assert to_vllm_answer(decision("selected", "TRITON", "KernelB"), FakeBackend, classes) == (triton, KernelB)
+    assert to_vllm_answer(decision("selected", "TRITON", None), FakeBackend, classes) == (triton, KernelA)
     assert to_vllm_answer(decision("none"), FakeBackend, classes) == (FakeBackend.NONE, None)
     for outcome, exc in (("invalid", ValueError), ("unsupported", NotImplementedError)):
         with pytest.raises(exc) as info:
@@ -179,7 +180,8 @@ def test_each_distinct_decision_is_logged_once_with_its_rule_file_and_step(oracl
             plugin._log_once(sel, active, question, oracle.select(question))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
-    assert "on cuda 9.0 -> TRITON / OAITritonMxfp4ExpertsMonolithic; decided by step 'auto' at rules/common/mxfp4.yaml:" in lines[0]
+    assert ("on cuda 9.0 -> TRITON / OAITritonMxfp4ExpertsMonolithic; decided by step 'auto' "
+            "at rules/common/mxfp4.yaml:") in lines[0]
     assert "-> MARLIN / MarlinExperts; decided by step 'marlin-forced'" in lines[1]
 
 
@@ -190,7 +192,8 @@ def test_float32_router_logits_are_warned_about_where_vllm_reads_them(caplog):
     plugin._warned.clear()
     routing = enum.IntEnum("RoutingMethodType", {"DeepSeekV3": 2, "Renormalize": 1})
     with caplog.at_level(logging.WARNING, logger="moe_oracle"):
-        plugin._warn_once_if_unexpressed(types.SimpleNamespace(router_logits_dtype=Float32(), routing_method=routing.DeepSeekV3))
+        plugin._warn_once_if_unexpressed(types.SimpleNamespace(router_logits_dtype=Float32(),
+                                                               routing_method=routing.DeepSeekV3))
         assert not caplog.records
         for _ in range(2):
             plugin._warn_once_if_unexpressed(types.SimpleNamespace(router_logits_dtype=Float32(),
@@ -241,12 +244,12 @@ def test_shipped_rules_answer_every_golden_question_as_unpatched_vllm(machine, o
     questions = golden_questions()
     unpatched = [vllm_answer(machine.originals[BY_POLICY[q["scenario"]["policy"]].name], machine.ask(q["scenario"]))
                  for q in questions]
-    for q, (answer, _) in zip(questions, unpatched):  # the simulation reproduces the recorded vLLM answers
+    for q, (answer, _) in zip(questions, unpatched, strict=True):  # the simulation reproduces the recorded vLLM answers
         assert answer == answer_of(types.SimpleNamespace(error=None, **{"backend": None, "kernel": None,
                                                                           **q["expected"]})), q["scenario"]
     with caplog.at_level(logging.INFO, logger="moe_oracle"):
         patched = through_plugin(machine, "vllm-0.20")
-    for q, (vllm_own, _), (ours, message) in zip(questions, unpatched, patched):
+    for q, (vllm_own, _), (ours, message) in zip(questions, unpatched, patched, strict=True):
         assert ours == vllm_own, q["scenario"]
         if message is not None:
             assert message == oracle.select(q["scenario"]).error
@@ -279,11 +282,11 @@ def test_an_edited_rule_changes_vllm_exactly_where_the_oracle_changes(machine, o
                       if answer_of(edited.select(q["scenario"])) != answer_of(oracle.select(q["scenario"]))}
     shipped = [a for a, _ in through_plugin(machine, "vllm-0.20")]
     after_edit = [a for a, _ in through_plugin(machine, rules)]
-    vllm_changed = {i for i, (a, b) in enumerate(zip(shipped, after_edit)) if a != b}
+    vllm_changed = {i for i, (a, b) in enumerate(zip(shipped, after_edit, strict=True)) if a != b}
     assert 0 < len(oracle_changed) < len(questions), "the edit must change some answers and keep others"
     assert vllm_changed == oracle_changed
     assert {a[1] for i, a in enumerate(after_edit) if i in vllm_changed} >= {"MARLIN", "FLASHINFER_CUTLASS"}
-    for q, ours in zip(questions, after_edit):
+    for q, ours in zip(questions, after_edit, strict=True):
         assert ours == answer_of(edited.select(q["scenario"])), q["scenario"]
 
 

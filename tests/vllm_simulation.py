@@ -177,12 +177,13 @@ def vllm_config(moe: dict):
     parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=p["dp_size"], ep_size=p["ep_size"], tp_rank=0,
                                       pcp_rank=0, dp_rank=0, ep_rank=0, sp_size=1, use_ep=p["use_ep"],
                                       all2all_backend=p["all2all_backend"], enable_eplb=p["eplb"])
-    return FusedMoEConfig(num_experts=moe["num_experts"], experts_per_token=moe["top_k"], hidden_dim=moe["hidden_size"],
-                          intermediate_size_per_partition=moe["intermediate_size"], num_local_experts=moe["num_experts"],
-                          num_logical_experts=moe["num_experts"], activation=MoEActivation(moe["activation"]),
-                          device="cuda", routing_method=RoutingMethodType[moe["routing_method"]],
-                          moe_parallel_config=parallel, in_dtype=torch.bfloat16, moe_backend=moe["moe_backend"],
-                          has_bias=moe["has_bias"], is_act_and_mul=moe["is_act_and_mul"], is_lora_enabled=moe["lora"])
+    return FusedMoEConfig(
+        num_experts=moe["num_experts"], experts_per_token=moe["top_k"], hidden_dim=moe["hidden_size"],
+        intermediate_size_per_partition=moe["intermediate_size"], num_local_experts=moe["num_experts"],
+        num_logical_experts=moe["num_experts"], activation=MoEActivation(moe["activation"]), device="cuda",
+        routing_method=RoutingMethodType[moe["routing_method"]], moe_parallel_config=parallel,
+        in_dtype=torch.bfloat16, moe_backend=moe["moe_backend"], has_bias=moe["has_bias"],
+        is_act_and_mul=moe["is_act_and_mul"], is_lora_enabled=moe["lora"])
 
 
 def vllm_answer(fn, kwargs) -> tuple[tuple, str | None]:

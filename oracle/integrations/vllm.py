@@ -77,9 +77,10 @@ class Release:
 #   "0.33": Release("0.33", "vllm-0.33", (
 #       Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", ("activation_key",), ...),
 #       Selector(_MXFP4, "select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4", "Mxfp4MoeBackend", (), ...),
-#       Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", ("weight_key", "activation_key"), ...)))
+#       Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend",
+#                ("weight_key", "activation_key"), ...)))
 # together with the scenario fields 0.33 adds (platform.amx, moe.swiglu_limit, moe.user_activation_key, the
-# humming / b12x / quark probes). _patch checks each signature, so a renamed parameter is refused, not guessed.
+# humming / b12x / quark probes). _target checks each signature, so a renamed parameter is refused, not guessed.
 RELEASES: dict[str, Release] = {
     "0.20": Release("0.20", "vllm-0.20", (
         Selector(_MXFP4, "select_gpt_oss_mxfp4_moe_backend", "mxfp4-gpt-oss", "Mxfp4MoeBackend", (),
@@ -390,8 +391,9 @@ def _log_once(sel: Selector, active: _Active, scenario: dict, decision: Any) -> 
     if key in _logged:
         return
     _logged.add(key)
-    chosen = (f"{answer.get('backend')} / {answer.get('kernel')}" if answer["outcome"] == "selected"
-              else f"{answer['outcome']}: {answer.get('error') or answer.get('backend')}")
+    chosen = {"selected": f"{answer.get('backend')} / {answer.get('kernel')}",
+              "none": "no fused-MoE backend (NONE, None)"}.get(answer["outcome"],
+                                                              f"{answer['outcome']}: {answer.get('error')}")
     plat = scenario["platform"]
     where = ".".join(map(str, plat["capability"])) if "capability" in plat else plat.get("gcn_arch", "")
     log.info("moe-oracle: vLLM's %s on %s%s -> %s; decided by step %r at %s (%s) [profile %s, rules %s]",
