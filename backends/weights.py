@@ -99,7 +99,8 @@ class MoEWeights:
         if rows % 2:
             self._fail(ValueError, f"w13.shape[1]={rows} must be even (gate and up rows of a gated expert)")
         inter = rows // 2
-        for dim_name, size in (("hidden size H (w2.shape[1])", hidden), ("intermediate size I (w13.shape[1] / 2)", inter)):
+        sizes = (("hidden size H (w2.shape[1])", hidden), ("intermediate size I (w13.shape[1] / 2)", inter))
+        for dim_name, size in sizes:
             if size % block:
                 self._fail(ValueError, f"{dim_name}={size} must be a multiple of {block} (the {self.format} block "
                            f"size); pad the checkpoint with MoEWeights.pad")
@@ -113,7 +114,8 @@ class MoEWeights:
         self._check("w2_scale", scale_dtype, (experts, hidden, inter // block), scale_fix)
         for name, shape in (("w13_bias", (experts, 2 * inter)), ("w2_bias", (experts, hidden))):
             if getattr(self, name) is not None:
-                self._check(name, torch.float32, shape, "biases are fp32 in the weight's row order; convert with .float()")
+                self._check(name, torch.float32, shape,
+                            "biases are fp32 in the weight's row order; convert with .float()")
         per_expert = {"w13_global_scale": (experts,), "w2_global_scale": (experts,),
                       "w13_input_scale": (experts, 2), "w2_input_scale": (experts,)}
         if self.format == "mxfp4":
@@ -141,7 +143,7 @@ class MoEWeights:
         return self.w2.shape[1]
 
     @property
-    def I(self) -> int:
+    def I(self) -> int:  # noqa: E743 - the MoE literature's name for the intermediate size
         return self.w13.shape[1] // 2
 
     @property
@@ -156,7 +158,8 @@ class MoEWeights:
 
     def emulation_kwargs(self) -> dict:
         """Keyword arguments for `backends.emulation.moe_forward` that describe these weights."""
-        return {"format": self.format, "w13": self.w13, "w13_scale": self.w13_scale, "w2": self.w2, "w2_scale": self.w2_scale,
+        return {"format": self.format, "w13": self.w13, "w13_scale": self.w13_scale, "w2": self.w2,
+                "w2_scale": self.w2_scale,
                     "w13_bias": self.w13_bias, "w2_bias": self.w2_bias, "w13_global_scale": self.w13_global_scale,
                     "w2_global_scale": self.w2_global_scale, "gate_up_layout": self.gate_up}
 
@@ -164,7 +167,8 @@ class MoEWeights:
     def _check_padded_sizes(self, fn: str, hidden_size, intermediate_size, *, growing: bool) -> tuple:
         hidden_size = self.H if hidden_size is None else hidden_size
         intermediate_size = self.I if intermediate_size is None else intermediate_size
-        for name, value, own in (("hidden_size", hidden_size, self.H), ("intermediate_size", intermediate_size, self.I)):
+        checks = (("hidden_size", hidden_size, self.H), ("intermediate_size", intermediate_size, self.I))
+        for name, value, own in checks:
             if not isinstance(value, int) or isinstance(value, bool) or value % self.block_size:
                 self._fail(ValueError, f"{fn}: {name}={value!r} must be an int multiple of {self.block_size} "
                            f"(the {self.format} block size); pass the decision's rounded size")
@@ -176,12 +180,12 @@ class MoEWeights:
                            f"logical size the layer was padded from")
         return hidden_size, intermediate_size
 
-    def _w13_row_index(self, inter: int, padded_inter: int) -> torch.Tensor:
-        """Rows of the padded w13 that hold the logical rows, in the logical order."""
+    def _w13_row_blocks(self, inter: int, padded_inter: int) -> list:
+        """(logical rows, padded rows) slice pairs of w13: one block (interleaved) or gate and up (contiguous)."""
         if self.gate_up == "interleaved":  # zero (gate, up) pairs are appended at the end
-            return torch.arange(2 * inter, device=self.w13.device)
-        half = torch.arange(inter, device=self.w13.device)  # gate block and up block are padded separately
-        return torch.cat((half, half + padded_inter))
+            return [(slice(0, 2 * inter), slice(0, 2 * inter))]
+        gate = (slice(0, inter), slice(0, inter))
+        return [gate, (slice(inter, 2 * inter), slice(padded_inter, padded_inter + inter))]
 
     def pad(self, hidden_size: int | None = None, intermediate_size: int | None = None) -> MoEWeights:
         """Zero-pad to the decision's rounded sizes; padded weights and scales dequantize to exactly 0.
@@ -193,36 +197,35 @@ class MoEWeights:
         hidden, inter = self._check_padded_sizes("pad", hidden_size, intermediate_size, growing=True)
         if (hidden, inter) == (self.H, self.I):
             return self
-        rows = self._w13_row_index(self.I, inter)
-        block = self.block_size
+        blocks13 = self._w13_row_blocks(self.I, inter)
+        blocks2 = [(slice(0, self.H), slice(0, self.H))]
 
-        def grow(t, new_shape, row_index=None):
-            out = t.new_zeros(new_shape)
-            cols = t.shape[-1]
-            if row_index is None:
-                out[:, : t.shape[1], :cols] = t
-            else:
-                out[:, row_index, :cols] = t
-            return out
-
-        def grow_bias(t, new_len, row_index=None):
+        def grow(t, new_shape, blocks):
+            """One pass: copy the blocks, zero only what they do not cover (no full memset first)."""
             if t is None:
                 return None
-            out = t.new_zeros((t.shape[0], new_len))
-            if row_index is None:
-                out[:, : t.shape[1]] = t
-            else:
-                out[:, row_index] = t
+            out = t.new_empty(new_shape)
+            cols = t.shape[-1]
+            out[:, :, cols:] = 0
+            covered = 0
+            for src, dst in blocks:
+                out[:, covered:dst.start] = 0
+                out[:, dst, :cols] = t[:, src]
+                covered = dst.stop
+            out[:, covered:] = 0
             return out
 
-        experts = self.E
+        def grow_bias(t, new_len, blocks):
+            return None if t is None else grow(t.unsqueeze(-1), (t.shape[0], new_len, 1), blocks).squeeze(-1)
+
+        experts, block = self.E, self.block_size
         return self.replace(
-            w13=grow(self.w13, (experts, 2 * inter, hidden // 2), rows),
-            w13_scale=grow(self.w13_scale, (experts, 2 * inter, hidden // block), rows),
-            w2=grow(self.w2, (experts, hidden, inter // 2)),
-            w2_scale=grow(self.w2_scale, (experts, hidden, inter // block)),
-            w13_bias=grow_bias(self.w13_bias, 2 * inter, rows),
-            w2_bias=grow_bias(self.w2_bias, hidden),
+            w13=grow(self.w13, (experts, 2 * inter, hidden // 2), blocks13),
+            w13_scale=grow(self.w13_scale, (experts, 2 * inter, hidden // block), blocks13),
+            w2=grow(self.w2, (experts, hidden, inter // 2), blocks2),
+            w2_scale=grow(self.w2_scale, (experts, hidden, inter // block), blocks2),
+            w13_bias=grow_bias(self.w13_bias, 2 * inter, blocks13),
+            w2_bias=grow_bias(self.w2_bias, hidden, blocks2),
         )
 
     def unpad(self, hidden_size: int, intermediate_size: int) -> MoEWeights:
@@ -230,25 +233,23 @@ class MoEWeights:
         hidden, inter = self._check_padded_sizes("unpad", hidden_size, intermediate_size, growing=False)
         if (hidden, inter) == (self.H, self.I):
             return self
-        rows = self._w13_row_index(inter, self.I)
-        block = self.block_size
+        blocks13 = self._w13_row_blocks(inter, self.I)
+        blocks2 = [(slice(0, hidden), slice(0, hidden))]
 
-        def cut(t, cols, row_index=None, row_count=None):
-            t = t[:, row_index] if row_index is not None else t[:, :row_count]
-            return t[..., :cols].contiguous()
-
-        def cut_bias(t, row_index=None, row_count=None):
+        def cut(t, cols, blocks):
             if t is None:
                 return None
-            return (t[:, row_index] if row_index is not None else t[:, :row_count]).contiguous()
+            parts = [t[:, dst] if cols is None else t[:, dst, :cols] for _, dst in blocks]
+            return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).contiguous()
 
+        block = self.block_size
         return self.replace(
-            w13=cut(self.w13, hidden // 2, rows),
-            w13_scale=cut(self.w13_scale, hidden // block, rows),
-            w2=cut(self.w2, inter // 2, row_count=hidden),
-            w2_scale=cut(self.w2_scale, inter // block, row_count=hidden),
-            w13_bias=cut_bias(self.w13_bias, rows),
-            w2_bias=cut_bias(self.w2_bias, row_count=hidden),
+            w13=cut(self.w13, hidden // 2, blocks13),
+            w13_scale=cut(self.w13_scale, hidden // block, blocks13),
+            w2=cut(self.w2, inter // 2, blocks2),
+            w2_scale=cut(self.w2_scale, inter // block, blocks2),
+            w13_bias=cut(self.w13_bias, None, blocks13),
+            w2_bias=cut(self.w2_bias, None, blocks2),
         )
 
 

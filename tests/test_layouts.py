@@ -7,9 +7,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import DEVICES, requires_cuda
-from layout_cases import assert_same_weights, random_layer
-from tolerances import tolerance
 
 from backends import formats
 from backends.layouts import (
@@ -23,6 +20,10 @@ from backends.layouts import (
 )
 from backends.layouts.base import Converter, LayoutUnavailable
 from backends.weights import KernelWeights
+
+from conftest import DEVICES, requires_cuda
+from layout_cases import assert_same_weights, random_layer
+from tolerances import tolerance
 
 
 @dataclass(frozen=True)
@@ -242,13 +243,15 @@ def test_aiter_weights_follow_the_documented_a16w4_view():
     e, hidden, inter = 2, *case.padded
     k0 = hidden // 2 // 64
     gate_up_rows = torch.cat((p.w13[:, 0::2], p.w13[:, 1::2]), dim=1)  # [gate; up]
-    kernel = kw["w13"].view(torch.uint8).reshape(e, inter // 16, 2, k0, 4, 16, 16)  # [n0, half, k0, klane, nlane, kpack]
+    # kernel dims [n0, half, k0, klane, nlane, kpack]
+    kernel = kw["w13"].view(torch.uint8).reshape(e, inter // 16, 2, k0, 4, 16, 16)
     half, n0, nlane, kb, klane, kpack = torch.meshgrid(
         torch.arange(2), torch.arange(inter // 16), torch.arange(16), torch.arange(k0), torch.arange(4),
         torch.arange(16), indexing="ij")
     source = gate_up_rows[:, half * inter + n0 * 16 + nlane, kb * 64 + klane * 16 + kpack]
     assert torch.equal(kernel[:, n0, half, kb, klane, nlane, kpack], source)
-    scale_kernel = kw["w13_scale"].reshape(e, inter // 16, hidden // 256, 4, 16, 2, 2)  # [n1, k1, klane, nlane, kpack, npack]
+    # scale dims [n1, k1, klane, nlane, kpack, npack]
+    scale_kernel = kw["w13_scale"].reshape(e, inter // 16, hidden // 256, 4, 16, 2, 2)
     gate_up_scales = torch.cat((p.w13_scale[:, 0::2], p.w13_scale[:, 1::2]), dim=1)
     npack, n1, nl, k1, kp, kl = torch.meshgrid(torch.arange(2), torch.arange(inter // 16), torch.arange(16),
                                                torch.arange(hidden // 256), torch.arange(2), torch.arange(4),
@@ -258,7 +261,7 @@ def test_aiter_weights_follow_the_documented_a16w4_view():
 
 
 def _marlin_reference(w_expert, scale_expert, fmt):
-    """vLLM's test oracle for gptq_marlin_repack (marlin_weights) and marlin_permute_scales, transcribed loop by loop."""
+    """vLLM's test oracle for gptq_marlin_repack (marlin_weights) and marlin_permute_scales, loop by loop."""
     n, k = w_expert.shape[0], w_expert.shape[1] * 2
     perm = []
     for i in range(32):
@@ -290,9 +293,19 @@ def test_marlin_matches_vllms_python_oracle(fmt):
     kw = case.converter.convert(w)
     for e in range(2):
         for name in ("w13", "w2"):
-            packed, scales = _marlin_reference(getattr(w, name)[e], getattr(w, f"{name}_scale")[e].view(torch.uint8), fmt)
+            scale = getattr(w, f"{name}_scale")[e].view(torch.uint8)
+            packed, scales = _marlin_reference(getattr(w, name)[e], scale, fmt)
             assert torch.equal(kw[name][e], packed), name
             assert torch.equal(kw[f"{name}_scale"][e].view(torch.uint8), scales), name
+
+
+def test_marlin_bias_matches_marlin_permute_bias():
+    case = BY_NAME["marlin-mxfp4"]
+    w = layer(case, experts=2).pad(*case.padded)
+    single = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]  # marlin scale_perm_single
+    kw = case.converter.convert(w)
+    expected = w.w13_bias.bfloat16().reshape(2, -1, 32)[..., single].reshape(w.w13_bias.shape)
+    assert torch.equal(kw["w13_bias"], expected)
 
 
 def test_marlin_nvfp4_global_scale_and_s0e5m3_values():
@@ -345,7 +358,7 @@ def test_errors_name_the_layout_the_value_and_the_fix():
         trtllm.mxfp4.invert(kw)
     bad = KernelWeights(**{**{f: getattr(kw, f) for f in kw.__dataclass_fields__},
                            "tensors": {**kw.tensors, "w13_scale": kw["w13_scale"][:, :-1]}})
-    with pytest.raises(ValueError, match=r"tensors\['w13_scale'\] is \(2, 63, 2\) torch.float32 but this layout writes"):
+    with pytest.raises(ValueError, match=r"tensors\['w13_scale'\] is \(2, 63, 2\) torch.float32 but this layout"):
         deepgemm.mxfp4.invert(bad)
 
 
@@ -361,7 +374,7 @@ def test_marlin_refuses_signed_nvfp4_scales():
     w = random_layer("nvfp4", experts=2, hidden=128, inter=128, finite_scales=True)
     scales = w.w2_scale.view(torch.uint8).clone()
     scales[1, 5, 0] = 0xB8  # -1.0
-    with pytest.raises(ValueError, match=r"w2_scale has a negative, -0.0 or NaN block scale \(first at expert 1, row 5\)"):
+    with pytest.raises(ValueError, match=r"w2_scale has a negative, -0.0 or NaN block scale \(first at expert 1, row"):
         marlin.nvfp4.convert(w.replace(w2_scale=scales.view(torch.float8_e4m3fn)))
 
 

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layout_cases import assert_same_weights, random_layer
-from tolerances import tolerance
 
 from backends import formats
 from backends.emulation import moe_forward
 from backends.weights import KernelWeights, MoEWeights, global_scale_from_weight_scale_2
+
+from layout_cases import assert_same_weights, random_layer
+from tolerances import tolerance
 
 
 def test_sizes_and_emulation_kwargs_run_the_reference():
@@ -70,7 +71,8 @@ def test_pad_keeps_values_and_adds_zeros_and_unpad_inverts(fmt, gate_up):
     torch.testing.assert_close(gate_p[:, :32, :64], gate, **exact, equal_nan=True)
     torch.testing.assert_close(up_p[:, :32, :64], up, **exact, equal_nan=True)
     assert not gate_p[:, 32:].any() and not gate_p[:, :, 64:].any() and not up_p[:, 32:].any()
-    zero_bias_rows = p.w13_bias[:, 64:] if gate_up == "interleaved" else torch.cat((p.w13_bias[:, 32:96], p.w13_bias[:, 128:]), 1)
+    b = p.w13_bias
+    zero_bias_rows = b[:, 64:] if gate_up == "interleaved" else torch.cat((b[:, 32:96], b[:, 128:]), 1)
     assert zero_bias_rows.numel() == 3 * 128 and not zero_bias_rows.any()
     assert not p.w2_bias[:, 64:].any() and not p.w2[:, 64:].any() and not p.w2[:, :, 16:].any()
 

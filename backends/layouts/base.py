@@ -18,7 +18,8 @@ import torch
 
 from backends.weights import KernelWeights, MoEWeights
 
-__all__ = ["Converter", "Layout", "LayoutUnavailable", "reinterpret", "require_multiple", "require_tensor", "tile_permute", "tile_unpermute"]
+__all__ = ["Converter", "Layout", "LayoutUnavailable", "reinterpret", "require_multiple", "require_tensor",
+           "tile_permute", "tile_unpermute"]
 
 
 class LayoutUnavailable(RuntimeError):

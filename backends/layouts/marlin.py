@@ -34,7 +34,6 @@ from backends.layouts.base import (
     require_tensor,
     source_config,
 )
-from backends.layouts.gate_up import invert_permutation
 from backends.weights import KernelWeights, MoEWeights
 
 __all__ = ["SCALE_PERM", "SCALE_PERM_SINGLE", "WEIGHT_PERM", "MarlinLayout", "mxfp4", "nvfp4"]
@@ -56,46 +55,73 @@ WEIGHT_PERM = _weight_perm()
 SCALE_PERM = (torch.arange(8).reshape(8, 1) + 8 * torch.arange(8).reshape(1, 8)).reshape(-1)
 #: marlin scale_perm_single: [2 i + j for i in 0..3 for j in (0, 1, 8, 9, 16, 17, 24, 25)]
 SCALE_PERM_SINGLE = (2 * torch.arange(4).reshape(4, 1) + torch.tensor([0, 1, 8, 9, 16, 17, 24, 25])).reshape(-1)
-_SWAP_MIDDLE = torch.tensor([0, 2, 1, 3])
 _E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
 
-def _gather_runs(t: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """Apply `perm` to every run of len(perm) consecutive elements of each expert's flattened tensor."""
-    e = t.shape[0]
-    runs = t.shape[1:].numel() // perm.numel()
-    return t.reshape(e, runs, perm.numel()).index_select(2, perm.to(t.device)).reshape(t.shape)
+# Steps 1-4 as ONE byte permutation: with n = 64 ntb + 16 j + 8 block + col and k = 16 kt + 8 r1 + 2 i4 + r0,
+# Marlin's int32 [kt, 2N] holds, in order, (ntb, col, i4, j) x 8 codes (r0, block, r1) at bits 4 (4 r0 + 2 block
+# + r1). The checkpoint byte k // 2 = 8 kt + 4 r1 + i4 holds r0 as its nibble, so the output byte (r0, block)
+# combines nibble r0 of the two input bytes r1 = 0, 1: permute bytes to [kt, ntb, col, i4, j, block, r1], then
+# mix nibbles. (This equals gathering every 1024 codes by WEIGHT_PERM; tests check it against vLLM's oracle.)
+_W_VIEW_DIMS = (0, 5, 1, 4, 7, 2, 3, 6)  # [E, ntb, j, block, col, kt, r1, i4] -> [E, kt, ntb, col, i4, j, block, r1]
+
+
+def _w_view(e: int, n: int, k: int) -> tuple:
+    return (e, n // 64, 4, 2, 8, k // 16, 2, 4)
 
 
 def repack_weights(w: torch.Tensor) -> torch.Tensor:
     """[E, N, K/2] packed FP4 -> int32 [E, K/16, 2N] in Marlin's layout."""
     e, n, half_k = w.shape
     k = 2 * half_k
-    codes = torch.stack((w & 0xF, w >> 4), dim=-1).reshape(e, n, k).transpose(1, 2)
-    tiles = codes.reshape(e, k // 16, 16, n // 16, 16).permute(0, 1, 3, 2, 4).reshape(e, k // 16, n * 16)
-    tiles = _gather_runs(tiles, WEIGHT_PERM).reshape(e, k // 16, n * 8, 2)
-    return (tiles[..., 0] | (tiles[..., 1] << 4)).contiguous().view(torch.int32)
+    a = w.reshape(_w_view(e, n, k)).permute(_W_VIEW_DIMS).contiguous()
+    lo, hi = a[..., 0], a[..., 1]  # input bytes r1 = 0 and r1 = 1, [E, kt, ntb, col, i4, j, block]
+    r0_is_0 = (lo & 0xF) | (hi << 4)
+    r0_is_1 = (lo >> 4) | (hi & 0xF0)
+    out = torch.stack((r0_is_0, r0_is_1), dim=-2)  # [..., r0, block]
+    return out.reshape(e, k // 16, 8 * n).view(torch.int32)
 
 
 def unpack_weights(q: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Exact inverse of repack_weights: int32 [E, K/16, 2N] -> [E, N, K/2] uint8."""
     e = q.shape[0]
-    b = q.contiguous().view(torch.uint8).reshape(e, k // 16, n * 8)
-    tiles = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(e, k // 16, n * 16)
-    tiles = _gather_runs(tiles, invert_permutation(WEIGHT_PERM))
-    codes = tiles.reshape(e, k // 16, n // 16, 16, 16).permute(0, 1, 3, 2, 4).reshape(e, k, n).transpose(1, 2)
-    codes = codes.reshape(e, n, half := k // 2, 2)
-    return (codes[..., 0] | (codes[..., 1] << 4)).reshape(e, n, half).contiguous()
+    b = q.contiguous().view(torch.uint8).reshape(e, k // 16, n // 64, 8, 4, 4, 2, 2)  # [..., j, r0, block]
+    r0_is_0, r0_is_1 = b[..., 0, :], b[..., 1, :]
+    lo = (r0_is_0 & 0xF) | (r0_is_1 << 4)
+    hi = (r0_is_0 >> 4) | (r0_is_1 & 0xF0)
+    a = torch.stack((lo, hi), dim=-1)  # [E, kt, ntb, col, i4, j, block, r1]
+    inverse = tuple(sorted(range(8), key=lambda d: _W_VIEW_DIMS[d]))
+    return a.permute(inverse).contiguous().reshape(e, n, k // 2)
+
+
+# Scales: transpose, SCALE_PERM on runs of 64 and [0, 2, 1, 3] on runs of 4 are one permutation: with
+# n = 64 nb + 32 jh + 16 a + 8 b + i, Marlin's [G, N] holds, per 64 columns, (i, jh, b, a).
+_S_VIEW_DIMS = (0, 6, 1, 5, 2, 4, 3)  # [E, nb, jh, a, b, i, G] -> [E, G, nb, i, jh, b, a]
+# marlin_permute_bias (SCALE_PERM_SINGLE on runs of 32): with r = 8 q + 2 i + p, (i, q, p).
+_B_VIEW_DIMS = (0, 1, 3, 2, 4)  # [E, runs, q, i, p] -> [E, runs, i, q, p]
 
 
 def _permute_scales(s: torch.Tensor) -> torch.Tensor:
     """[E, N, K/B] -> [E, K/B, N] permuted (bytes of any 1-byte dtype)."""
-    return _gather_runs(_gather_runs(s.transpose(1, 2).contiguous(), SCALE_PERM), _SWAP_MIDDLE)
+    e, n, groups = s.shape
+    out = s.reshape(e, n // 64, 2, 2, 2, 8, groups).permute(_S_VIEW_DIMS).contiguous()
+    return out.reshape(e, groups, n)
 
 
 def _unpermute_scales(s: torch.Tensor) -> torch.Tensor:
-    back = _gather_runs(_gather_runs(s, _SWAP_MIDDLE), invert_permutation(SCALE_PERM))
-    return back.transpose(1, 2).contiguous()
+    e, groups, n = s.shape
+    inverse = tuple(sorted(range(7), key=lambda d: _S_VIEW_DIMS[d]))
+    return s.reshape(e, groups, n // 64, 8, 2, 2, 2).permute(inverse).contiguous().reshape(e, n, groups)
+
+
+def _permute_bias(b: torch.Tensor) -> torch.Tensor:
+    e, rows = b.shape
+    return b.reshape(e, rows // 32, 4, 4, 2).permute(_B_VIEW_DIMS).contiguous().reshape(e, rows)
+
+
+def _unpermute_bias(b: torch.Tensor) -> torch.Tensor:
+    e, rows = b.shape
+    return b.reshape(e, rows // 32, 4, 4, 2).permute(_B_VIEW_DIMS).contiguous().reshape(e, rows)  # a swap: self-inverse
 
 
 def e4m3_to_s0e5m3(s: torch.Tensor) -> torch.Tensor:
@@ -127,7 +153,8 @@ class MarlinLayout(Layout):
                 bad = getattr(w, name).view(torch.uint8) >= 0x7F
                 if bool(bad.any()):
                     expert, row, _ = (int(x) for x in bad.nonzero()[0])
-                    raise ValueError(f"layout {self.layout!r}: {name} has a negative, -0.0 or NaN block scale (first at "
+                    raise ValueError(f"layout {self.layout!r}: {name} has a negative, -0.0 or NaN block scale "
+                                     f"(first at "
                                      f"expert {expert}, row {row}); Marlin stores NVFP4 scales unsigned (S0E5M3), so "
                                      f"requantize with non-negative scales")
 
@@ -141,7 +168,7 @@ class MarlinLayout(Layout):
                 tensors[name] = e4m3_to_s0e5m3(s.view(torch.float8_e4m3fn)).view(torch.float8_e4m3fn)
         for name in ("w13_bias", "w2_bias"):
             if getattr(w, name) is not None:
-                tensors[name] = _gather_runs(getattr(w, name).to(self.act_dtype), SCALE_PERM_SINGLE)
+                tensors[name] = _permute_bias(getattr(w, name).to(self.act_dtype))
         config = {}
         if w.format == "nvfp4":
             exponent_bias = 126 if self.act_dtype == torch.bfloat16 else 14
@@ -163,7 +190,7 @@ class MarlinLayout(Layout):
             out[name] = s if kw.format == "mxfp4" else s0e5m3_to_e4m3(s)
         for name in ("w13_bias", "w2_bias"):
             if name in kw.tensors:
-                out[name] = _gather_runs(kw[name], invert_permutation(SCALE_PERM_SINGLE)).float()
+                out[name] = _unpermute_bias(kw[name]).float()
         return self._rebuild(kw, **out)
 
 

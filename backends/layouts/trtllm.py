@@ -75,7 +75,8 @@ class TrtllmLayout(Layout):
         require_multiple(self.layout, "2 * intermediate_size", 2 * w.I, 128, "w13 scale rows fill 128-row tiles")
         require_multiple(self.layout, "hidden_size", w.H, 128, "w2 scale rows fill 128-row tiles")
         require_multiple(self.layout, f"hidden_size / {block}", w.H // block, 4, "scale columns fill 4-column tiles")
-        require_multiple(self.layout, f"intermediate_size / {block}", w.I // block, 4, "scale columns fill 4-column tiles")
+        require_multiple(self.layout, f"intermediate_size / {block}", w.I // block, 4,
+                         "scale columns fill 4-column tiles")
 
     def _perms(self, gate_up: str, inter: int, hidden: int):
         p13 = compose(row_permutation(gate_up, "up_gate_interleaved", inter), epilogue_row_shuffle(2 * inter))

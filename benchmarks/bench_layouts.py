@@ -1,0 +1,160 @@
+"""Layout conversion of one gpt-oss-120b-sized MoE layer per backend, against the device's copy bandwidth.
+
+Why: a server converts every MoE layer once at load time (36 layers for gpt-oss-120b); a converter
+that runs near copy bandwidth costs milliseconds per layer, a per-expert Python loop (what vLLM
+does for TRT-LLM and Marlin) costs far more. For each converter this times the batched conversion
+(padding to the backend's sizes included) and the same work done expert by expert (convert one
+expert, then concatenate), and reports the batched one as a fraction of a device-to-device copy
+measured in the same run. Bytes counted: checkpoint tensors read once + kernel tensors written
+once (the floor); copy bandwidth counts read + write likewise.
+
+    python benchmarks/bench_layouts.py --device cuda --out benchmarks/README-layouts-table.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from backends.layouts import aiter, cutlass, deepgemm, identity, marlin, nvfp4_cutlass, trtllm  # noqa: E402
+from backends.weights import KernelWeights, MoEWeights  # noqa: E402
+
+from layout_cases import random_layer  # noqa: E402
+
+GPT_OSS_120B = {"experts": 128, "hidden": 2880, "intermediate": 2880}
+
+# (converter, backends it serves, format, padded (H, I)): MXFP4 sizes are the rules' round_up for the
+# backend; NVFP4 has no round_up, so those layers are padded to the least each layout accepts.
+ROWS = [
+    (identity.emulation, "EMULATION, XPU", "mxfp4", (2880, 2880)),
+    (deepgemm.mxfp4, "DEEPGEMM_MXFP4", "mxfp4", (2944, 2944)),
+    (trtllm.mxfp4, "FLASHINFER_TRTLLM_MXFP4_*", "mxfp4", (3072, 3072)),
+    (cutlass.mxfp4_mxfp8, "FLASHINFER_CUTLASS_MXFP4_MXFP8", "mxfp4", (2944, 2944)),
+    (cutlass.mxfp4_bf16_sm90_scales_only, "FLASHINFER_CUTLASS_MXFP4_BF16 (torch stages)", "mxfp4", (2944, 2944)),
+    (cutlass.mxfp4_bf16_sm90_legacy, "FLASHINFER_CUTLASS_MXFP4_BF16 (fi <= 0.6.9)", "mxfp4", (2944, 2944)),
+    (aiter.mxfp4, "AITER", "mxfp4", (3072, 3072)),
+    (marlin.mxfp4, "MARLIN, BATCHED_MARLIN", "mxfp4", (3072, 2944)),
+    (trtllm.nvfp4, "FLASHINFER_TRTLLM (NVFP4)", "nvfp4", (2944, 2880)),
+    (nvfp4_cutlass.flashinfer_cutlass, "FLASHINFER_CUTLASS (NVFP4)", "nvfp4", (2880, 2880)),
+    (nvfp4_cutlass.cutedsl, "FLASHINFER_CUTEDSL(_BATCHED)", "nvfp4", (2880, 2880)),
+    (nvfp4_cutlass.vllm_cutlass, "VLLM_CUTLASS", "nvfp4", (2880, 2880)),
+    (marlin.nvfp4, "MARLIN (NVFP4)", "nvfp4", (2880, 2880)),
+]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, device: str, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def tensors_of(obj) -> list:
+    if isinstance(obj, KernelWeights):
+        return list(obj.tensors.values())
+    return [v for v in vars(obj).values() if isinstance(v, torch.Tensor)]
+
+
+def tensor_bytes(obj) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors_of(obj))
+
+
+def moved_bytes(w: MoEWeights, kw: KernelWeights) -> int:
+    """The floor: checkpoint tensors read once and kernel tensors written once; tensors passed through
+    unchanged (same storage) move nothing."""
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    inputs, outputs = tensors_of(w), tensors_of(kw)
+    shared = {storage(t) for t in inputs} & {storage(t) for t in outputs}
+    return sum(t.numel() * t.element_size() for t in inputs + outputs if storage(t) not in shared)
+
+
+def expert(w: MoEWeights, e: int) -> MoEWeights:
+    fields = {name: getattr(w, name) for name in w.__dataclass_fields__}
+    return MoEWeights(**{k: (v[e:e + 1] if isinstance(v, torch.Tensor) else v) for k, v in fields.items()})
+
+
+def per_expert_loop(converter, w: MoEWeights, padded) -> dict:
+    """The same conversion, one expert at a time, then stacked (vLLM's loops do the same)."""
+    parts = [converter.convert(expert(w, e), hidden_size=padded[0], intermediate_size=padded[1]) for e in range(w.E)]
+    return {name: torch.cat([p.tensors[name] for p in parts]) for name in parts[0].tensors}
+
+
+def copy_gbps(device: str, nbytes: int, warmup: int, repeats: int) -> float:
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), device, warmup, repeats)
+    return 2 * nbytes / ms / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--experts", type=int, default=GPT_OSS_120B["experts"])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--loop-repeats", type=int, default=3)
+    parser.add_argument("--out", help="also write the table (markdown) to this file")
+    args = parser.parse_args()
+    device = args.device
+    hidden, inter = GPT_OSS_120B["hidden"], GPT_OSS_120B["intermediate"]
+    layers = {fmt: random_layer(fmt, experts=args.experts, hidden=hidden, inter=inter, device=device, seed=1,
+                                finite_scales=True) for fmt in ("mxfp4", "nvfp4")}
+    copy = copy_gbps(device, tensor_bytes(layers["mxfp4"]), 3, args.repeats)
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({os.cpu_count()} threads)"
+    lines = [f"Device: {name}; torch {torch.__version__}; E={args.experts}, H=I={hidden} before padding; "
+             f"device copy (read+write) {copy:.0f} GB/s.", "",
+             "| converter | backends | format | padded H x I | GB moved | batched ms | GB/s | % of copy "
+             "| per-expert loop ms | loop / batched |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for converter, backends, fmt, padded in ROWS:
+        w = layers[fmt]
+        kw = converter.convert(w, hidden_size=padded[0], intermediate_size=padded[1])
+        loop = per_expert_loop(converter, w, padded)
+        for key, t in kw.tensors.items():  # the loop does the same work: same bytes (NVFP4 config aside)
+            assert torch.equal(loop[key].contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), key
+        moved = moved_bytes(w, kw)
+        del kw, loop
+        def batched(converter=converter, w=w, padded=padded):
+            return converter.convert(w, hidden_size=padded[0], intermediate_size=padded[1])
+
+        def looped(converter=converter, w=w, padded=padded):
+            return per_expert_loop(converter, w, padded)
+
+        ms = median_ms(batched, device, 2, args.repeats)
+        loop_ms = median_ms(looped, device, 1, args.loop_repeats)
+        gbps = moved / ms / 1e6
+        share = f"{100 * gbps / copy:.0f}%" if moved else "no copy"
+        lines.append(f"| `{converter.layout}` | {backends} | {fmt} | {padded[0]} x {padded[1]} | {moved / 1e9:.2f} "
+                     f"| {ms:.2f} | {gbps:.0f} | {share} | {loop_ms:.1f} | {loop_ms / ms:.1f}x |")
+        print(lines[-1], flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
