@@ -122,12 +122,13 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
         files: list[Path] = []
         parent = spec.get("extends")
         if parent is not None:
-            if parent in stack or (parent not in raw and parent not in inherited):
+            chain = (*stack, name)
+            if parent in chain or (parent not in raw and parent not in inherited):
                 known = [*raw, *inherited]
-                why = f"is a cycle: {' -> '.join(stack + (parent,))}" if parent in stack else \
-                    f"is not defined{did_you_mean(parent, known)}"
-                raise RuleError([doc.diag(("profiles", name, "extends"), f"profile '{parent}' {why}")])
-            files = list(resolve(parent, stack + (name,)).files)
+                why = f"profiles extend each other in a cycle ({' -> '.join((*chain, parent))})" if parent in chain \
+                    else f"no such profile{did_you_mean(parent, known)}; extend one of {', '.join(known)}"
+                raise RuleError([doc.diag(("profiles", name, "extends"), f"extends '{parent}': {why}")])
+            files = list(resolve(parent, chain).files)
         for i, f in enumerate(spec["files"]):
             path = (root / f).resolve()
             if not path.is_file():
@@ -140,7 +141,7 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
         raise RuleError([doc.diag(("default",), f"default profile '{data['default']}' is not defined"
                                                 f"{did_you_mean(data['default'], [*raw, *inherited])}")])
     for name in raw:
-        profiles[name] = resolve(name, (name,))
+        profiles[name] = resolve(name, ())
     return ProfileIndex(root, data["default"], profiles, doc)
 
 

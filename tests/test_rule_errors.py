@@ -101,3 +101,56 @@ def test_profile_index_errors(tmp_path):
     problems, _ = validate_paths([tmp_path])
     assert len(problems) == 1 and problems[0].message.startswith("rule file 'missing.yaml' does not exist")
     assert problems[0].line == 3
+
+
+def test_profiles_extend_profiles_and_override_only_on_purpose(tmp_path):
+    base = (BAD / "valid.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(base)
+    (tmp_path / "child.yaml").write_text(
+        "kernels:\n  TritonExperts:\n    override: true\n    device: {fact: platform.kind, eq: rocm}\n"
+        "    activations: [swigluoai]\n    why: \"runs on ROCm in the child profile\"\n")
+    (tmp_path / "stray.yaml").write_text("kernels:\n  NoSuchKernel:\n    override: true\n    why: \"replaces nothing\"\n")
+    (tmp_path / "profiles.yaml").write_text(
+        "default: parent\nprofiles:\n"
+        "  parent: {description: 'base', files: [a.yaml]}\n"
+        "  child: {description: 'differences only', extends: parent, files: [child.yaml]}\n"
+        "  stray: {description: 'bad override', extends: parent, files: [stray.yaml]}\n")
+    problems, _ = validate_paths([tmp_path])
+    assert [f"{Path(d.file).name}:{d.line}:{d.col}: {d.message}" for d in problems] == [
+        "stray.yaml:3:5: kernels 'NoSuchKernel' overrides nothing: no earlier file of this profile defines it; "
+        "remove 'override: true'"]
+    from oracle import Oracle
+
+    o = Oracle(tmp_path)
+    cuda = {"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]}}
+    assert o.select(cuda).backend == "TRITON" and o.select({**cuda, "profile": "child"}).outcome == "unsupported"
+    assert [f.name for f in o.index.profiles["child"].files] == ["a.yaml", "child.yaml"]
+
+
+def test_profile_extends_errors(tmp_path):
+    (tmp_path / "a.yaml").write_text((BAD / "valid.yaml").read_text())
+    (tmp_path / "profiles.yaml").write_text("default: p\nprofiles:\n  p: {description: 'x', extends: q, files: [a.yaml]}\n"
+                                            "  q: {description: 'y', extends: p, files: [a.yaml]}\n")
+    problems, _ = validate_paths([tmp_path])
+    assert [d.message for d in problems] == ["extends 'p': profiles extend each other in a cycle (p -> q -> p)"]
+
+
+def test_the_older_profile_holds_only_its_differences():
+    """vllm-0.15 extends vllm-0.20: each of its entries overrides a different definition or adds a new one."""
+    import yaml
+
+    from oracle import Oracle
+
+    o = Oracle()
+    parent = o.table("vllm-0.20")
+    assert o.index.profiles["vllm-0.15"].files[:len(parent.files)] == o.index.profiles["vllm-0.20"].files
+    root = Path(__file__).resolve().parent.parent / "rules"
+    parent_entries: dict = {}
+    for f in o.index.profiles["vllm-0.20"].files:
+        for section, items in yaml.safe_load(f.read_text()).items():
+            parent_entries.update({(section, k): v for k, v in items.items()})
+    for f in sorted((root / "vllm-0.15").glob("*.yaml")):
+        for section, items in yaml.safe_load(f.read_text()).items():
+            for key, value in items.items():
+                same = {k: v for k, v in value.items() if k != "override"} == parent_entries.get((section, key))
+                assert not same, f"{f.name}: {section}.{key} is a copy of vllm-0.20's; delete it"
