@@ -71,7 +71,8 @@ def _resolve(path: str, role: str, decision) -> Any:
                                     f"be loaded: {exc}") from exc
     except ImportError as exc:  # the module exists but a package it needs (e.g. triton) does not
         raise LayerUnavailableError(f"MoELayer: the {role} {path} of {decision.backend} cannot be imported here "
-                                    f"({exc}); install the missing package or pick a profile that does not need it") from exc
+                                    f"({exc}); install the missing package or pick a profile that does not need "
+                                    f"it") from exc
 
 
 def _moved(weights: MoEWeights, device: torch.device) -> MoEWeights:
@@ -203,7 +204,8 @@ class MoELayer:
             _fail(TypeError, f"x.dtype={x.dtype} must be one of {_ACTIVATION_DTYPES} (W4A16: activations stay "
                   f"unquantized); convert with x.to(torch.bfloat16)")
         if x.device != self.device:
-            _fail(ValueError, f"x is on {x.device} but the layer is on {self.device}; move it with x.to('{self.device}')")
+            _fail(ValueError, f"x is on {x.device} but the layer is on {self.device}; move it with "
+                  f"x.to('{self.device}')")
         return x.shape[0]
 
     def _check_tensor(self, name: str, t, shape: tuple, floating: bool) -> None:
@@ -214,8 +216,9 @@ class MoELayer:
         if t.dtype.is_floating_point != floating or t.dtype == torch.bool:
             _fail(TypeError, f"{name}.dtype={t.dtype} must be a {kind} dtype; convert with {name}{fix}")
         if tuple(t.shape) != shape:
-            _fail(ValueError, f"{name}.shape={tuple(t.shape)} must be {shape} = (tokens of x, "
-                  f"{'experts' if name == 'router_logits' else 'top_k'} = {shape[1]}); pass the routing of these tokens")
+            second = "experts" if name == "router_logits" else "top_k"
+            _fail(ValueError, f"{name}.shape={tuple(t.shape)} must be {shape} = (tokens of x, {second} = "
+                  f"{shape[1]}); pass the routing of these tokens")
         if t.device != self.device:
             _fail(ValueError, f"{name} is on {t.device} but the layer is on {self.device}; move it with "
                   f"{name}.to('{self.device}')")
@@ -235,16 +238,28 @@ class MoELayer:
     # ------------------------------------------------------------------ explaining
     def _summary(self) -> str:
         d = self.decision
-        sizes = f"H {self.hidden_size}->{self.padded_hidden_size}, I {self.intermediate_size}->{self.padded_intermediate_size}"
+        sizes = (f"H {self.hidden_size}->{self.padded_hidden_size}, "
+                 f"I {self.intermediate_size}->{self.padded_intermediate_size}")
         return (f"MoELayer {self.format} E={self.num_experts} top_k={self.top_k} {self.activation} on {self.device}: "
                 f"profile {d.profile}, policy {d.policy} -> {d.backend} / {d.kernel}; converter {d.converter or 'none'}"
                 f", runner {d.runner}; {sizes}")
 
     def explain(self) -> str:
-        """The layer, then every step and candidate of its decision with the rule locations."""
-        from oracle.cli import _explain_text
+        """The layer and its question, then every step and candidate of the decision with the rule locations."""
+        from oracle.trace import render_lines
 
-        return self._summary() + "\n\n" + _explain_text(self.decision, self.scenario)
+        d, q = self.decision, self.scenario
+        packages = ", ".join(name for name, present in sorted(q["packages"].items()) if present) or "(none)"
+        env = ", ".join(f"{k}={v}" for k, v in sorted(q["env"].items())) or "(none)"
+        lines = [self._summary(), f"platform {_platform_text(q['platform'])}   packages {packages}   env {env}",
+                 "rules  " + ", ".join(d.rule_files)]
+        if d.decided_by is not None:
+            lines.append(f"decided by step '{d.decided_by.step}' at {d.decided_by.at}: {d.decided_by.why}")
+        if d.converter is None and d.missing_why:
+            lines.append(f"converter none ({d.missing_why})")
+        lines.append("")
+        render_lines(d.trace, lines)
+        return "\n".join(lines)
 
     def _log_once(self) -> None:
         d = self.decision
@@ -255,7 +270,7 @@ class MoELayer:
             if key in _logged:
                 return
             _logged.add(key)
-        logger.info("%s (decided by step %s)", self._summary(), getattr(d.decided_by, "id", "?"))
+        logger.info("%s (decided by step %s)", self._summary(), getattr(d.decided_by, "step", "?"))
 
     def __repr__(self) -> str:
         return f"<{self._summary()}>"

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import requires_cuda
-from tolerances import tolerance
 
 from backends import LayerUnavailableError, MoELayer, emulation, formats
 from backends import layer as layer_module
 from backends.weights import MoEWeights
 from oracle import Oracle
+
+from conftest import requires_cuda
+from tolerances import tolerance
 
 RULES = Path(__file__).resolve().parents[1] / "rules"
 NATIVE_FILE = RULES / "moe-oracle" / "w4a16.yaml"
@@ -47,14 +48,12 @@ def _rules_copy(root: Path, extra_profiles: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def rules(tmp_path_factory) -> Oracle:
-    """The shipped rules, plus 'padded': the native profile with EMULATION padding H and I to 64."""
+    """The shipped rules (moe-oracle included), plus 'padded': the native profile with EMULATION padding to 64."""
     native = NATIVE_FILE.read_text()
     anchor = "- {backends: [TRITON_MOE], hidden: 32, intermediate: 32,"
     assert native.count(anchor) == 2, "the native round_up rows changed; update this fixture"
     padded = native.replace(anchor, "- {backends: [TRITON_MOE, EMULATION], hidden: 64, intermediate: 64,")
     extra = {"padded": ("native rules, EMULATION padded to 64", {"moe-oracle/padded.yaml": padded})}
-    if "moe-oracle" not in Oracle().profiles():  # until rules/profiles.yaml lists it
-        extra["moe-oracle"] = ("native rules", {"moe-oracle/w4a16.yaml": native})
     return Oracle(_rules_copy(tmp_path_factory.mktemp("rules") / "rules", extra))
 
 
@@ -286,7 +285,8 @@ def test_native_capability_table_matches_the_triton_backend():
     kernel = rules["kernels"]["TritonMoeW4A16"]
     assert sorted(kernel["activations"]) == sorted(CAPABILITIES["activations"])
     weight_keys = {"kMxfp4Static": "mxfp4", "kNvfp4Static": "nvfp4"}
-    assert sorted(weight_keys[k] for s in kernel["quant_schemes"] for k in s["weight"]) == sorted(CAPABILITIES["formats"])
+    formats_in_rules = sorted(weight_keys[k] for s in kernel["quant_schemes"] for k in s["weight"])
+    assert formats_in_rules == sorted(CAPABILITIES["formats"])
     assert all(s["activation"] is None for s in kernel["quant_schemes"])  # W4A16
     device = rules["derived"]["triton_runs_here"]["when"]["all"]
     assert {"package": "triton"} in device
