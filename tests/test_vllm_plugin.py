@@ -10,7 +10,9 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.metadata
+import json
 import logging
+import random
 import shutil
 import sys
 import types
@@ -24,6 +26,7 @@ from vllm_simulation import (
     answer_of,
     full_moe,
     golden_questions,
+    random_question,
     vllm_answer,
 )
 
@@ -225,13 +228,13 @@ def machine():
             sim.restore()
 
 
-def through_plugin(machine, rules) -> list[tuple]:
-    """Every golden question asked of vLLM's callers' selector names with the plugin on `rules`."""
+def through_plugin(machine, rules, scenarios=None) -> list[tuple]:
+    """Every question (default: the golden ones) asked of vLLM's callers' selector names, plugin on `rules`."""
     plugin.install(rules)
     answers = []
-    for q in golden_questions():
-        sel = BY_POLICY[q["scenario"]["policy"]]
-        kwargs = machine.ask(q["scenario"])
+    for scenario in scenarios if scenarios is not None else [q["scenario"] for q in golden_questions()]:
+        sel = BY_POLICY[scenario["policy"]]
+        kwargs = machine.ask(scenario)
         patched = getattr(sys.modules[sel.callers[0]], sel.name)
         assert getattr(patched, "_moe_oracle_selector", None) is sel, f"{sel.callers[0]}.{sel.name} is not patched"
         answers.append(vllm_answer(patched, kwargs))
@@ -257,6 +260,19 @@ def test_shipped_rules_answer_every_golden_question_as_unpatched_vllm(machine, o
     assert len(decisions) == len(set(decisions)) > 10, "one provenance line per distinct decision"
     assert any("rules/common/mxfp4.yaml:" in line and "-> TRITON / OAITritonMxfp4ExpertsMonolithic" in line
                for line in decisions)
+
+
+@requires_vllm_020
+def test_random_deployments_beyond_the_sample_agree_with_unpatched_vllm(machine):
+    """1500 seeded random platform x package x env x layer questions: the plugin answers as vLLM does."""
+    rng = random.Random(20)
+    scenarios = sorted((random_question(rng) for _ in range(1500)), key=lambda s: json.dumps(s["platform"]))
+    plugin.uninstall()
+    unpatched = [vllm_answer(machine.originals[BY_POLICY[s["policy"]].name], machine.ask(s))[0] for s in scenarios]
+    patched = [a for a, _ in through_plugin(machine, "vllm-0.20", scenarios)]
+    assert len(set(unpatched)) > 20, "the sweep must reach many different answers"
+    mismatches = [(s, a, b) for s, a, b in zip(scenarios, unpatched, patched, strict=True) if a != b]
+    assert not mismatches, mismatches[:3]
 
 
 def edited_rules(tmp_path: Path) -> Path:

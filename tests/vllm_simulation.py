@@ -195,3 +195,45 @@ def vllm_answer(fn, kwargs) -> tuple[tuple, str | None]:
     if kernel is None:
         return ("none", backend.value, None), None
     return ("selected", backend.value, kernel.__name__), None
+
+
+# Vocabulary of random deployments beyond the golden sample (seeded; every value is one vLLM 0.20 accepts).
+# Gated "relu2" is left out: the rules' activation vocabulary lacks it, so the plugin refuses it by name.
+RANDOM_PLATFORMS = ([{"kind": "cuda", "capability": list(c)} for c in
+                     ((7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1))]
+                    + [{"kind": "rocm", "gcn_arch": a} for a in ("gfx90a", "gfx942", "gfx950")]
+                    + [{"kind": "xpu"}, {"kind": "cpu"}])
+RANDOM_ENV = {"VLLM_USE_FLASHINFER_MOE_MXFP4_BF16": ("0", "1"), "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": ("0", "1"),
+              "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS": ("0", "1"), "VLLM_MXFP4_USE_MARLIN": ("0", "1"),
+              "VLLM_USE_DEEP_GEMM": ("0", "1"), "VLLM_BATCH_INVARIANT": ("0", "1"), "VLLM_ROCM_USE_AITER": ("0", "1"),
+              "VLLM_ROCM_USE_AITER_MOE": ("0", "1"), "VLLM_USE_FLASHINFER_MOE_FP4": ("0", "1"),
+              "VLLM_FLASHINFER_MOE_BACKEND": ("throughput", "latency", "masked_gemm"),
+              "VLLM_TEST_FORCE_FP8_MARLIN": ("0", "1")}
+RANDOM_ACTIVATIONS = ("silu", "gelu", "swigluoai", "swiglustep", "silu_no_mul", "gelu_no_mul", "relu2_no_mul")
+RANDOM_BACKENDS = {"mxfp4": ("deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass",
+                             "flashinfer_cutlass_afp8", "triton", "triton_unfused", "marlin", "aiter", "xpu",
+                             "emulation", "cutlass", "bogus"),
+                   "nvfp4": ("cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl", "marlin",
+                             "emulation", "triton")}
+RANDOM_PARALLEL = ({}, {"dp_size": 2, "ep_size": 1}, {"eplb": True}) + tuple(
+    {"dp_size": 2, "ep_size": 2, "use_ep": True, "all2all_backend": b}
+    for b in ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput", "flashinfer_all2allv",
+              "nixl_ep"))
+
+
+def random_question(rng) -> dict:
+    """One random deployment: policy, platform, packages, env and MoE layer, in scenario form."""
+    policy = rng.choice(sorted(BY_POLICY))
+    activation = rng.choice(RANDOM_ACTIVATIONS)
+    backends = RANDOM_BACKENDS["nvfp4" if policy == "nvfp4" else "mxfp4"]
+    moe = {"activation": activation, "is_act_and_mul": not activation.endswith("_no_mul"),
+           "moe_backend": rng.choice(("auto",) * len(backends) + backends), "lora": rng.random() < 0.15,
+           "routing_method": rng.choice(("Renormalize", "RenormalizeNaive", "DeepSeekV3", "Llama4", "Simulated",
+                                         "TopK")),
+           "hidden_size": rng.choice((2880, 4096, 7168)), "intermediate_size": rng.choice((2880, 1536, 2048)),
+           "has_bias": rng.random() < 0.3, "parallel": dict(rng.choice(RANDOM_PARALLEL))}
+    if policy == "nvfp4":
+        moe["activation_key"] = rng.choice(("kNvfp4Dynamic", "kNvfp4Dynamic", "kNvfp4Dynamic", None))
+    return {"profile": "vllm-0.20", "policy": policy, "platform": rng.choice(RANDOM_PLATFORMS),
+            "packages": {p: rng.random() < 0.7 for p in ("flashinfer", "triton_kernels", "deep_gemm", "aiter")},
+            "env": {k: rng.choice(v) for k, v in RANDOM_ENV.items() if rng.random() < 0.15}, "moe": moe}
