@@ -33,6 +33,19 @@ from backends.triton_moe import moe_forward, tuning
 from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+#: Measured peers (µs per layer at TOKENS), ../shared/reference/kernels.md §9, same method (CUDA graph, L2 flushed).
+PEERS = {
+    "H100": {
+        "gpt-oss-120b": {"triton_kernels MXFP4": (94.4, 171.6, 344.2, 657.8, 747.7, 1063.7, 2552.9, 7394.4),
+                         "Humming MXFP4": (77.0, 153.2, 334.7, 615.5, 761.4, 1058.5, 2508.0, 8145.3)},
+        "deepseek-nvfp4": {"Humming NVFP4": (124.6, 315.5, 958.5, 1972.9, 2552.4, 3202.9, 8260.4, 27215.2)},
+    },
+    "H200": {
+        "gpt-oss-120b": {"triton_kernels MXFP4": (91.1, 149.3, 337.1, 643.3, 721.7, 1078.8, 2507.6, 7504.8),
+                         "Humming MXFP4": (74.2, 142.7, 322.7, 585.8, 719.7, 1036.9, 2597.7, 8224.9)},
+        "deepseek-nvfp4": {"Humming NVFP4": (114.4, 299.8, 920.1, 1935.7, 2606.5, 3216.8, 8323.9, 27086.3)},
+    },
+}
 GIB = 1 << 30
 
 
@@ -180,6 +193,29 @@ def tuned_table(gpu: str, sweep_rows: list, tokens_list: list) -> dict:
     return table
 
 
+def report(path: str) -> None:
+    """Markdown tables of a saved --out JSON: our row per T and the speedup over each measured peer
+    (peer µs / our µs: > 1 means this project is faster)."""
+    data = json.load(open(path))
+    kind = "H200" if "H200" in data["gpu"] else "H100"
+    print(f"{data['gpu']}: bandwidth {data['bandwidth_gbs']:.0f} GB/s (copy {data['copy_gbs']:.0f}, read-only "
+          f"{data['read_gbs']:.0f}); bf16 8192^3 matmul {data['matmul_tflops']:.1f} TFLOP/s")
+    for name in dict.fromkeys(r["shape"] for r in data["rows"]):
+        rows = [r for r in data["rows"] if r["shape"] == name]
+        peers = PEERS[kind].get(name, {})
+        head = ["T", "experts touched", "µs", "floor µs", "fraction of floor", "TFLOP/s", "fraction of bf16 matmul",
+                "vs emulation", "vs torch bf16 grouped", *[f"vs {p}" for p in peers]]
+        print(f"\n{name}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for r in rows:
+            cells = [r["tokens"], r["touched"], f"{r['us']:.1f}", f"{r['floor_us']:.1f}", f"{r['floor_fraction']:.2f}",
+                     f"{r['tflops']:.1f}", f"{r['matmul_fraction']:.2f}",
+                     f"{r['emulation_us'] / r['us']:.1f}x" if "emulation_us" in r else "-",
+                     f"{r['grouped_bf16_us'] / r['us']:.2f}x" if "grouped_bf16_us" in r else "-"]
+            for times in peers.values():
+                cells.append(f"{times[TOKENS.index(r['tokens'])] / r['us']:.2f}x" if r["tokens"] in TOKENS else "-")
+            print("| " + " | ".join(map(str, cells)) + " |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="gpt-oss-120b,deepseek-nvfp4")
@@ -189,7 +225,11 @@ def main():
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--budget-s", type=float, default=1e9, help="sweep: stop starting candidates after this")
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
+    p.add_argument("--report", metavar="JSON", help="print the markdown tables of a saved run (no GPU needed)")
     args = p.parse_args()
+    if args.report:
+        report(args.report)
+        return
     torch.manual_seed(0)
     started = time.perf_counter()
     gpu = torch.cuda.get_device_name()
@@ -245,6 +285,8 @@ def main():
                    "floor_us": floor_us, "floor_fraction": floor_us / us, "tflops": flops / us / 1e6,
                    "matmul_fraction": flops / us / 1e6 / mm, "config": default_cfg.source}
             if baseline is not None:
+                emulation.moe_forward(x, router_logits=logits, top_k=shape.top_k, **ckpt, **act)  # warm-up
+                torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for _ in range(2):
                     emulation.moe_forward(x, router_logits=logits, top_k=shape.top_k, **ckpt, **act)

@@ -240,7 +240,7 @@ INTERPRETED = not isinstance(topk_sum_kernel, triton.runtime.jit.JITFunction)
 
 @triton.jit
 def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr, scratch_ptr, num_pairs,
-                       num_blocks, E: tl.constexpr, E_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,
+                       num_blocks: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,
                        BLOCK_M: tl.constexpr, ROWS_CHUNK: tl.constexpr, BLOCKS_CHUNK: tl.constexpr):
     """_routing.align in one program (decode sizes: num_pairs <= P_BLOCK): one launch instead of ~20.
 
