@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import scenario
 from oracle import Decision, Oracle, RuleError
 from oracle.trace import CandidateEntry
+
+from conftest import scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from conftest import scenario
 from oracle import registry
+
+from conftest import scenario
 
 
 def test_a_defined_backends_function_is_accepted_without_importing_it():
