@@ -404,6 +404,55 @@ def test_sm90_scale_fold_agrees_with_flashinfer():
     assert torch.equal(cutlass.sm90_fold_scales(s), fm.interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32))
 
 
+#: the converter each shipped backend should name (profile -> family backend -> path); None = no converter
+PROPOSED_CONVERTERS = {
+    "mxfp4 (common, both profiles)": {
+        "NONE": None,
+        "DEEPGEMM_MXFP4": "backends.layouts.deepgemm:mxfp4",
+        "FLASHINFER_TRTLLM_MXFP4_MXFP8": "backends.layouts.trtllm:mxfp4",
+        "FLASHINFER_TRTLLM_MXFP4_BF16": "backends.layouts.trtllm:mxfp4",
+        "FLASHINFER_CUTLASS_MXFP4_MXFP8": "backends.layouts.cutlass:mxfp4_mxfp8",
+        "FLASHINFER_CUTLASS_MXFP4_BF16": "backends.layouts.cutlass:mxfp4_bf16_sm90",
+        "BATCHED_MARLIN": "backends.layouts.marlin:mxfp4",
+        "MARLIN": "backends.layouts.marlin:mxfp4",
+        "AITER": "backends.layouts.aiter:mxfp4",
+        "TRITON": None,
+        "TRITON_UNFUSED": None,
+        "XPU": "backends.layouts.identity:xpu",
+        "EMULATION": "backends.layouts.identity:emulation",
+    },
+    "nvfp4 vllm-0.20": {
+        "FLASHINFER_TRTLLM": "backends.layouts.trtllm:nvfp4",
+        "FLASHINFER_CUTEDSL": "backends.layouts.nvfp4_cutlass:cutedsl",
+        "FLASHINFER_CUTEDSL_BATCHED": "backends.layouts.nvfp4_cutlass:cutedsl",
+        "FLASHINFER_CUTLASS": "backends.layouts.nvfp4_cutlass:flashinfer_cutlass",
+        "VLLM_CUTLASS": "backends.layouts.nvfp4_cutlass:vllm_cutlass",
+        "MARLIN": "backends.layouts.marlin:nvfp4",
+        "EMULATION": "backends.layouts.identity:emulation",
+    },
+    "nvfp4 vllm-0.15": {
+        "FLASHINFER_TRTLLM": "backends.layouts.trtllm:nvfp4",
+        "FLASHINFER_CUTEDSL": "backends.layouts.nvfp4_cutlass:cutedsl_v015",
+        "FLASHINFER_CUTLASS": "backends.layouts.nvfp4_cutlass:flashinfer_cutlass",
+        "VLLM_CUTLASS": "backends.layouts.nvfp4_cutlass:vllm_cutlass",
+        "MARLIN": "backends.layouts.marlin:nvfp4",
+    },
+}
+
+
+@pytest.mark.parametrize("family", sorted(PROPOSED_CONVERTERS))
+def test_proposed_converters_pass_the_registry_and_take_their_format(family):
+    from oracle.registry import problem, resolve
+
+    fmt = "mxfp4" if family.startswith("mxfp4") else "nvfp4"
+    for backend, path in PROPOSED_CONVERTERS[family].items():
+        if path is None:
+            continue
+        assert problem(path) is None, (backend, problem(path))
+        converter = resolve(path)
+        assert isinstance(converter, Converter) and fmt in converter.formats, (backend, path)
+
+
 def test_every_converter_named_in_the_rules_resolves():
     """Once the rules name converters (backends.layouts.<module>:<object>), each must be a Converter."""
     import pathlib
