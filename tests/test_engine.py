@@ -5,11 +5,12 @@ import json
 import re
 from pathlib import Path
 
-from conftest import scenario
 from oracle import Oracle, Scenario
 from oracle.facts import FACTS
 from oracle.registry import resolve
 from oracle.trace import CandidateEntry, StepEntry
+
+from conftest import scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,16 +80,25 @@ def test_malformed_scenarios_are_errors_that_name_the_field(oracle):
 
 
 def test_refusals_always_explain_themselves(oracle):
-    for sc in (scenario("mxfp4", "cpu"), scenario("mxfp4-gpt-oss", "rocm:gfx950", lora=True),
-               scenario("mxfp4-gpt-oss", "cuda:8.0", moe_backend="xpu")):
+    """Each refusal names its cause (and, where one exists, the way out), not just some text."""
+    cases = {
+        ("unsupported", "No MXFP4 MoE backend supports the deployment configuration."):
+            scenario("mxfp4", "cpu"),
+        ("unsupported", "Mxfp4 LoRA is currently only supported on CUDA (platform is rocm); disable LoRA"):
+            scenario("mxfp4-gpt-oss", "rocm:gfx950", lora=True),
+        ("invalid", "Mxfp4 MoE backend 'XPU' does not support the deployment configuration since kernel does "
+                    "not support current device cuda."):
+            scenario("mxfp4-gpt-oss", "cuda:8.0", moe_backend="xpu"),
+    }
+    for (outcome, words), sc in cases.items():
         d = oracle.select(sc)
-        assert d.outcome in ("invalid", "unsupported") and len(d.error) > 20
+        assert d.outcome == outcome and words in d.error, d.error
 
 
 def test_profiles_are_listed_with_a_description(oracle):
     profiles = oracle.profiles()
     assert {"vllm-0.20", "vllm-0.15"} <= set(profiles) and oracle.default_profile == "vllm-0.20"
-    assert all(len(desc) > 20 for desc in profiles.values())
+    assert "vLLM 0.20.0" in profiles["vllm-0.20"] and "vLLM 0.15.1" in profiles["vllm-0.15"]
 
 
 def test_a_user_rules_directory_replaces_the_shipped_one(tmp_path):
@@ -146,3 +156,22 @@ def test_engine_modules_stay_small():
     """One stage per module (see the layout in oracle/api.py's docstring); none over ~400 lines."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "oracle").glob("*.py")}
     assert {n: s for n, s in sizes.items() if s > 400} == {}
+
+
+def test_a_kernel_check_is_a_data_edit(tmp_path):
+    """A kernel's own `requires` adds a check (name, condition, reason) that explain, refusals and the
+    fast path all honour, with no engine edit."""
+    text = (ROOT / "tests" / "bad_rules" / "valid.yaml").read_text().replace(
+        '    why: "triton kernel"\n',
+        '    requires:\n'
+        '      - {check: hidden_alignment, when: {fact: moe.hidden_size, ge: 256}, reason: "hidden {moe.hidden_size} < 256"}\n'
+        '    why: "triton kernel"\n', 1)
+    (tmp_path / "p.yaml").write_text(text)
+    (tmp_path / "profiles.yaml").write_text("default: x\nprofiles:\n  x: {description: 'extra check', files: [p.yaml]}\n")
+    o = Oracle(tmp_path)
+    base = {"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]}}
+    assert o.select({**base, "moe": {"hidden_size": 512}}).backend == "TRITON"
+    small = o.select({**base, "moe": {"hidden_size": 128}, "env": {"VLLM_FORCE_TRITON": "1"}})
+    assert small.outcome == "invalid" and small.error == "backend 'TRITON' rejected: hidden 128 < 256"
+    refused = [e for e in small.trace if isinstance(e, CandidateEntry)]
+    assert [(f.check, f.condition) for f in refused[0].failed] == [("hidden_alignment", "moe.hidden_size >= 256")]
