@@ -14,12 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from backends import formats
+from oracle.vocabulary import GATED_ACTIVATIONS, UNGATED_ACTIVATIONS  # the one activation list (torch-free)
 
 __all__ = ["moe_forward", "WEIGHT_FORMATS", "ACTIVATIONS", "GATE_UP_LAYOUTS"]
 
 WEIGHT_FORMATS = ("mxfp4", "nvfp4", "mxfp6_e3m2", "mxfp6_e2m3", "bf16")
-GATED_ACTIVATIONS = ("swigluoai", "silu", "gelu", "swiglustep")
-UNGATED_ACTIVATIONS = ("silu_no_mul", "gelu_no_mul", "relu2_no_mul")
 ACTIVATIONS = GATED_ACTIVATIONS + UNGATED_ACTIVATIONS
 GATE_UP_LAYOUTS = ("interleaved", "contiguous")
 
@@ -264,7 +263,7 @@ def moe_forward(
     sorted_weights = weights.reshape(-1)[order]
     active, counts = torch.unique_consecutive(flat_experts[order], return_counts=True)
     start = 0
-    for expert, count in zip(active.tolist(), counts.tolist()):
+    for expert, count in zip(active.tolist(), counts.tolist(), strict=True):
         rows = sorted_tokens[start:start + count]
         route_weight = sorted_weights[start:start + count]
         start += count

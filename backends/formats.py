@@ -299,7 +299,8 @@ def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """[..., K/2] bytes -> [..., K] uint8 codes (inverse of pack_fp4)."""
-    _require_dtype("unpack_fp4", "packed", packed, torch.uint8, "view packed FP4 data as uint8 (packed.view(torch.uint8))")
+    _require_dtype("unpack_fp4", "packed", packed, torch.uint8,
+                   "view packed FP4 data as uint8 (packed.view(torch.uint8))")
     if packed.dim() == 0:
         raise ValueError("unpack_fp4: packed must have at least 1 dimension; reshape it to [..., K/2]")
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1)
@@ -323,7 +324,8 @@ def pack_fp6(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_fp6(packed: torch.Tensor) -> torch.Tensor:
     """[..., 3K/4] bytes -> [..., K] uint8 codes (inverse of pack_fp6)."""
-    _require_dtype("unpack_fp6", "packed", packed, torch.uint8, "view packed FP6 data as uint8 (packed.view(torch.uint8))")
+    _require_dtype("unpack_fp6", "packed", packed, torch.uint8,
+                   "view packed FP6 data as uint8 (packed.view(torch.uint8))")
     _require_last_dim_multiple("unpack_fp6", "packed", packed, 3, "four FP6 codes per 3 bytes")
     triples = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 3, 3).to(torch.int32)
     word = triples[..., 0] | (triples[..., 1] << 8) | (triples[..., 2] << 16)
@@ -475,7 +477,8 @@ def dequantize_nvfp4(
     """(packed [..., K/2], e4m3 scales [..., K/16], global_scale) -> fp4 * scale / global_scale [..., K]."""
     fn = "dequantize_nvfp4"
     _require_dtype(fn, "packed", packed, torch.uint8, "view packed FP4 data as uint8 (packed.view(torch.uint8))")
-    _require_dtype(fn, "scales", scales, torch.float8_e4m3fn, "NVFP4 block scales are FP8; view them with .view(torch.float8_e4m3fn)")
+    _require_dtype(fn, "scales", scales, torch.float8_e4m3fn,
+                   "NVFP4 block scales are FP8; view them with .view(torch.float8_e4m3fn)")
     _require_output_dtype(fn, dtype)
     _require_last_dim_multiple(fn, "packed", packed, NVFP4_BLOCK_SIZE // 2, "8 bytes hold one 16-element NVFP4 block")
     _require_scales_match(fn, "packed", packed, scales, packed.shape[-1] * 2 // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)

@@ -106,7 +106,8 @@ def main(argv=None) -> str:
         copy_gbps = 2 * source.numel() / copy_s / 1e9
         lines += [f"Device-to-device copy: {copy_gbps:.1f} GB/s (read + write of {source.numel() / 2**20:.0f} MiB)", ""]
 
-    lines += [f"Dequantization of a [{rows}, {cols}] weight to bf16 (GB/s = packed + scales read + bf16 output written):",
+    lines += [f"Dequantization of a [{rows}, {cols}] weight to bf16 "
+              "(GB/s = packed + scales read + bf16 output written):",
               ""]
     header = "| format | bytes moved (MiB) | median time (ms) | GB/s |" + (" fraction of copy |" if on_gpu else "")
     lines += [header, "|" + "---|" * (5 if on_gpu else 4)]
@@ -129,7 +130,7 @@ def main(argv=None) -> str:
         logits = torch.randn(tokens, shape["experts"], device=device, generator=generator)
         active = torch.topk(logits, shape["top_k"], dim=-1).indices.unique().numel()
         seconds = median_seconds(
-            lambda: emulation.moe_forward(x, router_logits=logits, top_k=shape["top_k"], **weights),
+            lambda x=x, logits=logits: emulation.moe_forward(x, router_logits=logits, top_k=shape["top_k"], **weights),
             device, 1 if not on_gpu else 3, moe_repeats,
         )
         lines.append(f"| {tokens} | {active} | {seconds * 1e3:.1f} |")
