@@ -105,8 +105,8 @@ def _scenario_from_args(args: argparse.Namespace, oracle: Oracle) -> dict[str, A
         sc.setdefault("packages", {})[name] = False
     if args.env:
         sc["env"] = {**(sc.get("env") or {}), **_parse_env(args.env)}
-    moe_flags = {key: getattr(args, key) for key in ("moe_backend", "activation", "lora", "routing_method",
-                                                      "hidden_size", "intermediate_size") if getattr(args, key) is not None}
+    moe_keys = ("moe_backend", "activation", "lora", "routing_method", "hidden_size", "intermediate_size")
+    moe_flags = {key: getattr(args, key) for key in moe_keys if getattr(args, key) is not None}
     if moe_flags:
         sc["moe"] = {**(sc.get("moe") or {}), **moe_flags}
     if "policy" not in sc:
@@ -144,7 +144,8 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
     if d.rule_files:
         lines.append("rules  " + ", ".join(d.rule_files))
     plat = scenario.get("platform", {})
-    plat_text = plat.get("kind", "?") + (" " + ".".join(map(str, plat["capability"])) if "capability" in plat else "") + \
+    cap = " " + ".".join(map(str, plat["capability"])) if "capability" in plat else ""
+    plat_text = plat.get("kind", "?") + cap + \
         (" " + plat["gcn_arch"] if "gcn_arch" in plat else "")
     pk = ", ".join(n for n, v in sorted((scenario.get("packages") or {}).items()) if v) or "(none)"
     env = ", ".join(f"{k}={v}" for k, v in sorted((scenario.get("env") or {}).items())) or "(none)"
@@ -193,7 +194,8 @@ def _cmd_batch(args: argparse.Namespace, oracle: Oracle) -> int:
                 if isinstance(sc, dict) and "scenario" in sc and "policy" not in sc:
                     sc = sc["scenario"]  # accept golden-file lines {"scenario": ..., "expected": ...}
                 d = oracle.select(sc) if isinstance(sc, dict) else None
-                out = d.to_dict(with_trace=args.trace) if d else {"outcome": "error", "error": f"{args.batch}:{lineno}: a scenario must be a JSON object"}
+                out = d.to_dict(with_trace=args.trace) if d else {
+                    "outcome": "error", "error": f"{args.batch}:{lineno}: a scenario must be a JSON object"}
                 if out["outcome"] == "error":
                     out["error"] = f"{args.batch}:{lineno}: {out['error']}"
             sys.stdout.write(json.dumps(out) + "\n")
@@ -225,7 +227,8 @@ def _cmd_profiles(oracle: Oracle) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moe-oracle", description="Select and explain quantized MoE kernel backends from YAML rule tables.")
+    p = argparse.ArgumentParser(prog="moe-oracle",
+                                description="Select and explain quantized MoE kernel backends from YAML rule tables.")
     p.add_argument("--rules", help="rules directory with profiles.yaml (default: the embedded rules)")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("select", "answer one question (or a JSONL batch)"),
@@ -241,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--no-package", action="append", metavar="NAME", help="treat this package as absent")
         s.add_argument("--detect-packages", action="store_true", help="use the packages installed here")
         s.add_argument("--detect-env", action="store_true", help="use the declared env vars set here")
-        s.add_argument("--env", action="append", metavar="NAME=VALUE", help="an environment variable, exactly as a string")
+        s.add_argument("--env", action="append", metavar="NAME=VALUE",
+                       help="an environment variable, exactly as a string")
         s.add_argument("--moe-backend", help="explicit moe_backend string (default auto)")
         s.add_argument("--activation", choices=ACTIVATIONS)
         s.add_argument("--lora", action="store_const", const=True, default=None, help="LoRA enabled")

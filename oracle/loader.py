@@ -65,7 +65,8 @@ def merge(docs: list[Located], name: str, description: str) -> tuple[RuleSet, li
             for key, value in items.items():
                 existing = rs.sections[section].get(key)
                 if existing is not None and not _overrides(value):
-                    problems.append(doc.diag((section, key), f"{section} '{key}' is already defined at {existing.at()}; "
+                    problems.append(doc.diag((section, key),
+                                             f"{section} '{key}' is already defined at {existing.at()}; "
                                                              "each name is defined once per profile (add "
                                                              "'override: true' to replace it deliberately)"))
                     continue

@@ -18,9 +18,10 @@ SECTIONS = ("rocm_archs", "quant_keys", "env_vars", "derived", "values", "tables
 
 
 @cache
-def _schema(schema_name: str) -> dict:
+def _schema(schema_name: str) -> dict[str, Any]:
     with open(schemas_dir() / schema_name, encoding="utf-8") as fh:
-        return json.load(fh)
+        schema: dict[str, Any] = json.load(fh)
+    return schema
 
 
 @cache
@@ -45,16 +46,19 @@ def _validator(schema_name: str) -> Any:
 def _schema_message(err: Any) -> str:
     where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
     if err.validator == "additionalProperties":
-        extra = [k for k in err.instance if k not in err.schema.get("properties", {})] if isinstance(err.instance, dict) else []
+        known = err.schema.get("properties", {})
+        extra = [k for k in err.instance if k not in known] if isinstance(err.instance, dict) else []
         allowed = list(err.schema.get("properties", {}))
         if extra:
             key = extra[0]
             hint = did_you_mean(key, allowed) or (f"; allowed: {', '.join(allowed)}" if allowed else "")
             return f"unknown field '{key}' in {where}{hint}"
     if err.validator == "enum" and isinstance(err.instance, str):
-        return f"{where}: '{err.instance}' is not allowed{did_you_mean(err.instance, err.validator_value)}; expected one of {', '.join(map(str, err.validator_value))}"
+        return (f"{where}: '{err.instance}' is not allowed{did_you_mean(err.instance, err.validator_value)}; "
+                f"expected one of {', '.join(map(str, err.validator_value))}")
     if err.validator == "anyOf":
-        return f"{where}: {err.instance!r} is not valid here; expected {' or '.join(_describe(a) for a in err.validator_value)}"
+        expected = " or ".join(_describe(a) for a in err.validator_value)
+        return f"{where}: {err.instance!r} is not valid here; expected {expected}"
     if err.validator == "required":
         return f"{where}: missing required field {err.message.split(' is a required')[0]}"
     if err.validator == "oneOf" and isinstance(err.instance, dict):
@@ -68,7 +72,7 @@ def _describe(schema: Any) -> str:
     if not isinstance(schema, dict):
         return str(schema)
     if "description" in schema:
-        return schema["description"]
+        return str(schema["description"])
     if "const" in schema:
         return repr(schema["const"])
     if "enum" in schema:
@@ -81,14 +85,14 @@ def _describe(schema: Any) -> str:
     return "a value matching the schema"
 
 
-def _one_of_summary(alternatives: list) -> str:
+def _one_of_summary(alternatives: list[Any]) -> str:
     keys = [" + ".join(a.get("required", [])) for a in alternatives if isinstance(a, dict)]
     return ", ".join(k for k in keys if k) or "see the schema"
 
 
-def _best_errors(errors: list) -> list:
+def _best_errors(errors: list[Any]) -> list[Any]:
     """One error per location: the deepest, most specific one."""
-    by_path: dict[tuple, Any] = {}
+    by_path: dict[tuple[Any, ...], Any] = {}
     for err in errors:
         for leaf in _leaves(err):
             key = tuple(leaf.absolute_path)
@@ -100,12 +104,12 @@ def _best_errors(errors: list) -> list:
     return [by_path[p] for p in sorted(keep, key=lambda p: [str(x) for x in p])]
 
 
-def _leaves(err: Any) -> list:
+def _leaves(err: Any) -> list[Any]:
     if err.validator == "anyOf" and err.context and all(list(sub.absolute_path) == list(err.absolute_path)
                                                         for sub in err.context):
         return [err]  # alternatives for this very value: one message naming them all
     if err.context and err.validator in ("anyOf", "allOf"):
-        out: list = []
+        out: list[Any] = []
         for sub in err.context:
             out.extend(_leaves(sub))
         return out

@@ -1,11 +1,12 @@
 """Typed trace entries: what explain, JSON output and `unsupported` summaries render from.
 
-Each entry is a small immutable record (a NamedTuple: cheap to build) with `to_dict()` (the JSON contract of decision.schema.json)
-and `from_dict()`; renderers dispatch on the type, never on which keys a dict happens to have.
+Each entry is a small immutable record (a NamedTuple: cheap to build) with `to_dict()` (the JSON
+contract of decision.schema.json) and `from_dict()`; renderers dispatch on the type, never on
+which keys a dict happens to have.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 
 class Failure(NamedTuple):
@@ -79,7 +80,7 @@ class ErrorEntry(NamedTuple):
         return {"error": self.error}
 
 
-Entry = Union[StepEntry, CandidateEntry, CallEntry, ErrorEntry]
+Entry = StepEntry | CandidateEntry | CallEntry | ErrorEntry
 
 
 def from_dict(d: dict[str, Any]) -> Entry:

@@ -15,7 +15,7 @@ from .errors import Diagnostic, RuleError
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _scalar_constructor = yaml.constructor.SafeConstructor()
 
-Path = tuple  # a path into the document: keys and list indexes
+Path = tuple[Any, ...]  # a path into the document: keys and list indexes
 
 
 class Located:
@@ -60,7 +60,8 @@ def load_yaml_text(text: str, file: str) -> Located:
     def build(node: yaml.Node, path: Path) -> Any:
         marks.setdefault(path, _mark(node))
         if node.tag not in _SAFE_TAGS:
-            problems.append(Diagnostic(file, *_mark(node), f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
+            problems.append(Diagnostic(file, *_mark(node),
+                                       f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
             return None
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
