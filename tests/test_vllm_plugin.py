@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 
 import pytest
+import yaml
 from vllm_simulation import (
     BY_POLICY,
     RELEASE,
@@ -278,14 +279,13 @@ def test_random_deployments_beyond_the_sample_agree_with_unpatched_vllm(machine)
 def edited_rules(tmp_path: Path) -> Path:
     """The shipped rules with two priority swaps: MARLIN before TRITON (gpt-oss), CUTLASS before TRTLLM (NVFP4)."""
     rules = shutil.copytree(oracle.Oracle().root, tmp_path / "rules")
-    nvfp4_old = "candidates: [FLASHINFER_TRTLLM, FLASHINFER_CUTEDSL, FLASHINFER_CUTEDSL_BATCHED, FLASHINFER_CUTLASS,"
-    nvfp4_new = "candidates: [FLASHINFER_CUTLASS, FLASHINFER_CUTEDSL, FLASHINFER_CUTEDSL_BATCHED, FLASHINFER_TRTLLM,"
-    for rel, old, new in (("common/mxfp4.yaml", "AITER, TRITON, FLASHINFER_CUTLASS_MXFP4_BF16, MARLIN,",
-                           "AITER, MARLIN, FLASHINFER_CUTLASS_MXFP4_BF16, TRITON,"),
-                          ("vllm-0.20/nvfp4.yaml", nvfp4_old, nvfp4_new)):
-        text = (rules / rel).read_text()
-        assert text.count(old) == 1, f"the shipped {rel} changed: update this edit"
-        (rules / rel).write_text(text.replace(old, new))
+    for rel, policy, first, second in (("common/mxfp4.yaml", "mxfp4-gpt-oss", "TRITON", "MARLIN"),
+                                       ("vllm-0.20/nvfp4.yaml", "nvfp4", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS")):
+        data = yaml.safe_load((rules / rel).read_text())
+        candidates = data["policies"][policy]["candidates"]
+        i, j = candidates.index(first), candidates.index(second)
+        candidates[i], candidates[j] = second, first
+        (rules / rel).write_text(yaml.safe_dump(data, sort_keys=False))
     return rules
 
 
