@@ -57,3 +57,19 @@ def test_explain_prints_the_runner(capsys):
     out = capsys.readouterr().out
     assert "selected EMULATION" in out and "runner backends.emulation:moe_forward" in out
     assert "converter none" in out and "reads the checkpoint layout" in out
+
+
+def test_a_registered_plugin_package_is_allowed(tmp_path, monkeypatch):
+    """Packages named by entry points of group moe_oracle.backends may hold converters and runners too."""
+    pkg = tmp_path / "acme_moe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('validation must not import the plugin')\n")
+    (pkg / "runner.py").write_text("import torch  # never imported by validation\n\ndef apply(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.problem.cache_clear()
+    assert "outside the allowed packages" in registry.problem("acme_moe.runner:apply")
+    monkeypatch.setattr(registry, "plugin_packages", lambda: ("acme_moe",))
+    registry.problem.cache_clear()
+    assert registry.problem("acme_moe.runner:apply") is None
+    assert "defines no top-level 'run'" in registry.problem("acme_moe.runner:run")
+    registry.problem.cache_clear()
