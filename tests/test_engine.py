@@ -175,3 +175,21 @@ def test_a_kernel_check_is_a_data_edit(tmp_path):
     assert small.outcome == "invalid" and small.error == "backend 'TRITON' rejected: hidden 128 < 256"
     refused = [e for e in small.trace if isinstance(e, CandidateEntry)]
     assert [(f.check, f.condition) for f in refused[0].failed] == [("hidden_alignment", "moe.hidden_size >= 256")]
+
+
+def test_a_rules_directory_extends_the_shipped_rules(tmp_path):
+    """A user directory adds one profile on top of the shipped ones: differences only, overrides explicit."""
+    (tmp_path / "no-trtllm.yaml").write_text(
+        "policies:\n  mxfp4-gpt-oss:\n    override: true\n    family: mxfp4\n"
+        "    description: \"gpt-oss without TRT-LLM\"\n    candidates: [TRITON, MARLIN]\n"
+        "    steps:\n      - {id: auto, try: candidates, why: \"only these two\"}\n"
+        "      - {id: none-fits, outcome: unsupported, message: \"neither fits\", why: \"a test profile\"}\n")
+    (tmp_path / "profiles.yaml").write_text(
+        "extends: builtin\ndefault: mine\nprofiles:\n"
+        "  mine: {description: 'vllm-0.20 without TRT-LLM', extends: vllm-0.20, files: [no-trtllm.yaml]}\n")
+    o = Oracle(tmp_path)
+    assert {"vllm-0.20", "vllm-0.15", "mine"} <= set(o.profiles())
+    sm100 = scenario("mxfp4-gpt-oss", "cuda:10.0")
+    assert o.select({**sm100, "profile": "vllm-0.20"}).backend == "FLASHINFER_TRTLLM_MXFP4_BF16"
+    mine = o.select(sm100)
+    assert mine.profile == "mine" and mine.backend == "TRITON" and mine.decided_by.at.endswith("no-trtllm.yaml:8")
