@@ -38,7 +38,7 @@ ROWS = [
     (deepgemm.mxfp4, "DEEPGEMM_MXFP4", "mxfp4", (2944, 2944)),
     (trtllm.mxfp4, "FLASHINFER_TRTLLM_MXFP4_*", "mxfp4", (3072, 3072)),
     (cutlass.mxfp4_mxfp8, "FLASHINFER_CUTLASS_MXFP4_MXFP8", "mxfp4", (2944, 2944)),
-    (cutlass.mxfp4_bf16_sm90_scales_only, "FLASHINFER_CUTLASS_MXFP4_BF16 (torch stages)", "mxfp4", (2944, 2944)),
+    (cutlass.mxfp4_bf16_sm90, "FLASHINFER_CUTLASS_MXFP4_BF16 (fi >= 0.6.16)", "mxfp4", (2944, 2944)),
     (cutlass.mxfp4_bf16_sm90_legacy, "FLASHINFER_CUTLASS_MXFP4_BF16 (fi <= 0.6.9)", "mxfp4", (2944, 2944)),
     (aiter.mxfp4, "AITER", "mxfp4", (3072, 3072)),
     (marlin.mxfp4, "MARLIN, BATCHED_MARLIN", "mxfp4", (3072, 2944)),

@@ -18,7 +18,7 @@ from backends.layouts import (
     nvfp4_cutlass,
     trtllm,
 )
-from backends.layouts.base import Converter, LayoutUnavailable
+from backends.layouts.base import Converter
 from backends.weights import KernelWeights
 
 from conftest import DEVICES, requires_cuda
@@ -45,7 +45,7 @@ CASES = [
     Case("trtllm-mxfp4", trtllm.mxfp4, "mxfp4", (64, 32), (128, 128)),
     Case("trtllm-nvfp4", trtllm.nvfp4, "nvfp4", (48, 32), (128, 64)),
     Case("cutlass-sm100", cutlass.mxfp4_mxfp8, "mxfp4", (64, 32), (128, 128), bf16_bias=True),
-    Case("cutlass-sm90-scales", cutlass.mxfp4_bf16_sm90_scales_only, "mxfp4", (64, 32), (128, 128), bf16_bias=True),
+    Case("cutlass-sm90", cutlass.mxfp4_bf16_sm90, "mxfp4", (64, 32), (128, 128), bf16_bias=True),
     Case("cutlass-sm90-legacy", cutlass.mxfp4_bf16_sm90_legacy, "mxfp4", (64, 32), (128, 128), bf16_bias=True),
     Case("aiter", aiter.mxfp4, "mxfp4", (64, 32), (256, 256)),
     Case("marlin-mxfp4", marlin.mxfp4, "mxfp4", (128, 64), (256, 128), bf16_bias=True),
@@ -180,7 +180,7 @@ def row_sources(order, inter):
 
 ROW_ORDER = {"deepgemm": None, "emulation-mxfp4": None, "emulation-nvfp4": None, "xpu": None,
              "trtllm-mxfp4": "trtllm", "trtllm-nvfp4": "trtllm", "cutlass-sm100": "up_gate",
-             "cutlass-sm90-scales": "up_gate", "cutlass-sm90-legacy": "up_gate", "fi-cutlass-nvfp4": "up_gate",
+             "cutlass-sm90": "up_gate", "cutlass-sm90-legacy": "up_gate", "fi-cutlass-nvfp4": "up_gate",
              "cutedsl": "groups64", "cutedsl-0.15": "contiguous", "vllm-cutlass": "contiguous"}
 
 
@@ -188,7 +188,7 @@ def linear_scales(name, stored, rows, cols):
     if name.startswith("trtllm") or name == "cutlass-sm100" or name in ("fi-cutlass-nvfp4", "cutedsl", "cutedsl-0.15",
                                                                           "vllm-cutlass"):
         return read_128x4(stored.view(torch.uint8), rows, cols)
-    if name == "cutlass-sm90-scales":
+    if name == "cutlass-sm90":
         return read_sm90_folded(stored, rows, cols)
     if name == "cutlass-sm90-legacy":
         return read_sm90_legacy(stored, rows, cols)
@@ -208,7 +208,10 @@ def test_row_layouts_dequantize_to_the_checkpoint(name, gate_up):
     half, index = row_sources(order, inter)
     expected13 = torch.where((half == 0).reshape(1, -1, 1), gate[:, index], up[:, index])
     gs13 = kw.config.get("w13_global_scale")
-    got13 = dense(case.fmt, kw["w13"], linear_scales(name, kw["w13_scale"], 2 * inter, hidden // block), gs13)
+    w13_rows, w2_rows = kw["w13"], kw["w2"]
+    if name == "cutlass-sm90":  # bytes inside 16-row blocks are interleaved; checked on its own below
+        w13_rows, w2_rows = cutlass.sm90_deinterleave_weights(w13_rows), cutlass.sm90_deinterleave_weights(w2_rows)
+    got13 = dense(case.fmt, w13_rows, linear_scales(name, kw["w13_scale"], 2 * inter, hidden // block), gs13)
     exact = tolerance("exact")
     torch.testing.assert_close(got13, expected13, **exact, equal_nan=True)
     expected2 = w2
@@ -216,7 +219,7 @@ def test_row_layouts_dequantize_to_the_checkpoint(name, gate_up):
         j = torch.arange(hidden)
         p = j % 32
         expected2 = w2[:, j - p + 4 * (p % 8) + p // 8]
-    got2 = dense(case.fmt, kw["w2"], linear_scales(name, kw["w2_scale"], hidden, inter // block),
+    got2 = dense(case.fmt, w2_rows, linear_scales(name, kw["w2_scale"], hidden, inter // block),
                  kw.config.get("w2_global_scale"))
     torch.testing.assert_close(got2, expected2, **exact, equal_nan=True)
     if "w13_bias" in kw.tensors:
@@ -378,16 +381,44 @@ def test_marlin_refuses_signed_nvfp4_scales():
         marlin.nvfp4.convert(w.replace(w2_scale=scales.view(torch.float8_e4m3fn)))
 
 
-def test_sm90_weight_interleave_needs_flashinfer_and_has_no_inverse():
-    w = random_layer("mxfp4", experts=1, hidden=128, inter=128)
-    try:
-        import flashinfer  # noqa: F401
-    except ImportError:
-        with pytest.raises(LayoutUnavailable, match="interleave_moe_weights_for_sm90_mixed_gemm"):
-            cutlass.mxfp4_bf16_sm90.convert(w)
-    meta = cutlass.mxfp4_bf16_sm90.convert(random_layer("mxfp4", experts=1, hidden=128, inter=128, device="meta"))
-    with pytest.raises(LayoutUnavailable, match="without a published inverse"):
-        cutlass.mxfp4_bf16_sm90.invert(meta)
+def _sm90_kernel_transcription(w):
+    """flashinfer's interleave_fp4_weights_for_sm90_mixed_gemm_kernel for one expert [n, k/2], thread by thread."""
+    n, half = w.shape
+    cols = 2 * half
+    src, dst = w.reshape(-1).tolist(), [None] * w.numel()
+    for block_id in range(n // 2):
+        for partition in range(cols // 64):
+            for lane in range(16):
+                row, mma = block_id // 8 * 16 + block_id % 8, lane // 4
+                col = partition * 32 + mma * 8 + lane % 4
+                first, second = row * half + col, (row + 8) * half + col
+                word = src[first] | src[second] << 8 | src[first + 4] << 16 | src[second + 4] << 24
+                moved = 0
+                for mask, shift in cutlass._SM90_BIT_MOVES:
+                    moved |= (word & mask) << shift if shift >= 0 else (word & mask) >> -shift
+                out = (row + (mma % 2) * 8) * half + partition * 32 + lane // 8 * 16 + (lane % 4) * 4
+                for i in range(4):
+                    dst[out + i] = (moved >> 8 * i) & 0xFF
+    assert None not in dst  # every output byte written once
+    return torch.tensor(dst, dtype=torch.uint8).reshape(n, half)
+
+
+def test_sm90_weights_match_the_flashinfer_kernel_thread_by_thread():
+    case = BY_NAME["cutlass-sm90"]
+    w = layer(case, experts=2, gate_up="interleaved").pad(*case.padded)
+    kw = case.converter.convert(w)
+    up_gate = torch.cat((w.w13[:, 1::2], w.w13[:, 0::2]), dim=1)
+    for e in range(2):
+        assert torch.equal(kw["w13"][e], _sm90_kernel_transcription(up_gate[e]))
+        assert torch.equal(kw["w2"][e], _sm90_kernel_transcription(w.w2[e]))
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_sm90_weights_agree_with_flashinfer():
+    fm = pytest.importorskip("flashinfer.fused_moe", reason="flashinfer is not installed (optional extra)")
+    w = torch.randint(0, 256, (3, 128, 256), dtype=torch.uint8, device="cuda")
+    assert torch.equal(cutlass.sm90_interleave_weights(w), fm.interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4"))
 
 
 # ---------------------------------------------------------------------------------------------- flashinfer helpers

@@ -18,12 +18,8 @@ import torch
 
 from backends.weights import KernelWeights, MoEWeights
 
-__all__ = ["Converter", "Layout", "LayoutUnavailable", "reinterpret", "require_multiple", "require_tensor",
+__all__ = ["Converter", "Layout", "reinterpret", "require_multiple", "require_tensor",
            "tile_permute", "tile_unpermute"]
-
-
-class LayoutUnavailable(RuntimeError):
-    """A layout step can only be done by a package or device this machine lacks (named in the message)."""
 
 
 @runtime_checkable

@@ -11,10 +11,11 @@ nearest otherwise); per-expert gpt-oss SwiGLU constants in the config. Then, per
 * ``mxfp4_bf16_sm90`` (SM90 W4A16, flashinfer >= 0.6.16, i.e. the 0.7.x this project supports, and
   vLLM 0.33.0): scales folded ``[E, rows, K/32] -> reshape(E, rows/64, 4, 16, K/128, 4)
   .permute(0, 1, 4, 3, 2, 5) -> [E, rows/64, K/128, 16, 16]`` (flashinfer
-  ``interleave_moe_scales_for_sm90_mixed_gemm``, pure torch); weights through flashinfer's
-  ``interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")``, a CUDA kernel whose bit permutation
-  flashinfer does not specify in Python: converting needs flashinfer on a CUDA device, and there is
-  no inverse (`LayoutUnavailable` names this). On the meta device shapes are planned without it.
+  ``interleave_moe_scales_for_sm90_mixed_gemm``, pure torch); weights as flashinfer's CUDA kernel
+  ``interleave_fp4_weights_for_sm90_mixed_gemm`` (behind ``interleave_moe_weights_for_sm90_mixed_gemm(w,
+  "fp4")``, per expert, rows = N, cols = K) writes them, here as one batched byte permutation plus a
+  fixed 32-bit permutation (`sm90_interleave_weights`, exact inverse `sm90_deinterleave_weights`).
+  Needs N % 16 and K % 64 (weights) and rows % 64, K % 128 (scales).
 * ``mxfp4_bf16_sm90_legacy`` (flashinfer 0.2.13-0.6.9, exactly vLLM 0.20.0's
   ``_interleave_mxfp4_cutlass_sm90``): weights as they are, scales
   ``[E, rows, K/32] -> reshape(E, rows, K/128, 4).permute(0, 2, 1, 3) -> [E, K/128, rows * 4]``.
@@ -27,7 +28,6 @@ import torch
 
 from backends.layouts.base import (
     Layout,
-    LayoutUnavailable,
     require_multiple,
     require_tensor,
     tile_permute,
@@ -38,10 +38,10 @@ from backends.layouts.quant_config import GPT_OSS_SWIGLU, swiglu_config
 from backends.layouts.scales import deinterleave_128x4, interleave_128x4
 from backends.weights import KernelWeights, MoEWeights
 
-__all__ = ["CutlassMxfp4Layout", "mxfp4_bf16_sm90", "mxfp4_bf16_sm90_legacy", "mxfp4_bf16_sm90_scales_only",
-           "mxfp4_mxfp8", "sm90_fold_scales", "sm90_unfold_scales"]
+__all__ = ["CutlassMxfp4Layout", "mxfp4_bf16_sm90", "mxfp4_bf16_sm90_legacy", "mxfp4_mxfp8",
+           "sm90_deinterleave_weights", "sm90_fold_scales", "sm90_interleave_weights", "sm90_unfold_scales"]
 
-VARIANTS = ("sm100_mxfp8", "sm90_bf16", "sm90_bf16_legacy", "sm90_bf16_scales_only")
+VARIANTS = ("sm100_mxfp8", "sm90_bf16", "sm90_bf16_legacy")
 
 
 _FOLD_DIMS = (0, 1, 4, 3, 2, 5)
@@ -62,20 +62,77 @@ def sm90_unfold_scales(folded: torch.Tensor, rows: int, groups: int) -> torch.Te
     return tile_unpermute(flat, (e, rows // 64, 4, 16, groups // 4, 4), _FOLD_DIMS)
 
 
-def _flashinfer_sm90_weight_interleave(layout: str, w: torch.Tensor) -> torch.Tensor:
-    if w.device.type == "meta":
-        return torch.empty_like(w)
-    try:
-        from flashinfer.fused_moe import interleave_moe_weights_for_sm90_mixed_gemm
-    except ImportError as err:
-        raise LayoutUnavailable(
-            f"layout {layout!r}: the SM90 W4A16 weight interleave is flashinfer's CUDA kernel "
-            f"interleave_moe_weights_for_sm90_mixed_gemm (flashinfer-python >= 0.6.16), which is not importable "
-            f"here ({err}); install moe-oracle[flashinfer] and convert on a CUDA device") from None
-    if w.device.type != "cuda":
-        raise LayoutUnavailable(f"layout {layout!r}: flashinfer's SM90 weight interleave runs on CUDA only; "
-                                f"move the MoEWeights to a CUDA device before converting")
-    return interleave_moe_weights_for_sm90_mixed_gemm(w.contiguous(), "fp4")
+# The SM90 W4A16 weight interleave. Per expert, rows in groups of 16 (g, h = row // 8 % 2, r = row % 8) and
+# byte columns in partitions of 32 (p, m, c4, l4 with col = 32 p + 8 m + 4 c4 + l4). Four source bytes
+# (h, c4) = (0,0), (1,0), (0,1), (1,1) form one little-endian 32-bit word, whose bits are permuted by
+# _SM90_BIT_MOVES, and the word's bytes land in row 16 g + 8 (m % 2) + r at columns 32 p + 16 (m // 2) + 4 l4 + i.
+_SM90_SRC_VIEW = (2, 8, 4, 2, 4)  # per 16 rows x 32 bytes: h, r | m, c4, l4 (after g and p)
+_SM90_TO_WORDS = (0, 1, 3, 4, 5, 7, 6, 2)  # [E, g, h, r, p, m, c4, l4] -> [E, g, r, p, m, l4, c4, h]
+_SM90_FROM_WORDS = (0, 1, 5, 2, 3, 4, 6, 7)  # [E, g, r, p, mh, hd, l4, i] -> [E, g, hd, r, p, mh, l4, i]
+#: (source bit mask, left shift; negative = right) of the 32-bit permutation, from the flashinfer kernel
+_SM90_BIT_MOVES = (
+    (0x00000080, 24), (0x00000070, 18), (0x00000008, 12), (0x00000007, 6),
+    (0x00008000, 13), (0x00007000, 7), (0x00000800, 1), (0x00000700, -5),
+    (0x00800000, 2), (0x00700000, -4), (0x00080000, -10), (0x00070000, -16),
+    (0x80000000, -1), (0x10000000, 1), (0x60000000, -3), (0x08000000, -13),
+    (0x01000000, -11), (0x06000000, -15),
+)
+
+
+def _bit_destinations() -> list:
+    dest = [None] * 32
+    for mask, shift in _SM90_BIT_MOVES:
+        for bit in range(32):
+            if mask >> bit & 1:
+                dest[bit] = bit + shift
+    if sorted(dest) != list(range(32)):
+        raise AssertionError("_SM90_BIT_MOVES is not a permutation of 32 bits")
+    return dest
+
+
+def _byte_tables(dest: list) -> torch.Tensor:
+    """int64 [4, 256]: the permuted word's bits contributed by source byte b holding value v."""
+    values = torch.arange(256)
+    tables = torch.zeros(4, 256, dtype=torch.int64)
+    for byte in range(4):
+        for bit in range(8):
+            tables[byte] |= ((values >> bit) & 1) << dest[8 * byte + bit]
+    return tables
+
+
+_SM90_DEST = _bit_destinations()
+_SM90_FORWARD = _byte_tables(_SM90_DEST)
+_SM90_BACKWARD = _byte_tables([_SM90_DEST.index(bit) for bit in range(32)])
+
+
+def _permute_words(words: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """[..., 4] bytes of little-endian words -> [..., 4] bytes of the bit-permuted words."""
+    tables = tables.to(words.device)
+    out = tables[0][words[..., 0].long()]
+    for byte in range(1, 4):
+        out = out | tables[byte][words[..., byte].long()]
+    return torch.stack([((out >> (8 * i)) & 0xFF).to(torch.uint8) for i in range(4)], dim=-1)
+
+
+def sm90_interleave_weights(w: torch.Tensor) -> torch.Tensor:
+    """[E, N, K/2] packed FP4 -> the same shape in the SM90 mixed-GEMM order (N % 16, K % 64)."""
+    e, n, half_k = w.shape
+    words = w.reshape(e, n // 16, *_SM90_SRC_VIEW[:2], half_k // 32, *_SM90_SRC_VIEW[2:])
+    words = words.permute(_SM90_TO_WORDS).reshape(e, n // 16, 8, half_k // 32, 4, 4, 4)
+    out = _permute_words(words, _SM90_FORWARD)  # [E, g, r, p, m, l4, i]
+    out = out.reshape(e, n // 16, 8, half_k // 32, 2, 2, 4, 4).permute(_SM90_FROM_WORDS)
+    return out.contiguous().reshape(e, n, half_k)
+
+
+def sm90_deinterleave_weights(w: torch.Tensor) -> torch.Tensor:
+    """Exact inverse of sm90_interleave_weights."""
+    e, n, half_k = w.shape
+    inverse_from = tuple(sorted(range(8), key=lambda d: _SM90_FROM_WORDS[d]))
+    out = w.reshape(e, n // 16, 2, 8, half_k // 32, 2, 4, 4).permute(inverse_from)  # [E, g, r, p, mh, hd, l4, i]
+    words = _permute_words(out.reshape(e, n // 16, 8, half_k // 32, 4, 4, 4), _SM90_BACKWARD)
+    inverse_to = tuple(sorted(range(8), key=lambda d: _SM90_TO_WORDS[d]))
+    words = words.reshape(e, n // 16, 8, half_k // 32, 4, 4, 2, 2).permute(inverse_to)
+    return words.contiguous().reshape(e, n, half_k)
 
 
 class CutlassMxfp4Layout(Layout):
@@ -89,7 +146,7 @@ class CutlassMxfp4Layout(Layout):
         self.swiglu = dict(GPT_OSS_SWIGLU if swiglu is None else swiglu)
 
     def _check_sizes(self, w: MoEWeights) -> None:
-        tile = 64 if self.variant.startswith("sm90_bf16") and self.variant != "sm90_bf16_legacy" else 128
+        tile = 64 if self.variant == "sm90_bf16" else 128
         if self.variant != "sm90_bf16_legacy":
             require_multiple(self.layout, "2 * intermediate_size", 2 * w.I, tile, f"scale rows fill {tile}-row tiles")
             require_multiple(self.layout, "hidden_size (w2 rows)", w.H, tile, f"scale rows fill {tile}-row tiles")
@@ -116,7 +173,7 @@ class CutlassMxfp4Layout(Layout):
         perm = row_permutation(w.gate_up, "up_gate", w.I)
         w13, w2 = permute_rows(w.w13, perm), w.w2
         if self.variant == "sm90_bf16":
-            w13, w2 = (_flashinfer_sm90_weight_interleave(self.layout, t) for t in (w13, w2))
+            w13, w2 = sm90_interleave_weights(w13), sm90_interleave_weights(w2)
         tensors = {"w13": w13, "w2": w2, "w13_scale": self._scales(permute_rows(w.w13_scale, perm)),
                    "w2_scale": self._scales(w.w2_scale)}
         if w.w13_bias is not None:
@@ -126,16 +183,15 @@ class CutlassMxfp4Layout(Layout):
         return tensors, swiglu_config(w, **{k.removeprefix("swiglu_"): v for k, v in self.swiglu.items()})
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
-        if self.variant == "sm90_bf16":
-            raise LayoutUnavailable(
-                f"layout {self.layout!r} cannot be inverted: flashinfer's SM90 weight interleave is a CUDA kernel "
-                f"without a published inverse; keep the MoEWeights it was converted from")
         e, hidden, inter = kw.E, kw.padded_hidden_size, kw.padded_intermediate_size
         inv = invert_permutation(row_permutation(kw.gate_up, "up_gate", inter))
         w13 = require_tensor(self.layout, kw, "w13", (e, 2 * inter, hidden // 2), torch.uint8)
+        w2 = require_tensor(self.layout, kw, "w2", (e, hidden, inter // 2), torch.uint8)
+        if self.variant == "sm90_bf16":
+            w13, w2 = sm90_deinterleave_weights(w13), sm90_deinterleave_weights(w2)
         bias13, bias2 = kw.tensors.get("w13_bias"), kw.tensors.get("w2_bias")
         return self._rebuild(
-            kw, w13=permute_rows(w13, inv), w2=kw["w2"],
+            kw, w13=permute_rows(w13, inv), w2=w2,
             w13_scale=permute_rows(self._unscales(kw["w13_scale"], 2 * inter, hidden // 32), inv),
             w2_scale=self._unscales(kw["w2_scale"], hidden, inter // 32),
             w13_bias=None if bias13 is None else permute_rows(bias13, inv).float(),
@@ -148,6 +204,3 @@ mxfp4_mxfp8 = CutlassMxfp4Layout("flashinfer_cutlass_mxfp4_sm100", "sm100_mxfp8"
 mxfp4_bf16_sm90 = CutlassMxfp4Layout("flashinfer_cutlass_mxfp4_sm90", "sm90_bf16")
 #: FLASHINFER_CUTLASS_MXFP4_BF16 for flashinfer <= 0.6.9 (what vLLM 0.20.0's code writes)
 mxfp4_bf16_sm90_legacy = CutlassMxfp4Layout("flashinfer_cutlass_mxfp4_sm90_legacy", "sm90_bf16_legacy")
-#: the pure-torch stages of mxfp4_bf16_sm90 (row order, folded scales; weights not interleaved): for tests
-#: and for a runner that applies flashinfer's weight interleave itself
-mxfp4_bf16_sm90_scales_only = CutlassMxfp4Layout("flashinfer_cutlass_mxfp4_sm90_scales_only", "sm90_bf16_scales_only")
