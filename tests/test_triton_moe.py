@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from conftest import requires_cuda
 from tolerances import tolerance
 

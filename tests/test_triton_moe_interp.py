@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "mxfp4-swigluoai-bias-swap": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "swap"),
     "mxfp4-swigluoai-bias-plain": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "plain"),
-    "nvfp4-silu-k-tail-swap": ("nvfp4", 8, 3, 96, 64, "silu", False, 9, "contiguous", "logits", "swap"),
-    "nvfp4-silu-k-tail-plain": ("nvfp4", 8, 3, 96, 64, "silu", False, 9, "contiguous", "logits", "plain"),
-    "mxfp4-silu-top1-swap": ("mxfp4", 6, 1, 64, 96, "silu", True, 9, "contiguous", "softmax_topk", "swap"),
+    "nvfp4-silu-k-tail-swap": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "swap"),
+    "nvfp4-silu-k-tail-plain": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "plain"),
+    "mxfp4-silu-top1-swap": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk", "swap"),
     "nvfp4-swigluoai-one-expert": ("nvfp4", 4, 3, 64, 64, "swigluoai", True, 20, "interleaved", "one_expert", "plain"),
     "mxfp4-default-config": ("mxfp4", 8, 2, 64, 64, "swigluoai", True, 5, "interleaved", "logits", None),
 }
@@ -50,7 +50,7 @@ def _run_case(name: str, spec) -> dict:
 
     fmt, e, k, h, i, act, biases, tokens, layout, routing, config_name = spec
     swap = tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2)
-    plain = tuning.LaunchConfig(32, 32, 32, 2, False, 4, 2)
+    plain = tuning.LaunchConfig(32, 32, 128, 2, False, 4, 2)  # K tail: 192 = 128 + 64
     configs = {"swap": tuning.MoEConfig(swap, swap, "test"),
                "plain": tuning.MoEConfig(plain, tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"), None: None}
     shape = Shape(name, fmt, e, k, h, i, act, biases)

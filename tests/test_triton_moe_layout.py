@@ -12,6 +12,8 @@ import torch
 
 from backends.layouts.triton_moe import (
     _from_words,
+    _join_halves,
+    _split_halves,
     _to_words,
     from_kernel_layout,
     to_kernel_layout,
@@ -20,7 +22,7 @@ from backends.triton_moe import _routing, tuning
 from backends.triton_moe.testing import Shape, random_checkpoint
 
 SMALL_MX = Shape("mx", "mxfp4", 4, 2, 64, 64, "swigluoai", True)
-SMALL_NV = Shape("nv", "nvfp4", 4, 2, 64, 32, "silu", True)
+SMALL_NV = Shape("nv", "nvfp4", 4, 2, 128, 64, "silu", True)
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "contiguous"])
@@ -41,7 +43,7 @@ def test_interleaved_rows_become_gate_then_up():
     kw = to_kernel_layout(**ckpt)
     inter = SMALL_MX.intermediate_size
     scale_bytes = _from_words(kw.w13_scale, "mxfp4", SMALL_MX.hidden_size)
-    for src, dst in (("w13", kw.w13), ("w13_scale", scale_bytes), ("w13_bias", kw.w13_bias)):
+    for src, dst in (("w13", _join_halves(kw.w13)), ("w13_scale", scale_bytes), ("w13_bias", kw.w13_bias)):
         assert torch.equal(dst[:, :inter], ckpt[src][:, 0::2]) and torch.equal(dst[:, inter:], ckpt[src][:, 1::2]), src
 
 
@@ -62,6 +64,17 @@ def test_scale_words_hold_one_128_chunk_little_endian(fmt, k):
     assert torch.equal(_from_words(words, fmt, k), scales)
 
 
+def test_bytes_hold_k_and_k_plus_32_of_each_64_group():
+    packed = torch.randint(0, 256, (3, 128), dtype=torch.uint8)  # K = 256
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(3, 256)
+    split = _split_halves(packed)
+    for byte in range(128):
+        g, j = divmod(byte, 32)
+        assert torch.equal(split[:, byte] & 15, codes[:, 64 * g + j])
+        assert torch.equal(split[:, byte] >> 4, codes[:, 64 * g + 32 + j])
+    assert torch.equal(_join_halves(split), packed)
+
+
 def test_layout_rejects_bad_checkpoints():
     ckpt = random_checkpoint(SMALL_NV)
     with pytest.raises(ValueError, match="w13_global_scale"):
@@ -70,8 +83,8 @@ def test_layout_rejects_bad_checkpoints():
         to_kernel_layout(**{**ckpt, "format": "mxfp6_e3m2"})
     with pytest.raises(ValueError, match="float8_e4m3fn"):
         to_kernel_layout(**{**ckpt, "w13_scale": ckpt["w13_scale"].view(torch.uint8)})
-    odd = random_checkpoint(Shape("odd", "mxfp4", 2, 1, 64, 48, "silu", False))
-    with pytest.raises(ValueError, match="multiple of 32"):
+    odd = random_checkpoint(Shape("odd", "mxfp4", 2, 1, 64, 96, "silu", False))
+    with pytest.raises(ValueError, match="multiple of 64"):
         to_kernel_layout(**odd)
 
 

@@ -1,6 +1,9 @@
 """Weight layout of this project's Triton MoE kernels (backends.triton_moe), and the way back.
 
-Kernel layout (per expert e, K packed two E2M1 codes per byte, low nibble first, rows K-major):
+Kernel layout (per expert e, rows K-major, two E2M1 codes per byte "split by halves": in each
+64-wide K group g, byte 32g+j holds value 64g+j in its low nibble and value 64g+32+j in its high
+nibble, so a tile's low and high nibbles are two contiguous K halves; the checkpoint's bytes hold
+values 2i, 2i+1):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
     w13_scale  int32 (MXFP4) / int64 (NVFP4)  [E, ceil(H/128), 2I]: "scale words", one word per row and
                128-wide K chunk holding that chunk's 4 E8M0 exponents (B=32) or 8 E4M3 bytes (B=16),
@@ -22,8 +25,8 @@ import torch
 
 FORMATS = ("mxfp4", "nvfp4")
 SCALE_BLOCK = {"mxfp4": 32, "nvfp4": 16}
-#: H and I must be multiples of this (the largest scale block, so every K tile holds whole blocks).
-SIZE_ALIGNMENT = 32
+#: H and I must be multiples of this (the 64-wide nibble groups of the byte layout).
+SIZE_ALIGNMENT = 64
 #: K elements covered by one scale word (the kernels' BLOCK_K must divide it).
 SCALE_CHUNK = 128
 _WORD_DTYPE = {"mxfp4": torch.int32, "nvfp4": torch.int64}
@@ -86,6 +89,19 @@ def _scale_bytes(scale: torch.Tensor, fmt: str, name: str) -> torch.Tensor:
     return scale.contiguous().view(torch.uint8)
 
 
+def _split_halves(packed: torch.Tensor) -> torch.Tensor:
+    """Checkpoint bytes (values 2i | 2i+1 << 4) -> kernel bytes (64-wide groups: value j | value j+32 << 4)."""
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1, 2, 32)
+    return (codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(packed.shape).contiguous()
+
+
+def _join_halves(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of _split_halves."""
+    groups = packed.reshape(*packed.shape[:-1], -1, 32)
+    codes = torch.stack([groups & 15, groups >> 4], dim=-2).reshape(*packed.shape[:-1], -1, 2)
+    return (codes[..., 0] | (codes[..., 1] << 4)).reshape(packed.shape).contiguous()
+
+
 def _to_words(scale_bytes: torch.Tensor, fmt: str) -> torch.Tensor:
     """[E, rows, K/B] uint8 -> [E, ceil(K/128), rows] words (zero bytes pad the last chunk)."""
     per_word = SCALE_CHUNK // SCALE_BLOCK[fmt]
@@ -140,7 +156,8 @@ def to_kernel_layout(
     fix = _deinterleave_rows if gate_up_layout == "interleaved" else (lambda t: None if t is None else t.contiguous())
     return TritonMoEWeights(
         format=format,
-        w13=fix(w13), w13_scale=_to_words(fix(s13), format), w2=w2.contiguous(), w2_scale=_to_words(s2, format),
+        w13=_split_halves(fix(w13)), w13_scale=_to_words(fix(s13), format), w2=_split_halves(w2),
+        w2_scale=_to_words(s2, format),
         w13_bias=None if w13_bias is None else fix(w13_bias.float()),
         w2_bias=None if w2_bias is None else w2_bias.float().contiguous(),
         w13_global_scale=gs13, w2_global_scale=gs2,
@@ -153,8 +170,8 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
     scale_dtype = torch.uint8 if kw.format == "mxfp4" else torch.float8_e4m3fn
     s13 = _from_words(kw.w13_scale, kw.format, kw.hidden_size)
     s2 = _from_words(kw.w2_scale, kw.format, kw.intermediate_size)
-    out = {"format": kw.format, "w13": fix(kw.w13), "w13_scale": fix(s13).view(scale_dtype),
-           "w2": kw.w2, "w2_scale": s2.view(scale_dtype),
+    out = {"format": kw.format, "w13": fix(_join_halves(kw.w13)), "w13_scale": fix(s13).view(scale_dtype),
+           "w2": _join_halves(kw.w2), "w2_scale": s2.view(scale_dtype),
            "w13_bias": None if kw.w13_bias is None else fix(kw.w13_bias), "w2_bias": kw.w2_bias,
            "gate_up_layout": gate_up_layout}
     if kw.format == "nvfp4":

@@ -9,12 +9,13 @@ Every program works on one (row block, column block) tile of one expert; row blo
 grid is a static upper bound (programs past the padded end return at once): CUDA-graph safe.
 There are no atomics anywhere, so the result is bit-identical from run to run.
 
-Weights stay packed E2M1 (two codes per byte, low nibble first) until the K loop: a code is
-turned into an fp16 bit pattern (sign<<15 | e m<<9) whose value is the E2M1 value times 2^-14,
-so the constant 2^14 folds into the block scale (E8M0: exponent field + 14; E4M3: the same
-fp16 trick, times 2^22). Products FP4 x block scale are exact in bf16; the fp32 accumulator is
-divided by the NVFP4 per-expert global multiplier, so nothing is rounded that the format
-did not round.
+Weights stay packed E2M1 until the K loop (layout: backends.layouts.triton_moe; a byte holds
+values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile are two K halves
+that meet the matching activation columns in two MMAs - no interleaving shuffle). On the GPU
+an inline-PTX routine turns 4 bytes into 8 scaled bf16 values with bf16x2 FMAs (~3 instructions
+per value); the CPU interpreter computes the same values in fp32. Products FP4 x block scale
+are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
+so nothing is rounded that the format did not round.
 """
 
 from __future__ import annotations
@@ -26,31 +27,96 @@ ACT_SILU = 0
 ACT_SWIGLUOAI = 1
 
 
+# E2M1 pairs -> bf16x2 with a scale, 4 bytes (8 values) per asm instance, ~3 instructions per value:
+# spread bytes into 16-bit lanes (prmt), move sign to bit 15 and the 3 magnitude bits to bits 6..8
+# (a bf16 whose value is the E2M1 value * 2^-126, subnormal for 0.5), multiply by 2^126 and by the
+# block scale with bf16x2 FMAs (exact: <= 6 significant bits). $0,$1: low nibbles of bytes 0-1, 2-3;
+# $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8: the scales of the low / high values.
+_E2M1_BF16X2_ASM = """
+{
+.reg .b32 t01, t23, a, b, v, k126, nz, z;
+mov.b32 k126, 0x7E807E80;
+mov.b32 nz, 0x80008000;
+mov.b32 z, 0;
+prmt.b32 t01, $4, z, 0x4140;
+prmt.b32 t23, $4, z, 0x4342;
+shl.b32 a, t01, 12; and.b32 a, a, 0x80008000; shl.b32 b, t01, 6; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
+fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $0, v, $5, nz;
+shl.b32 a, t23, 12; and.b32 a, a, 0x80008000; shl.b32 b, t23, 6; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
+fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $1, v, $6, nz;
+shl.b32 a, t01, 8; and.b32 a, a, 0x80008000; shl.b32 b, t01, 2; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
+fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $2, v, $7, nz;
+shl.b32 a, t23, 8; and.b32 a, a, 0x80008000; shl.b32 b, t23, 2; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
+fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $3, v, $8, nz;
+}
+"""
+
+
 @triton.jit
-def _dequant_tile(packed, scale_codes, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr):
-    """[ROWS, BLOCK_K/2] packed E2M1 + [ROWS, BLOCK_K/SCALE_BLOCK] scale codes -> bf16 [ROWS, BLOCK_K]."""
-    b = packed.to(tl.int32)
-    codes = tl.reshape(tl.join(b & 15, b >> 4), (ROWS, BLOCK_K))
+def _e2m1_value_f32(codes):
+    """4-bit E2M1 codes (int32) -> fp32 values, through an fp16 bit pattern (value * 2^-14, exact)."""
     bits = (((codes & 8) << 12) | ((codes & 7) << 9)).to(tl.int16)
-    values = bits.to(tl.float16, bitcast=True).to(tl.float32)  # E2M1 value * 2^-14, exact
-    s = scale_codes.to(tl.int32)
-    if NVFP4:  # E4M3 -> fp16 pattern (value * 2^-8), times 2^8 * 2^14
-        sbits = (((s & 0x80) << 8) | ((s & 0x7F) << 7)).to(tl.int16)
-        scale = sbits.to(tl.float16, bitcast=True).to(tl.float32) * 4194304.0
-    else:  # E8M0 exponent e -> 2^(e-127) * 2^14 as an fp32 bit pattern
-        scale = ((s + 14) << 23).to(tl.float32, bitcast=True)
-    blocks = tl.reshape(values, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK)) * scale[:, :, None]
-    return tl.reshape(blocks, (ROWS, BLOCK_K)).to(tl.bfloat16)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
 
 
 @triton.jit
-def _scale_codes(words, k0, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr):
-    """[ROWS] scale words (all block scales of one 128-wide K chunk, little-endian bytes) -> this K tile's
-    [ROWS, BLOCK_K/SCALE_BLOCK] codes. One 4- or 8-byte load per row keeps the scale loads wide enough
-    for Triton's asynchronous (cp.async) pipelining; byte loads would stall every K step."""
-    j = (k0 % 128) // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)
-    return (words[:, None] >> (8 * j).to(words.dtype)[None, :]) & 0xFF
+def _dequant_pairs(packed, scale_lo, scale_hi, USE_ASM: tl.constexpr):
+    """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16."""
+    if USE_ASM:
+        lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r,r,r,r",
+                                           [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
+                                           is_pure=True, pack=4)
+    else:  # the CPU interpreter cannot run PTX: same values through fp32 (products are exact)
+        b = packed.to(tl.int32)
+        lo = (_e2m1_value_f32(b & 15) * scale_lo.to(tl.float32)).to(tl.bfloat16)
+        hi = (_e2m1_value_f32(b >> 4) * scale_hi.to(tl.float32)).to(tl.bfloat16)
+    return lo, hi
+
+
+@triton.jit
+def _scale_values(words, idx, NVFP4: tl.constexpr):
+    """Scale words [ROWS] and byte indices [G, H2] -> bf16 block scales [ROWS, G, H2] (exact)."""
+    s = (words[:, None, None] >> (8 * idx).to(words.dtype)[None, :, :]) & 0xFF
+    s = s.to(tl.int32)
+    if NVFP4:  # E4M3 -> fp16 pattern (value * 2^-8) -> fp32 * 2^8
+        sbits = (((s & 0x80) << 8) | ((s & 0x7F) << 7)).to(tl.int16)
+        return (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 256.0).to(tl.bfloat16)
+    return (s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)  # E8M0 e -> 2^(e-127) (e = 0 reads as 0)
+
+
+@triton.jit
+def _weight_tile(w_rows, words_ptr, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, USE_ASM: tl.constexpr):
+    """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: columns b of both match the
+    activation columns of _act_halves (value k = k0 + 64*(b//32) + b%32, and k + 32)."""
+    G: tl.constexpr = BLOCK_K // 64
+    H2: tl.constexpr = 32 // SCALE_BLOCK  # scale blocks per run of 32 low values: 1 (MXFP4) or 2 (NVFP4)
+    J: tl.constexpr = 32 // H2
+    g = tl.arange(0, G)
+    h = tl.arange(0, H2)
+    byte = g[:, None, None] * 32 + h[None, :, None] * J + tl.arange(0, J)[None, None, :]
+    k_ok = (k0 + 64 * g) < K
+    packed = tl.load(w_rows[:, None, None, None] + (k0 // 2 + byte)[None, :, :, :],
+                     mask=row_ok[:, None, None, None] & k_ok[None, :, None, None], other=0)
+    words = tl.load(words_ptr, mask=row_ok, other=0)
+    idx_lo = (k0 % 128) // SCALE_BLOCK + g[:, None] * (64 // SCALE_BLOCK) + h[None, :]
+    scale_lo = _scale_values(words, idx_lo, NVFP4)
+    scale_hi = _scale_values(words, idx_lo + 32 // SCALE_BLOCK, NVFP4)
+    ROWS: tl.constexpr = packed.shape[0]
+    lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, :, None], (ROWS, G, H2, J)),
+                            tl.broadcast_to(scale_hi[:, :, :, None], (ROWS, G, H2, J)), USE_ASM)
+    return tl.reshape(lo, (ROWS, BLOCK_K // 2)), tl.reshape(hi, (ROWS, BLOCK_K // 2))
+
+
+@triton.jit
+def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each."""
+    b = tl.arange(0, BLOCK_K // 2)
+    col = k0 + 64 * (b // 32) + b % 32
+    mask = row_ok[:, None] & (col < K)[None, :]
+    lo = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
+    hi = tl.load(a_rows[:, None] + (col + 32)[None, :], mask=mask, other=0.0)
+    return lo, hi
 
 
 @triton.jit
@@ -99,7 +165,7 @@ def gemm1_act_kernel(
     alpha, beta, limit,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up."""
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
@@ -112,12 +178,9 @@ def gemm1_act_kernel(
     token = (pair // TOP_K).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
-    offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_k = tl.arange(0, BLOCK_K)
-
-    x_ptrs = x_ptr + token[:, None] * stride_xm + offs_k[None, :]
-    wg_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_kb[None, :]
-    wu_ptrs = wg_ptrs + N * stride_wn
+    x_rows = x_ptr + token * stride_xm
+    wg_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
+    wu_rows = wg_rows + N * stride_wn
     sg_ptrs = s_ptr + expert * stride_se + offs_n
     su_ptrs = sg_ptrs + N
     if SWAP_AB:
@@ -127,24 +190,13 @@ def gemm1_act_kernel(
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            k_ok = offs_k < BLOCK_K
-            kb_ok = offs_kb < BLOCK_K
-        else:
-            k_ok = offs_k < K - k0
-            kb_ok = offs_kb < (K - k0) // 2
-        a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        wg = tl.load(wg_ptrs, mask=col_ok[:, None] & kb_ok[None, :], other=0)
-        wu = tl.load(wu_ptrs, mask=col_ok[:, None] & kb_ok[None, :], other=0)
-        sg = _scale_codes(tl.load(sg_ptrs + (k0 // 128) * stride_sc, mask=col_ok, other=0), k0, BLOCK_K,
-                          SCALE_BLOCK)
-        su = _scale_codes(tl.load(su_ptrs + (k0 // 128) * stride_sc, mask=col_ok, other=0), k0, BLOCK_K,
-                          SCALE_BLOCK)
-        acc_g = _mma(acc_g, a, _dequant_tile(wg, sg, BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4), SWAP_AB, DOT_FP32)
-        acc_u = _mma(acc_u, a, _dequant_tile(wu, su, BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4), SWAP_AB, DOT_FP32)
-        x_ptrs += BLOCK_K
-        wg_ptrs += BLOCK_K // 2
-        wu_ptrs += BLOCK_K // 2
+        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K)
+        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs + (k0 // 128) * stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, USE_ASM)
+        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs + (k0 // 128) * stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, USE_ASM)
+        acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
+        acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -174,7 +226,7 @@ def gemm2_kernel(
     stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr,
-    DOT_FP32: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order."""
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
@@ -186,29 +238,18 @@ def gemm2_kernel(
     row_ok = pair < num_pairs
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
-    offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_k = tl.arange(0, BLOCK_K)
-
-    a_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_k[None, :]
-    w_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_kb[None, :]
+    a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
+    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
     s_ptrs = s_ptr + expert * stride_se + offs_n
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            k_ok = offs_k < BLOCK_K
-            kb_ok = offs_kb < BLOCK_K
-        else:
-            k_ok = offs_k < K - k0
-            kb_ok = offs_kb < (K - k0) // 2
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=col_ok[:, None] & kb_ok[None, :], other=0)
-        s = _scale_codes(tl.load(s_ptrs + (k0 // 128) * stride_sc, mask=col_ok, other=0), k0, BLOCK_K, SCALE_BLOCK)
-        acc = _mma(acc, a, _dequant_tile(w, s, BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4), SWAP_AB, DOT_FP32)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 2
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K)
+        w_lo, w_hi = _weight_tile(w_rows, s_ptrs + (k0 // 128) * stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, USE_ASM)
+        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)
     if NVFP4:

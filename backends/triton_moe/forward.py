@@ -69,7 +69,8 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
         if topk_weights is not None:
             _fail(ValueError, "topk_weights is only used with topk_ids; drop it when passing router_logits")
         if not isinstance(router_logits, torch.Tensor) or tuple(router_logits.shape) != (tokens, experts):
-            got = tuple(router_logits.shape) if isinstance(router_logits, torch.Tensor) else type(router_logits).__name__
+            got = (tuple(router_logits.shape) if isinstance(router_logits, torch.Tensor)
+                   else type(router_logits).__name__)
             _fail(ValueError, f"router_logits must be a tensor of shape ({tokens}, {experts}) = (T, E), got {got}")
         if router_logits.device != x.device:
             _fail(ValueError, f"router_logits is on {router_logits.device} but x is on {x.device}")
@@ -157,7 +158,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SCALE_BLOCK=scale_block, NVFP4=nvfp4,
         ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
         HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
-        EVEN_K=hidden % c1.block_k == 0, num_warps=c1.num_warps, num_stages=c1.num_stages,
+        USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages,
     )
     pair_out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n),)](
@@ -168,7 +169,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(0),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
-        DOT_FP32=interpreted, EVEN_K=inter % c2.block_k == 0, num_warps=c2.num_warps, num_stages=c2.num_stages,
+        DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](
