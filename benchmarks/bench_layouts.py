@@ -24,7 +24,16 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from backends.layouts import aiter, cutlass, deepgemm, identity, marlin, nvfp4_cutlass, trtllm  # noqa: E402
+from backends.layouts import (  # noqa: E402
+    aiter,
+    cutlass,
+    deepgemm,
+    identity,
+    marlin,
+    nvfp4_cutlass,
+    oai_triton,
+    trtllm,
+)
 from backends.weights import KernelWeights, MoEWeights  # noqa: E402
 
 from layout_cases import random_layer  # noqa: E402
@@ -41,6 +50,7 @@ ROWS = [
     (cutlass.mxfp4_bf16_sm90, "FLASHINFER_CUTLASS_MXFP4_BF16 (fi >= 0.6.16)", "mxfp4", (2944, 2944)),
     (cutlass.mxfp4_bf16_sm90_legacy, "FLASHINFER_CUTLASS_MXFP4_BF16 (fi <= 0.6.9)", "mxfp4", (2944, 2944)),
     (aiter.mxfp4, "AITER", "mxfp4", (3072, 3072)),
+    (oai_triton.mxfp4, "TRITON, TRITON_UNFUSED (before convert_layout)", "mxfp4", (2880, 2880)),
     (marlin.mxfp4, "MARLIN, BATCHED_MARLIN", "mxfp4", (3072, 2944)),
     (trtllm.nvfp4, "FLASHINFER_TRTLLM (NVFP4)", "nvfp4", (2944, 2880)),
     (nvfp4_cutlass.flashinfer_cutlass, "FLASHINFER_CUTLASS (NVFP4)", "nvfp4", (2880, 2880)),

@@ -16,6 +16,7 @@ from backends.layouts import (
     identity,
     marlin,
     nvfp4_cutlass,
+    oai_triton,
     trtllm,
 )
 from backends.layouts.base import Converter
@@ -48,6 +49,7 @@ CASES = [
     Case("cutlass-sm90", cutlass.mxfp4_bf16_sm90, "mxfp4", (64, 32), (128, 128), bf16_bias=True),
     Case("cutlass-sm90-legacy", cutlass.mxfp4_bf16_sm90_legacy, "mxfp4", (64, 32), (128, 128), bf16_bias=True),
     Case("aiter", aiter.mxfp4, "mxfp4", (64, 32), (256, 256)),
+    Case("oai-triton", oai_triton.mxfp4, "mxfp4", (64, 32), (64, 64)),
     Case("marlin-mxfp4", marlin.mxfp4, "mxfp4", (128, 64), (256, 128), bf16_bias=True),
     Case("marlin-nvfp4", marlin.nvfp4, "nvfp4", (128, 64), (256, 128), bf16_bias=True, finite_scales=True),
     Case("fi-cutlass-nvfp4", nvfp4_cutlass.flashinfer_cutlass, "nvfp4", (48, 32), (48, 64)),
@@ -181,7 +183,8 @@ def row_sources(order, inter):
 ROW_ORDER = {"deepgemm": None, "emulation-mxfp4": None, "emulation-nvfp4": None, "xpu": None,
              "trtllm-mxfp4": "trtllm", "trtllm-nvfp4": "trtllm", "cutlass-sm100": "up_gate",
              "cutlass-sm90": "up_gate", "cutlass-sm90-legacy": "up_gate", "fi-cutlass-nvfp4": "up_gate",
-             "cutedsl": "groups64", "cutedsl-0.15": "contiguous", "vllm-cutlass": "contiguous"}
+             "cutedsl": "groups64", "cutedsl-0.15": "contiguous", "vllm-cutlass": "contiguous",
+             "oai-triton": "interleaved"}
 
 
 def linear_scales(name, stored, rows, cols):
@@ -192,6 +195,8 @@ def linear_scales(name, stored, rows, cols):
         return read_sm90_folded(stored, rows, cols)
     if name == "cutlass-sm90-legacy":
         return read_sm90_legacy(stored, rows, cols)
+    if name == "oai-triton":
+        return stored.transpose(-2, -1)
     return stored
 
 
@@ -211,6 +216,8 @@ def test_row_layouts_dequantize_to_the_checkpoint(name, gate_up):
     w13_rows, w2_rows = kw["w13"], kw["w2"]
     if name == "cutlass-sm90":  # bytes inside 16-row blocks are interleaved; checked on its own below
         w13_rows, w2_rows = cutlass.sm90_deinterleave_weights(w13_rows), cutlass.sm90_deinterleave_weights(w2_rows)
+    if name == "oai-triton":  # K-major views: [E, K/2, N]
+        w13_rows, w2_rows = w13_rows.transpose(-2, -1), w2_rows.transpose(-2, -1)
     got13 = dense(case.fmt, w13_rows, linear_scales(name, kw["w13_scale"], 2 * inter, hidden // block), gs13)
     exact = tolerance("exact")
     torch.testing.assert_close(got13, expected13, **exact, equal_nan=True)
@@ -447,8 +454,8 @@ PROPOSED_CONVERTERS = {
         "BATCHED_MARLIN": "backends.layouts.marlin:mxfp4",
         "MARLIN": "backends.layouts.marlin:mxfp4",
         "AITER": "backends.layouts.aiter:mxfp4",
-        "TRITON": None,
-        "TRITON_UNFUSED": None,
+        "TRITON": "backends.layouts.oai_triton:mxfp4",
+        "TRITON_UNFUSED": "backends.layouts.oai_triton:mxfp4",
         "XPU": "backends.layouts.identity:xpu",
         "EMULATION": "backends.layouts.identity:emulation",
     },

@@ -91,13 +91,13 @@ def _bit_destinations() -> list:
 
 
 def _byte_tables(dest: list) -> torch.Tensor:
-    """int64 [4, 256]: the permuted word's bits contributed by source byte b holding value v."""
+    """int32 [4, 256]: the bits of the permuted word that source byte b holding value v contributes."""
     values = torch.arange(256)
     tables = torch.zeros(4, 256, dtype=torch.int64)
     for byte in range(4):
         for bit in range(8):
             tables[byte] |= ((values >> bit) & 1) << dest[8 * byte + bit]
-    return tables
+    return torch.where(tables >= 2**31, tables - 2**32, tables).to(torch.int32)  # same 32 bits, signed
 
 
 _SM90_DEST = _bit_destinations()
@@ -106,12 +106,13 @@ _SM90_BACKWARD = _byte_tables([_SM90_DEST.index(bit) for bit in range(32)])
 
 
 def _permute_words(words: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """[..., 4] bytes of little-endian words -> [..., 4] bytes of the bit-permuted words."""
+    """[..., 4] bytes of little-endian words -> [..., 4] bytes of the bit-permuted words (4 table lookups)."""
     tables = tables.to(words.device)
-    out = tables[0][words[..., 0].long()]
+    flat = words.reshape(-1, 4)
+    out = tables[0].index_select(0, flat[:, 0].to(torch.int32))
     for byte in range(1, 4):
-        out = out | tables[byte][words[..., byte].long()]
-    return torch.stack([((out >> (8 * i)) & 0xFF).to(torch.uint8) for i in range(4)], dim=-1)
+        out |= tables[byte].index_select(0, flat[:, byte].to(torch.int32))
+    return out.view(torch.uint8).reshape(words.shape)
 
 
 def sm90_interleave_weights(w: torch.Tensor) -> torch.Tensor:
