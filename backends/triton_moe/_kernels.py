@@ -32,7 +32,7 @@ ACT_SWIGLUOAI = 1
 # (a bf16 whose value is the E2M1 value * 2^-126, subnormal for 0.5), multiply by 2^126 and by the
 # block scale with bf16x2 FMAs (exact: <= 6 significant bits). $0,$1: low nibbles of bytes 0-1, 2-3;
 # $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8: the scales of the low / high values.
-_E2M1_BF16X2_ASM = """
+_E2M1_BF16X2_ASM = tl.constexpr("""
 {
 .reg .b32 t01, t23, a, b, v, k126, nz, z;
 mov.b32 k126, 0x7E807E80;
@@ -49,7 +49,7 @@ fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $2, v, $7, nz;
 shl.b32 a, t23, 8; and.b32 a, a, 0x80008000; shl.b32 b, t23, 2; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
 fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $3, v, $8, nz;
 }
-"""
+""")
 
 
 @triton.jit
