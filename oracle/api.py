@@ -17,7 +17,7 @@ from typing import Any
 
 from .decision import OUTCOMES, Decision, error_decision
 from .errors import EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
-from .interpreter import CallPolicy, Result, Trace, map_explicit, round_sizes, run
+from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run
 from .loader import FileCache, ProfileIndex, load_profile_index, load_ruleset
 from .model import Ctx, Policy, Table, format_capability
 from .resources import rules_dir
@@ -167,10 +167,12 @@ class Oracle:
             h, i = round_sizes(family.round_up, backend.name, ctx)
             return Decision("selected", hidden_size=h, intermediate_size=i, **meta)
         if sc.query == "map_backend":
-            name, refusal = map_explicit(family, ctx)
-            if name is None:
+            names, refusal = map_explicit(family, ctx, remap=not family.explicit_lists)
+            if names is None:
                 return Decision("invalid", error=refusal, **meta)
-            return Decision("selected", backend=family.backends[name].value, **meta)
+            if family.explicit_lists:  # the string names an ordered list (tried in turn): answer all of it
+                return Decision("selected", extras={"backends": [family.backends[n].value for n in names]}, **meta)
+            return Decision("selected", backend=family.backends[names[0]].value, **meta)
         fn = policy.queries.get(sc.query)
         if fn is None:
             return error_decision(f"query: policy {policy.name} does not answer {sc.query}; it answers "
@@ -222,10 +224,10 @@ class Oracle:
 
 def _call_hook(table: Table) -> CallPolicy:
     """The `call` step's hook: run another policy of the same table on the same question."""
-    def call(name: str, c: Ctx, t: Trace) -> Result:
+    def call(name: str, c: Ctx, t: Trace, requested: Any = UNSET) -> Result:
         sub = Ctx(c.facts, c.env, c.packages)
         sub.memo = c.memo
-        return run(table.policies[name], sub, t, call)
+        return run(table.policies[name], sub, t, call, requested)
     return call
 
 

@@ -74,6 +74,8 @@ class Compiler:
             return bool(raw)
         if test.literal == "raw":
             return raw
+        if test.literal == "int":
+            return int(raw)
         return _literal(subject, raw)
 
     def _tests(self, head: operators.Head, spec: dict[str, Any], subject: str, x: str, present: str = "") -> Cond:
@@ -83,8 +85,12 @@ class Compiler:
             if not names:
                 continue
             raw = spec[names[0]]
-            codes.append(t.code.format(x=x, k=self.k(self._constant(t, subject, raw)), present=present))
-            texts.append(t.render(subject, raw, show(raw)))
+            if t.literal == "operand":  # another fact or value, read per question (never a constant)
+                k, shown = self.operand_code(raw), raw.get("fact") or raw.get("value")
+            else:
+                k, shown = self.k(self._constant(t, subject, raw)), show(raw)
+            codes.append(t.code.format(x=x, k=k, present=present))
+            texts.append(t.render(subject, raw, shown))
         return self.cond(joined(codes, "and"), " and ".join(texts))
 
     def env_value(self, name: str) -> Fn:
@@ -133,7 +139,14 @@ class Compiler:
             self._derived[name] = Cond(f"{self.k(fn)}(ctx)", name, self.function, fn)
         return self._derived[name]
 
-    def operand(self, spec: dict[str, Any]) -> Fn:
+    def operand_code(self, spec: dict[str, Any]) -> str:
+        """Code reading an operand: a fact, or a named value's (memoized) function."""
+        return self.getter(spec["fact"]) if "fact" in spec else f"{self.k(self.value(spec['value']))}(ctx)"
+
+    def operand(self, spec: Any) -> Fn:
+        """A fact, a named value, or (anything but a mapping) a literal constant."""
+        if not isinstance(spec, dict):
+            return lambda ctx: spec
         return self.function(self.getter(spec["fact"])) if "fact" in spec else self.value(spec["value"])
 
     def value(self, name: str) -> Fn:
@@ -146,6 +159,13 @@ class Compiler:
             assert test_cond is not None
             test = test_cond.fn
             inner = lambda ctx: bool(test(ctx))  # noqa: E731
+        elif "coalesce" in d:
+            parts = tuple(self.operand(o) for o in d["coalesce"])
+            inner = lambda ctx: next((v for v in (p(ctx) for p in parts) if v is not None), None)  # noqa: E731
+        elif "cases" in d:
+            cases = tuple((self._case_test(c["when"]), self.operand(c["is"])) for c in d["cases"])
+            default = d.get("default")
+            inner = lambda ctx: next((result(ctx) for test, result in cases if test(ctx)), default)  # noqa: E731
         elif "map" in d:
             of = self.operand(d["of"])
             table = dict(d["map"])
@@ -160,6 +180,11 @@ class Compiler:
             inner = lambda ctx: rows.get(tuple(k(ctx) for k in keys), default)  # noqa: E731
         fn = self._values[name] = memoized("value:" + name, inner)
         return fn
+
+    def _case_test(self, spec: dict[str, Any]) -> Fn:
+        cond = self.condition(spec)
+        assert cond is not None
+        return cond.fn
 
     def template(self, text: str) -> Template:
         getters: list[tuple[str, Fn | None]] = []

@@ -11,7 +11,7 @@ from .errors import EnvValueError
 @dataclass(frozen=True)
 class EnvSpec:
     name: str
-    parse: str  # int_bool | true_or_1 | true_or_1_stripped | choice
+    parse: str  # int_bool | true_or_1 | true_or_1_stripped | lower | choice
     default: Any
     choices: tuple[str, ...]
     at: str
@@ -32,6 +32,8 @@ class EnvSpec:
             return raw.lower() in ("true", "1")
         if self.parse == "true_or_1_stripped":
             return raw.strip().lower() in ("true", "1")
+        if self.parse == "lower":
+            return raw.lower()
         if raw not in self.choices:
             raise EnvValueError(
                 f"environment variable {self.name}={raw!r} is not one of {', '.join(self.choices)}; "

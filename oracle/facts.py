@@ -13,6 +13,7 @@ FACTS: dict[str, tuple[str, object]] = {
     "platform.kind": ("choice", "cuda"),
     "platform.capability": ("capability", None),
     "platform.gcn_arch": ("str", None),
+    "platform.amx": ("bool", False),
     "moe.activation": ("choice", None),
     "moe.is_act_and_mul": ("bool", True),
     "moe.moe_backend": ("str", "auto"),
@@ -25,6 +26,8 @@ FACTS: dict[str, tuple[str, object]] = {
     "moe.has_bias": ("bool", False),
     "moe.weight_key": ("str?", None),
     "moe.activation_key": ("str?", None),
+    "moe.user_activation_key": ("str?", None),
+    "moe.swiglu_limit": ("num?", None),
     "moe.parallel.dp_size": ("int", 1),
     "moe.parallel.ep_size": ("int", 1),
     "moe.parallel.use_ep": ("bool", False),
@@ -32,14 +35,24 @@ FACTS: dict[str, tuple[str, object]] = {
     "moe.parallel.eplb": ("bool", False),
     "quark.weight.dtype": ("str?", None),
     "quark.weight.qscheme": ("str?", None),
+    "quark.weight.group_size": ("int?", None),
+    "quark.weight.scale_format": ("str?", None),
     "quark.input.dtype": ("str?", None),
     "quark.input.is_dynamic": ("bool", False),
+    "quark.input.qscheme": ("str?", None),
+    "quark.input.group_size": ("int?", None),
+    "quark.input.scale_format": ("str?", None),
+    "quark.input.symmetric": ("bool?", None),
     "quark.input_dtype": ("str?", None),
     "quark.weight_dtype": ("str?", None),
     "call.backend": ("str?", None),
+    "scheme.weight_key": ("str?", None),
+    "scheme.activation_key": ("str?", None),
 }
-# facts that live on the per-question context rather than in the scenario (set while a policy runs)
-CTX_FACTS = {"call.backend": "call_backend"}
+# facts that live on the per-question context rather than in the scenario (set while a policy runs);
+# scheme.*: the (weight, activation) QuantKey pair of the backend whose kernels are being checked
+CTX_FACTS = {"call.backend": "call_backend", "scheme.weight_key": "weight_key",
+             "scheme.activation_key": "activation_key"}
 
 PLATFORM_KINDS = ("cuda", "rocm", "xpu", "cpu")
 # Placeholders a message may use besides fact paths and value names.

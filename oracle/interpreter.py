@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EnvValueError
-from .model import FROM_SCENARIO, Backend, Check, Ctx, Family, Kernel, Policy, RoundRow, Step
+from .model import FROM_SCENARIO, REQUESTED, Backend, Check, Ctx, Family, Kernel, Policy, RoundRow, Step
 from .trace import CallEntry, CandidateEntry, Entry, Failure, StepEntry
 
 Trace = list[Entry] | None
-CallPolicy = Callable[[str, Ctx, Trace], "Result"]
+CallPolicy = Callable[[str, Ctx, Trace, Any], "Result"]
+UNSET: Any = object()  # `requested` not given: the policy's own activation_key decides
 
 
 @dataclass
@@ -38,7 +39,8 @@ def _keys(family: Family, backend: Backend, ctx: Ctx) -> None:
     wk = family.weight_key
     ctx.weight_key = ctx.facts["moe.weight_key"] if wk == FROM_SCENARIO else wk
     ak = backend.activation_key
-    ctx.activation_key = ctx.facts["moe.activation_key"] if ak == FROM_SCENARIO else ak
+    ctx.activation_key = (ctx.facts["moe.activation_key"] if ak == FROM_SCENARIO
+                          else ctx.requested_key if ak == REQUESTED else ak)
 
 
 def _words(ctx: Ctx, backend: Backend | None = None, reason: str | None = None) -> dict[str, Any]:
@@ -51,20 +53,23 @@ def _reason(check: Check, ctx: Ctx, family: Family) -> str:
     return check.reason.render(ctx, {**_words(ctx), "activation_format": fmt})
 
 
-def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step) -> tuple[Kernel | None, Any]:
+def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step,
+                explicit: bool = False) -> tuple[Kernel | None, Any]:
     """First kernel of `backend` that accepts the question, or (None, why the last kernel tried refused).
 
+    `explicit`: the backend was named by the moe_backend string (its explicit_kernels, if any, are tried).
     In fast mode the refusal is the last refusing Kernel; its reason is rendered only if a message needs it."""
     _keys(family, backend, ctx)
+    kernels = backend.explicit_kernels if explicit and backend.explicit_kernels is not None else backend.kernels
     if trace is None:
         last = None
-        for kernel in backend.kernels:
+        for kernel in kernels:
             if kernel.accepts(ctx):
                 return kernel, None
             last = kernel
         return None, last
     reason = None
-    for kernel in backend.kernels:
+    for kernel in kernels:
         failures = []
         for check in kernel.checks:
             try:
@@ -87,7 +92,7 @@ def _selected(family: Family, backend: Backend, kernel: Kernel | None, ctx: Ctx,
                   ctx.activation_key, decided_by=step, family=family)
 
 
-def _use(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step) -> Result:
+def _use(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step, explicit: bool = False) -> Result:
     """Force `backend`: selected if one of its kernels accepts (or unchecked), else invalid with the reason."""
     if not step.check:
         _keys(family, backend, ctx)
@@ -96,7 +101,7 @@ def _use(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step) -
             trace.append(CandidateEntry(backend.name, first.name if first else None, True, (), step.id, backend.at,
                                         unchecked=True))
         return _selected(family, backend, first, ctx, step, step.report_kernel)
-    kernel, refusal = try_backend(family, backend, ctx, trace, step)
+    kernel, refusal = try_backend(family, backend, ctx, trace, step, explicit)
     if kernel is not None:
         return _selected(family, backend, kernel, ctx, step, step.report_kernel)
     if isinstance(refusal, Kernel):
@@ -109,22 +114,70 @@ def _use(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: Step) -
     return Result("invalid", backend, error=lambda: family.messages[key].render(ctx, words), decided_by=step)
 
 
-def map_explicit(family: Family, ctx: Ctx) -> tuple[str | None, str | None]:
-    """The backend an explicit moe_backend string names (batched remap applied), or (None, why not)."""
-    name = family.explicit.get(ctx.facts["moe.moe_backend"])
-    if name is None:
+def map_explicit(family: Family, ctx: Ctx, remap: bool = True) -> tuple[tuple[str, ...] | None, str | None]:
+    """The backends an explicit moe_backend string names, in order (batched remap applied), or (None, why not)."""
+    names = family.explicit.get(ctx.facts["moe.moe_backend"])
+    if names is None:
         if not family.explicit:
             return None, f"family {family.name} takes no explicit moe_backend"
         keys = ", ".join(f"'{k}'" for k in family.explicit)
         return None, family.messages["unknown_moe_backend"].render(ctx, {"explicit_keys": keys})
-    if family.batched is not None and family.batched(ctx):
-        name = family.explicit_batched.get(name, name)
-    return name, None
+    if remap and family.batched is not None and family.batched(ctx):
+        names = tuple(family.explicit_batched.get(n, n) for n in names)
+    return names, None
 
 
-def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy) -> Result:
+def prefer_activation(family: Family, names: list[str], key: str | None) -> list[str]:
+    """Candidates whose own activation key is `key` (and those that take the requested key) first, then the
+    BF16 ones; without a requested key the BF16 ones, or the list unchanged when it has none."""
+    def own(name: str) -> Any:
+        ak = family.backends[name].activation_key
+        return None if ak in (REQUESTED, FROM_SCENARIO) else ak
+
+    bf16 = [n for n in names if own(n) is None]
+    if key is None:
+        return bf16 or list(names)
+    matching = [n for n in names if own(n) == key or family.backends[n].activation_key == REQUESTED]
+    return matching + [n for n in bf16 if n not in matching]
+
+
+def move(names: list[str], name: str, where: tuple[str, str]) -> list[str]:
+    """`name` placed directly before or after another candidate; unchanged unless both are candidates."""
+    side, anchor = where
+    if name not in names or anchor not in names or name == anchor:
+        return names
+    out = [n for n in names if n != name]
+    out.insert(out.index(anchor) + (side == "after"), name)
+    return out
+
+
+def _use_explicit(family: Family, ctx: Ctx, trace: Trace, step: Step) -> Result:
+    """The backends the moe_backend string names, tried in turn (optionally filtered by the requested
+    activation key): the first that accepts is selected, else the last refusal is the answer."""
+    names, refusal = map_explicit(family, ctx)
+    if names is None:
+        return Result("invalid", error=refusal, decided_by=step)
+    if step.options.get("prefer_activation"):
+        names = tuple(prefer_activation(family, list(names), ctx.requested_key))
+        if not names:
+            words = {"activation_key": ctx.requested_key}
+            return Result("invalid", error=lambda: family.messages["no_explicit_candidate"].render(ctx, words),
+                          decided_by=step)
+    res = Result("invalid", decided_by=step)
+    for name in names:
+        res = _use(family, family.backends[name], ctx, trace, step, explicit=True)
+        if res.outcome == "selected":
+            break
+    return res
+
+
+def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, requested: Any = UNSET) -> Result:
+    """Walk the steps. `requested`: the activation key a calling step binds (else the policy's own)."""
     family = policy.family
     candidates = list(policy.candidates)
+    if requested is UNSET:
+        requested = policy.activation_key(ctx) if policy.activation_key is not None else None
+    ctx.requested_key = requested
     emits: dict[str, Any] = {}
     call_result: Result | None = None
     for step in policy.steps:
@@ -152,10 +205,19 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy) -> Resu
             candidates = [c for c in candidates if c not in dropped]
             continue
         if action == "use_explicit":
-            name, refusal = map_explicit(family, ctx)
-            if name is None:
-                return _finish(Result("invalid", error=refusal, decided_by=step), emits)
-            return _finish(_use(family, family.backends[name], ctx, trace, step), emits)
+            return _finish(_use_explicit(family, ctx, trace, step), emits)
+        if action == "candidates":
+            candidates = list(arg)
+            continue
+        if action == "move":
+            candidates = move(candidates, arg, step.options["where"])
+            continue
+        if action == "prefer_activation":
+            candidates = prefer_activation(family, candidates, ctx.requested_key)
+            continue
+        if action == "request_activation":
+            ctx.requested_key = arg(ctx)
+            continue
         if action == "outcome":
             outcome, report = arg
             message = step.message
@@ -169,7 +231,8 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy) -> Resu
             continue
         if action == "call":
             sub_trace: Trace = [] if trace is not None else None
-            call_result = call_policy(arg, ctx, sub_trace)
+            binding = step.options.get("activation_key")
+            call_result = call_policy(arg, ctx, sub_trace, binding(ctx) if binding is not None else UNSET)
             if trace is not None:
                 trace.append(CallEntry(step.id, arg, call_result.outcome, tuple(sub_trace or ()), step.at))
             if call_result.outcome in ("invalid", "unsupported", "error"):

@@ -6,7 +6,7 @@ codegen.py), messages are templates with resolved getters, names are resolved to
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -14,12 +14,13 @@ from .codegen import CodeGen
 
 Fn = Callable[["Ctx"], Any]
 FROM_SCENARIO = "from_scenario"
+REQUESTED = "requested"  # a backend that runs with the activation key the policy requests (Ctx.requested_key)
 
 
 class Ctx:
     """Everything one question may read: facts, env strings, packages, and per-question memos."""
 
-    __slots__ = ("facts", "env", "packages", "memo", "call_backend", "weight_key", "activation_key")
+    __slots__ = ("facts", "env", "packages", "memo", "call_backend", "weight_key", "activation_key", "requested_key")
 
     def __init__(self, facts: Mapping[str, Any], env: Mapping[str, str], packages: frozenset[str]):
         self.facts = facts
@@ -29,6 +30,7 @@ class Ctx:
         self.call_backend: str | None = None
         self.weight_key: str | None = None
         self.activation_key: str | None = None
+        self.requested_key: str | None = None  # the activation key the running policy requests
 
 
 def parse_capability(text: str) -> tuple[int, int]:
@@ -125,11 +127,12 @@ class Backend:
     name: str
     value: str
     kernels: tuple[Kernel, ...]
-    activation_key: Any  # a key name, None (BF16), or FROM_SCENARIO
+    activation_key: Any  # a key name, None (BF16), FROM_SCENARIO or REQUESTED
     converter: str | None  # module:attr resolved lazily by oracle.registry; None when there is none here
     runner: str | None
     missing_why: str | None  # why converter or runner is None
     at: str
+    explicit_kernels: tuple[Kernel, ...] | None = None  # tried instead of `kernels` when named explicitly
 
 
 @dataclass(frozen=True)
@@ -147,12 +150,13 @@ class Family:
     weight_key: Any
     backends: Mapping[str, Backend]
     by_value: Mapping[str, Backend]
-    explicit: Mapping[str, str]
+    explicit: Mapping[str, tuple[str, ...]]  # moe_backend string -> the backends it names, tried in turn
     explicit_batched: Mapping[str, str]
     batched: Fn | None  # the family's batched_when: the batched activation format is in use
     round_up: tuple[RoundRow, ...]
     messages: Mapping[str, Template]
     at: str
+    explicit_lists: bool = False  # the map names lists: the map_backend query answers `backends`
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,8 @@ class Step:
     id: str
     when: Cond | None
     test: Fn | None  # when.fn, resolved at build time: the hot loop reads a plain attribute
-    action: str  # outcome | use | use_explicit | drop | try | call | result | emit
+    action: str  # outcome | use | use_explicit | drop | try | call | result | emit | candidates | move
+    #              | prefer_activation | request_activation
     arg: Any
     check: bool
     report_kernel: bool
@@ -180,6 +185,8 @@ class Step:
     at: str
     why: str
     decided_by: DecidedBy  # the same record for every answer this step decides
+    options: Mapping[str, Any] = field(default_factory=dict)  # move: where; use_explicit: prefer_activation;
+    #                                                           call: activation_key (Fn)
 
 
 @dataclass(frozen=True)
@@ -192,6 +199,7 @@ class Policy:
     queries: Mapping[str, Fn]
     defaults: Mapping[str, Any]  # fact defaults of this policy (the table's, then its own)
     at: str
+    activation_key: Fn | None = None  # the activation key the policy requests (None: none requested)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,10 @@ NAME_PATTERN = "^[A-Za-z_][A-Za-z0-9_.-]*$"
 _SCALAR: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}
 _CAPABILITY: dict[str, Any] = {"anyOf": [{"type": "number"}, {"type": "string", "pattern": "^[0-9]+\\.[0-9]+$",
                                                                  "description": "capability 'major.minor', e.g. \"9.0\""}]}
+_OPERAND: dict[str, Any] = {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
+                             "description": "another fact or named value to compare with",
+                             "properties": {"fact": {"$ref": "#/$defs/fact_name"},
+                                            "value": {"type": "string", "pattern": NAME_PATTERN}}}
 _FAMILY_ONE: dict[str, Any] = {"type": "string", "pattern": "^[0-9]+\\.x$",
                                "description": "capability family 'major.x', e.g. \"10.x\""}
 
@@ -37,7 +41,8 @@ class Test:
     schema: dict[str, Any]
     code: str
     text: str
-    literal: str = "scalar"  # how the rule value becomes a constant: scalar | set | majors | bool | raw
+    literal: str = "scalar"  # how the rule value becomes a constant: scalar | set | majors | bool | raw | int
+    # | operand: the rule value is another fact or value ({fact: ...} / {value: ...}), read, not a constant
     words: tuple[tuple[Any, str], ...] = ()  # text for particular rule values (set: true -> "is set")
     aliases: tuple[str, ...] = ()  # clearer names the schema also accepts
 
@@ -92,6 +97,10 @@ COMPARISONS: tuple[Test, ...] = (
     Test("family", {"anyOf": [_FAMILY_ONE, {"type": "array", "items": _FAMILY_ONE, "minItems": 1}]},
          "((_v := {x}) is not None and _v[0] in {k})", "{subject} in family {shown}", "majors"),
     Test("is_null", {"type": "boolean"}, "(({x} is None) == {k})", "{subject} is null: {shown}", "bool"),
+    Test("multiple_of", {"type": "integer", "minimum": 1, "description": "divisible by this integer"},
+         "((_v := {x}) is not None and _v % {k} == 0)", "{subject} is a multiple of {shown}", "int"),
+    Test("same_as", _OPERAND, "({x} == {k})", "{subject} == {shown}", "operand"),
+    Test("differs_from", _OPERAND, "({x} != {k})", "{subject} != {shown}", "operand"),
 )
 
 ENV_TESTS: tuple[Test, ...] = (

@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from .model import Table
 
 _TOP = ("policy", "profile", "platform", "packages", "env", "moe", "quark", "query", "backend")
-_PLATFORM = ("kind", "capability", "gcn_arch")
+_PLATFORM = ("kind", "capability", "gcn_arch", "amx")
 _MOE = tuple(k.split(".", 1)[1] for k in FACTS if k.startswith("moe.") and not k.startswith("moe.parallel."))
 _PARALLEL = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("moe.parallel."))
 _QUARK = ("weight", "input", "input_dtype", "weight_dtype")
-_QUARK_WEIGHT = ("dtype", "qscheme")
-_QUARK_INPUT = ("dtype", "is_dynamic")
+_QUARK_WEIGHT = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.weight."))
+_QUARK_INPUT = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.input."))
 
 
 class Scenario:
@@ -90,6 +90,15 @@ def _typed(value: Any, kind: str, where: str) -> Any:
     elif kind == "str?":
         if value is not None and not isinstance(value, str):
             raise ScenarioError(f"{where}: expected a string or null, got {value!r}")
+    elif kind == "int?":
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ScenarioError(f"{where}: expected a non-negative integer or null, got {value!r}")
+    elif kind == "bool?":
+        if value is not None and not isinstance(value, bool):
+            raise ScenarioError(f"{where}: expected true, false or null, got {value!r}")
+    elif kind == "num?":
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
+            raise ScenarioError(f"{where}: expected a non-negative number or null, got {value!r}")
     return value
 
 
@@ -146,6 +155,10 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     else:
         if "capability" in platform or "gcn_arch" in platform:
             raise ScenarioError(f"platform: {kind} takes no capability or gcn_arch")
+    if "amx" in platform:
+        if kind != "cpu":
+            raise ScenarioError("platform.amx: only for kind cpu (whether the x86 processor has AMX tiles); remove it")
+        facts["platform.amx"] = _typed(platform["amx"], "bool", "platform.amx")
 
     pk = _fields(top.get("packages"), "packages", tuple(sorted(packages_known)))
     for name, present in pk.items():
@@ -181,12 +194,10 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
             facts["quark." + key] = _typed(quark[key], "str?", "quark." + key)
     weight = _fields(quark.get("weight"), "quark.weight", _QUARK_WEIGHT)
     for key, value in weight.items():
-        facts["quark.weight." + key] = _typed(value, "str?", "quark.weight." + key)
+        facts["quark.weight." + key] = _typed(value, FACTS["quark.weight." + key][0], "quark.weight." + key)
     inp = _fields(quark.get("input"), "quark.input", _QUARK_INPUT)
-    if "dtype" in inp:
-        facts["quark.input.dtype"] = _typed(inp["dtype"], "str?", "quark.input.dtype")
-    if "is_dynamic" in inp:
-        facts["quark.input.is_dynamic"] = _typed(inp["is_dynamic"], "bool", "quark.input.is_dynamic")
+    for key, value in inp.items():
+        facts["quark.input." + key] = _typed(value, FACTS["quark.input." + key][0], "quark.input." + key)
     return Scenario(policy, profile, query, backend, facts, env, packages, platform_given)
 
 

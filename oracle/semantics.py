@@ -49,10 +49,13 @@ class Semantics:
                 self.packages_used.add(name)
             if head.key == "env" and name in self.s["env_vars"]:
                 self.env_test(entry, node, self.s["env_vars"][name].data, *where)
+            for test in head.tests:  # tests whose argument is another fact or value
+                if test.literal == "operand" and test.name in node:
+                    self.operand(entry, node[test.name], *where, test.name)
 
     def env_test(self, entry: Entry, cond: dict[str, Any], spec: dict[str, Any], *sub: Any) -> None:
         name, parse = cond["env"], spec.get("parse")
-        if ("eq" in cond or "in" in cond) and parse != "choice":
+        if ("eq" in cond or "in" in cond) and parse not in ("choice", "lower"):
             self.err(entry, f"'{name}' parses as {parse}; test it with 'is', not 'eq'/'in'", *sub)
         for v in [cond.get("eq"), *(cond.get("in") or [])]:
             if v is not None and parse == "choice" and v not in spec.get("choices", []):
@@ -63,7 +66,7 @@ class Semantics:
             self.known(entry, "value", op["value"], self.s["values"], *sub, "value")
 
     def key(self, entry: Entry, key: Any, *sub: Any) -> None:
-        if key is None or key in ("any", "from_scenario"):
+        if key is None or key in ("any", "from_scenario", "requested"):
             return
         keys = key if isinstance(key, list) else [key]
         for i, k in enumerate(keys):
@@ -110,6 +113,11 @@ class Semantics:
                 self.operand(e, k, "keys", i)
         if "when" in d:
             self.condition(e, d["when"], "when")
+        for i, op in enumerate(d.get("coalesce") or []):
+            self.operand(e, op, "coalesce", i)
+        for i, case in enumerate(d.get("cases") or []):
+            self.condition(e, case.get("when"), "cases", i, "when")
+            self.operand(e, case.get("is"), "cases", i, "is")
 
     def kernel_check(self, e: Entry) -> None:
         d = e.data
@@ -143,10 +151,12 @@ class Semantics:
         backends = d.get("backends", {})
         self.key(e, d.get("weight_key"), "weight_key")
         for name, b in backends.items():
-            for i, k in enumerate(b.get("kernels", [])):
-                self.known(e, "kernel", k, self.s["kernels"], "backends", name, "kernels", i)
+            for part in ("kernels", "explicit_kernels"):
+                for i, k in enumerate(b.get(part, [])):
+                    self.known(e, "kernel", k, self.s["kernels"], "backends", name, part, i)
             self.key(e, b.get("activation_key"), "backends", name, "activation_key")
-            if b.get("kernels") and "activation_key" not in b and d.get("activation_key") != "from_scenario":
+            if b.get("kernels") and "activation_key" not in b and d.get("activation_key") not in ("from_scenario",
+                                                                                                  "requested"):
                 self.err(e, f"backend {name} has no activation_key and family '{e.name}' does not take it from the scenario", "backends", name)
             for role in ("converter", "runner"):
                 path = b.get(role)
@@ -155,7 +165,9 @@ class Semantics:
                     self.err(e, f"{role} {found}", "backends", name, role)
         emap = d.get("explicit_map") or {}
         for k, b in (emap.get("entries") or {}).items():
-            self.known(e, "backend", b, backends, "explicit_map", "entries", k)
+            for j, name in enumerate(b if isinstance(b, list) else [b]):
+                self.known(e, "backend", name, backends, "explicit_map", "entries", k,
+                           *((j,) if isinstance(b, list) else ()))
         for a, b in (emap.get("batched") or {}).items():
             self.known(e, "backend", a, backends, "explicit_map", "batched", a)
             self.known(e, "backend", b, backends, "explicit_map", "batched")
@@ -194,6 +206,7 @@ class Semantics:
             self.known(e, "value", spec.get("value"), self.s["values"], "queries", q, "value")
         for fact in d.get("defaults") or {}:
             self.known(e, "fact", fact, FACTS, "defaults", fact)
+        self.operand(e, d.get("activation_key"), "activation_key")
 
     def step(self, e: Entry, d: dict[str, Any], fam: dict[str, Any], backends: dict[str, Any], st: dict[str, Any],
              i: int, seen: dict[str, int]) -> None:
@@ -207,6 +220,21 @@ class Semantics:
                 self.known(e, "backend", st[key], backends, "steps", i, key)
         for j, b in enumerate(st.get("drop") or []):
             self.known(e, "backend", b, backends, "steps", i, "drop", j)
+        for j, b in enumerate(st.get("candidates") or []):
+            if self.known(e, "backend", b, backends, "steps", i, "candidates", j) and not backends[b].get("kernels"):
+                self.err(e, f"candidate {b} has no kernel table; add kernels to it or remove it from the list",
+                         "steps", i, "candidates", j)
+        for key in ("move", "before", "after"):
+            if key in st:
+                self.known(e, "backend", st[key], backends, "steps", i, key)
+        if "move" in st and ("before" in st) == ("after" in st):
+            self.err(e, "a move step names exactly one of 'before' or 'after'", "steps", i, "move")
+        needs_message = st.get("prefer_activation") and "use_explicit" in st
+        if needs_message and "no_explicit_candidate" not in fam.get("messages", {}):
+            self.err(e, "use_explicit with prefer_activation needs the family's messages.no_explicit_candidate "
+                        "(the answer when no variant of the string fits the requested key)", "steps", i)
+        for key in ("activation_key", "request_activation"):
+            self.operand(e, st.get(key), "steps", i, key)
         if isinstance(st.get("try"), list):
             for j, b in enumerate(st["try"]):
                 if self.known(e, "backend", b, backends, "steps", i, "try", j) and not backends[b].get("kernels"):

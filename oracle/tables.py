@@ -7,11 +7,24 @@ from typing import Any
 from .compiler import Compiler
 from .kernels import compile_kernel
 from .loader import Entry, RuleSet
-from .model import FROM_SCENARIO, Backend, DecidedBy, Family, Policy, RoundRow, Step, Table, parse_capability
+from .model import (
+    FROM_SCENARIO,
+    REQUESTED,
+    Backend,
+    DecidedBy,
+    Family,
+    Kernel,
+    Policy,
+    RoundRow,
+    Step,
+    Table,
+    parse_capability,
+)
 
 BUILTIN_QUERIES = ("select", "round_up", "map_backend")
 # step actions, and the clearer spellings the schema also accepts for two of them
-ACTIONS = ("outcome", "use", "use_explicit", "drop", "try", "call", "result", "emit")
+ACTIONS = ("outcome", "use", "use_explicit", "drop", "try", "call", "result", "emit", "candidates", "move",
+           "prefer_activation", "request_activation")
 ACTION_ALIASES = {"use_named_backend": "use_explicit", "return_call_result": "result"}
 
 
@@ -20,14 +33,19 @@ def _family(c: Compiler, fname: str, fe: Entry) -> Family:
     fd = fe.data
     reasons = {name: c.template((fd.get("kernel_reasons") or {}).get(name, e.data["reason"]))
                for name, e in s["kernel_checks"].items()}
-    act_default = FROM_SCENARIO if fd.get("activation_key") == FROM_SCENARIO else None
+    act_default = fd["activation_key"] if fd.get("activation_key") in (FROM_SCENARIO, REQUESTED) else None
+
+    def kernels(names: list[str]) -> tuple[Kernel, ...]:
+        return tuple(compile_kernel(c, k, s["kernel_checks"], reasons) for k in names)
+
     backends = {
-        bname: Backend(bname, b.get("value", bname),
-                       tuple(compile_kernel(c, k, s["kernel_checks"], reasons) for k in b["kernels"]),
+        bname: Backend(bname, b.get("value", bname), kernels(b["kernels"]),
                        b.get("activation_key", act_default), b.get("converter"), b.get("runner"),
-                       b.get("missing_why"), fe.at("backends", bname))
+                       b.get("missing_why"), fe.at("backends", bname),
+                       kernels(b["explicit_kernels"]) if "explicit_kernels" in b else None)
         for bname, b in fd["backends"].items()}
     emap = fd.get("explicit_map") or {}
+    entries = emap.get("entries") or {}
     rows = []
     for i, r in enumerate(fd.get("round_up") or []):
         when = c.condition(r.get("when"))
@@ -37,9 +55,11 @@ def _family(c: Compiler, fname: str, fe: Entry) -> Family:
     return Family(
         fname, fd["weight_key"], MappingProxyType(backends),
         MappingProxyType({b.value: b for b in backends.values()}),
-        MappingProxyType(dict(emap.get("entries") or {})), MappingProxyType(dict(emap.get("batched") or {})),
+        MappingProxyType({k: tuple(v) if isinstance(v, list) else (v,) for k, v in entries.items()}),
+        MappingProxyType(dict(emap.get("batched") or {})),
         batched.fn if batched else None, tuple(rows),
-        MappingProxyType({k: c.template(v) for k, v in fd["messages"].items()}), fe.at())
+        MappingProxyType({k: c.template(v) for k, v in fd["messages"].items()}), fe.at(),
+        any(isinstance(v, list) for v in entries.values()))
 
 
 def _step(c: Compiler, st: dict[str, Any], at: str) -> Step:
@@ -50,10 +70,20 @@ def _step(c: Compiler, st: dict[str, Any], at: str) -> Step:
         arg = tuple((k, c.operand(v)) for k, v in arg.items())
     elif action == "outcome":
         arg = (arg, st.get("backend"))
+    elif action == "request_activation":
+        arg = c.operand(arg)
+    options: dict[str, Any] = {}
+    if action == "move":
+        options["where"] = ("before", st["before"]) if "before" in st else ("after", st["after"])
+    if action == "use_explicit" and st.get("prefer_activation"):
+        options["prefer_activation"] = True
+    if action == "call" and "activation_key" in st:
+        options["activation_key"] = c.operand(st["activation_key"])
     when = c.condition(st.get("when"))
     check = st.get("check", not st.get("skip_support_check", False))
     return Step(st["id"], when, when.fn if when else None, action, arg, check, st.get("report_kernel", True),
-                c.template(st["message"]) if "message" in st else None, at, st["why"], DecidedBy(st["id"], at, st["why"]))
+                c.template(st["message"]) if "message" in st else None, at, st["why"],
+                DecidedBy(st["id"], at, st["why"]), MappingProxyType(options))
 
 
 def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
@@ -70,7 +100,8 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
         queries.update(dict.fromkeys(pq))
         policies[pname] = Policy(pname, pd["description"], families[pd["family"]], tuple(pd.get("candidates") or ()),
                                  steps, MappingProxyType(pq),
-                                 MappingProxyType({**table_defaults, **(pd.get("defaults") or {})}), pe.at())
+                                 MappingProxyType({**table_defaults, **(pd.get("defaults") or {})}), pe.at(),
+                                 c.operand(pd["activation_key"]) if "activation_key" in pd else None)
     archs = {k: parse_capability(v.data) for k, v in s["rocm_archs"].items()}
     return Table(rs.name, rs.description, tuple(rs.files), MappingProxyType(policies), MappingProxyType(families),
                  frozenset(packages), frozenset(c.env), MappingProxyType(archs),

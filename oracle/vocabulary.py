@@ -12,7 +12,9 @@ from dataclasses import dataclass
 GATED_ACTIVATIONS = ("swigluoai", "silu", "gelu", "swiglustep")
 UNGATED_ACTIVATIONS = ("silu_no_mul", "gelu_no_mul", "relu2_no_mul")
 # the scenario's moe.activation values (vLLM's MoEActivation names), in the scenario spec's order
-ACTIVATIONS = ("silu", "gelu", "swigluoai", "swiglustep", "silu_no_mul", "gelu_no_mul", "relu2_no_mul")
+ACTIVATIONS = ("silu", "gelu", "swigluoai", "swiglustep", "silu_no_mul", "gelu_no_mul", "relu2_no_mul",
+               # members vLLM 0.33's MoEActivation adds
+               "situ", "gelu_tanh", "swigluoai_uninterleave", "relu2", "gelu_tanh_no_mul")
 
 
 @dataclass(frozen=True)

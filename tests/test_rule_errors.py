@@ -32,12 +32,14 @@ EXPECTED = {
                                "put the code under backends/ or register its package as an entry point of group "
                                "moe_oracle.backends",
     "two_actions_in_step": "45:9: policies.pol.steps.0: give exactly one of the alternatives "
-                           "(outcome, use, use_explicit, use_named_backend, drop, try, call, result, return_call_result, emit)",
+                           "(outcome, use, use_explicit, use_named_backend, drop, try, call, result, return_call_result, emit, "
+                           "candidates, move, request_activation, prefer_activation)",
     "undeclared_env_var": "46:16: unknown environment variable 'VLLM_FORCE_TRITN' (did you mean 'VLLM_FORCE_TRITON'?)",
     "unknown_backend_in_candidates": "43:18: unknown backend 'TRITN' (did you mean 'TRITON'?)",
     "unknown_derived_ref": "46:16: unknown derived fact 'batched_activation_fmt' (did you mean 'batched_activation_format'?)",
     "unknown_operator": "14:5: unknown field 'equals' in kernels.TritonExperts.device; "
-                        "allowed: fact, eq, ne, in, not_in, ge, gt, le, lt, family, is_null",
+                        "allowed: fact, eq, ne, in, not_in, ge, gt, le, lt, family, is_null, multiple_of, same_as, "
+                        "differs_from",
     "unknown_placeholder": "27:7: unknown placeholder '{reasn}' in message (did you mean 'reason'?)",
     "unknown_quant_key": "17:10: unknown quantization key 'kMxfp4Statc' (did you mean 'kMxfp4Static'?)",
     "yaml_syntax_error": "16:18: YAML syntax error: did not find expected ',' or ']'",

@@ -15,8 +15,6 @@ PROFILE = "vllm-0.33"
 ALL = ("flashinfer", "triton_kernels", "deep_gemm", "aiter", "humming", "b12x", "quark")
 CASES = [json.loads(line) for line in
          (Path(__file__).parent / "data" / "golden-sample-vllm-0.33.jsonl").read_text().splitlines() if line.strip()]
-# Until the profile is registered in rules/profiles.yaml (issue 11 lands it), the module skips.
-pytestmark = pytest.mark.skipif(PROFILE not in Oracle().profiles(), reason=f"profile {PROFILE} is not registered yet")
 DEEPEP_LL = {"dp_size": 2, "ep_size": 2, "use_ep": True, "all2all_backend": "deepep_low_latency"}
 
 
