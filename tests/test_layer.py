@@ -48,12 +48,12 @@ def _rules_copy(root: Path, extra_profiles: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def rules(tmp_path_factory) -> Oracle:
-    """The shipped rules (moe-oracle included), plus 'padded': the native profile with EMULATION padding to 64."""
+    """The shipped rules, plus 'padded': the native profile where EMULATION pads like TRITON_MOE."""
     native = NATIVE_FILE.read_text()
-    anchor = "- {backends: [TRITON_MOE], hidden: 32, intermediate: 32,"
+    anchor = "- {backends: [TRITON_MOE], "
     assert native.count(anchor) == 2, "the native round_up rows changed; update this fixture"
-    padded = native.replace(anchor, "- {backends: [TRITON_MOE, EMULATION], hidden: 64, intermediate: 64,")
-    extra = {"padded": ("native rules, EMULATION padded to 64", {"moe-oracle/padded.yaml": padded})}
+    padded = native.replace(anchor, "- {backends: [TRITON_MOE, EMULATION], ")
+    extra = {"padded": ("native rules, EMULATION padded like TRITON_MOE", {"moe-oracle/padded.yaml": padded})}
     return Oracle(_rules_copy(tmp_path_factory.mktemp("rules") / "rules", extra))
 
 
@@ -139,7 +139,11 @@ def test_zero_tokens_give_an_empty_output(rules):
 def test_padding_to_the_decision_sizes_is_applied_and_sliced(rules, case, hidden, inter):
     weights = _checkpoint(case["fmt"], case["gate_up"], hidden=hidden, inter=inter, bias=case["bias"])
     layer = _build(rules, weights, profile="padded", activation=case["activation"], top_k=3)
-    padded_h, padded_i = -(-hidden // 64) * 64, -(-inter // 64) * 64
+    family = yaml.safe_load(NATIVE_FILE.read_text())["families"][case["fmt"]]
+    (row,) = family["round_up"]  # TRITON_MOE's alignment, which the 'padded' profile also gives EMULATION
+    padded_h = -(-hidden // row["hidden"]) * row["hidden"]
+    padded_i = -(-inter // row["intermediate"]) * row["intermediate"]
+    assert (padded_h, padded_i) != (hidden, inter)
     assert (layer.decision.hidden_size, layer.decision.intermediate_size) == (padded_h, padded_i)
     assert (layer.kernel_weights.H, layer.kernel_weights.I) == (padded_h, padded_i)  # converted once, at build
     assert (layer.hidden_size, layer.intermediate_size) == (hidden, inter)
