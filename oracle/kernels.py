@@ -72,7 +72,7 @@ def compile_kernel(c: Compiler, name: str, checks: Mapping[str, Entry], reasons:
         assert cond is not None
         out.append(Check(req["check"], cond, c.template(req["reason"])))
     accepts = c.function(joined([ch.cond.code for ch in out], "and")) if out else (lambda ctx: True)
-    return Kernel(name, tuple(out), accepts, bool(d.get("monolithic")), bool(d.get("function_check")),
+    return Kernel(d.get("class", name), tuple(out), accepts, bool(d.get("monolithic")), bool(d.get("function_check")),
                   kernels[name].at())
 
 
