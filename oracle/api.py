@@ -10,7 +10,7 @@ question is always answered from one consistent version.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from .scenario import Scenario, parse_scenario
 from .semantics import semantic_diagnostics
 from .tables import compile_ruleset
 from .trace import Entry, ErrorEntry, candidate_summary
+
+PolicyRewrite = Callable[[Policy], Policy]  # hashable; e.g. oracle.overrides.Override
 
 
 def build_table(files: list[Path], name: str, description: str, cache: FileCache | None = None) -> Table:
@@ -43,7 +45,7 @@ class Snapshot:
 
     index: ProfileIndex
     tables: dict[str, Table] = field(default_factory=dict)
-    answers: dict[Scenario, Decision] = field(default_factory=dict)
+    answers: dict[Hashable, Decision] = field(default_factory=dict)  # Scenario, or (Scenario, PolicyRewrite)
     resolved: dict[tuple[str | None, str], tuple[Table, Policy]] = field(default_factory=dict)
     calls: dict[str, CallPolicy] = field(default_factory=dict)
     files: FileCache = field(default_factory=dict)  # parsed rule files shared by the profiles listing them
@@ -54,9 +56,11 @@ class Oracle:
 
     CACHE_SIZE = 4096
 
-    def __init__(self, rules: str | Path | None = None):
+    def __init__(self, rules: str | Path | None = None, index: ProfileIndex | None = None):
+        """`index`: a profile index built elsewhere (oracle.plugins adds plugin files to profiles); reload()
+        reads `rules` again."""
         self.root = Path(rules) if rules is not None else rules_dir()
-        self._snapshot = Snapshot(load_profile_index(self.root))
+        self._snapshot = Snapshot(index if index is not None else load_profile_index(self.root))
         self._lock = threading.Lock()
 
     @property
@@ -108,25 +112,30 @@ class Oracle:
         table = self.table(profile if isinstance(profile, str) else None)
         return parse_scenario(raw, table, default_platform)
 
-    def select(self, scenario: Scenario | Mapping[str, Any]) -> Decision:
-        """Answer one question. Never raises for bad input: that is outcome 'error'."""
+    def select(self, scenario: Scenario | Mapping[str, Any], rewrite: PolicyRewrite | None = None) -> Decision:
+        """Answer one question. Never raises for bad input: that is outcome 'error'.
+
+        `rewrite`: a deployment's change of the question's policy (oracle.overrides), part of the cache key.
+        The snapshot is read once, so the answer and its cache entry come from one version of the rules."""
         if not isinstance(scenario, Scenario):
             try:
                 scenario = self.prepare(scenario)
             except OracleError as exc:
                 return error_decision(str(exc))
-        answers = self._snapshot.answers
-        cached = answers.get(scenario)
+        snap = self._snapshot
+        key: Hashable = scenario if rewrite is None else (scenario, rewrite)
+        answers = snap.answers
+        cached = answers.get(key)
         if cached is not None:
             return cached
-        decision = self._answer(self._snapshot, scenario)
+        decision = self._answer(snap, scenario, rewrite)
         if len(answers) >= self.CACHE_SIZE:
             answers.clear()
-        answers[scenario] = decision
+        answers[key] = decision
         return decision
 
-    def select_uncached(self, scenario: Scenario) -> Decision:
-        return self._answer(self._snapshot, scenario)
+    def select_uncached(self, scenario: Scenario, rewrite: PolicyRewrite | None = None) -> Decision:
+        return self._answer(self._snapshot, scenario, rewrite)
 
     def select_many(self, scenarios: Iterable[Any]) -> list[Decision]:
         return [self.select(s) for s in scenarios]
@@ -144,17 +153,19 @@ class Oracle:
             found = snap.resolved[key] = (table, policy)
         return found
 
-    def _answer(self, snap: Snapshot, sc: Scenario) -> Decision:
+    def _answer(self, snap: Snapshot, sc: Scenario, rewrite: PolicyRewrite | None = None) -> Decision:
         try:
             table, policy = self._resolve(snap, sc.profile, sc.policy)
         except OracleError as exc:
             return error_decision(str(exc))
+        if rewrite is not None:
+            policy = rewrite(policy)
         meta: dict[str, Any] = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
         ctx = Ctx(sc.facts, sc.env, sc.packages)
         family = policy.family
         if sc.query == "select":
             try:
-                res = self._run(snap, table, policy.name, ctx, None)
+                res = self._run(snap, table, policy, ctx, None)
             except EnvValueError as exc:
                 res = Result("invalid", error=str(exc))
             return self._decision(snap, table, policy, res, sc, meta, ctx)
@@ -180,11 +191,11 @@ class Oracle:
         answer = fn(ctx)
         return Decision("selected" if answer else "none", extras={sc.query: answer}, **meta)
 
-    def _run(self, snap: Snapshot, table: Table, policy_name: str, ctx: Ctx, trace: Trace) -> Result:
+    def _run(self, snap: Snapshot, table: Table, policy: Policy, ctx: Ctx, trace: Trace) -> Result:
         call = snap.calls.get(table.name)
         if call is None:
             call = snap.calls[table.name] = _call_hook(table)
-        return run(table.policies[policy_name], ctx, trace, call)
+        return run(policy, ctx, trace, call)
 
     def _decision(self, snap: Snapshot, table: Table, policy: Policy, res: Result, sc: Scenario,
                   meta: dict[str, Any], ctx: Ctx) -> Decision:
@@ -194,7 +205,7 @@ class Oracle:
             if not computed:
                 steps: list[Entry] = []
                 try:
-                    self._run(snap, table, policy.name, Ctx(sc.facts, sc.env, sc.packages), steps)
+                    self._run(snap, table, policy, Ctx(sc.facts, sc.env, sc.packages), steps)
                 except EnvValueError as exc:
                     steps.append(ErrorEntry(str(exc)))
                 computed.append(tuple(steps))

@@ -167,7 +167,7 @@ def _cmd_select(args: argparse.Namespace, oracle: Oracle, explain: bool) -> int:
     if args.batch:
         return _cmd_batch(args, oracle)
     sc = _scenario_from_args(args, oracle)
-    d = oracle.select(sc)
+    d = oracle.select(sc, _override(args, oracle, sc))
     if args.json:
         print(json.dumps(d.to_dict(with_trace=explain or args.trace), indent=1 if explain else None))
     elif explain:
@@ -175,6 +175,19 @@ def _cmd_select(args: argparse.Namespace, oracle: Oracle, explain: bool) -> int:
     else:
         print(_summary(d))
     return _exit_for(d)
+
+
+def _override(args: argparse.Namespace, oracle: Oracle, sc: dict[str, Any]) -> Any:
+    """The deployment override (--overrides FILE) matching --model/--layer/--role, or None."""
+    if not args.overrides:
+        if args.model or args.layer is not None or args.role:
+            raise UsageError("--model, --layer and --role pick an entry of --overrides FILE; give the file too")
+        return None
+    from .overrides import load_overrides
+
+    profile = sc.get("profile") if isinstance(sc.get("profile"), str) else None
+    found = load_overrides(args.overrides, [oracle.table(profile)])
+    return found.find(str(sc["policy"]), args.model, args.layer, args.role)
 
 
 def _cmd_batch(args: argparse.Namespace, oracle: Oracle) -> int:
@@ -255,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--query", help="select (default), round_up, map_backend, or a query the policy declares")
         s.add_argument("--backend", help="backend for the round_up query")
         s.add_argument("--json", action="store_true", help="machine-readable output")
+        s.add_argument("--overrides", metavar="FILE", help="deployment overrides (schemas/overrides.schema.json)")
+        s.add_argument("--model", help="model name, for --overrides")
+        s.add_argument("--layer", type=int, help="layer index, for --overrides")
+        s.add_argument("--role", help="the model's role (e.g. draft), for --overrides")
         if name == "select":
             s.add_argument("--trace", action="store_true", help="include the trace in JSON output")
         s.set_defaults(trace=False, batch=None)

@@ -14,6 +14,7 @@ import importlib.machinery
 import importlib.util
 import re
 from functools import cache, lru_cache
+from pathlib import Path
 from typing import Any
 
 GROUP = "moe_oracle.backends"
@@ -26,11 +27,19 @@ class RegistryError(LookupError):
 
 
 @cache
-def plugin_packages() -> tuple[str, ...]:
-    """Top-level packages registered under the entry point group (read from metadata, nothing imported)."""
+def plugin_entry_points() -> tuple[tuple[str, str, str], ...]:
+    """(entry point name, package, distribution) of every registration in the group, from metadata only
+    (nothing imported); oracle.plugins reads each package's rule fragments from these."""
     from importlib.metadata import entry_points
 
-    return tuple(sorted({ep.value.split(":")[0].strip() for ep in entry_points(group=GROUP)}))
+    found = {(ep.name, ep.value.split(":")[0].strip(), getattr(ep.dist, "name", None) or "?")
+             for ep in entry_points(group=GROUP)}
+    return tuple(sorted(found))
+
+
+def plugin_packages() -> tuple[str, ...]:
+    """Top-level packages registered under the entry point group (read from metadata, nothing imported)."""
+    return tuple(sorted({package for _, package, _ in plugin_entry_points()}))
 
 
 def allowed_packages() -> tuple[str, ...]:
@@ -47,6 +56,12 @@ def split(path: str) -> tuple[str, str]:
 
 def _is_allowed(module: str) -> bool:
     return any(module == root or module.startswith(root + ".") for root in allowed_packages())
+
+
+def package_dir(package: str) -> str | None:
+    """The directory of an installed package (where a plugin keeps its rule fragments), found without importing it."""
+    origin = _module_file(package)
+    return str(Path(origin).parent) if origin is not None and Path(origin).name == "__init__.py" else None
 
 
 def _module_file(module: str) -> str | None:

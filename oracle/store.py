@@ -1,0 +1,317 @@
+"""A rule store for servers: one per process, cached, thread-safe, hot-reloadable, logged once.
+
+    store = RuleStore("my-rules/", overrides="deploy/overrides.yaml", audit_log="decisions.jsonl")
+    store.watch(interval=1.0)                     # or call store.poll() / store.reload() yourself
+    d = store.select({"policy": "mxfp4-gpt-oss", "moe": {...}}, model="openai/gpt-oss-120b", layer=7)
+
+Everything one version of the rules answers with is one immutable `Generation`: the Oracle (its
+compiled tables), the overrides, the plugins in use, the content hashes of every file loaded
+and the answer cache. `select` reads `self._generation` once and answers from that object only;
+a reload builds a complete new Generation (every profile in use compiled, overrides cross-checked)
+and then replaces the reference in one assignment. So no caller ever sees a half-loaded table, and
+the cached path takes no lock: a dict lookup on (scenario, override) in the generation's cache.
+
+A reload that fails keeps the previous generation, logs the error once (every problem as
+file:line:col, logger `moe_oracle`) and returns it in the ReloadResult.
+
+Change detection polls: it hashes the content of every file the generation was loaded from
+(profiles.yaml, rule files, plugin fragments and manifests, the overrides file), ~0.3 ms for the
+shipped rules. Why polling, not inotify: it is stdlib-only and portable (macOS, NFS, container
+bind mounts, Kubernetes ConfigMaps, whose atomic `..data` symlink swap inotify watches on the
+files miss), content hashes catch same-size edits within one mtime tick, and a server changes
+rules rarely: a 1 s poll costs ~0.03% of one core. inotify would save that and some latency at the
+price of a dependency (watchdog) or Linux-only ctypes code.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .api import Oracle, build_table
+from .decision import Decision, error_decision
+from .errors import Diagnostic, OracleError, RuleError
+from .loader import FileCache, ProfileIndex, display_name, load_profile_index
+from .log import DecisionLog
+from .overrides import Override, Overrides, load_overrides
+from .plugins import Plugin, with_plugins
+from .resources import rules_dir
+from .scenario import Scenario
+
+log = logging.getLogger("moe_oracle")
+CACHE_SIZE = 8192  # answers per generation before the cache starts over
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    """What a reload did: `ok` (the new rules serve), or the diagnostics of why the old ones still do."""
+
+    ok: bool
+    generation: int  # the generation serving after the call
+    changed: bool  # a new generation was installed
+    diagnostics: tuple[Diagnostic, ...] = ()
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(eq=False)
+class Generation:
+    """One complete, consistent version of everything a question is answered from. Never modified after it is
+    installed, except its caches (which only gain entries computed from this same generation)."""
+
+    number: int
+    oracle: Oracle
+    overrides: Overrides | None
+    plugins: tuple[Plugin, ...]
+    hashes: Mapping[Path, str]  # every file loaded -> sha256 of the content loaded
+    loaded_at: float
+    answers: dict[tuple[Scenario, Override | None], Decision] = field(default_factory=dict)
+    packages: dict[str | None, dict[str, bool]] = field(default_factory=dict)  # profile -> detected packages
+
+    @property
+    def rules(self) -> dict[str, Any]:
+        return {"generation": self.number, "files": {display_name(p): h for p, h in self.hashes.items()}}
+
+
+def _digest(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def _index_files(index: ProfileIndex) -> list[Path]:
+    """profiles.yaml of the root and of every directory it extends, then every rule file of every profile."""
+    out: list[Path] = []
+    root: Path | None = index.root
+    seen: set[Path] = set()
+    while root is not None and root.resolve() not in seen:
+        seen.add(root.resolve())
+        out.append(root / "profiles.yaml")
+        try:
+            import yaml
+
+            parent = (yaml.safe_load((root / "profiles.yaml").read_text(encoding="utf-8")) or {}).get("extends")
+        except (OSError, ValueError, AttributeError, ImportError):
+            parent = None
+        root = rules_dir() if parent == "builtin" else (root / parent) if isinstance(parent, str) else None
+    for profile in index.profiles.values():
+        out.extend(profile.files)
+    return list(dict.fromkeys(out))
+
+
+class RuleStore:
+    """The oracle a server holds for its whole life (see the module docstring)."""
+
+    def __init__(self, rules: str | Path | None = None, *, overrides: str | Path | None = None,
+                 plugins: bool = True, platform: Mapping[str, Any] | None = None,
+                 packages: Mapping[str, bool] | None = None, env: Mapping[str, str] | None = None,
+                 profiles: Iterable[str] | None = None, audit_log: str | Path | None = None,
+                 decision_log: DecisionLog | None = None):
+        """`platform`, `packages`, `env`: the deployment facts filled into every question that does not give them;
+        detected once here when None (packages per profile, from the ones its rules know). `profiles`: compiled
+        (and so validated) at every load besides the default one. Raises RuleError when the first load fails."""
+        self.root = Path(rules) if rules is not None else rules_dir()
+        self.overrides_path = Path(overrides) if overrides is not None else None
+        self.use_plugins = plugins
+        self.decisions = decision_log or DecisionLog(audit_log)
+        self._profiles = tuple(profiles or ())
+        if platform is None:
+            from .platform import detect_platform
+
+            platform = detect_platform()
+        self.platform = dict(platform)
+        self._packages = dict(packages) if packages is not None else None
+        self._environ = dict(env) if env is not None else dict(os.environ)
+        self._reload_lock = threading.Lock()
+        self._reported: set[str] = set()
+        self.last_error: str | None = None
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._generation = self._build(1, ())
+
+    # ------------------------------------------------------------------ questions
+    @property
+    def generation(self) -> Generation:
+        return self._generation
+
+    def prepare(self, question: Mapping[str, Any]) -> Scenario:
+        """The question with this deployment's platform, packages and env filled in, validated (ScenarioError)."""
+        return self._prepare(self._generation, question)
+
+    def _prepare(self, gen: Generation, question: Mapping[str, Any]) -> Scenario:
+        q = dict(question)
+        profile = q.get("profile") if isinstance(q.get("profile"), str) else None
+        table = gen.oracle.table(profile)
+        if "platform" not in q:
+            q["platform"] = self.platform
+        packages = gen.packages.get(profile)
+        if packages is None:
+            if self._packages is not None:
+                packages = {n: v for n, v in self._packages.items() if n in table.packages}
+            else:
+                from .platform import detect_packages
+
+                packages = detect_packages(table.packages)
+            gen.packages[profile] = packages
+        if packages:
+            q["packages"] = {**packages, **(q.get("packages") or {})}
+        env = {n: self._environ[n] for n in table.env_vars if n in self._environ}
+        if env:
+            q["env"] = {**env, **(q.get("env") or {})}
+        return gen.oracle.prepare(q)
+
+    def select(self, question: Scenario | Mapping[str, Any], *, model: str | None = None, layer: int | None = None,
+               role: str | None = None) -> Decision:
+        """Answer one layer's question. Never raises for bad input (outcome 'error').
+
+        `model`, `layer`, `role` pick a deployment override; the cached path is two dict lookups, no lock."""
+        gen = self._generation
+        if isinstance(question, Scenario):
+            sc = question
+        else:
+            try:
+                sc = self._prepare(gen, question)
+            except OracleError as exc:
+                return error_decision(str(exc))
+        ov = gen.overrides
+        override = ov.find(sc.policy, model, layer, role) if ov is not None else None
+        key = (sc, override)
+        found = gen.answers.get(key)
+        if found is not None:
+            return found
+        return self._answer(gen, sc, override, key, {"model": model, "layer": layer, "role": role})
+
+    def _answer(self, gen: Generation, sc: Scenario, override: Override | None,
+                key: tuple[Scenario, Override | None], context: dict[str, Any]) -> Decision:
+        decision = gen.oracle.select_uncached(sc, override)
+        answers = gen.answers
+        if len(answers) >= CACHE_SIZE:
+            answers.clear()
+        answers[key] = decision
+        self.decisions.record(sc, decision, override=override.provenance if override else None,
+                              context={k: v for k, v in context.items() if v is not None}, rules=gen.rules)
+        return decision
+
+    # ------------------------------------------------------------------ loading
+    def _build(self, number: int, keep_profiles: Iterable[str]) -> Generation:
+        """A complete generation: index (+ plugins), every profile in use compiled, overrides cross-checked."""
+        started = time.time()
+        for _ in range(3):  # a file changed while it was read: read everything again
+            index = load_profile_index(self.root)
+            files = _index_files(index)
+            before = {p: _digest(p) for p in files}
+            cache: FileCache = {}
+            wanted = list(dict.fromkeys([index.default, *self._profiles, *keep_profiles]))
+            for name in wanted:
+                if name not in index.profiles:
+                    continue
+                p = index.profiles[name]
+                build_table(p.files, name, p.description, cache)  # the rules alone must be valid
+            plugins: list[Plugin] = []
+            if self.use_plugins:
+                index, plugins = with_plugins(index, build_table, cache)
+                for plugin in plugins:
+                    files.append(plugin.manifest)
+                    for paths in plugin.files.values():
+                        files.extend(paths)
+            oracle = Oracle(self.root, index=index)
+            for name in wanted:
+                if name in index.profiles:
+                    oracle.table(name)
+            overrides = None
+            if self.overrides_path is not None:
+                files.append(self.overrides_path)
+                overrides = load_overrides(self.overrides_path, oracle.snapshot.tables.values())
+            hashes = {p: _digest(p) for p in dict.fromkeys(files) if p.is_file()}
+            if all(hashes.get(k) == v for k, v in before.items()):
+                return Generation(number, oracle, overrides, tuple(plugins), hashes, started)
+        raise RuleError([Diagnostic(display_name(self.root), 1, 1, "rule files kept changing while they were "
+                                                                    "loaded; the reload is retried at the next poll")])
+
+    def _fingerprint(self) -> dict[Path, str]:
+        """Content hashes of every file the serving generation was loaded from (missing files hash as '')."""
+        out = {}
+        for path in self._generation.hashes:
+            try:
+                out[path] = _digest(path)
+            except OSError:
+                out[path] = ""
+        return out
+
+    def changed(self) -> bool:
+        """Whether any file the serving rules were loaded from changed since (content, not mtime)."""
+        return self._fingerprint() != dict(self._generation.hashes)
+
+    def reload(self) -> ReloadResult:
+        """Load the rules again now; install them only if everything validates."""
+        with self._reload_lock:
+            return self._reload_locked()
+
+    def poll(self) -> ReloadResult | None:
+        """Reload if a file changed since the serving generation was loaded; None when nothing changed."""
+        with self._reload_lock:
+            if not self.changed():
+                return None
+            return self._reload_locked()
+
+    def _reload_locked(self) -> ReloadResult:
+        old = self._generation
+        started = time.perf_counter()
+        try:
+            fresh = self._build(old.number + 1, old.oracle.snapshot.tables)
+        except RuleError as exc:
+            return self._failed(old, str(exc), tuple(exc.diagnostics), started)
+        except (OracleError, OSError) as exc:
+            return self._failed(old, f"{type(exc).__name__}: {exc}", (), started)
+        self._generation = fresh  # the one place a new version becomes visible
+        self.last_error = None
+        log.info("moe-oracle: rules generation %d serving (%s, %d files, %d plugin(s)%s)", fresh.number,
+                 display_name(self.root), len(fresh.hashes), len(fresh.plugins),
+                 f", {len(fresh.overrides)} override(s)" if fresh.overrides is not None else "")
+        return ReloadResult(True, fresh.number, True, seconds=time.perf_counter() - started)
+
+    def _failed(self, old: Generation, message: str, diagnostics: tuple[Diagnostic, ...],
+                started: float) -> ReloadResult:
+        self.last_error = message
+        if message not in self._reported:
+            self._reported.add(message)
+            log.error("moe-oracle: reload of %s failed; still serving rules generation %d:\n%s",
+                      display_name(self.root), old.number, message)
+        return ReloadResult(False, old.number, False, diagnostics, message, time.perf_counter() - started)
+
+    # ------------------------------------------------------------------ watching
+    def watch(self, interval: float = 1.0) -> None:
+        """Poll for changed files every `interval` seconds in a daemon thread (idempotent)."""
+        if self._watcher is not None and self._watcher.is_alive():
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.poll()
+                except Exception:  # the watcher must outlive any surprise; the error is logged
+                    log.exception("moe-oracle: rule watcher: unexpected error (still serving generation %d)",
+                                  self._generation.number)
+
+        self._watcher = threading.Thread(target=loop, name="moe-oracle-rule-watcher", daemon=True)
+        self._watcher.start()
+
+    def close(self) -> None:
+        """Stop watching and close the audit log."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
+        self.decisions.close()
+
+    def __enter__(self) -> RuleStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
