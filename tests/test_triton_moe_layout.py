@@ -142,3 +142,25 @@ def test_bad_config_tables_are_rejected_with_the_place():
     broken["entries"][0]["when"]["tokens"] = 3
     with pytest.raises(ValueError, match="tokens"):
         tuning.validate_table(broken, "x.yaml")
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "contiguous"])
+@pytest.mark.parametrize("shape", [SMALL_MX, SMALL_NV], ids=["mxfp4", "nvfp4"])
+def test_converter_pads_converts_and_inverts_exactly(shape, layout):
+    from backends.layouts.triton_moe import converter, triton_weights
+    from backends.weights import MoEWeights
+
+    ckpt = random_checkpoint(shape, generator=torch.Generator().manual_seed(4), gate_up_layout=layout)
+    weights = MoEWeights(gate_up=layout, **{k: v for k, v in ckpt.items() if k != "gate_up_layout"})
+    kw = converter.convert(weights, hidden_size=shape.hidden_size + 64, intermediate_size=shape.intermediate_size + 64)
+    assert kw.layout == "triton_moe" and kw.padded_hidden_size == shape.hidden_size + 64
+    view = triton_weights(kw)
+    assert (view.hidden_size, view.intermediate_size) == (shape.hidden_size + 64, shape.intermediate_size + 64)
+    back = converter.invert(kw)
+    for name in ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias", "w13_global_scale", "w2_global_scale"):
+        a, b = getattr(weights, name), getattr(back, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    with pytest.raises(ValueError, match="multiple of 64"):
+        converter.convert(weights, hidden_size=shape.hidden_size + 32)

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.layouts.base import Layout, require_multiple, source_config
+from backends.weights import KernelWeights, MoEWeights
+
 FORMATS = ("mxfp4", "nvfp4")
 SCALE_BLOCK = {"mxfp4": 32, "nvfp4": 16}
 #: H and I must be multiples of this (the 64-wide nibble groups of the byte layout).
@@ -158,8 +161,8 @@ def to_kernel_layout(
         format=format,
         w13=_split_halves(fix(w13)), w13_scale=_to_words(fix(s13), format), w2=_split_halves(w2),
         w2_scale=_to_words(s2, format),
-        w13_bias=None if w13_bias is None else fix(w13_bias.float()),
-        w2_bias=None if w2_bias is None else w2_bias.float().contiguous(),
+        w13_bias=None if w13_bias is None else fix(w13_bias),
+        w2_bias=None if w2_bias is None else w2_bias.contiguous(),
         w13_global_scale=gs13, w2_global_scale=gs2,
     )
 
@@ -178,3 +181,44 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
         out["w13_global_scale"] = kw.w13_global_scale
         out["w2_global_scale"] = kw.w2_global_scale
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The converter the rules name (backends.layouts.triton_moe:converter), on MoEWeights / KernelWeights
+# ---------------------------------------------------------------------------------------------
+
+_KERNEL_TENSORS = ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias", "w13_global_scale", "w2_global_scale")
+
+
+class TritonMoELayout(Layout):
+    """MoEWeights (padded to multiples of 64 by `Layout`) <-> the kernel layout above; invert is exact."""
+
+    layout = "triton_moe"
+    formats = FORMATS
+
+    def _check_sizes(self, w: MoEWeights) -> None:
+        for what, value in (("hidden_size", w.H), ("intermediate_size", w.I)):
+            require_multiple(self.layout, what, value, SIZE_ALIGNMENT, "the kernels read K in 64-wide nibble groups")
+
+    def _to_kernel(self, w: MoEWeights):
+        kernel = to_kernel_layout(**w.emulation_kwargs())
+        tensors = {name: getattr(kernel, name) for name in _KERNEL_TENSORS if getattr(kernel, name) is not None}
+        return tensors, source_config(w)  # the checkpoint's NVFP4 scalars, kept so that invert is exact
+
+    def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
+        back = from_kernel_layout(triton_weights(kw), gate_up_layout=kw.gate_up)
+        return self._rebuild(kw, **{name: back[name] for name in ("w13", "w13_scale", "w2", "w2_scale", "w13_bias",
+                                                                  "w2_bias")})
+
+
+def triton_weights(kw: KernelWeights) -> TritonMoEWeights:
+    """The kernels' typed view (no copy) of the KernelWeights that `converter` wrote."""
+    if not isinstance(kw, KernelWeights) or kw.layout != TritonMoELayout.layout:
+        got = kw.layout if isinstance(kw, KernelWeights) else type(kw).__name__
+        raise TypeError(f"triton_moe layout: expected KernelWeights in layout 'triton_moe', got {got}; convert the "
+                        f"checkpoint with backends.layouts.triton_moe:converter")
+    return TritonMoEWeights(format=kw.format, **{name: kw.tensors.get(name) for name in _KERNEL_TENSORS})
+
+
+#: converter of backend TRITON_MOE in the moe-oracle rules (profile moe-oracle)
+converter = TritonMoELayout()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from backends.layouts.triton_moe import SCALE_BLOCK, TritonMoEWeights
+from backends.layouts.triton_moe import SCALE_BLOCK, TritonMoEWeights, triton_weights
 from backends.triton_moe import tuning
 from backends.triton_moe._routing import align, route
 from backends.triton_moe.capabilities import ACTIVATIONS
+from backends.weights import KernelWeights
 
 __all__ = ["moe_forward"]
 
@@ -43,9 +44,6 @@ def _kernels_for(device: torch.device):
 
 
 def _check_inputs(x, w: TritonMoEWeights, activation):
-    if not isinstance(w, TritonMoEWeights):
-        _fail(TypeError, f"weights must be TritonMoEWeights (from backends.layouts.triton_moe), got "
-              f"{type(w).__name__}; convert the checkpoint once with the triton_moe layout converter")
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         _fail(ValueError, "x must be a 2-D tensor [T, H]; flatten batch dims with x.reshape(-1, H)")
     if x.dtype != torch.bfloat16:
@@ -96,7 +94,7 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
 
 def moe_forward(
     x: torch.Tensor,
-    weights: TritonMoEWeights,
+    weights: KernelWeights | TritonMoEWeights,
     *,
     router_logits: torch.Tensor | None = None,
     topk_ids: torch.Tensor | None = None,
@@ -115,6 +113,11 @@ def moe_forward(
     deterministic: accepted for the rules' sake; the kernels use no atomics, so runs are always
     bit-identical. config: override the tuned launch config (benchmark sweeps).
     """
+    if isinstance(weights, KernelWeights):
+        weights = triton_weights(weights)
+    elif not isinstance(weights, TritonMoEWeights):
+        _fail(TypeError, f"weights must be the KernelWeights of backends.layouts.triton_moe:converter (or its "
+              f"TritonMoEWeights view), got {type(weights).__name__}; convert the checkpoint once with it")
     _check_inputs(x, weights, activation)
     ids, route_w = _routing_inputs(x, weights, router_logits, topk_ids, topk_weights, top_k, renormalize)
     tokens, hidden = x.shape
