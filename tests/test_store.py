@@ -183,3 +183,22 @@ def test_a_bad_question_is_an_error_answer_not_an_exception(store):
 def test_version_b_differs_from_version_a():
     """The fixture's premise: the two versions answer differently (else the reload tests prove nothing)."""
     assert VERSION_A != VERSION_B and EXPECTED["A"] != EXPECTED["B"]
+
+
+def test_the_server_example_survives_a_broken_then_fixed_rule_edit():
+    """examples/server.py --demo-edit: every layer of gpt-oss-120b answered before, during and after the edits."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "examples" / "server.py"),
+                          str(root / "examples" / "gpt-oss-120b.config.json"), "--demo-edit"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert run.returncode == 0 and "survived a broken and a fixed rule edit" in run.stdout, run.stdout + run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("ERROR moe_oracle")]
+    assert len(errors) == 1 and "still serving rules generation 1" in errors[0]
+    assert "site.yaml:6:18: unknown backend 'MARLINN' (did you mean 'MARLIN'?)" in run.stderr
+    decisions = [line for line in run.stderr.splitlines() if "-> " in line and line.startswith("INFO moe_oracle")]
+    assert len(decisions) == 2, decisions  # 36 layers x many rounds: one line per distinct decision
+    assert "-> TRITON" in decisions[0] and "-> MARLIN" in decisions[1]
