@@ -13,6 +13,7 @@ in the order the data flows through them:
     tables     -> model.Table, the frozen decision table of one profile
     scenario   a question -> frozen, hashable Scenario
     interpreter  Table x Scenario -> Result (fast path, or with a typed trace)
+    leaves     a failed check's false leaves, actual values and rule locations (traces only)
     decision   -> immutable Decision (to_dict / from_dict); trace: its typed entries
     api        Oracle: one Snapshot (index, tables, caches) swapped by reload(); select()
     registry   converter/runner paths (backends.* or entry points), resolved lazily

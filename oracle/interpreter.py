@@ -79,7 +79,8 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: 
             else:
                 note = None
             if not ok:
-                failures.append(Failure(check.name, note or _reason(check, ctx, family), check.text))
+                why = () if note or check.why_false is None else check.why_false(ctx)
+                failures.append(Failure(check.name, note or _reason(check, ctx, family), check.text, why))
         trace.append(CandidateEntry(backend.name, kernel.name, not failures, tuple(failures), step.id, kernel.at))
         if not failures:
             return kernel, None

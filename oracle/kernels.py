@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .compiler import Compiler, joined
+from .leaves import LeafExplainer, check_explainer, field_origin, requires_explainer
 from .loader import Entry
 from .model import Check, Kernel, Template, show
 
@@ -55,9 +56,11 @@ def _row_condition(c: Compiler, row: dict[str, Any], value: Any) -> tuple[str, s
     return (cond.code, cond.text) if cond is not None else None
 
 
-def compile_kernel(c: Compiler, name: str, checks: Mapping[str, Entry], reasons: Mapping[str, Template]) -> Kernel:
+def compile_kernel(c: Compiler, name: str, checks: Mapping[str, Entry], reasons: Mapping[str, Template],
+                   leaves: LeafExplainer | None = None) -> Kernel:
     kernels = c.rs.sections["kernels"]
     d = kernel_fields(kernels, name)
+    x = leaves or LeafExplainer(c)
     out: list[Check] = []
     for check, entry in checks.items():
         row = entry.data
@@ -66,11 +69,14 @@ def compile_kernel(c: Compiler, name: str, checks: Mapping[str, Entry], reasons:
             continue
         found = _row_condition(c, row, value)
         if found is not None:
-            out.append(Check(check, c.cond(*found), reasons[check]))
-    for req in d.get("requires") or []:
+            origin = field_origin(kernels, name, row["field"])
+            out.append(Check(check, c.cond(*found), reasons[check],
+                             check_explainer(x, row, entry, origin, row["field"], value)))
+    for i, req in enumerate(d.get("requires") or []):
         cond = c.condition(req["when"])
         assert cond is not None
-        out.append(Check(req["check"], cond, c.template(req["reason"])))
+        out.append(Check(req["check"], cond, c.template(req["reason"]),
+                         requires_explainer(x, req["when"], field_origin(kernels, name, "requires"), i)))
     accepts = c.function(joined([ch.cond.code for ch in out], "and")) if out else (lambda ctx: True)
     return Kernel(d.get("class", name), tuple(out), accepts, bool(d.get("monolithic")), bool(d.get("function_check")),
                   kernels[name].at())

@@ -96,6 +96,7 @@ class Check:
     name: str
     cond: Cond
     reason: Template
+    why_false: Callable[[Ctx], tuple[Any, ...]] | None = None  # each false leaf (trace.Leaf), for traces only
 
     @property
     def fn(self) -> Fn:

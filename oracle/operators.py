@@ -114,6 +114,28 @@ ENV_TESTS: tuple[Test, ...] = (
          "set"),
 )
 
+# How explain words one test of a leaf after the subject and its actual value ("platform.capability 9.0 ..."):
+# (text when it holds, text when it fails); boolean tests give both per rule value. (`fact` rows serve `value` too.)
+LEAF_TEXTS: dict[tuple[str, str], tuple[Any, Any]] = {
+    ("fact", "eq"): ("is {shown}", "is not {shown}"),
+    ("fact", "ne"): ("is not {shown}", "is {shown}"),
+    ("fact", "in"): ("is in {shown}", "is not in {shown}"),
+    ("fact", "not_in"): ("is not in {shown}", "is in {shown}"),
+    ("fact", "ge"): ("is at least {shown}", "is below {shown}"),
+    ("fact", "gt"): ("is above {shown}", "is not above {shown}"),
+    ("fact", "le"): ("is at most {shown}", "is above {shown}"),
+    ("fact", "lt"): ("is below {shown}", "is not below {shown}"),
+    ("fact", "family"): ("is in family {shown}", "is not in family {shown}"),
+    ("fact", "is_null"): ({True: "is null", False: "is not null"}, {True: "is not null", False: "is null"}),
+    ("fact", "multiple_of"): ("is a multiple of {shown}", "is not a multiple of {shown}"),
+    ("fact", "same_as"): ("equals {shown}", "differs from {shown}"),
+    ("fact", "differs_from"): ("differs from {shown}", "equals {shown}"),
+    ("env", "set"): ({True: "is set", False: "is unset"}, {True: "is unset", False: "is set"}),
+    ("env", "is"): ("parses to {shown}", "does not parse to {shown}"),
+    ("env", "eq"): ("is {shown}", "is not {shown}"),
+    ("env", "in"): ("is in {shown}", "is not in {shown}"),
+}
+
 HEADS: tuple[Head, ...] = (
     Head("all", {"type": "array", "items": {"$ref": "#/$defs/condition"}, "minItems": 1}, "and", "({parts})",
          children="list"),

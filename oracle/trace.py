@@ -9,15 +9,49 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 
+class Leaf(NamedTuple):
+    """One false leaf of a failed check: as written, what it expects, the actual value and where it is written.
+
+    `via`: the derived facts it was reached through (`cuda_sm10x`); `text`: the sentence explain prints,
+    e.g. `platform.capability 9.0 is not in family 10.x`."""
+
+    leaf: str
+    expected: str
+    actual: str
+    at: str
+    via: tuple[str, ...]
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"leaf": self.leaf, "expected": self.expected, "actual": self.actual, "at": self.at}
+        if self.via:
+            out["via"] = list(self.via)
+        out["text"] = self.text
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Leaf:
+        return cls(d["leaf"], d["expected"], d["actual"], d["at"], tuple(d.get("via") or ()), d["text"])
+
+
 class Failure(NamedTuple):
-    """One failing kernel check: its name, the rendered reason and the condition it needed."""
+    """One failing kernel check: its name, vLLM's reason, the condition it needed, and each false leaf."""
 
     check: str
     reason: str
     condition: str
+    leaves: tuple[Leaf, ...] = ()
+
+    @property
+    def headline(self) -> str:
+        """The failing leaves in one line (vLLM's generic reason when there are none, e.g. an env parse error)."""
+        return "; ".join(dict.fromkeys(leaf.text for leaf in self.leaves)) or self.reason
 
     def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "reason": self.reason, "condition": self.condition}
+        out: dict[str, Any] = {"check": self.check, "reason": self.reason, "condition": self.condition}
+        if self.leaves:
+            out["leaves"] = [leaf.to_dict() for leaf in self.leaves]
+        return out
 
 
 class StepEntry(NamedTuple):
@@ -87,7 +121,9 @@ def from_dict(d: dict[str, Any]) -> Entry:
     """The typed entry of one JSON trace item (the inverse of `to_dict`)."""
     if "candidate" in d:
         return CandidateEntry(d["candidate"], d.get("kernel"), d["accepted"],
-                              tuple(Failure(f["check"], f["reason"], f["condition"]) for f in d.get("failed", ())),
+                              tuple(Failure(f["check"], f["reason"], f["condition"],
+                                            tuple(Leaf.from_dict(x) for x in f.get("leaves") or ()))
+                                    for f in d.get("failed", ())),
                               d.get("step", ""), d.get("at", ""), d.get("unchecked", False))
     if "call" in d:
         return CallEntry(d.get("step", ""), d["call"], d.get("outcome", ""),
@@ -98,7 +134,7 @@ def from_dict(d: dict[str, Any]) -> Entry:
 
 
 def candidate_summary(trace: tuple[Entry, ...] | list[Entry]) -> str:
-    """'BACKEND: first failing check of its last kernel; ...' over every candidate tried (calls included)."""
+    """'BACKEND: its last kernel's failing leaves, comma-separated; ...' over every candidate tried (calls included)."""
     last: dict[str, str] = {}
     for entry in trace:
         if isinstance(entry, CallEntry):
@@ -106,8 +142,13 @@ def candidate_summary(trace: tuple[Entry, ...] | list[Entry]) -> str:
             if nested:
                 last[f"{entry.call} ->"] = nested
         elif isinstance(entry, CandidateEntry) and not entry.accepted and entry.failed:
-            last[entry.candidate] = entry.failed[0].reason
+            texts = [leaf.text for f in entry.failed for leaf in f.leaves] or [f.reason for f in entry.failed]
+            last[entry.candidate] = ", ".join(dict.fromkeys(texts))
     return "; ".join(f"{b}: {r}" for b, r in last.items())
+
+
+def _where(leaf: Leaf) -> str:
+    return (f"via {' -> '.join(leaf.via)}, " if leaf.via else "") + leaf.at
 
 
 def render_lines(trace: tuple[Entry, ...] | list[Entry], lines: list[str], indent: str = "") -> None:
@@ -117,7 +158,12 @@ def render_lines(trace: tuple[Entry, ...] | list[Entry], lines: list[str], inden
             verdict = "taken unchecked" if entry.unchecked else "ACCEPTED" if entry.accepted else "rejected"
             lines.append(f"{indent}    {verdict:<16}{entry.candidate} / {entry.kernel}   ({entry.at})")
             for f in entry.failed:
-                lines.append(f"{indent}        x {f.check}: {f.reason}")
+                where = f"   ({_where(f.leaves[0])})" if len(f.leaves) == 1 else ""
+                lines.append(f"{indent}        x {f.check}: {f.headline}{where}")
+                for leaf in f.leaves if len(f.leaves) > 1 else ():
+                    lines.append(f"{indent}            - {leaf.text}   ({_where(leaf)})")
+                if f.leaves:
+                    lines.append(f"{indent}          vLLM reason: {f.reason}")
                 lines.append(f"{indent}          needs {f.condition}")
         elif isinstance(entry, CallEntry):
             lines.append(f"{indent}  step {entry.step}: calls policy {entry.call} -> {entry.outcome}   ({entry.at})")

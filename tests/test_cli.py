@@ -21,7 +21,10 @@ def test_explain_shows_the_winner_and_every_rejected_candidate(capsys):
     for rejected in ("FLASHINFER_TRTLLM_MXFP4_BF16 / TrtLlmMxfp4ExpertsMonolithic",
                      "FLASHINFER_TRTLLM_MXFP4_BF16 / TrtLlmMxfp4ExpertsModular", "AITER / AiterExperts"):
         assert f"rejected        {rejected}" in out
-    assert "x device: kernel does not support current device cuda" in out
+    # every false leaf with its actual value and location, then vLLM's own (generic) reason
+    assert "x device: platform.capability 9.0 is not in family 10.x; package flashinfer is not installed" in out
+    assert "- platform.capability 9.0 is not in family 10.x   (via cuda_sm10x, rules/common/platform.yaml:" in out
+    assert "vLLM reason: kernel does not support current device cuda" in out
     assert "decided by step 'auto' at" in out and "mxfp4.yaml:" in out
 
 
