@@ -48,19 +48,18 @@ def test_interleaved_rows_become_gate_then_up():
 
 
 @pytest.mark.parametrize("fmt,k", [("mxfp4", 2880), ("nvfp4", 7168), ("nvfp4", 96)])
-def test_scale_words_hold_one_128_chunk_little_endian(fmt, k):
+def test_scale_words_hold_four_block_scales_little_endian(fmt, k):
     block = 32 if fmt == "mxfp4" else 16
+    chunk = 4 * block  # K values per word: 128 (MXFP4), 64 (NVFP4)
     scales = torch.randint(0, 256, (2, 3, k // block), dtype=torch.uint8)
     words = _to_words(scales, fmt)
-    assert words.dtype == (torch.int32 if fmt == "mxfp4" else torch.int64)
-    assert words.shape == (2, -(-k // 128), 3)
-    per_word = 128 // block
-    for chunk in range(words.shape[1]):
-        for j in range(per_word):
-            byte = (words[:, chunk, :] >> (8 * j)) & 0xFF
-            g = chunk * per_word + j
-            expected = scales[:, :, g].long() if g < k // block else torch.zeros(2, 3, dtype=torch.long)
-            assert torch.equal(byte.long(), expected), (chunk, j)
+    assert words.dtype == torch.int32 and words.shape == (2, -(-k // chunk), 3)
+    for word in range(words.shape[1]):
+        for j in range(4):
+            byte = (words[:, word, :] >> (8 * j)) & 0xFF
+            g = word * 4 + j
+            expected = scales[:, :, g].int() if g < k // block else torch.zeros(2, 3, dtype=torch.int32)
+            assert torch.equal(byte, expected), (word, j)
     assert torch.equal(_from_words(words, fmt, k), scales)
 
 

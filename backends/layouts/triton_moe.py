@@ -5,11 +5,11 @@ Kernel layout (per expert e, rows K-major, two E2M1 codes per byte "split by hal
 nibble, so a tile's low and high nibbles are two contiguous K halves; the checkpoint's bytes hold
 values 2i, 2i+1):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
-    w13_scale  int32 (MXFP4) / int64 (NVFP4)  [E, ceil(H/128), 2I]: "scale words", one word per row and
-               128-wide K chunk holding that chunk's 4 E8M0 exponents (B=32) or 8 E4M3 bytes (B=16),
+    w13_scale  int32 [E, ceil(H/C), 2I]: "scale words", one word per row and C-wide K chunk holding
+               that chunk's 4 E8M0 exponents (MXFP4: B=32, C=128) or 4 E4M3 bytes (NVFP4: B=16, C=64),
                little-endian (byte j = sub-block j), chunk-major so a K step loads BN consecutive words;
                a K tail chunk is padded with zero bytes
-    w2         uint8   [E, H, I/2];   w2_scale words [E, ceil(I/128), H]
+    w2         uint8   [E, H, I/2];   w2_scale words [E, ceil(I/C), H]
     w13_bias   fp32    [E, 2I] (same row order) or None;  w2_bias fp32 [E, H] or None
     w13_global_scale, w2_global_scale  fp32 [E]: NVFP4 per-expert quantization multipliers (the
                kernels divide the fp32 accumulator by them, as the format defines); None for MXFP4
@@ -30,9 +30,8 @@ FORMATS = ("mxfp4", "nvfp4")
 SCALE_BLOCK = {"mxfp4": 32, "nvfp4": 16}
 #: H and I must be multiples of this (the 64-wide nibble groups of the byte layout).
 SIZE_ALIGNMENT = 64
-#: K elements covered by one scale word (the kernels' BLOCK_K must divide it).
-SCALE_CHUNK = 128
-_WORD_DTYPE = {"mxfp4": torch.int32, "nvfp4": torch.int64}
+#: K elements covered by one 32-bit scale word (4 block scales).
+SCALE_CHUNK = {"mxfp4": 128, "nvfp4": 64}
 
 
 @dataclass(frozen=True)
@@ -106,13 +105,13 @@ def _join_halves(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _to_words(scale_bytes: torch.Tensor, fmt: str) -> torch.Tensor:
-    """[E, rows, K/B] uint8 -> [E, ceil(K/128), rows] words (zero bytes pad the last chunk)."""
-    per_word = SCALE_CHUNK // SCALE_BLOCK[fmt]
+    """[E, rows, K/B] uint8 -> [E, ceil(K/C), rows] int32 words (zero bytes pad the last chunk)."""
+    per_word = 4
     e, rows, groups = scale_bytes.shape
     chunks = -(-groups // per_word)
     padded = scale_bytes.new_zeros((e, rows, chunks * per_word))
     padded[..., :groups] = scale_bytes
-    words = padded.view(_WORD_DTYPE[fmt]).reshape(e, rows, chunks)
+    words = padded.view(torch.int32).reshape(e, rows, chunks)
     return words.transpose(1, 2).contiguous()
 
 

@@ -75,9 +75,8 @@ def _dequant_pairs(packed, scale_lo, scale_hi, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _scale_values(words, idx, NVFP4: tl.constexpr):
-    """Scale words [ROWS] and byte indices [G, H2] -> bf16 block scales [ROWS, G, H2] (exact)."""
-    s = (words[:, None, None] >> (8 * idx).to(words.dtype)[None, :, :]) & 0xFF
-    s = s.to(tl.int32)
+    """Scale words [ROWS, G] and byte indices [G, H2] -> bf16 block scales [ROWS, G, H2] (exact)."""
+    s = (words[:, :, None] >> (8 * idx)[None, :, :]) & 0xFF
     if NVFP4:  # E4M3 -> fp16 pattern (value * 2^-8) -> fp32 * 2^8
         sbits = (((s & 0x80) << 8) | ((s & 0x7F) << 7)).to(tl.int16)
         return (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 256.0).to(tl.bfloat16)
@@ -85,7 +84,7 @@ def _scale_values(words, idx, NVFP4: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(w_rows, words_ptr, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, USE_ASM: tl.constexpr):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: columns b of both match the
     activation columns of _act_halves (value k = k0 + 64*(b//32) + b%32, and k + 32)."""
@@ -98,8 +97,11 @@ def _weight_tile(w_rows, words_ptr, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.con
     k_ok = (k0 + 64 * g) < K
     packed = tl.load(w_rows[:, None, None, None] + (k0 // 2 + byte)[None, :, :, :],
                      mask=row_ok[:, None, None, None] & k_ok[None, :, None, None], other=0)
-    words = tl.load(words_ptr, mask=row_ok, other=0)
-    idx_lo = (k0 % 128) // SCALE_BLOCK + g[:, None] * (64 // SCALE_BLOCK) + h[None, :]
+    CHUNK: tl.constexpr = 4 * SCALE_BLOCK  # K values per 32-bit scale word: 128 (MXFP4), 64 (NVFP4)
+    kg = k0 + 64 * g  # first K value of each 64-wide group
+    words = tl.load(words_ptr[:, None] + (kg // CHUNK)[None, :] * stride_sc, mask=row_ok[:, None] & k_ok[None, :],
+                    other=0)
+    idx_lo = ((kg % CHUNK) // SCALE_BLOCK)[:, None] + h[None, :]
     scale_lo = _scale_values(words, idx_lo, NVFP4)
     scale_hi = _scale_values(words, idx_lo + 32 // SCALE_BLOCK, NVFP4)
     ROWS: tl.constexpr = packed.shape[0]
@@ -191,9 +193,9 @@ def gemm1_act_kernel(
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K)
-        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs + (k0 // 128) * stride_sc, k0, col_ok, K, BLOCK_K,
+        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
                                   SCALE_BLOCK, NVFP4, USE_ASM)
-        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs + (k0 // 128) * stride_sc, k0, col_ok, K, BLOCK_K,
+        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
                                   SCALE_BLOCK, NVFP4, USE_ASM)
         acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
         acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
@@ -247,7 +249,7 @@ def gemm2_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K)
-        w_lo, w_hi = _weight_tile(w_rows, s_ptrs + (k0 // 128) * stride_sc, k0, col_ok, K, BLOCK_K,
+        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
                                   SCALE_BLOCK, NVFP4, USE_ASM)
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:

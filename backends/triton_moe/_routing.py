@@ -14,7 +14,7 @@ import torch
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
-    """(topk_ids int32 [T, k], topk_weights fp32 [T, k]) exactly as the emulation backend routes.
+    """(topk_ids int64 [T, k], topk_weights fp32 [T, k]) exactly as the emulation backend routes.
 
     renormalize=True: top-k on the logits, then softmax over the k selected (gpt-oss, Renormalize);
     False: softmax over all experts, then the top-k probabilities as they are.
@@ -22,9 +22,9 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
     logits = router_logits.float()
     if renormalize:
         top_logits, ids = torch.topk(logits, top_k, dim=-1)
-        return ids.to(torch.int32), torch.softmax(top_logits, dim=-1)
+        return ids, torch.softmax(top_logits, dim=-1)  # ids stay int64: no conversion launch
     weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
-    return ids.to(torch.int32), weights
+    return ids, weights
 
 
 def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:

@@ -89,7 +89,7 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
         low, high = int(topk_ids.min()), int(topk_ids.max())
         if low < 0 or high >= experts:
             _fail(ValueError, f"topk_ids must lie in [0, {experts}); got values in [{low}, {high}]")
-    return topk_ids.to(torch.int32), topk_weights.float()
+    return topk_ids, topk_weights.float()  # any integer dtype: the alignment reads it as is
 
 
 def moe_forward(
