@@ -8,8 +8,13 @@ checkpoint: exactly equal when nothing is padded (same function, same arguments)
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -300,6 +305,43 @@ def test_native_capability_table_matches_the_triton_backend():
         (row,) = [r for r in family["round_up"] if "TRITON_MOE" in r["backends"]]
         assert row["hidden"] % CAPABILITIES["hidden_size_multiple"] == 0
         assert row["intermediate"] % CAPABILITIES["intermediate_size_multiple"] == 0
+
+
+# --------------------------------------------------------------------------- Triton, on CPU through its interpreter
+_INTERPRETED_RUN = """
+import json, sys
+sys.path.insert(0, "tests")
+import test_layer as t
+from backends import MoELayer, emulation
+for name, case, hidden, inter in [("gpt-oss", t.GPT_OSS, 96, 64), ("nvfp4", t.GENERIC_NVFP4, 48, 80)]:
+    w = t._checkpoint(case["fmt"], case["gate_up"], hidden=hidden, inter=inter, bias=case["bias"])
+    layer = MoELayer.from_checkpoint(w, activation=case["activation"], top_k=2)  # platform, packages, env detected
+    x, logits = t._inputs(w, tokens=5)
+    out = layer.forward(x, logits)
+    ref = emulation.moe_forward(x.float(), **w.emulation_kwargs(), router_logits=logits, top_k=2,
+                                activation=case["activation"])
+    print(json.dumps({"name": name, "backend": layer.decision.backend, "shape": list(out.shape),
+                      "padded": [layer.padded_hidden_size, layer.padded_intermediate_size],
+                      "rel_l2": float((out.float() - ref).norm() / ref.norm())}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_layer_runs_the_triton_kernels_under_the_interpreter():
+    """With TRITON_INTERPRET=1 (fixed when triton is first imported, hence a subprocess) moe-oracle picks
+    TRITON_MOE on CPU: the layer pads to the kernels' alignment, converts once and matches the emulation."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_RUN], cwd=RULES.parent, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    families = yaml.safe_load(NATIVE_FILE.read_text())["families"]
+    for name, fmt, hidden, inter in [("gpt-oss", "mxfp4", 96, 64), ("nvfp4", "nvfp4", 48, 80)]:
+        row, (align,) = rows[name], families[fmt]["round_up"]
+        assert row["backend"] == "TRITON_MOE" and row["shape"] == [5, hidden]
+        assert row["padded"] == [-(-hidden // align["hidden"]) * align["hidden"],
+                                 -(-inter // align["intermediate"]) * align["intermediate"]]
+        assert row["rel_l2"] <= tolerance("w4a16_moe_rel_l2")["rtol"], row
 
 
 # --------------------------------------------------------------------------- GPU
