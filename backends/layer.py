@@ -18,7 +18,6 @@ The rules name the code (`converter`, `runner` as `module:attr`, resolved only t
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,10 +26,15 @@ import torch.nn.functional as F
 
 from backends.emulation import GATED_ACTIVATIONS
 from backends.weights import MoEWeights
+from oracle import OracleError, default_oracle
+from oracle.log import LOGGER_NAME, DecisionLog
+from oracle.platform import detect_packages, detect_platform, env_snapshot
+from oracle.registry import RegistryError, resolve
+from oracle.trace import render_lines
 
 __all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer"]
 
-logger = logging.getLogger("moe_oracle")
+logger = logging.getLogger(LOGGER_NAME)
 
 DEFAULT_PROFILE = "moe-oracle"
 #: The layer's checkpoints are W4A16: the scenario's weight key by format, activations unquantized.
@@ -42,8 +46,8 @@ _POLICY = {("mxfp4", "interleaved"): "mxfp4-gpt-oss", ("mxfp4", "contiguous"): "
 _DEVICE_KINDS = {"cpu": ("cpu",), "cuda": ("cuda", "rocm"), "xpu": ("xpu",)}
 _ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-_logged: set = set()
-_logged_lock = threading.Lock()
+#: INFO once per distinct decision (layer 0 and layer 47 of one model are one line), as servers log them
+_decision_log = DecisionLog()
 
 
 class LayerUnavailableError(RuntimeError):
@@ -62,8 +66,6 @@ def _platform_text(platform: Mapping[str, Any]) -> str:
 
 
 def _resolve(path: str, role: str, decision) -> Any:
-    from oracle.registry import RegistryError, resolve
-
     try:
         return resolve(path)
     except RegistryError as exc:
@@ -147,8 +149,6 @@ class MoELayer:
                   f"{{'kind': 'cuda', 'capability': [9, 0]}}, or None to detect it")
 
         if oracle is None:
-            from oracle import default_oracle
-
             oracle = default_oracle()
         question = _question(oracle, profile=profile, policy=policy or _POLICY[weights.format, weights.gate_up],
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
@@ -172,7 +172,7 @@ class MoELayer:
         layer = cls(decision=decision, scenario=question, weights=weights, kernel_weights=kernel_weights,
                     runner=runner, top_k=top_k, renormalize=renormalize, activation=activation, swiglu=swiglu,
                     deterministic=deterministic, device=device)
-        layer._log_once()
+        logger.debug("built %r", layer)
         return layer
 
     # ------------------------------------------------------------------ running
@@ -246,8 +246,6 @@ class MoELayer:
 
     def explain(self) -> str:
         """The layer and its question, then every step and candidate of the decision with the rule locations."""
-        from oracle.trace import render_lines
-
         d, q = self.decision, self.scenario
         packages = ", ".join(name for name, present in sorted(q["packages"].items()) if present) or "(none)"
         env = ", ".join(f"{k}={v}" for k, v in sorted(q["env"].items())) or "(none)"
@@ -261,36 +259,18 @@ class MoELayer:
         render_lines(d.trace, lines)
         return "\n".join(lines)
 
-    def _log_once(self) -> None:
-        d = self.decision
-        key = (d.profile, d.policy, d.backend, d.kernel, d.converter, d.runner, self.format, self.num_experts,
-               self.hidden_size, self.intermediate_size, self.padded_hidden_size, self.padded_intermediate_size,
-               self.top_k, self.renormalize, self.activation, str(self.device))
-        with _logged_lock:
-            if key in _logged:
-                return
-            _logged.add(key)
-        logger.info("%s (decided by step %s)", self._summary(), getattr(d.decided_by, "step", "?"))
-
     def __repr__(self) -> str:
         return f"<{self._summary()}>"
 
 
 # ---------------------------------------------------------------------- the question and its answer
 def _detect_platform(device: torch.device) -> dict:
-    if device.type == "cpu":
-        return {"kind": "cpu"}
-    from oracle.platform import detect_platform
-
-    return detect_platform()
+    return {"kind": "cpu"} if device.type == "cpu" else detect_platform()
 
 
 def _question(oracle, *, profile, policy, platform, packages, env, weights: MoEWeights, activation, top_k,
               renormalize, moe_backend) -> dict:
     """The scenario mapping of this layer (the same fields `moe-oracle select --scenario` reads)."""
-    from oracle import OracleError
-    from oracle.platform import detect_packages, env_snapshot
-
     if not isinstance(profile, str):
         _fail(TypeError, f"profile={profile!r} must be a profile name; known: {', '.join(oracle.profiles())}")
     try:
@@ -310,13 +290,14 @@ def _question(oracle, *, profile, policy, platform, packages, env, weights: MoEW
 
 
 def _select(oracle, question: dict):
-    from oracle import OracleError
-
+    """The oracle's answer, logged once per distinct decision."""
     try:
         scenario = oracle.prepare(question)
     except OracleError as exc:
         _fail(ValueError, f"the layer's question is malformed: {exc}")
-    return oracle.select(scenario)
+    decision = oracle.select(scenario)
+    _decision_log.record(scenario, decision)
+    return decision
 
 
 def _require_runnable(oracle, decision, question: dict) -> None:
@@ -339,9 +320,6 @@ def _require_runnable(oracle, decision, question: dict) -> None:
 
 def _who_can_run(oracle, question: dict) -> str:
     """The other profiles that select a backend with a runner for the same layer here, as advice."""
-    from oracle import OracleError
-    from oracle.platform import detect_packages
-
     given = question["packages"]
     runnable = []
     for name in oracle.profiles():

@@ -25,6 +25,7 @@ from backends import LayerUnavailableError, MoELayer, emulation, formats
 from backends import layer as layer_module
 from backends.weights import MoEWeights
 from oracle import Oracle
+from oracle.log import DecisionLog
 
 from conftest import requires_cuda
 from tolerances import tolerance
@@ -170,16 +171,18 @@ def test_explain_shows_decision_converter_runner_and_rule_locations(rules):
     assert layer.decision.to_dict(with_trace=False)["runner"] == "backends.emulation:moe_forward"
 
 
-def test_decision_is_logged_once_per_distinct_layer(rules, caplog, monkeypatch):
-    monkeypatch.setattr(layer_module, "_logged", set())
-    weights = _checkpoint("nvfp4", "contiguous")
+def test_decision_is_logged_once_per_distinct_decision(rules, caplog, monkeypatch):
+    """A model asks once per layer: the same decision for every layer is one INFO line (oracle.log.DecisionLog)."""
+    monkeypatch.setattr(layer_module, "_decision_log", DecisionLog())
+    mxfp4, nvfp4 = _checkpoint("mxfp4", "interleaved"), _checkpoint("nvfp4", "contiguous")
     with caplog.at_level(logging.INFO, logger="moe_oracle"):
-        _build(rules, weights, activation="silu")
-        _build(rules, weights, activation="silu")
-        _build(rules, weights, activation="silu", top_k=3)
-    lines = [r.getMessage() for r in caplog.records if r.name == "moe_oracle"]
+        for _ in range(3):
+            _build(rules, mxfp4)
+        _build(rules, nvfp4, activation="silu")
+    lines = [r.getMessage() for r in caplog.records if r.name == "moe_oracle" and r.levelno == logging.INFO]
     assert len(lines) == 2, lines
-    assert "EMULATION" in lines[0] and "top_k=2" in lines[0] and "top_k=3" in lines[1]
+    assert "mxfp4-gpt-oss [moe-oracle] on cpu -> EMULATION" in lines[0]
+    assert "nvfp4 [moe-oracle] on cpu -> EMULATION" in lines[1]
 
 
 def test_platform_is_detected_for_the_device(rules):
