@@ -31,9 +31,11 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from . import registry
 from .api import Oracle, build_table
 from .decision import Decision, error_decision
 from .errors import Diagnostic, OracleError, RuleError
@@ -71,11 +73,15 @@ class Generation:
     plugins: tuple[Plugin, ...]
     hashes: Mapping[Path, str]  # every file loaded -> sha256 of the content loaded
     loaded_at: float
-    answers: dict[tuple[Scenario, Override | None], Decision] = field(default_factory=dict)
+    # (scenario, model, layer, role) -> answer: the cached path, one lookup
+    answers: dict[tuple[Scenario, str | None, int | None, str | None], Decision] = field(default_factory=dict)
+    # (scenario, override) -> answer: layers that share an override share one computation and one audit line
+    decided: dict[tuple[Scenario, Override | None], Decision] = field(default_factory=dict)
     packages: dict[str | None, dict[str, bool]] = field(default_factory=dict)  # profile -> detected packages
 
-    @property
+    @cached_property
     def rules(self) -> dict[str, Any]:
+        """The audit log's record of this version: generation number and each file's sha256."""
         return {"generation": self.number, "files": {display_name(p): h for p, h in self.hashes.items()}}
 
 
@@ -132,6 +138,7 @@ class RuleStore:
         self.last_error: str | None = None
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
+        self._options: dict[str, Any] = {}  # what default_store() was called with
         self._generation = self._build(1, ())
 
     # ------------------------------------------------------------------ questions
@@ -178,23 +185,30 @@ class RuleStore:
                 sc = self._prepare(gen, question)
             except OracleError as exc:
                 return error_decision(str(exc))
-        ov = gen.overrides
-        override = ov.find(sc.policy, model, layer, role) if ov is not None else None
-        key = (sc, override)
-        found = gen.answers.get(key)
+        found = gen.answers.get((sc, model, layer, role))
         if found is not None:
             return found
-        return self._answer(gen, sc, override, key, {"model": model, "layer": layer, "role": role})
+        return self._answer(gen, sc, model, layer, role)
 
-    def _answer(self, gen: Generation, sc: Scenario, override: Override | None,
-                key: tuple[Scenario, Override | None], context: dict[str, Any]) -> Decision:
-        decision = gen.oracle.select_uncached(sc, override)
+    def _answer(self, gen: Generation, sc: Scenario, model: str | None, layer: int | None,
+                role: str | None) -> Decision:
+        """The cache miss: find the override, answer (or reuse the answer of a layer with the same override),
+        log a new decision."""
+        override = gen.overrides.find(sc.policy, model, layer, role) if gen.overrides is not None else None
+        decided = gen.decided
+        decision = decided.get((sc, override))
+        if decision is None:
+            decision = gen.oracle.select_uncached(sc, override)
+            if len(decided) >= CACHE_SIZE:
+                decided.clear()
+            decided[(sc, override)] = decision
+            context = {k: v for k, v in (("model", model), ("layer", layer), ("role", role)) if v is not None}
+            self.decisions.record(sc, decision, override=override.provenance if override else None,
+                                  context=context, rules=gen.rules)
         answers = gen.answers
         if len(answers) >= CACHE_SIZE:
             answers.clear()
-        answers[key] = decision
-        self.decisions.record(sc, decision, override=override.provenance if override else None,
-                              context={k: v for k, v in context.items() if v is not None}, rules=gen.rules)
+        answers[(sc, model, layer, role)] = decision
         return decision
 
     # ------------------------------------------------------------------ loading
@@ -206,14 +220,12 @@ class RuleStore:
             files = _index_files(index)
             before = {p: _digest(p) for p in files}
             cache: FileCache = {}
-            wanted = list(dict.fromkeys([index.default, *self._profiles, *keep_profiles]))
-            for name in wanted:
-                if name not in index.profiles:
-                    continue
-                p = index.profiles[name]
-                build_table(p.files, name, p.description, cache)  # the rules alone must be valid
+            wanted = [n for n in dict.fromkeys([index.default, *self._profiles, *keep_profiles]) if n in index.profiles]
             plugins: list[Plugin] = []
-            if self.use_plugins:
+            if self.use_plugins and registry.plugin_entry_points():
+                for name in wanted:  # the rules alone must be valid, or a plugin would be blamed for them
+                    p = index.profiles[name]
+                    build_table(p.files, name, p.description, cache)
                 index, plugins = with_plugins(index, build_table, cache)
                 for plugin in plugins:
                     files.append(plugin.manifest)
@@ -221,8 +233,7 @@ class RuleStore:
                         files.extend(paths)
             oracle = Oracle(self.root, index=index)
             for name in wanted:
-                if name in index.profiles:
-                    oracle.table(name)
+                oracle.table(name)  # compiled, so validated, before anyone can see it
             overrides = None
             if self.overrides_path is not None:
                 files.append(self.overrides_path)
@@ -315,3 +326,21 @@ class RuleStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_default: RuleStore | None = None
+_default_lock = threading.Lock()
+
+
+def default_store(**options: Any) -> RuleStore:
+    """The process's one RuleStore (the shipped rules and detected facts unless `options` say otherwise on
+    the first call); later calls return the same store and refuse different options."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = RuleStore(**options)
+            _default._options = options
+        elif options and options != getattr(_default, "_options", None):
+            raise ValueError("default_store: the process's store already exists with other options "
+                             f"({getattr(_default, '_options', {})}); pass none to get it, or build a RuleStore")
+        return _default

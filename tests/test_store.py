@@ -202,3 +202,14 @@ def test_the_server_example_survives_a_broken_then_fixed_rule_edit():
     decisions = [line for line in run.stderr.splitlines() if "-> " in line and line.startswith("INFO moe_oracle")]
     assert len(decisions) == 2, decisions  # 36 layers x many rounds: one line per distinct decision
     assert "-> TRITON" in decisions[0] and "-> MARLIN" in decisions[1]
+
+
+def test_default_store_is_one_per_process(monkeypatch):
+    import oracle.store as store_module
+
+    monkeypatch.setattr(store_module, "_default", None)
+    first = store_module.default_store(platform=SM90, packages={}, env={}, plugins=False)
+    assert store_module.default_store() is first
+    assert store_module.default_store(platform=SM90, packages={}, env={}, plugins=False) is first
+    with pytest.raises(ValueError, match="already exists with other options"):
+        store_module.default_store(platform={"kind": "cpu"})
