@@ -231,6 +231,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    """Every registered plugin, checked like the shipped rules on top of the profiles it extends."""
+    from .api import build_table
+    from .loader import load_profile_index
+    from .plugins import discover, extend_index
+    from .resources import rules_dir
+
+    found, problems = discover()
+    index = load_profile_index(Path(args.rules) if args.rules else rules_dir())
+    _, accepted = extend_index(index, found, build_table, report=problems.append)
+    for plugin in accepted:
+        targets = ", ".join(f"{name} (+{len(files)} file(s))" for name, files in plugin.files.items())
+        print(f"ok: {plugin}: {plugin.description}; extends {targets}")
+    for message in problems:
+        print(message)
+    if not found and not problems:
+        print("no plugins registered (entry point group moe_oracle.backends)")
+    return EXIT_RULES if problems else EXIT_OK
+
+
 def _cmd_profiles(oracle: Oracle) -> int:
     width = max(len(n) for n in oracle.profiles())
     for name, desc in oracle.profiles().items():
@@ -279,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("paths", nargs="*", help="rule files or rules directories (default: the rules in use)")
     v.add_argument("--format", choices=("text", "github"), default="text")
     sub.add_parser("profiles", help="list the rule-set profiles")
+    sub.add_parser("plugins", help="list registered plugins and check their rule fragments (exit 3 if broken)")
     return p
 
 
@@ -288,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "validate":
             return _cmd_validate(args)
+        if args.command == "plugins":
+            return _cmd_plugins(args)
         oracle = Oracle(args.rules)
         if args.command == "profiles":
             return _cmd_profiles(oracle)

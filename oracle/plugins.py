@@ -138,12 +138,13 @@ def _foreign_modules(plugin: Plugin, cache: FileCache) -> list[Diagnostic]:
     return out
 
 
-def extend_index(index: ProfileIndex, plugins: list[Plugin], build: BuildTable,
-                 cache: FileCache | None = None) -> tuple[ProfileIndex, list[Plugin]]:
+def extend_index(index: ProfileIndex, plugins: list[Plugin], build: BuildTable, cache: FileCache | None = None,
+                 report: Callable[[str], Any] = report_once) -> tuple[ProfileIndex, list[Plugin]]:
     """A new index whose profiles also load the fragments of every plugin that validates on top of them.
 
     Each plugin is checked against the profiles as extended by the plugins accepted before it
-    (sorted by entry point name). One that fails is reported once and left out; `index` is not changed."""
+    (sorted by entry point name). One that fails is reported (once, by default) and left out;
+    `index` is not changed."""
     cache = {} if cache is None else cache
     profiles = {name: Profile(p.name, p.description, list(p.files)) for name, p in index.profiles.items()}
     accepted: list[Plugin] = []
@@ -152,7 +153,7 @@ def extend_index(index: ProfileIndex, plugins: list[Plugin], build: BuildTable,
             targets = {name: files for name, files in plugin.files.items() if name in profiles}
             for name in plugin.files:
                 if name not in profiles:
-                    report_once(f"{plugin}: profile '{name}' is not defined by the rules at "
+                    report(f"{plugin}: profile '{name}' is not defined by the rules at "
                                 f"{display_name(index.root)}; its fragments for it are not used")
             problems = _foreign_modules(plugin, cache)
             for name, files in targets.items():
@@ -163,10 +164,10 @@ def extend_index(index: ProfileIndex, plugins: list[Plugin], build: BuildTable,
         except RuleError as exc:
             problems = list(exc.diagnostics)
         except Exception as exc:  # never crash the host
-            report_once(f"{plugin} skipped: {type(exc).__name__}: {exc}")
+            report(f"{plugin} skipped: {type(exc).__name__}: {exc}")
             continue
         if problems:
-            report_once(_problem_text(str(plugin), list(dict.fromkeys(problems))))
+            report(_problem_text(str(plugin), list(dict.fromkeys(problems))))
             continue
         for name, files in targets.items():
             profiles[name] = Profile(name, profiles[name].description, profiles[name].files + list(files))

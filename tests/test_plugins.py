@@ -152,3 +152,17 @@ def test_a_plugin_fragment_is_watched_like_a_rule_file(site, tmp_path, monkeypat
     sm100 = store.select({"policy": "acme-mxfp4", "platform": {"kind": "cuda", "capability": [10, 0]},
                           "packages": {"flashinfer": True}, "moe": {"activation": "swigluoai"}})
     assert sm100.backend != "ACME_MXFP4"
+
+
+def test_the_plugins_command_lists_good_plugins_and_fails_on_broken_ones(site, capsys):
+    from oracle.cli import EXIT_OK, EXIT_RULES, main
+
+    assert main(["plugins"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.startswith("ok: plugin 'acme' (package acme_moe") and "extends vllm-0.20 (+1 file(s))" in out
+    _distribution(site, "broken_rules", {"broken_rules": "broken_rules"})
+    _package(site, "broken_rules", MANIFEST, BAD_FRAGMENT)
+    _fresh_registry()
+    assert main(["plugins"]) == EXIT_RULES
+    out = capsys.readouterr().out
+    assert "plugin 'broken_rules'" in out and "extra.yaml:3:" in out and "ok: plugin 'acme'" in out
