@@ -3,6 +3,7 @@ clear errors, and a semantic check per backend that reads the converted tensors 
 documented indexing (written here from the docs, not by calling the converter's helpers)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -22,7 +23,7 @@ from backends.layouts import (
 from backends.layouts.base import Converter
 from backends.weights import KernelWeights
 
-from conftest import DEVICES, requires_cuda
+from conftest import DEVICES, requires_cuda, scenario
 from layout_cases import assert_same_weights, random_layer
 from tolerances import tolerance
 
@@ -442,89 +443,92 @@ def test_sm90_scale_fold_agrees_with_flashinfer():
     assert torch.equal(cutlass.sm90_fold_scales(s), fm.interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32))
 
 
-#: the converter each shipped backend should name (profile -> family backend -> path); None = no converter
-PROPOSED_CONVERTERS = {
-    "mxfp4 (common, both profiles)": {
-        "NONE": None,
-        "DEEPGEMM_MXFP4": "backends.layouts.deepgemm:mxfp4",
-        "FLASHINFER_TRTLLM_MXFP4_MXFP8": "backends.layouts.trtllm:mxfp4",
-        "FLASHINFER_TRTLLM_MXFP4_BF16": "backends.layouts.trtllm:mxfp4",
-        "FLASHINFER_CUTLASS_MXFP4_MXFP8": "backends.layouts.cutlass:mxfp4_mxfp8",
-        "FLASHINFER_CUTLASS_MXFP4_BF16": "backends.layouts.cutlass:mxfp4_bf16_sm90",
-        "BATCHED_MARLIN": "backends.layouts.marlin:mxfp4",
-        "MARLIN": "backends.layouts.marlin:mxfp4",
-        "AITER": "backends.layouts.aiter:mxfp4",
-        "TRITON": "backends.layouts.oai_triton:mxfp4",
-        "TRITON_UNFUSED": "backends.layouts.oai_triton:mxfp4",
-        "XPU": "backends.layouts.identity:xpu",
-        "EMULATION": None,  # MoELayer pads MoEWeights and calls moe_forward(**emulation_kwargs())
-    },
-    "mxfp4 vllm-0.33 (conversions other than FI CUTLASS SM90 assumed as in 0.20)": {
-        "DEEPGEMM_MXFP4": "backends.layouts.deepgemm:mxfp4",
-        "FLASHINFER_TRTLLM_MXFP4_MXFP8": "backends.layouts.trtllm:mxfp4",
-        "FLASHINFER_TRTLLM_MXFP4_BF16": "backends.layouts.trtllm:mxfp4",
-        "FLASHINFER_CUTLASS_MXFP4_MXFP8": "backends.layouts.cutlass:mxfp4_mxfp8",
-        "FLASHINFER_CUTLASS_MXFP4_BF16": "backends.layouts.cutlass:mxfp4_bf16_sm90",
-        "BATCHED_MARLIN": "backends.layouts.marlin:mxfp4",
-        "MARLIN": "backends.layouts.marlin:mxfp4",
-        "AITER_MXFP4_BF16": "backends.layouts.aiter:mxfp4",
-        "TRITON": "backends.layouts.oai_triton:mxfp4",
-        "TRITON_UNFUSED": "backends.layouts.oai_triton:mxfp4",
-        "XPU": "backends.layouts.identity:xpu",
-        **dict.fromkeys(("NONE", "EMULATION", "B12X_MXFP4_MXFP8", "B12X_MXFP4_BF16", "CUTLASS_MXFP4_MXFP4",
-                         "AITER_TRITON_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4", "AITER_TRITON_MXFP4_MXFP4",
-                         "CPU", "HUMMING", "FLASHINFER_MOE_EP_CUTEDSL", "FLASHINFER_MOE_EP_DEEP_GEMM")),
-    },
-    "nvfp4 vllm-0.33 (assumed as in 0.20)": {
-        "FLASHINFER_TRTLLM": "backends.layouts.trtllm:nvfp4",
-        "FLASHINFER_CUTLASS": "backends.layouts.nvfp4_cutlass:flashinfer_cutlass",
-        "FLASHINFER_CUTEDSL": "backends.layouts.nvfp4_cutlass:cutedsl",
-        "FLASHINFER_CUTEDSL_BATCHED": "backends.layouts.nvfp4_cutlass:cutedsl",
-        "VLLM_CUTLASS": "backends.layouts.nvfp4_cutlass:vllm_cutlass",
-        "MARLIN": "backends.layouts.marlin:nvfp4",
-        **dict.fromkeys(("EMULATION", "B12X", "FLASHINFER_B12X", "HUMMING", "FLASHINFER_MOE_EP_CUTEDSL")),
-    },
-    "nvfp4 vllm-0.20": {
-        "FLASHINFER_TRTLLM": "backends.layouts.trtllm:nvfp4",
-        "FLASHINFER_CUTEDSL": "backends.layouts.nvfp4_cutlass:cutedsl",
-        "FLASHINFER_CUTEDSL_BATCHED": "backends.layouts.nvfp4_cutlass:cutedsl",
-        "FLASHINFER_CUTLASS": "backends.layouts.nvfp4_cutlass:flashinfer_cutlass",
-        "VLLM_CUTLASS": "backends.layouts.nvfp4_cutlass:vllm_cutlass",
-        "MARLIN": "backends.layouts.marlin:nvfp4",
-        "EMULATION": None,
-    },
-    "nvfp4 vllm-0.15": {
-        "FLASHINFER_TRTLLM": "backends.layouts.trtllm:nvfp4",
-        "FLASHINFER_CUTEDSL": "backends.layouts.nvfp4_cutlass:cutedsl_v015",
-        "FLASHINFER_CUTLASS": "backends.layouts.nvfp4_cutlass:flashinfer_cutlass",
-        "VLLM_CUTLASS": "backends.layouts.nvfp4_cutlass:vllm_cutlass",
-        "MARLIN": "backends.layouts.marlin:nvfp4",
-    },
-}
+# ---------------------------------------------------------------------------------------------- named by the rules
+def _rule_backends() -> list:
+    """(profile, family, backend) of every backend entry of every family in every shipped profile."""
+    from oracle import Oracle
+
+    shipped = Oracle()
+    return [(profile, family, backend) for profile in shipped.profiles()
+            for family in shipped.table(profile).families.values() for backend in family.backends.values()]
 
 
-@pytest.mark.parametrize("family", sorted(PROPOSED_CONVERTERS))
-def test_proposed_converters_pass_the_registry_and_take_their_format(family):
+RULE_BACKENDS = _rule_backends()
+
+
+def _family_format(family) -> str:
+    """The weight codec a family converts: its weight key's codec, or (weight_key: from_scenario) its name."""
+    from oracle.vocabulary import BY_QUANT_KEY, CODECS
+
+    if isinstance(family.weight_key, str) and family.weight_key in BY_QUANT_KEY:
+        return BY_QUANT_KEY[family.weight_key].codec
+    assert family.name in CODECS, f"family {family.name}: no weight codec to convert (weight_key {family.weight_key})"
+    return family.name
+
+
+#: every distinct (weight format, converter path) the shipped rules name
+NAMED_CONVERTERS = sorted({(_family_format(family), backend.converter)
+                           for _, family, backend in RULE_BACKENDS if backend.converter is not None})
+
+
+def test_every_backend_in_every_profile_names_a_converter_or_says_why_not():
+    assert {p for p, _, _ in RULE_BACKENDS} >= {"vllm-0.20", "vllm-0.15", "vllm-0.33", "moe-oracle"}
+    silent = [f"{p}/{f.name}/{b.name} ({b.at})" for p, f, b in RULE_BACKENDS
+              if b.converter is None and not (b.missing_why and "conver" in b.missing_why)]  # convert/-er/-sion
+    assert silent == [], "converter: null needs a missing_why that says why nothing converts"
+    # every converter the layouts package ships for a backend is named by some rule
+    assert {path for _, path in NAMED_CONVERTERS} >= {
+        "backends.layouts.deepgemm:mxfp4", "backends.layouts.trtllm:mxfp4", "backends.layouts.trtllm:nvfp4",
+        "backends.layouts.cutlass:mxfp4_mxfp8", "backends.layouts.cutlass:mxfp4_bf16_sm90",
+        "backends.layouts.marlin:mxfp4", "backends.layouts.marlin:nvfp4", "backends.layouts.aiter:mxfp4",
+        "backends.layouts.oai_triton:mxfp4", "backends.layouts.identity:xpu",
+        "backends.layouts.nvfp4_cutlass:flashinfer_cutlass", "backends.layouts.nvfp4_cutlass:cutedsl",
+        "backends.layouts.nvfp4_cutlass:cutedsl_v015", "backends.layouts.nvfp4_cutlass:vllm_cutlass"}
+
+
+@pytest.mark.parametrize(("fmt", "path"), NAMED_CONVERTERS, ids=lambda v: v)
+def test_proposed_converters_pass_the_registry_and_take_their_format(fmt, path):
     from oracle.registry import problem, resolve
 
-    fmt = "mxfp4" if family.startswith("mxfp4") else "nvfp4"
-    for backend, path in PROPOSED_CONVERTERS[family].items():
-        if path is None:
-            continue
-        assert problem(path) is None, (backend, problem(path))
-        converter = resolve(path)
-        assert isinstance(converter, Converter) and fmt in converter.formats, (backend, path)
+    assert problem(path) is None, problem(path)
+    converter = resolve(path)
+    assert isinstance(converter, Converter) and fmt in converter.formats, (path, getattr(converter, "formats", None))
 
 
-def test_every_converter_named_in_the_rules_resolves():
-    """Once the rules name converters (backends.layouts.<module>:<object>), each must be a Converter."""
-    import pathlib
-    import re
+@pytest.mark.parametrize(("fmt", "path"), NAMED_CONVERTERS, ids=lambda v: v)
+def test_every_converter_named_in_the_rules_resolves(fmt, path):
+    """Each named converter resolves through the registry and round-trips a random layer bit-exactly.
 
+    (64, 32) padded to (256, 256): a size every shipped layout's tiles accept (AITER needs 256)."""
     from oracle.registry import resolve
 
-    named = set()
-    for path in pathlib.Path(__file__).resolve().parents[1].joinpath("rules").rglob("*.yaml"):
-        named.update(re.findall(r"converter:\s*\"?(backends\.layouts\.[\w.]+:\w+)", path.read_text()))
-    for target in sorted(named):
-        assert isinstance(resolve(target), Converter), target
+    converter = resolve(path)
+    w = random_layer(fmt, experts=3, hidden=64, inter=32, seed=11, finite_scales=True, bf16_bias=True)
+    kw = converter.convert(w, hidden_size=256, intermediate_size=256)
+    assert (kw.padded_hidden_size, kw.padded_intermediate_size) == (256, 256)
+    assert_same_weights(converter.invert(kw), w)
+
+
+def test_decision_and_explain_carry_the_converter_the_rules_name(oracle, capsys):
+    from oracle import Decision
+    from oracle.cli import main
+
+    d = oracle.select(scenario("mxfp4-gpt-oss", "cuda:10.0", packages=("flashinfer",)))
+    named = oracle.table(d.profile).families["mxfp4"].backends[d.backend].converter
+    assert (d.backend, d.converter, named) == ("FLASHINFER_TRTLLM_MXFP4_BF16",) + ("backends.layouts.trtllm:mxfp4",) * 2
+    assert d.to_dict()["converter"] == named and Decision.from_dict(d.to_dict()).converter == named
+    assert main(["explain", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0", "--package", "flashinfer"]) == 0
+    assert f"converter {named}" in capsys.readouterr().out
+    assert main(["select", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0", "--package", "flashinfer",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["converter"] == named
+
+
+def test_a_backend_without_a_converter_says_why_in_explain(capsys):
+    from oracle.cli import main
+
+    assert main(["explain", "--policy", "mxfp4", "--profile", "vllm-0.33", "--platform", "cuda:12.0", "--package",
+                 "flashinfer", "--package", "b12x", "--moe-backend", "b12x", "--activation", "silu"]) == 0
+    out = capsys.readouterr().out
+    assert "selected B12X_MXFP4_BF16" in out
+    assert "converter none" in out and "no conversion facts for vLLM 0.33's layout yet" in out
