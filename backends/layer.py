@@ -162,6 +162,7 @@ class MoELayer:
 
         runner = _resolve(decision.runner, "runner", decision)
         weights = _moved(weights, device)
+        device = weights.w13.device  # concrete: 'cuda' becomes 'cuda:0', which is what x.device reports
         hidden, inter = decision.hidden_size or weights.H, decision.intermediate_size or weights.I
         if decision.converter is None:
             kernel_weights = weights.pad(hidden, inter)

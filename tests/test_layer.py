@@ -191,6 +191,15 @@ def test_platform_is_detected_for_the_device(rules):
     assert layer.scenario["platform"] == CPU and layer.device == torch.device("cpu")
 
 
+def test_device_is_normalized_to_where_the_tensors_are(rules):
+    """'cuda' holds tensors on 'cuda:0' (and 'cpu:0' on 'cpu'): the layer compares x with the concrete device."""
+    weights = _checkpoint("mxfp4", "interleaved")
+    layer = _build(rules, weights, device="cpu:0")
+    assert layer.device == torch.device("cpu")
+    x, logits = _inputs(weights)
+    assert layer.forward(x, logits).shape == x.shape
+
+
 # --------------------------------------------------------------------------- errors
 @pytest.fixture(scope="module")
 def gpt_oss_layer(rules) -> MoELayer:
@@ -352,13 +361,20 @@ def test_layer_runs_the_triton_kernels_under_the_interpreter():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [GPT_OSS, GENERIC_NVFP4], ids=["gpt-oss-mxfp4-swigluoai", "generic-nvfp4-silu"])
 def test_gpu_layer_under_the_native_profile_matches_the_emulation(case):
-    """Detected platform and packages: the layer runs whatever moe-oracle selects on this GPU."""
-    weights = _checkpoint(case["fmt"], case["gate_up"], experts=8, hidden=256, inter=192, bias=case["bias"])
+    """Detected platform and packages: with triton on an SM80+ GPU moe-oracle runs its Triton kernels, padded
+    (H 224 -> 256, I 160 -> 192), converted once, routed from logits or given ids, against the fp32 emulation."""
+    weights = _checkpoint(case["fmt"], case["gate_up"], experts=8, hidden=224, inter=160, bias=case["bias"])
     layer = MoELayer.from_checkpoint(weights, activation=case["activation"], top_k=2, device="cuda")
+    if importlib.util.find_spec("triton") is not None and torch.cuda.get_device_capability() >= (8, 0):
+        assert layer.decision.backend == "TRITON_MOE", layer.explain()
+        assert (layer.padded_hidden_size, layer.padded_intermediate_size) == (256, 192)
     assert layer.decision.outcome == "selected" and layer.decision.runner is not None
     x, logits = _inputs(weights, tokens=33)
-    out = layer.forward(x.cuda(), logits.cuda())
     ref = emulation.moe_forward(x.float(), **weights.emulation_kwargs(), router_logits=logits, top_k=2,
                                 activation=case["activation"])
-    rel = (out.float().cpu() - ref).norm() / ref.norm()
-    assert rel <= tolerance("w4a16_moe_rel_l2")["rtol"], (layer.decision.backend, float(rel))
+    top_logits, ids = torch.topk(logits, 2, dim=-1)
+    for out in (layer.forward(x.cuda(), logits.cuda()),
+                layer.forward(x.cuda(), topk_ids=ids.cuda(), topk_weights=torch.softmax(top_logits, -1).cuda())):
+        assert out.shape == (33, 224) and out.device.type == "cuda"
+        rel = (out.float().cpu() - ref).norm() / ref.norm()
+        assert rel <= tolerance("w4a16_moe_rel_l2")["rtol"], (layer.decision.backend, float(rel))
