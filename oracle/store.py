@@ -38,7 +38,7 @@ from typing import Any
 from . import registry
 from .api import Oracle, build_table
 from .decision import Decision, error_decision
-from .errors import Diagnostic, OracleError, RuleError
+from .errors import Diagnostic, OracleError, RuleError, ScenarioError
 from .loader import FileCache, ProfileIndex, display_name, load_profile_index
 from .log import DecisionLog
 from .overrides import Override, Overrides, load_overrides
@@ -151,6 +151,8 @@ class RuleStore:
         return self._prepare(self._generation, question)
 
     def _prepare(self, gen: Generation, question: Mapping[str, Any]) -> Scenario:
+        if not isinstance(question, Mapping):
+            raise ScenarioError(f"scenario: expected a mapping with at least 'policy', got {type(question).__name__}")
         q = dict(question)
         profile = q.get("profile") if isinstance(q.get("profile"), str) else None
         table = gen.oracle.table(profile)
@@ -165,11 +167,13 @@ class RuleStore:
 
                 packages = detect_packages(table.packages)
             gen.packages[profile] = packages
-        if packages:
-            q["packages"] = {**packages, **(q.get("packages") or {})}
+        given = q.get("packages") or {}
+        if packages and isinstance(given, Mapping):  # anything else: parse_scenario names the field
+            q["packages"] = {**packages, **given}
         env = {n: self._environ[n] for n in table.env_vars if n in self._environ}
-        if env:
-            q["env"] = {**env, **(q.get("env") or {})}
+        given = q.get("env") or {}
+        if env and isinstance(given, Mapping):
+            q["env"] = {**env, **given}
         return gen.oracle.prepare(q)
 
     def select(self, question: Scenario | Mapping[str, Any], *, model: str | None = None, layer: int | None = None,

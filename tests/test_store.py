@@ -175,9 +175,15 @@ def test_a_decision_log_can_be_shared_and_forgets_on_request():
     assert log.record(sc, d)
 
 
-def test_a_bad_question_is_an_error_answer_not_an_exception(store):
+def test_a_bad_question_is_an_error_answer_not_an_exception(rules):
+    store = RuleStore(rules, plugins=False, platform=SM90, packages={"triton_kernels": True},
+                      env={"VLLM_MXFP4_USE_MARLIN": "1"})
     d = store.select({"policy": "mxfp4-gpt-os"})
     assert d.outcome == "error" and "did you mean 'mxfp4-gpt-oss'" in d.error
+    assert "packages: expected a mapping" in store.select({**QUESTION, "packages": ["flashinfer"]}).error
+    assert "env: expected a mapping" in store.select({**QUESTION, "env": ["X=1"]}).error
+    assert "scenario: expected a mapping" in store.select(None).error
+    assert "profile: unknown profile 'nope'" in store.select({**QUESTION, "profile": "nope"}).error
 
 
 def test_version_b_differs_from_version_a():
