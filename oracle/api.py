@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .decision import OUTCOMES, Decision, error_decision
-from .errors import EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
+from .errors import Diagnostic, EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
 from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run
-from .loader import FileCache, ProfileIndex, load_profile_index, load_ruleset
+from .loader import FileCache, ProfileIndex, RuleSet, load_profile_index, load_ruleset_collecting, unlisted_rule_files
 from .model import Ctx, Policy, Table, format_capability
 from .resources import rules_dir
 from .scenario import Scenario, parse_scenario
@@ -29,10 +29,28 @@ from .trace import Entry, ErrorEntry, candidate_summary
 PolicyRewrite = Callable[[Policy], Policy]  # hashable; e.g. oracle.overrides.Override
 
 
+def check_profile(files: list[Path], name: str, description: str,
+                  cache: FileCache | None = None) -> tuple[RuleSet, list[Diagnostic], set[str]]:
+    """Load and check one profile's rule files: every schema, merge and cross-reference problem in one run,
+    and the package vocabulary (declared, plus any the rules test)."""
+    rs, problems = load_ruleset_collecting(files, name, description, cache)
+    found, packages = semantic_diagnostics(rs)
+    return rs, list(dict.fromkeys(problems + found)), packages | set(rs.sections["packages"])
+
+
+def rules_problems(index: ProfileIndex, cache: FileCache | None = None) -> list[Diagnostic]:
+    """Every problem of a rules directory in one run: each profile's schema, merge and cross-reference
+    problems, and rule files no profile lists (deduplicated, in file order)."""
+    problems: list[Diagnostic] = []
+    for name, profile in index.profiles.items():
+        problems.extend(check_profile(profile.files, name, profile.description, cache)[1])
+    problems.extend(unlisted_rule_files(index))
+    return sorted(dict.fromkeys(problems), key=lambda d: (d.file, d.line, d.col))
+
+
 def build_table(files: list[Path], name: str, description: str, cache: FileCache | None = None) -> Table:
     """Load, check and compile one profile's rule files (RuleError lists every problem)."""
-    rs = load_ruleset(files, name, description, cache)
-    problems, packages = semantic_diagnostics(rs)
+    rs, problems, packages = check_profile(files, name, description, cache)
     if problems:
         raise RuleError(problems)
     return compile_ruleset(rs, packages)
@@ -60,8 +78,17 @@ class Oracle:
         """`index`: a profile index built elsewhere (oracle.plugins adds plugin files to profiles); reload()
         reads `rules` again."""
         self.root = Path(rules) if rules is not None else rules_dir()
-        self._snapshot = Snapshot(index if index is not None else load_profile_index(self.root))
+        self._snapshot = self._checked(Snapshot(index if index is not None else load_profile_index(self.root)))
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _checked(snap: Snapshot) -> Snapshot:
+        """Validate every profile of the snapshot now (a server fails at start, not with `error` answers):
+        one RuleError lists every problem."""
+        problems = rules_problems(snap.index, snap.files)
+        if problems:
+            raise RuleError(problems)
+        return snap
 
     @property
     def snapshot(self) -> Snapshot:
@@ -70,7 +97,7 @@ class Oracle:
     def reload(self) -> None:
         """Re-read the rules directory; profiles compiled before are compiled again before the swap,
         so broken rules raise RuleError here and the previous snapshot stays in use."""
-        fresh = Snapshot(load_profile_index(self.root))
+        fresh = self._checked(Snapshot(load_profile_index(self.root)))
         for name in self._snapshot.tables:
             if name in fresh.index.profiles:
                 self._compile(fresh, name)

@@ -146,6 +146,22 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
     return ProfileIndex(root, data["default"], profiles, doc)
 
 
+def unlisted_rule_files(index: ProfileIndex) -> list[Diagnostic]:
+    """Rule files under the index's directory that no profile lists: they would be ignored without a word.
+    (A subdirectory with its own profiles.yaml is another rules directory and is left alone.)"""
+    listed = {f for p in index.profiles.values() for f in p.files}
+    root = index.root.resolve()
+    nested = {d.parent for d in root.rglob("profiles.yaml") if d.parent != root}
+    out = []
+    for path in sorted(root.rglob("*.y*ml")):
+        if path.name == "profiles.yaml" or path.resolve() in listed or any(path.is_relative_to(n) for n in nested):
+            continue
+        out.append(Diagnostic(display_name(path), 1, 1, f"rule file '{path.relative_to(root)}' is listed by no "
+                              f"profile of {display_name(root / 'profiles.yaml')}, so it is ignored; add it to a "
+                              "profile's files or delete it"))
+    return out
+
+
 def display_name(path: Path) -> str:
     """How a rule file is named in messages and traces.
 
@@ -178,6 +194,29 @@ def load_checked(path: Path, cache: FileCache | None = None) -> Located:
     if cache is not None and key is not None:
         cache[key] = doc
     return doc
+
+
+def load_ruleset_collecting(paths: list[Path], name: str, description: str,
+                            cache: FileCache | None = None) -> tuple[RuleSet, list[Diagnostic]]:
+    """Every file merged, schema-valid or not (YAML that does not parse is left out), with all problems so far.
+
+    Validation uses this so that schema and cross-reference problems are reported in one run: a file
+    with a schema error still contributes its names, which keeps the cross-reference check quiet about them."""
+    docs: list[Located] = []
+    problems: list[Diagnostic] = []
+    for p in paths:
+        try:
+            docs.append(load_checked(p, cache))
+        except RuleError as exc:
+            problems.extend(exc.diagnostics)
+            try:
+                doc = load_yaml_file(str(p), display_name(p))
+            except RuleError:
+                continue
+            if isinstance(doc.data, dict):
+                docs.append(doc)
+    rs, merged = merge(docs, name, description)
+    return rs, problems + merged
 
 
 def load_ruleset(paths: list[Path], name: str, description: str, cache: FileCache | None = None) -> RuleSet:

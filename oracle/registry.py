@@ -17,6 +17,8 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
+from .errors import did_you_mean
+
 GROUP = "moe_oracle.backends"
 BUILTIN_PACKAGE = "backends"
 _PATH = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):([A-Za-z_][A-Za-z0-9_]*)$")
@@ -79,6 +81,11 @@ def _module_file(module: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
+# top-level def/class names and assigned names: the candidates of a did-you-mean
+_TOP_LEVEL = re.compile(r"^(?:(?:async\s+)?def|class)\s+([A-Za-z_]\w*)|^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)",
+                        re.MULTILINE)
+
+
 def _defines(source: str, attr: str) -> bool:
     name = re.escape(attr)
     top_level = re.compile(
@@ -106,7 +113,8 @@ def problem(path: str) -> str | None:
     except OSError as exc:
         return f"'{path}': cannot read {origin} ({exc.strerror})"
     if not _defines(source, attr):
-        return f"'{path}': module '{module}' defines no top-level '{attr}'; define it or fix the path"
+        close = did_you_mean(attr, [a or b for a, b in _TOP_LEVEL.findall(source)])
+        return f"'{path}': module '{module}' defines no top-level '{attr}'{close}; define it or fix the path"
     return None
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ScenarioError, did_you_mean
 from .facts import FACTS, PLATFORM_KINDS
-from .vocabulary import ACTIVATIONS
+from .vocabulary import ACTIVATIONS, ROUTING_METHODS
 
 if TYPE_CHECKING:
     from .model import Table
@@ -182,7 +182,12 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
         facts[path] = _typed(value, FACTS[path][0], path)
     if facts["moe.activation"] is not None and facts["moe.activation"] not in ACTIVATIONS:
         a = facts["moe.activation"]
-        raise ScenarioError(f"moe.activation: {a!r} is not an activation{did_you_mean(a, ACTIVATIONS)}; expected one of {', '.join(ACTIVATIONS)}")
+        raise ScenarioError(f"moe.activation: {a!r} is not an activation{did_you_mean(a, ACTIVATIONS)}; "
+                            f"expected one of {', '.join(ACTIVATIONS)}")
+    routing = facts["moe.routing_method"]
+    if routing is not None and routing not in ROUTING_METHODS:
+        raise ScenarioError(f"moe.routing_method: {routing!r} is not a routing method"
+                            f"{did_you_mean(routing, ROUTING_METHODS)}; expected one of {', '.join(ROUTING_METHODS)}")
     parallel = _fields(moe.get("parallel"), "moe.parallel", _PARALLEL)
     for key, value in parallel.items():
         path = "moe.parallel." + key

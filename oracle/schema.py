@@ -13,8 +13,8 @@ from .errors import Diagnostic, did_you_mean
 from .resources import schemas_dir
 from .yamlio import Located
 
-SECTIONS = ("rocm_archs", "quant_keys", "env_vars", "derived", "values", "tables", "kernel_checks", "kernels",
-            "families", "policies", "fact_defaults")
+SECTIONS = ("rocm_archs", "quant_keys", "packages", "env_vars", "derived", "values", "tables", "kernel_checks",
+            "kernels", "families", "policies", "fact_defaults")
 
 
 @cache

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import operators, registry
+from . import literals, operators, registry
 from .errors import Diagnostic, did_you_mean
 from .facts import FACTS, MESSAGE_WORDS
 from .loader import Entry, RuleSet
@@ -28,6 +28,8 @@ class Semantics:
         self.s = rs.sections
         self.problems: list[Diagnostic] = []
         self.packages_used: set[str] = set()
+        self.vocab = literals.vocabularies(self.s)
+        self.capability_facts = tuple(f for f, (kind, _) in FACTS.items() if kind == "capability")
 
     def err(self, entry: Entry, message: str, *sub: Any) -> None:
         self.problems.append(entry.diag(message, *sub))
@@ -47,6 +49,10 @@ class Semantics:
                 self.known(entry, head.what, name, self.s[head.refers_to], *where, head.key)
             if head.key == "package":
                 self.packages_used.add(name)
+                self.known(entry, "package", name, self.s["packages"], *where, "package")
+            if head.key == "fact":
+                for sub_path, message in literals.fact_leaf(node, self.vocab, self.capability_facts):
+                    self.err(entry, message, *where, *sub_path)
             if head.key == "env" and name in self.s["env_vars"]:
                 self.env_test(entry, node, self.s["env_vars"][name].data, *where)
             for test in head.tests:  # tests whose argument is another fact or value
@@ -82,18 +88,27 @@ class Semantics:
                 self.err(entry, f"unknown placeholder '{{{name}}}' in message{did_you_mean(name, allowed)}", *sub)
 
     def run(self) -> list[Diagnostic]:
+    def guarded(self, check: Callable[[Entry], None], e: Entry) -> None:
+        """Run one entry's checks; an entry the schema already rejected may have any shape: skip what breaks."""
+        try:
+            check(e)
+        except (TypeError, AttributeError, KeyError, ValueError, IndexError):
+            pass
+
         for e in self.s["derived"].values():
-            self.condition(e, e.data.get("when"), "when")
+        for e in self.s["env_vars"].values():
+            self.guarded(self.env_default, e)
+            self.guarded(lambda d: self.condition(d, d.data.get("when"), "when"), e)
         for e in self.s["values"].values():
-            self.value(e)
+            self.guarded(self.value, e)
         for e in self.s["kernel_checks"].values():
-            self.kernel_check(e)
+            self.guarded(self.kernel_check, e)
         for e in self.s["kernels"].values():
-            self.kernel(e)
+            self.guarded(self.kernel, e)
         for e in self.s["families"].values():
-            self.family(e)
+            self.guarded(self.family, e)
         for e in self.s["policies"].values():
-            self.policy(e)
+            self.guarded(self.policy, e)
         for e in self.s["fact_defaults"].values():
             self.known(e, "fact", e.name, FACTS)
         self.cycles("derived", lambda d: operators.references(d.get("when"), "derived"))
@@ -101,6 +116,11 @@ class Semantics:
         return self.problems
 
     def value(self, e: Entry) -> None:
+    def env_default(self, e: Entry) -> None:
+        found = literals.env_default_problem(e.name, e.data) if "default" in e.data else None
+        if found:
+            self.err(e, found, "default")
+
         d = e.data
         if "of" in d:
             self.operand(e, d["of"], "of")
@@ -132,7 +152,14 @@ class Semantics:
             self.known(e, "kernel", d["extends"], self.s["kernels"], "extends")
         for check in self.s["kernel_checks"].values():
             if check.data.get("field_is_condition"):
-                self.condition(e, d.get(check.data["field"]), check.data["field"])
+            field = check.data["field"]
+                self.condition(e, d.get(field), field)
+            fact = check.data.get("fact_in_field")
+            if fact in self.vocab and isinstance(d.get(field), list):
+                for i, v in enumerate(d[field]):
+                    found = literals.unknown_value(self.vocab[fact], fact, v)
+                    if found:
+                        self.err(e, found, field, i)
         schemes = d.get("quant_schemes")
         if isinstance(schemes, list):
             for i, row in enumerate(schemes):

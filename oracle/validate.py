@@ -5,7 +5,7 @@ from pathlib import Path
 
 from .api import build_table
 from .errors import Diagnostic, RuleError
-from .loader import load_profile_index
+from .loader import load_profile_index, unlisted_rule_files
 from .resources import rules_dir
 
 
@@ -22,6 +22,8 @@ def _check_profiles(root: Path, only_with: Path | None = None) -> tuple[list[Dia
             build_table(paths, name, profile.description)
         except RuleError as exc:
             problems.extend(exc.diagnostics)
+    if only_with is None:
+        problems.extend(unlisted_rule_files(index))
     return problems, files
 
 

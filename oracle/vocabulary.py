@@ -15,6 +15,10 @@ UNGATED_ACTIVATIONS = ("silu_no_mul", "gelu_no_mul", "relu2_no_mul")
 ACTIVATIONS = ("silu", "gelu", "swigluoai", "swiglustep", "silu_no_mul", "gelu_no_mul", "relu2_no_mul",
                # members vLLM 0.33's MoEActivation adds
                "situ", "gelu_tanh", "swigluoai_uninterleave", "relu2", "gelu_tanh_no_mul")
+# the scenario's moe.routing_method values (vLLM's RoutingMethodType names; the last four are 0.33's);
+# rule files may name only these (kernels' routing_methods, conditions on moe.routing_method)
+ROUTING_METHODS = ("Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "Custom", "Simulated",
+                   "Unspecified", "SigmoidRenorm", "Sigmoid", "MiniMax2", "DeepseekV4")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ def test_from_dict_reads_back_to_dict(oracle):
 
 def test_reload_swaps_the_whole_snapshot(tmp_path):
     rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "tests" / "bad_rules", rules)
+    rules.mkdir()
+    shutil.copy(ROOT / "tests" / "bad_rules" / "valid.yaml", rules)  # only listed files: a stray one is an error
     (rules / "profiles.yaml").write_text("default: p\nprofiles:\n  p: {description: 'test rules', files: [valid.yaml]}\n")
     o = Oracle(rules)
     cuda = {"policy": "pol", "platform": {"kind": "cuda", "capability": [8, 0]}}

@@ -12,6 +12,7 @@ import pytest
 from oracle.cli import main
 from oracle.facts import FACTS
 from oracle.validate import validate_paths
+from oracle.vocabulary import ACTIVATIONS, ROUTING_METHODS
 
 BAD = Path(__file__).parent / "bad_rules"
 
@@ -43,6 +44,25 @@ EXPECTED = {
     "unknown_placeholder": "27:7: unknown placeholder '{reasn}' in message (did you mean 'reason'?)",
     "unknown_quant_key": "17:10: unknown quantization key 'kMxfp4Statc' (did you mean 'kMxfp4Static'?)",
     "yaml_syntax_error": "16:18: YAML syntax error: did not find expected ',' or ']'",
+    # closed vocabularies: the values a scenario could give the fact (declared once, shared with the scenario side)
+    "unknown_package": "14:54: unknown package 'triton_kernel' (did you mean 'triton_kernels'?)",
+    "unknown_activation": "15:19: unknown activation 'swiglu' (did you mean 'swigluoai'?); moe.activation is one of "
+                          + ", ".join(ACTIVATIONS),
+    "unknown_rocm_arch": "14:52: unknown ROCm arch 'gfx905' (did you mean 'gfx950'?); platform.gcn_arch is one of "
+                         "gfx942, gfx950",
+    "unknown_routing_method": "16:23: unknown routing method 'Renormalise' (did you mean 'Renormalize'?); "
+                              "moe.routing_method is one of " + ", ".join(ROUTING_METHODS),
+    # capabilities are 'major.minor' strings: anything else would crash at compile time or never compare
+    "capability_not_major_minor": "14:41: capability 'sm_90' in 'eq' is not 'major.minor' (did you mean \"9.0\"?); "
+                                  "write a quoted string such as \"9.0\" or \"10.0\"",
+    "capability_major_only": "14:53: capability '9' in 'in' is not 'major.minor' (did you mean \"9.0\"?); "
+                             "write a quoted string such as \"9.0\" or \"10.0\"",
+    "capability_word": "14:41: capability 'ten' in 'ne' is not 'major.minor'; write a quoted string such as \"9.0\" "
+                       "or \"10.0\"",
+    "env_default_unparsable": "6:5: default 'no' of VLLM_FORCE_TRITON is not a value int_bool can produce "
+                              "(it parses to true or false); write default: false",
+    "runner_attribute_missing": "25:81: runner 'backends.emulation:moe_forwrd': module 'backends.emulation' defines "
+                                "no top-level 'moe_forwrd' (did you mean 'moe_forward'?); define it or fix the path",
 }
 
 
@@ -121,8 +141,15 @@ def test_profiles_extend_profiles_and_override_only_on_purpose(tmp_path):
     assert [f"{Path(d.file).name}:{d.line}:{d.col}: {d.message}" for d in problems] == [
         "stray.yaml:3:5: kernels 'NoSuchKernel' overrides nothing: no earlier file of this profile defines it; "
         "remove 'override: true'"]
-    from oracle import Oracle
+    from oracle import Oracle, RuleError
 
+    with pytest.raises(RuleError, match="overrides nothing"):  # a broken profile fails the Oracle at construction
+        Oracle(tmp_path)
+    (tmp_path / "profiles.yaml").write_text(
+        "default: parent\nprofiles:\n"
+        "  parent: {description: 'base', files: [a.yaml]}\n"
+        "  child: {description: 'differences only', extends: parent, files: [child.yaml]}\n")
+    (tmp_path / "stray.yaml").unlink()
     o = Oracle(tmp_path)
     cuda = {"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]}}
     assert o.select(cuda).backend == "TRITON" and o.select({**cuda, "profile": "child"}).outcome == "unsupported"

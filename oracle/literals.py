@@ -1,0 +1,107 @@
+"""Rule literals checked against the vocabularies the scenario side uses, so a typo is an error, never a silent false.
+
+`{fact: moe.activation, eq: swiglu}` or `activations: [swiglu]` would simply never match; a
+capability written `"sm_90"` would crash at compile time; `default: "no"` for an int_bool variable
+is a value its parser can never produce. The vocabularies are the scenario's own (declared once):
+activations and routing methods in oracle.vocabulary, platform kinds in oracle.facts, ROCm archs,
+quantization keys and packages in the rules' own sections.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .errors import did_you_mean
+from .facts import PLATFORM_KINDS
+from .vocabulary import ACTIVATIONS, ROUTING_METHODS
+
+CAPABILITY = re.compile(r"^[0-9]+\.[0-9]+$")
+_EQUALITY = ("eq", "ne", "in", "not_in")
+_ORDER = ("ge", "gt", "le", "lt")
+
+
+def vocabularies(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """fact -> (what its values are called, the values a scenario may give it)."""
+    keys = ("quantization key", tuple(sections["quant_keys"]))
+    return {"moe.activation": ("activation", ACTIVATIONS),
+            "moe.routing_method": ("routing method", ROUTING_METHODS),
+            "platform.kind": ("platform kind", PLATFORM_KINDS),
+            "platform.gcn_arch": ("ROCm arch", tuple(sections["rocm_archs"])),
+            "moe.weight_key": keys, "moe.activation_key": keys, "moe.user_activation_key": keys,
+            "scheme.weight_key": keys, "scheme.activation_key": keys}
+
+
+def unknown_value(vocab: tuple[str, tuple[str, ...]], fact: str, value: Any) -> str | None:
+    """The message for a value outside `fact`'s vocabulary, or None (null never is: it means 'not given')."""
+    what, known = vocab
+    if value is None or value in known:
+        return None
+    return f"unknown {what} '{value}'{did_you_mean(value, known)}; {fact} is one of {', '.join(known)}"
+
+
+def capability_problem(test: str, value: Any) -> str | None:
+    """A capability literal must be the string 'major.minor' (numbers and 'sm_90' never compare as meant)."""
+    if isinstance(value, str) and CAPABILITY.match(value):
+        return None
+    if test in _ORDER and isinstance(value, str):
+        return None  # the schema's pattern already reports a malformed string here
+    hint = f" (did you mean \"{_guess(value)}\"?)" if _guess(value) else ""
+    return (f"capability {value!r} in '{test}' is not 'major.minor'{hint}; write a quoted string such as \"9.0\" "
+            "or \"10.0\"")
+
+
+def _guess(value: Any) -> str:
+    """'sm_90' -> '9.0', '9' -> '9.0', 100 -> '10.0', 9.0 -> '9.0'; '' when no digits."""
+    digits = re.sub(r"[^0-9.]", "", str(value))
+    if CAPABILITY.match(digits):
+        return digits
+    if digits.isdigit():
+        return f"{digits[:-1]}.{digits[-1]}" if len(digits) > 1 else f"{digits}.0"
+    return ""
+
+
+def fact_leaf(node: dict[str, Any], vocab: Mapping[str, tuple[str, tuple[str, ...]]],
+              capability_facts: tuple[str, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(path below the leaf, message) for every literal of a `{fact: ...}` leaf its fact can never take."""
+    fact = str(node.get("fact"))
+    for test in (*_EQUALITY, *_ORDER):
+        if test not in node:
+            continue
+        raw = node[test]
+        values = list(enumerate(raw)) if isinstance(raw, list) else [(None, raw)]
+        for i, value in values:
+            where = (test,) if i is None else (test, i)
+            if fact in capability_facts:
+                found = capability_problem(test, value)
+            elif fact in vocab and test in _EQUALITY:
+                found = unknown_value(vocab[fact], fact, value)
+            else:
+                found = None
+            if found:
+                yield where, found
+
+
+_BOOL_PARSERS = ("int_bool", "true_or_1", "true_or_1_stripped")
+_FALSY = ("0", "no", "false", "off", "n", "f")
+
+
+def env_default_problem(name: str, spec: Mapping[str, Any]) -> str | None:
+    """Why `default` is not a value the variable's parser can produce (what reading it would give), or None."""
+    parse, default = spec.get("parse"), spec.get("default")
+    if parse in _BOOL_PARSERS:
+        if default is None or isinstance(default, bool):  # null: a tri-state variable, None while unset
+            return None
+        guess = "false" if str(default).strip().lower() in _FALSY else "true"
+        return (f"default {default!r} of {name} is not a value {parse} can produce (it parses to true or false); "
+                f"write default: {guess}")
+    if parse == "choice":
+        choices = spec.get("choices") or []
+        if default is None or default in choices:
+            return None
+        return (f"default {default!r} of {name} is not one of its choices{did_you_mean(default, choices)}; "
+                f"choose one of {', '.join(map(str, choices))}")
+    if parse == "lower" and default is not None and (not isinstance(default, str) or default != default.lower()):
+        return (f"default {default!r} of {name} is not what 'lower' produces (a lower-case string); "
+                f"write {str(default).lower()!r}")
+    return None
