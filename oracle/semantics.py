@@ -87,7 +87,6 @@ class Semantics:
             if name not in allowed:
                 self.err(entry, f"unknown placeholder '{{{name}}}' in message{did_you_mean(name, allowed)}", *sub)
 
-    def run(self) -> list[Diagnostic]:
     def guarded(self, check: Callable[[Entry], None], e: Entry) -> None:
         """Run one entry's checks; an entry the schema already rejected may have any shape: skip what breaks."""
         try:
@@ -95,9 +94,10 @@ class Semantics:
         except (TypeError, AttributeError, KeyError, ValueError, IndexError):
             pass
 
-        for e in self.s["derived"].values():
+    def run(self) -> list[Diagnostic]:
         for e in self.s["env_vars"].values():
             self.guarded(self.env_default, e)
+        for e in self.s["derived"].values():
             self.guarded(lambda d: self.condition(d, d.data.get("when"), "when"), e)
         for e in self.s["values"].values():
             self.guarded(self.value, e)
@@ -115,12 +115,12 @@ class Semantics:
         self.cycles("kernels", lambda d: [d["extends"]] if "extends" in d else [])
         return self.problems
 
-    def value(self, e: Entry) -> None:
     def env_default(self, e: Entry) -> None:
         found = literals.env_default_problem(e.name, e.data) if "default" in e.data else None
         if found:
             self.err(e, found, "default")
 
+    def value(self, e: Entry) -> None:
         d = e.data
         if "of" in d:
             self.operand(e, d["of"], "of")
@@ -151,8 +151,8 @@ class Semantics:
         if "extends" in d:
             self.known(e, "kernel", d["extends"], self.s["kernels"], "extends")
         for check in self.s["kernel_checks"].values():
-            if check.data.get("field_is_condition"):
             field = check.data["field"]
+            if check.data.get("field_is_condition"):
                 self.condition(e, d.get(field), field)
             fact = check.data.get("fact_in_field")
             if fact in self.vocab and isinstance(d.get(field), list):
