@@ -78,6 +78,7 @@ class Generation:
     # (scenario, override) -> answer: layers that share an override share one computation and one audit line
     decided: dict[tuple[Scenario, Override | None], Decision] = field(default_factory=dict)
     packages: dict[str | None, dict[str, bool]] = field(default_factory=dict)  # profile -> detected packages
+    prepared: dict[Any, Scenario] = field(default_factory=dict)  # frozen dict question -> its Scenario
 
     @cached_property
     def rules(self) -> dict[str, Any]:
@@ -88,6 +89,31 @@ class Generation:
 def _digest(path: Path) -> str:
     with open(path, "rb") as fh:
         return hashlib.sha256(fh.read()).hexdigest()
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable copy of a JSON-like question (dicts as sorted item tuples), or None when it has other types:
+    repeated dict questions then skip validation (the Scenario it gave is reused within the generation)."""
+    if isinstance(value, Mapping):
+        try:
+            items = sorted(value.items())
+        except TypeError:
+            return None
+        out = []
+        for k, v in items:
+            fv = _freeze(v)
+            if fv is None and v is not None:
+                return None
+            out.append((k, fv))
+        return (dict, tuple(out))
+    if isinstance(value, (list, tuple)):
+        parts = [_freeze(v) for v in value]
+        if any(f is None and v is not None for f, v in zip(parts, value, strict=True)):
+            return None
+        return (list, tuple(parts))
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return (type(value), value)  # the type keeps 1, 1.0 and True apart: validation treats them differently
+    return None
 
 
 def _index_files(index: ProfileIndex) -> list[Path]:
@@ -185,10 +211,18 @@ class RuleStore:
         if isinstance(question, Scenario):
             sc = question
         else:
-            try:
-                sc = self._prepare(gen, question)
-            except OracleError as exc:
-                return error_decision(str(exc))
+            frozen = _freeze(question)
+            found_sc = gen.prepared.get(frozen) if frozen is not None else None
+            if found_sc is None:
+                try:
+                    found_sc = self._prepare(gen, question)
+                except OracleError as exc:
+                    return error_decision(str(exc))
+                if frozen is not None:
+                    if len(gen.prepared) >= CACHE_SIZE:
+                        gen.prepared.clear()
+                    gen.prepared[frozen] = found_sc
+            sc = found_sc
         found = gen.answers.get((sc, model, layer, role))
         if found is not None:
             return found

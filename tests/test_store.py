@@ -219,3 +219,17 @@ def test_default_store_is_one_per_process(monkeypatch):
     assert store_module.default_store(platform=SM90, packages={}, env={}, plugins=False) is first
     with pytest.raises(ValueError, match="already exists with other options"):
         store_module.default_store(platform={"kind": "cpu"})
+
+
+def test_a_repeated_dict_question_is_validated_once_per_generation(store, rules, monkeypatch):
+    calls = []
+    real = store.generation.oracle.prepare
+    monkeypatch.setattr(store.generation.oracle, "prepare", lambda q: calls.append(q) or real(q))
+    for _ in range(5):
+        assert store.select(dict(QUESTION)).backend == EXPECTED["A"]
+    assert len(calls) == 1
+    # True and 1 are different questions (validation treats them differently): not one cache entry
+    bad = store.select({**QUESTION, "moe": {"lora": 1}})
+    assert bad.outcome == "error" and store.select({**QUESTION, "moe": {"lora": True}}).outcome != "error"
+    write(rules / "policy.yaml", VERSION_B)
+    assert store.poll().ok and store.select(dict(QUESTION)).backend == EXPECTED["B"]
