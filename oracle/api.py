@@ -74,11 +74,14 @@ class Oracle:
 
     CACHE_SIZE = 4096
 
-    def __init__(self, rules: str | Path | None = None, index: ProfileIndex | None = None):
+    def __init__(self, rules: str | Path | None = None, index: ProfileIndex | None = None,
+                 files: FileCache | None = None):
         """`index`: a profile index built elsewhere (oracle.plugins adds plugin files to profiles); reload()
-        reads `rules` again."""
+        reads `rules` again. `files`: parsed rule files to reuse (oracle.store passes those whose content
+        did not change since the previous version)."""
         self.root = Path(rules) if rules is not None else rules_dir()
-        self._snapshot = self._checked(Snapshot(index if index is not None else load_profile_index(self.root)))
+        self._snapshot = self._checked(Snapshot(index if index is not None else load_profile_index(self.root),
+                                                files={} if files is None else files))
         self._lock = threading.Lock()
 
     @staticmethod

@@ -116,6 +116,18 @@ def _freeze(value: Any) -> Any:
     return None
 
 
+def _unchanged_files(previous: Generation | None, hashes: Mapping[Path, str]) -> FileCache:
+    """The parsed files of `previous` whose content hash is the same now."""
+    if previous is None:
+        return {}
+    out: FileCache = {}
+    for key, doc in previous.oracle.snapshot.files.items():
+        path = Path(key[0])
+        if path in previous.hashes and previous.hashes[path] == hashes.get(path):
+            out[key] = doc
+    return out
+
+
 def _index_files(index: ProfileIndex) -> list[Path]:
     """profiles.yaml of the root and of every directory it extends, then every rule file of every profile."""
     out: list[Path] = []
@@ -165,7 +177,7 @@ class RuleStore:
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
         self._options: dict[str, Any] = {}  # what default_store() was called with
-        self._generation = self._build(1, ())
+        self._generation = self._build(1, (), None)
 
     # ------------------------------------------------------------------ questions
     @property
@@ -250,14 +262,17 @@ class RuleStore:
         return decision
 
     # ------------------------------------------------------------------ loading
-    def _build(self, number: int, keep_profiles: Iterable[str]) -> Generation:
-        """A complete generation: index (+ plugins), every profile in use compiled, overrides cross-checked."""
+    def _build(self, number: int, keep_profiles: Iterable[str], previous: Generation | None) -> Generation:
+        """A complete generation: index (+ plugins), every profile in use compiled, overrides cross-checked.
+
+        Parsed rule files of `previous` are reused where the file's sha256 did not change (only the edited
+        files are parsed again; mtime and size alone could miss an edit)."""
         started = time.time()
         for _ in range(3):  # a file changed while it was read: read everything again
             index = load_profile_index(self.root)
             files = _index_files(index)
             before = {p: _digest(p) for p in files}
-            cache: FileCache = {}
+            cache: FileCache = _unchanged_files(previous, before)
             wanted = [n for n in dict.fromkeys([index.default, *self._profiles, *keep_profiles]) if n in index.profiles]
             plugins: list[Plugin] = []
             if self.use_plugins and registry.plugin_entry_points():
@@ -269,7 +284,7 @@ class RuleStore:
                     files.append(plugin.manifest)
                     for paths in plugin.files.values():
                         files.extend(paths)
-            oracle = Oracle(self.root, index=index)
+            oracle = Oracle(self.root, index=index, files=cache)
             for name in wanted:
                 oracle.table(name)  # compiled, so validated, before anyone can see it
             overrides = None
@@ -312,7 +327,7 @@ class RuleStore:
         old = self._generation
         started = time.perf_counter()
         try:
-            fresh = self._build(old.number + 1, old.oracle.snapshot.tables)
+            fresh = self._build(old.number + 1, old.oracle.snapshot.tables, old)
         except RuleError as exc:
             return self._failed(old, str(exc), tuple(exc.diagnostics), started)
         except (OracleError, OSError) as exc:

@@ -233,3 +233,20 @@ def test_a_repeated_dict_question_is_validated_once_per_generation(store, rules,
     assert bad.outcome == "error" and store.select({**QUESTION, "moe": {"lora": True}}).outcome != "error"
     write(rules / "policy.yaml", VERSION_B)
     assert store.poll().ok and store.select(dict(QUESTION)).backend == EXPECTED["B"]
+
+
+def test_an_edit_with_the_same_size_and_mtime_is_still_seen_and_parsed_again(store, rules):
+    """Parsed files are reused across reloads only when their sha256 is unchanged, never by mtime and size."""
+    import os
+
+    path = rules / "policy.yaml"
+    st = path.stat()
+    assert len(VERSION_A) == len(VERSION_B)
+    path.write_text(VERSION_B)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # as a coarse-timestamp filesystem would leave it
+    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
+    result = store.poll()
+    assert result is not None and result.ok
+    assert store.select(QUESTION).backend == EXPECTED["B"]
+    reused = [key for key in store.generation.oracle.snapshot.files if key[0].endswith("common/mxfp4.yaml")]
+    assert reused, "unchanged shipped files are reused, not parsed again"
