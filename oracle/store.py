@@ -15,7 +15,7 @@ A reload that fails keeps the previous generation, logs the error once (every pr
 file:line:col, logger `moe_oracle`) and returns it in the ReloadResult.
 
 Change detection polls: it hashes the content of every file the generation was loaded from
-(profiles.yaml, rule files, plugin fragments and manifests, the overrides file), ~0.3 ms for the
+(profiles.yaml, rule files, plugin fragments and manifests, the overrides file), ~0.5 ms for the
 shipped rules. Why polling, not inotify: it is stdlib-only and portable (macOS, NFS, container
 bind mounts, Kubernetes ConfigMaps, whose atomic `..data` symlink swap inotify watches on the
 files miss), content hashes catch same-size edits within one mtime tick, and a server changes
