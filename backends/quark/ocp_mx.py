@@ -1,0 +1,332 @@
+"""`QuarkOCPMXMoE`: the lifecycle of vLLM's `QuarkOCP_MX_MoEMethod`, driven by the oracle's `ocp-mx` policy.
+
+    quant_config (Quark layer config) + (E, H, I) + platform ─oracle(profile, policy ocp-mx)─> Decision
+      (scheme, emulate, static_input_scales, backend, rounded sizes; the seed's errors are its answers)
+    create ─> zero parameters of the scheme at the rounded sizes      load_weights ─> checkpoint tensors placed
+    process_weights_after_loading ─> static input scales (max over experts, fnuz ×2), then the backend:
+      converter named (e.g. TRITON_MOE)  -> backends.layer.MoELayer's machinery (convert once, bind the runner)
+      converter null (EMULATION)         -> the checkpoint layout kept, dequantized on every forward
+    forward(x, router_logits) ─> y [T, H]
+
+Which scheme, whether it emulates and which backend runs are the rules' answers; this module only maps
+a scheme name to the weight format and activation fake-quantization it implies (`scheme_formats`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from backends import formats
+from backends.emulation import GATED_ACTIVATIONS, moe_forward
+from backends.layer import (
+    LayerUnavailableError,
+    MoELayer,
+    _detect_platform,
+    _require_runnable,
+    _resolve,
+    _select,
+)
+from backends.weights import MoEWeights
+from oracle import OracleError, default_oracle
+from oracle.log import LOGGER_NAME
+from oracle.platform import detect_packages, env_snapshot
+
+__all__ = ["DEFAULT_PROFILE", "QuarkOCPMXMoE", "normalize_e4m3fn_to_e4m3fnuz", "scheme_formats"]
+
+logger = logging.getLogger(LOGGER_NAME)
+
+#: the seed's (vLLM 0.20.0) Quark OCP-MX order: emulate decided before the backend
+DEFAULT_PROFILE = "vllm-0.20"
+POLICY = "ocp-mx"
+#: Quark layer-config keys the rules read (scenario `quark.weight` / `quark.input`); others (observer, round
+#: method, ch_axis, ...) do not change the selection and are ignored
+_WEIGHT_KEYS = ("dtype", "qscheme", "group_size", "scale_format")
+_INPUT_KEYS = ("dtype", "is_dynamic", "qscheme", "group_size", "scale_format", "symmetric")
+#: ROCm architectures whose FP8 is e4m3fnuz (vLLM `is_fp8_fnuz`: MI300 family)
+FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: outcome of the decision -> the exception vLLM raises for it in QuarkOCP_MX_MoEMethod.__init__
+_OUTCOME_ERRORS = {"invalid": ValueError, "unsupported": NotImplementedError, "error": ValueError}
+
+
+def _fail(kind, message: str):
+    raise kind(f"QuarkOCPMXMoE: {message}")
+
+
+def scheme_formats(scheme: str) -> tuple[str, str | None]:
+    """(weight format of backends.emulation, activation_scheme of formats.qdq_activation) of an OCP_MX_Scheme name.
+
+    ``w_mxfp4_a_fp8`` -> ("mxfp4", "fp8") (fp8 inputs are emulated as MXFP8, as vLLM 0.20 does);
+    ``w_mxfp6_e3m2`` -> ("mxfp6_e3m2", None).
+    """
+    if not isinstance(scheme, str) or not scheme.startswith("w_"):
+        _fail(ValueError, f"scheme={scheme!r} is not an OCP_MX_Scheme name (w_<weight>[_a_<input>])")
+    weight, _, act = scheme[2:].partition("_a_")
+    act_scheme = act or None
+    if weight not in ("mxfp4", "mxfp6_e3m2", "mxfp6_e2m3") or act_scheme not in formats.ACTIVATION_SCHEMES:
+        _fail(ValueError, f"scheme={scheme!r}: weight {weight!r} / input {act_scheme!r} has no emulation here")
+    return weight, act_scheme
+
+
+def _packed_cols(weight_format: str, k: int) -> int:
+    """Bytes of one stored row of k elements: K/2 for MXFP4, 3K/4 for MXFP6 (4 values in 3 bytes)."""
+    return k // 2 if weight_format == "mxfp4" else k * 3 // 4
+
+
+def normalize_e4m3fn_to_e4m3fnuz(values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3fn codes and their dequantization scale as e4m3fnuz (bias 8): same bits, scale ×2; -0 (0x80,
+    NaN in fnuz) becomes +0. value_fnuz * scale_fnuz == value_fn * scale for every finite code."""
+    if not isinstance(values, torch.Tensor) or values.dtype != torch.float8_e4m3fn:
+        _fail(TypeError, f"values must be a torch.float8_e4m3fn tensor, got "
+              f"{values.dtype if isinstance(values, torch.Tensor) else type(values).__name__}")
+    bits = values.view(torch.int8).clone()
+    bits[bits == -128] = 0
+    return bits.view(torch.float8_e4m3fnuz), scale * 2.0
+
+
+class QuarkOCPMXMoE:
+    """One Quark OCP-MX MoE layer; build it with `create`, then `load_weights`, `process_weights_after_loading`."""
+
+    def __init__(self, *, decision, scenario: dict, num_experts: int, hidden_size: int, intermediate_size: int,
+                 top_k: int, activation: str, gate_up: str, has_bias: bool, renormalize: bool,
+                 swiglu: Mapping[str, float], device: torch.device, oracle):
+        self.decision, self.scenario = decision, scenario
+        self.scheme = decision.extras["ocp_mx_scheme"]
+        self.emulate = bool(decision.extras.get("emulate"))
+        self.static_input_scales = bool(decision.extras.get("static_input_scales"))
+        self.weight_format, self.activation_scheme = scheme_formats(self.scheme)
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.padded_hidden_size = decision.hidden_size or hidden_size
+        self.padded_intermediate_size = decision.intermediate_size or intermediate_size
+        self.top_k, self.activation, self.gate_up, self.renormalize = top_k, activation, gate_up, renormalize
+        self.swiglu = dict(swiglu)
+        self.device = device
+        self._oracle = oracle
+        self.params: dict[str, torch.Tensor] = {
+            name: torch.zeros(shape, dtype=dtype, device=device) for name, (shape, dtype) in self.param_specs(
+                has_bias).items()}
+        if self.static_input_scales:  # vLLM creates them as ones; a checkpoint must overwrite them
+            for name in ("w13_input_scale", "w2_input_scale"):
+                self.params[name].fill_(1.0)
+        self._loaded: set[str] = set()
+        self._kernel_layer: MoELayer | None = None
+        self._processed = False
+
+    # ------------------------------------------------------------------ parameters from the scheme
+    @classmethod
+    def create(cls, quant_config: Mapping[str, Any], num_experts: int, hidden_size: int, intermediate_size: int, *,
+               top_k: int, activation: str = "silu", gate_up: str = "contiguous", has_bias: bool = False,
+               renormalize: bool = True, profile: str = DEFAULT_PROFILE, platform: Mapping[str, Any] | None = None,
+               packages: Mapping[str, bool] | None = None, env: Mapping[str, str] | None = None,
+               device: Any = "cpu", swiglu_alpha: float = 1.702, swiglu_beta: float = 1.0,
+               swiglu_limit: float = 7.0, oracle=None) -> QuarkOCPMXMoE:
+        """Ask the oracle (policy ocp-mx) and allocate the scheme's parameters at its rounded sizes.
+
+        quant_config: the Quark layer config: {"weight": {"dtype": "fp4", "qscheme": "per_group", ...},
+        "input_tensors": {"dtype": "fp8_e4m3", "is_dynamic": False, ...} or None}.
+        gate_up: row order of w13 ("contiguous" [w1; w3], or "interleaved" as gpt-oss).
+        The seed's errors: ValueError for a non per-group weight qscheme or an unknown dtype pair,
+        NotImplementedError for an unusable input dtype or static/dynamic input-scale combination.
+        """
+        sizes = {"num_experts": num_experts, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+                 "top_k": top_k}
+        for name, value in sizes.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                _fail(ValueError, f"{name}={value!r} must be a positive int")
+        for name in ("hidden_size", "intermediate_size"):
+            if sizes[name] % formats.MX_BLOCK_SIZE:
+                _fail(ValueError, f"{name}={sizes[name]} must be a multiple of {formats.MX_BLOCK_SIZE} (one E8M0 "
+                      f"scale per 32 elements along K); pad the checkpoint")
+        if top_k > num_experts:
+            _fail(ValueError, f"top_k={top_k} must be <= num_experts={num_experts}")
+        if activation not in GATED_ACTIVATIONS:
+            _fail(ValueError, f"activation={activation!r} must be one of {GATED_ACTIVATIONS} (gated experts)")
+        if gate_up not in ("contiguous", "interleaved"):
+            _fail(ValueError, f"gate_up={gate_up!r} must be 'contiguous' ([w1; w3]) or 'interleaved' (gpt-oss)")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            _fail(ValueError, f"device={device!r} is not a torch device ({exc}); pass e.g. 'cpu' or 'cuda:0'")
+        if platform is None:
+            platform = _detect_platform(device)
+        elif not isinstance(platform, Mapping):
+            _fail(TypeError, f"platform={platform!r} must be a scenario platform mapping, e.g. {{'kind': 'cpu'}}")
+        oracle = default_oracle() if oracle is None else oracle
+        question = _question(oracle, quant_config, profile=profile, platform=platform, packages=packages, env=env,
+                             num_experts=num_experts, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                             top_k=top_k, activation=activation, has_bias=has_bias, renormalize=renormalize)
+        decision = _select(oracle, question)
+        if decision.outcome in _OUTCOME_ERRORS:
+            _fail(_OUTCOME_ERRORS[decision.outcome], f"{decision.error} (profile {profile}, decided at "
+                  f"{decision.decided_by.at if decision.decided_by else '?'})")
+        swiglu = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
+        return cls(decision=decision, scenario=question, num_experts=num_experts, hidden_size=hidden_size,
+                   intermediate_size=intermediate_size, top_k=top_k, activation=activation, gate_up=gate_up,
+                   has_bias=has_bias, renormalize=renormalize, swiglu=swiglu, device=device, oracle=oracle)
+
+    def param_specs(self, has_bias: bool) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """name -> (shape, dtype) of every parameter at the decision's rounded sizes (vLLM's names)."""
+        e, h, i, fmt = self.num_experts, self.padded_hidden_size, self.padded_intermediate_size, self.weight_format
+        block = formats.MX_BLOCK_SIZE
+        specs = {"w13_weight": ((e, 2 * i, _packed_cols(fmt, h)), torch.uint8),
+                 "w13_weight_scale": ((e, 2 * i, h // block), torch.uint8),
+                 "w2_weight": ((e, h, _packed_cols(fmt, i)), torch.uint8),
+                 "w2_weight_scale": ((e, h, i // block), torch.uint8)}
+        if has_bias:
+            specs.update(w13_bias=((e, 2 * i), torch.float32), w2_bias=((e, h), torch.float32))
+        if self.static_input_scales:
+            specs.update(w13_input_scale=((e,), torch.float32), w2_input_scale=((e,), torch.float32))
+        return specs
+
+    # ------------------------------------------------------------------ loading
+    def _checkpoint_shape(self, name: str) -> tuple[int, ...]:
+        e, h, i, fmt = self.num_experts, self.hidden_size, self.intermediate_size, self.weight_format
+        block = formats.MX_BLOCK_SIZE
+        return {"w13_weight": (e, 2 * i, _packed_cols(fmt, h)), "w13_weight_scale": (e, 2 * i, h // block),
+                "w2_weight": (e, h, _packed_cols(fmt, i)), "w2_weight_scale": (e, h, i // block),
+                "w13_bias": (e, 2 * i), "w2_bias": (e, h), "w13_input_scale": (e,), "w2_input_scale": (e,)}[name]
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy unpadded checkpoint tensors (vLLM names, w13 rows in `gate_up` order) into the padded parameters."""
+        if self._processed:
+            _fail(RuntimeError, "load_weights after process_weights_after_loading; create a new layer")
+        for name, value in tensors.items():
+            if name not in self.params:
+                _fail(KeyError, f"{name!r} is not a parameter of scheme {self.scheme} here; expected one of "
+                      f"{sorted(self.params)}")
+            param = self.params[name]
+            shape = self._checkpoint_shape(name)
+            if not isinstance(value, torch.Tensor) or value.dtype != param.dtype or tuple(value.shape) != shape:
+                got = (f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                       else type(value).__name__)
+                _fail(ValueError, f"{name} must be {param.dtype} of shape {shape} (the checkpoint's unpadded "
+                      f"E={self.num_experts}, H={self.hidden_size}, I={self.intermediate_size}), got {got}")
+            value = value.to(self.device)
+            if name.startswith("w13") and value.dim() >= 2 and self.gate_up == "contiguous":
+                inter, padded = self.intermediate_size, self.padded_intermediate_size
+                param[:, :inter, :value.shape[2]] = value[:, :inter]  # w1 (gate)
+                param[:, padded:padded + inter, :value.shape[2]] = value[:, inter:]  # w3 (up)
+            elif value.dim() == 3:
+                param[:, :value.shape[1], :value.shape[2]] = value
+            elif value.dim() == 2:
+                param[:, :value.shape[1]] = value
+            else:
+                param.copy_(value)
+            self._loaded.add(name)
+
+    # ------------------------------------------------------------------ post-processing
+    def process_weights_after_loading(self) -> None:
+        """Static input scales -> one max over experts (fnuz: ×2); then the backend's converter, or none."""
+        if self._processed:
+            return
+        if self.static_input_scales:
+            self._reduce_static_input_scales()
+        _require_runnable(self._oracle, self.decision, self.scenario)
+        if self.decision.converter is not None:
+            self._kernel_layer = self._kernel_layer_from_decision()
+        self._processed = True
+
+    def _reduce_static_input_scales(self) -> None:
+        fnuz = (self.scenario["platform"].get("kind") == "rocm"
+                and self.scenario["platform"].get("gcn_arch") in FNUZ_ARCHS)
+        for name in ("w13_input_scale", "w2_input_scale"):
+            if name not in self._loaded:
+                _fail(ValueError, f"QuantConfig has static quantization, but found activation scales are None: "
+                      f"{name} was not loaded; load the checkpoint's per-expert input scales with load_weights")
+            scales = self.params[name]
+            if not torch.all(scales == scales[0]):
+                logger.warning("%s: the static input scales differ across experts (min %g, max %g); using their max "
+                               "for all experts", name, scales.min().item(), scales.max().item())
+            reduced = scales.max()
+            if fnuz:  # the values an FP8 kernel will see are e4m3fnuz: same bits, half the value
+                reduced = reduced * 2.0
+            self.params[name] = reduced
+
+    def _kernel_layer_from_decision(self) -> MoELayer:
+        """A MoELayer over the padded MXFP4 parameters for a backend with a converter (e.g. TRITON_MOE)."""
+        d = self.decision
+        if self.weight_format != "mxfp4":
+            _fail(LayerUnavailableError, f"{d.backend} was selected for {self.scheme}, but converters take MXFP4 "
+                  f"weights only")
+        p = self.params
+        weights = MoEWeights(format="mxfp4", w13=p["w13_weight"], w13_scale=p["w13_weight_scale"], w2=p["w2_weight"],
+                             w2_scale=p["w2_weight_scale"], gate_up=self.gate_up, w13_bias=p.get("w13_bias"),
+                             w2_bias=p.get("w2_bias"))
+        runner = _resolve(d.runner, "runner", d)
+        kernel_weights = _resolve(d.converter, "converter", d).convert(
+            weights, hidden_size=weights.H, intermediate_size=weights.I)
+        return MoELayer(decision=d, scenario=self.scenario, weights=weights, kernel_weights=kernel_weights,
+                        runner=runner, top_k=self.top_k, renormalize=self.renormalize, activation=self.activation,
+                        swiglu=self.swiglu, deterministic=False, device=weights.w13.device)
+
+    # ------------------------------------------------------------------ apply
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None, *,
+                topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """y [T, H] in x.dtype; route with router_logits [T, E] or topk_ids + topk_weights [T, top_k]."""
+        if not self._processed:
+            _fail(RuntimeError, "call process_weights_after_loading() before forward")
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            _fail(ValueError, f"x must be a tensor of shape (T, {self.hidden_size}), got {got}; flatten batch dims "
+                  f"with x.reshape(-1, {self.hidden_size})")
+        if x.dtype not in _ACTIVATION_DTYPES:
+            _fail(TypeError, f"x.dtype={x.dtype} must be one of {_ACTIVATION_DTYPES}; convert with "
+                  f"x.to(torch.bfloat16)")
+        if x.device != self.device:
+            _fail(ValueError, f"x is on {x.device} but the layer is on {self.device}; move it with "
+                  f"x.to('{self.device}')")
+        pad = self.padded_hidden_size - self.hidden_size
+        xp = F.pad(x, (0, pad)) if pad else x
+        if self._kernel_layer is not None:
+            y = self._kernel_layer.forward(xp, router_logits, topk_ids=topk_ids, topk_weights=topk_weights)
+        else:
+            p = self.params
+            y = moe_forward(xp, w13=p["w13_weight"], w13_scale=p["w13_weight_scale"], w2=p["w2_weight"],
+                            w2_scale=p["w2_weight_scale"], w13_bias=p.get("w13_bias"), w2_bias=p.get("w2_bias"),
+                            router_logits=router_logits, topk_ids=topk_ids, topk_weights=topk_weights,
+                            top_k=self.top_k, renormalize=self.renormalize, format=self.weight_format,
+                            activation=self.activation, gate_up_layout=self.gate_up,
+                            activation_scheme=self.activation_scheme, **self.swiglu)
+        return y[:, :self.hidden_size].contiguous() if pad else y
+
+    __call__ = forward
+
+    def __repr__(self) -> str:
+        d = self.decision
+        return (f"<QuarkOCPMXMoE {self.scheme} E={self.num_experts} H {self.hidden_size}->{self.padded_hidden_size} "
+                f"I {self.intermediate_size}->{self.padded_intermediate_size}: profile {d.profile} -> {d.backend} "
+                f"(emulate={self.emulate}, static_input_scales={self.static_input_scales})>")
+
+
+def _question(oracle, quant_config, *, profile, platform, packages, env, num_experts, hidden_size, intermediate_size,
+              top_k, activation, has_bias, renormalize) -> dict:
+    """The scenario of this layer: the moe block and the Quark config as the `ocp-mx` policy reads it."""
+    if not isinstance(quant_config, Mapping) or not isinstance(quant_config.get("weight"), Mapping):
+        _fail(TypeError, f"quant_config must be a Quark layer config mapping with a 'weight' mapping (and "
+              f"'input_tensors' or None), got {quant_config!r}")
+    inputs = quant_config.get("input_tensors")
+    if inputs is not None and not isinstance(inputs, Mapping):
+        _fail(TypeError, f"quant_config['input_tensors'] must be a mapping or None, got {inputs!r}")
+    quark = {"weight": {k: quant_config["weight"][k] for k in _WEIGHT_KEYS if k in quant_config["weight"]},
+             "input": {k: inputs[k] for k in _INPUT_KEYS if k in inputs} if inputs else {}}
+    if not isinstance(profile, str):
+        _fail(TypeError, f"profile={profile!r} must be a profile name; known: {', '.join(oracle.profiles())}")
+    try:
+        table = oracle.table(profile)
+    except OracleError as exc:
+        _fail(ValueError, f"profile={profile!r}: {exc}")
+    return {
+        "policy": POLICY, "profile": profile, "platform": dict(platform),
+        "packages": dict(packages) if packages is not None else detect_packages(table.packages),
+        "env": dict(env) if env is not None else env_snapshot(table.env_vars),
+        "moe": {"activation": activation, "is_act_and_mul": True, "routing_method":
+                "Renormalize" if renormalize else "Default", "hidden_size": hidden_size,
+                "intermediate_size": intermediate_size, "num_experts": num_experts, "top_k": top_k,
+                "has_bias": has_bias},
+        "quark": quark,
+    }
