@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .decision import OUTCOMES, Decision, error_decision
+from .decision import OUTCOMES, Decision, error_decision, with_warnings
 from .errors import Diagnostic, EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
 from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run
 from .loader import FileCache, ProfileIndex, RuleSet, load_profile_index, load_ruleset_collecting, unlisted_rule_files
@@ -136,36 +136,42 @@ class Oracle:
             self.table(name)
 
     # ---------------------------------------------------------------- questions
-    def prepare(self, raw: Mapping[str, Any], default_platform: Mapping[str, Any] | None = None) -> Scenario:
-        """Validate and freeze a scenario mapping (raises ScenarioError)."""
+    def prepare(self, raw: Mapping[str, Any], default_platform: Mapping[str, Any] | None = None,
+                strict: bool = False) -> Scenario:
+        """Validate and freeze a scenario mapping (raises ScenarioError; with `strict`, also for what would
+        only be a warning, such as an env var that looks like a declared one)."""
         profile = raw.get("profile") if isinstance(raw, Mapping) else None
         table = self.table(profile if isinstance(profile, str) else None)
-        return parse_scenario(raw, table, default_platform)
+        return parse_scenario(raw, table, default_platform, strict)
 
-    def select(self, scenario: Scenario | Mapping[str, Any], rewrite: PolicyRewrite | None = None) -> Decision:
+    def select(self, scenario: Scenario | Mapping[str, Any], rewrite: PolicyRewrite | None = None,
+               strict: bool = False) -> Decision:
         """Answer one question. Never raises for bad input: that is outcome 'error'.
 
         `rewrite`: a deployment's change of the question's policy (oracle.overrides), part of the cache key.
+        `strict`: a warning about the question (a look-alike env var) is answered `error` instead.
         The snapshot is read once, so the answer and its cache entry come from one version of the rules."""
         if not isinstance(scenario, Scenario):
             try:
-                scenario = self.prepare(scenario)
+                scenario = self.prepare(scenario, strict=strict)
             except OracleError as exc:
                 return error_decision(str(exc))
+        elif strict and scenario.warnings:
+            return error_decision("; ".join(scenario.warnings) + " (an error under --strict)")
         snap = self._snapshot
         key: Hashable = scenario if rewrite is None else (scenario, rewrite)
         answers = snap.answers
         cached = answers.get(key)
         if cached is not None:
             return cached
-        decision = self._answer(snap, scenario, rewrite)
+        decision = with_warnings(self._answer(snap, scenario, rewrite), scenario.warnings)
         if len(answers) >= self.CACHE_SIZE:
             answers.clear()
         answers[key] = decision
         return decision
 
     def select_uncached(self, scenario: Scenario, rewrite: PolicyRewrite | None = None) -> Decision:
-        return self._answer(self._snapshot, scenario, rewrite)
+        return with_warnings(self._answer(self._snapshot, scenario, rewrite), scenario.warnings)
 
     def select_many(self, scenarios: Iterable[Any]) -> list[Decision]:
         return [self.select(s) for s in scenarios]

@@ -130,10 +130,11 @@ def _summary(d: Decision) -> str:
         if d.hidden_size is not None:
             parts.append(f"hidden {d.hidden_size} intermediate {d.intermediate_size}")
         for k, v in d.extras.items():
-            parts.append(f"{k} {json.dumps(v)}")
+            if k != "warnings":
+                parts.append(f"{k} {json.dumps(v)}")
         return ", ".join(parts)
     if d.outcome == "none":
-        extra = "".join(f", {k} {json.dumps(v)}" for k, v in d.extras.items())
+        extra = "".join(f", {k} {json.dumps(v)}" for k, v in d.extras.items() if k != "warnings")
         reported = f" (backend {d.backend})" if d.backend is not None else ""
         return f"none: the policy selects no fused-MoE backend here{reported}{extra}"
     return f"{d.outcome}: {d.error}"
@@ -152,6 +153,7 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
     lines.append(f"platform {plat_text}   packages {pk}   env {env}")
     lines.append("")
     lines.append("=> " + _summary(d))
+    lines.extend(f"   warning: {w}" for w in d.warnings)
     if d.decided_by:
         step = d.decided_by
         lines.append(f"   decided by step '{step.step}' at {step.at}: {step.why}")
@@ -167,13 +169,15 @@ def _cmd_select(args: argparse.Namespace, oracle: Oracle, explain: bool) -> int:
     if args.batch:
         return _cmd_batch(args, oracle)
     sc = _scenario_from_args(args, oracle)
-    d = oracle.select(sc, _override(args, oracle, sc))
+    d = oracle.select(sc, _override(args, oracle, sc), strict=args.strict)
     if args.json:
         print(json.dumps(d.to_dict(with_trace=explain or args.trace), indent=1 if explain else None))
     elif explain:
         print(_explain_text(d, sc))
     else:
         print(_summary(d))
+        for w in d.warnings:
+            print(f"moe-oracle: warning: {w}", file=sys.stderr)
     return _exit_for(d)
 
 
@@ -206,7 +210,7 @@ def _cmd_batch(args: argparse.Namespace, oracle: Oracle) -> int:
             else:
                 if isinstance(sc, dict) and "scenario" in sc and "policy" not in sc:
                     sc = sc["scenario"]  # accept golden-file lines {"scenario": ..., "expected": ...}
-                d = oracle.select(sc) if isinstance(sc, dict) else None
+                d = oracle.select(sc, strict=args.strict) if isinstance(sc, dict) else None
                 out = d.to_dict(with_trace=args.trace) if d else {
                     "outcome": "error", "error": f"{args.batch}:{lineno}: a scenario must be a JSON object"}
                 if out["outcome"] == "error":
@@ -288,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--query", help="select (default), round_up, map_backend, or a query the policy declares")
         s.add_argument("--backend", help="backend for the round_up query")
         s.add_argument("--json", action="store_true", help="machine-readable output")
+        s.add_argument("--strict", action="store_true",
+                       help="answer `error` where the question only earns a warning (an env var like a declared one)")
         s.add_argument("--overrides", metavar="FILE", help="deployment overrides (schemas/overrides.schema.json)")
         s.add_argument("--model", help="model name, for --overrides")
         s.add_argument("--layer", type=int, help="layer index, for --overrides")

@@ -59,6 +59,11 @@ class Decision(tuple):  # type: ignore[type-arg]
     decided_by: DecidedBy | None = property(itemgetter(13))  # type: ignore[assignment]
 
     @property
+    def warnings(self) -> tuple[str, ...]:
+        """Problems with the question that did not stop the answer (e.g. an env var that looks like a declared one)."""
+        return tuple(self.extras.get("warnings") or ())
+
+    @property
     def error(self) -> str | None:
         """Why the answer is not `selected`; for `unsupported` it lists every candidate (built on first access)."""
         lazy = self[14]
@@ -117,6 +122,15 @@ class Decision(tuple):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"Decision({self.outcome}, backend={self.backend!r}, kernel={self.kernel!r})"
+
+
+def with_warnings(d: Decision, warnings: tuple[str, ...]) -> Decision:
+    """`d` with the question's warnings (answer field `warnings`), or `d` itself when there are none.
+    The lazy error/trace cell is shared, so nothing computed twice."""
+    if not warnings:
+        return d
+    extras = MappingProxyType({**d.extras, "warnings": list(warnings)})
+    return tuple.__new__(Decision, (*d[:6], extras, *d[7:]))
 
 
 def error_decision(message: str) -> Decision:

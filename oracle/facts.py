@@ -55,5 +55,16 @@ CTX_FACTS = {"call.backend": "call_backend", "scheme.weight_key": "weight_key",
              "scheme.activation_key": "activation_key"}
 
 PLATFORM_KINDS = ("cuda", "rocm", "xpu", "cpu")
+
+# Allowed ranges (inclusive; None = unbounded) of the numeric facts a scenario gives: anything outside is
+# answered `error` naming the field, the value and the range, never selected on. Unlisted ints: >= 0.
+RANGES: dict[str, tuple[int, int | None]] = {
+    "moe.hidden_size": (1, None), "moe.intermediate_size": (1, None), "moe.num_experts": (1, None),
+    "moe.top_k": (1, None), "moe.parallel.dp_size": (1, None), "moe.parallel.ep_size": (1, None),
+    "quark.weight.group_size": (1, None), "quark.input.group_size": (1, None),
+}
+# CUDA compute capability [major, minor]: majors so far 3..12 (a major above 20 is a typo such as [90, 0]
+# for 9.0), minors are one digit (sm_XY)
+CAPABILITY_RANGES = ((1, 20), (0, 9))
 # Placeholders a message may use besides fact paths and value names.
 MESSAGE_WORDS = ("backend", "reason", "explicit_keys", "weight_key", "activation_key", "activation_format")

@@ -5,11 +5,12 @@ field, what is expected and, for a misspelling, the close name.
 """
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import ScenarioError, did_you_mean
-from .facts import FACTS, PLATFORM_KINDS
+from .facts import CAPABILITY_RANGES, FACTS, PLATFORM_KINDS, RANGES
 from .vocabulary import ACTIVATIONS, ROUTING_METHODS
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ _QUARK_INPUT = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.i
 class Scenario:
     """One normalized question. Immutable and hashable, so answers can be cached by it."""
 
-    __slots__ = ("policy", "profile", "query", "backend", "facts", "env", "packages", "platform_given", "_key", "_hash")
+    __slots__ = ("policy", "profile", "query", "backend", "facts", "env", "packages", "platform_given", "warnings",
+                 "_key", "_hash")
 
     policy: str
     profile: str | None
@@ -37,9 +39,10 @@ class Scenario:
     env: Mapping[str, str]
     packages: frozenset[str]
     platform_given: bool
+    warnings: tuple[str, ...]  # e.g. an env var that looks like a declared one; not part of the key (env is)
 
     def __init__(self, policy: str, profile: str | None, query: str, backend: str | None, facts: dict[str, Any],
-                 env: dict[str, str], packages: frozenset[str], platform_given: bool):
+                 env: dict[str, str], packages: frozenset[str], platform_given: bool, warnings: tuple[str, ...] = ()):
         object.__setattr__(self, "policy", policy)
         object.__setattr__(self, "profile", profile)
         object.__setattr__(self, "query", query)
@@ -48,6 +51,7 @@ class Scenario:
         object.__setattr__(self, "env", env)
         object.__setattr__(self, "packages", packages)
         object.__setattr__(self, "platform_given", platform_given)
+        object.__setattr__(self, "warnings", warnings)
         key = (policy, profile, query, backend, tuple(facts.items()), tuple(sorted(env.items())), packages)
         object.__setattr__(self, "_key", key)
         object.__setattr__(self, "_hash", hash(key))
@@ -81,18 +85,20 @@ def _typed(value: Any, kind: str, where: str) -> Any:
     if kind == "bool":
         if not isinstance(value, bool):
             raise ScenarioError(f"{where}: expected true or false, got {value!r}")
-    elif kind == "int":
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ScenarioError(f"{where}: expected a non-negative integer, got {value!r}")
+    elif kind == "int" or kind == "int?" and value is not None:
+        lo, hi = RANGES.get(where, (0, None))
+        allowed = (f"an integer from {lo} to {hi}" if hi is not None else
+                   "a non-negative integer" if lo == 0 else f"an integer >= {lo}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ScenarioError(f"{where}: expected {allowed}{' or null' if kind == 'int?' else ''}, got {value!r}")
+        if value < lo or (hi is not None and value > hi):
+            raise ScenarioError(f"{where}: {value} is out of range; allowed: {allowed}")
     elif kind in ("str", "choice"):
         if not isinstance(value, str):
             raise ScenarioError(f"{where}: expected a string, got {value!r}")
     elif kind == "str?":
         if value is not None and not isinstance(value, str):
             raise ScenarioError(f"{where}: expected a string or null, got {value!r}")
-    elif kind == "int?":
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ScenarioError(f"{where}: expected a non-negative integer or null, got {value!r}")
     elif kind == "bool?":
         if value is not None and not isinstance(value, bool):
             raise ScenarioError(f"{where}: expected true, false or null, got {value!r}")
@@ -102,8 +108,10 @@ def _typed(value: Any, kind: str, where: str) -> Any:
     return value
 
 
-def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] | None = None) -> Scenario:
-    """Validate `raw` against the fact table and one compiled rule table (policies, queries, archs, packages)."""
+def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] | None = None,
+                   strict: bool = False) -> Scenario:
+    """Validate `raw` against the fact table and one compiled rule table (policies, queries, archs, packages).
+    `strict`: a look-alike environment variable is an error instead of a warning."""
     top = _fields(raw, "", _TOP)
     if not isinstance(raw, Mapping):
         raise ScenarioError("scenario: expected a mapping with at least 'policy'")
@@ -140,6 +148,10 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
         if (not isinstance(cap, (list, tuple)) or len(cap) != 2
                 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cap)):
             raise ScenarioError(f"platform.capability: expected [major, minor] for cuda, e.g. [9, 0]; got {cap!r}")
+        for part, number, (lo, hi) in zip(("major", "minor"), cap, CAPABILITY_RANGES, strict=True):
+            if not lo <= number <= hi:
+                raise ScenarioError(f"platform.capability: {part} {number} of {list(cap)} is out of range; allowed: "
+                                    f"{part} {lo} to {hi} (e.g. [9, 0] for sm_90, [10, 3] for sm_103)")
         facts["platform.capability"] = (cap[0], cap[1])
         if "gcn_arch" in platform:
             raise ScenarioError("platform.gcn_arch: only for kind rocm")
@@ -192,6 +204,11 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     for key, value in parallel.items():
         path = "moe.parallel." + key
         facts[path] = _typed(value, FACTS[path][0], path)
+    top_k, experts = facts["moe.top_k"], facts["moe.num_experts"]
+    if top_k is not None and experts is not None and top_k > experts:
+        given = "" if "top_k" in moe else " (the default)"
+        raise ScenarioError(f"moe.top_k: {top_k}{given} is out of range; allowed: 1 to moe.num_experts ({experts}): "
+                            "each token is routed to top_k of the num_experts experts")
 
     quark = _fields(top.get("quark"), "quark", _QUARK)
     for key in ("input_dtype", "weight_dtype"):
@@ -203,7 +220,23 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     inp = _fields(quark.get("input"), "quark.input", _QUARK_INPUT)
     for key, value in inp.items():
         facts["quark.input." + key] = _typed(value, FACTS["quark.input." + key][0], "quark.input." + key)
-    return Scenario(policy, profile, query, backend, facts, env, packages, platform_given)
+    warnings = env_lookalikes(env, table.env_vars)
+    if strict and warnings:
+        raise ScenarioError("; ".join(warnings) + " (an error under --strict)")
+    return Scenario(policy, profile, query, backend, facts, env, packages, platform_given, warnings)
+
+
+def env_lookalikes(env: Mapping[str, str], declared: frozenset[str]) -> tuple[str, ...]:
+    """A warning per scenario variable that is not declared but looks like a declared one (a typo has no effect:
+    the variable it meant stays at its default). Unrelated variables are normal in a real environment: no warning."""
+    out = []
+    for name in env:
+        if name not in declared:
+            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.85)
+            if close:
+                out.append(f"env.{name}: not a variable these rules read (did you mean '{close[0]}'?); "
+                           "it has no effect")
+    return tuple(out)
 
 
 def _as_env(value: Any) -> str:
