@@ -207,14 +207,13 @@ class QuarkOCPMXMoE:
                 _fail(ValueError, f"{name} must be {param.dtype} of shape {shape} (the checkpoint's unpadded "
                       f"E={self.num_experts}, H={self.hidden_size}, I={self.intermediate_size}), got {got}")
             value = value.to(self.device)
-            if name.startswith("w13") and value.dim() >= 2 and self.gate_up == "contiguous":
+            cols = (slice(None, value.shape[2]),) if value.dim() == 3 else ()  # packed K: zero bytes = zero codes
+            if name.startswith("w13") and value.dim() > 1 and self.gate_up == "contiguous":  # [w1; w3] halves
                 inter, padded = self.intermediate_size, self.padded_intermediate_size
-                param[:, :inter, :value.shape[2]] = value[:, :inter]  # w1 (gate)
-                param[:, padded:padded + inter, :value.shape[2]] = value[:, inter:]  # w3 (up)
-            elif value.dim() == 3:
-                param[:, :value.shape[1], :value.shape[2]] = value
-            elif value.dim() == 2:
-                param[:, :value.shape[1]] = value
+                param[(slice(None), slice(None, inter), *cols)] = value[:, :inter]
+                param[(slice(None), slice(padded, padded + inter), *cols)] = value[:, inter:]
+            elif value.dim() > 1:  # interleaved pairs and w2 rows: padding appends rows
+                param[(slice(None), slice(None, value.shape[1]), *cols)] = value
             else:
                 param.copy_(value)
             self._loaded.add(name)

@@ -1,0 +1,223 @@
+"""Quark OCP-MX MoE layer (backends.quark): parameters per scheme, the seed's errors, static-scale processing,
+and end-to-end forward of every emulated scheme against an fp32 per-token reference written here."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backends import formats
+from backends.layer import LayerUnavailableError
+from backends.quark import QuarkOCPMXMoE, normalize_e4m3fn_to_e4m3fnuz, scheme_formats
+
+from tolerances import tolerance
+
+CPU = {"kind": "cpu"}
+NO_PACKAGES = {"triton_kernels": False, "flashinfer": False, "deep_gemm": False, "aiter": False}
+E, H, I, TOP_K = 4, 64, 96, 2  # noqa: E741 - I=96 is rounded to 128 on CPU (the rules' 64 alignment): padding is exercised
+
+#: scheme -> (weight dtype, input dtype, is_dynamic) as a Quark checkpoint writes them
+SCHEMES = {
+    "w_mxfp4": ("fp4", None, None),
+    "w_mxfp4_a_mxfp4": ("fp4", "fp4", True),
+    "w_mxfp4_a_fp8": ("fp4", "fp8_e4m3", False),
+    "w_mxfp4_a_mxfp6_e3m2": ("fp4", "fp6_e3m2", True),
+    "w_mxfp6_e3m2": ("fp6_e3m2", None, None),
+    "w_mxfp6_e2m3": ("fp6_e2m3", None, None),
+    "w_mxfp6_e2m3_a_mxfp6_e2m3": ("fp6_e2m3", "fp6_e2m3", True),
+    "w_mxfp6_e3m2_a_fp8": ("fp6_e3m2", "fp8_e4m3", False),
+}
+
+
+def quant_config(weight, inp=None, is_dynamic=None, qscheme="per_group"):
+    config = {"weight": {"dtype": weight, "qscheme": qscheme, "group_size": 32, "scale_format": "e8m0"},
+              "input_tensors": None}
+    if inp is not None:
+        config["input_tensors"] = {"dtype": inp, "is_dynamic": is_dynamic, "qscheme": "per_group", "group_size": 32}
+    return config
+
+
+def make(scheme, *, platform=CPU, has_bias=False, **kw):
+    return QuarkOCPMXMoE.create(quant_config(*SCHEMES[scheme]), E, H, I, top_k=TOP_K, platform=platform,
+                                packages=NO_PACKAGES, env={}, has_bias=has_bias, **kw)
+
+
+# ---------------------------------------------------------------------- parameters and errors
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_parameters_follow_the_scheme_at_the_rounded_sizes(scheme):
+    layer = make(scheme, has_bias=True)
+    assert (layer.scheme, layer.decision.backend, layer.emulate) == (scheme, "EMULATION", True)
+    h, i = layer.padded_hidden_size, layer.padded_intermediate_size
+    assert (h, i) == (layer.decision.hidden_size, layer.decision.intermediate_size) == (64, 128)
+    weight = scheme.split("_a_")[0]
+    packed = (lambda k: k // 2) if weight == "w_mxfp4" else (lambda k: 3 * k // 4)
+    expected = {"w13_weight": ((E, 2 * i, packed(h)), torch.uint8), "w13_weight_scale": ((E, 2 * i, h // 32),
+                torch.uint8), "w2_weight": ((E, h, packed(i)), torch.uint8), "w2_weight_scale": ((E, h, i // 32),
+                torch.uint8), "w13_bias": ((E, 2 * i), torch.float32), "w2_bias": ((E, h), torch.float32)}
+    if SCHEMES[scheme][2] is False:  # static fp8 input scales, one per expert
+        expected.update(w13_input_scale=((E,), torch.float32), w2_input_scale=((E,), torch.float32))
+    assert {n: (tuple(p.shape), p.dtype) for n, p in layer.params.items()} == expected
+
+
+def test_rocm_rounding_comes_from_the_decision():
+    """ROCm without an oracle backend rounds both sizes to 256 (vLLM's NONE row of the rounding table)."""
+    layer = QuarkOCPMXMoE.create(quant_config("fp4"), E, 2880, 736, top_k=TOP_K,
+                                 platform={"kind": "rocm", "gcn_arch": "gfx942"}, packages=NO_PACKAGES, env={})
+    assert (layer.padded_hidden_size, layer.padded_intermediate_size) == (3072, 768)
+    assert layer.params["w13_weight"].shape == (E, 2 * 768, 3072 // 2)
+
+
+@pytest.mark.parametrize("config, kind, words", [
+    (quant_config("fp4", qscheme="per_tensor"), ValueError, "per-group weight scales"),
+    (quant_config("fp4", "fp4", is_dynamic=False), NotImplementedError, "static input scales"),
+    (quant_config("fp6_e3m2", "fp6_e3m2", is_dynamic=False), NotImplementedError, "static input scales"),
+    (quant_config("fp4", "fp8_e4m3", is_dynamic=True), NotImplementedError, "dynamic input scales"),
+    (quant_config("fp6_e3m2", "fp6_e2m3", is_dynamic=True), ValueError, "Unsupported OCP MX dtype combination"),
+    (quant_config("fp4", "int8", is_dynamic=True), NotImplementedError, "not compatible"),
+])
+def test_the_seeds_errors(config, kind, words):
+    with pytest.raises(kind, match=words):
+        QuarkOCPMXMoE.create(config, E, H, I, top_k=TOP_K, platform=CPU, packages=NO_PACKAGES, env={})
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="hidden_size=48 must be a multiple of 32"):
+        QuarkOCPMXMoE.create(quant_config("fp4"), E, 48, I, top_k=TOP_K, platform=CPU)
+    with pytest.raises(TypeError, match="'weight' mapping"):
+        QuarkOCPMXMoE.create({"input_tensors": None}, E, H, I, top_k=TOP_K, platform=CPU)
+    layer = make("w_mxfp4")
+    with pytest.raises(ValueError, match=r"w2_weight must be torch.uint8 of shape \(4, 64, 48\)"):
+        layer.load_weights({"w2_weight": torch.zeros(E, H, 64, dtype=torch.uint8)})
+    with pytest.raises(KeyError, match="w13_input_scale"):
+        layer.load_weights({"w13_input_scale": torch.ones(E)})
+    with pytest.raises(RuntimeError, match="process_weights_after_loading"):
+        layer.forward(torch.zeros(1, H), torch.zeros(1, E))
+
+
+def test_native_mx_without_a_runner_answers_with_the_decision():
+    """gfx950 w_mxfp4_a_mxfp4: no emulation and backend NONE (vLLM's legacy AITER path); not runnable here."""
+    layer = QuarkOCPMXMoE.create(quant_config("fp4", "fp4", True), E, H, I, top_k=TOP_K,
+                                 platform={"kind": "rocm", "gcn_arch": "gfx950"}, packages=NO_PACKAGES, env={})
+    assert (layer.emulate, layer.decision.outcome) == (False, "none")
+    with pytest.raises(LayerUnavailableError, match="selects no backend"):
+        layer.process_weights_after_loading()
+
+
+# ---------------------------------------------------------------------- static input scales
+def test_static_scales_reduce_to_the_max_with_a_warning(caplog):
+    layer = make("w_mxfp4_a_fp8")
+    layer.load_weights({"w13_input_scale": torch.tensor([0.5, 0.25, 0.75, 0.5]), "w2_input_scale": torch.full((E,), 2.0)})
+    with caplog.at_level(logging.WARNING):
+        layer.process_weights_after_loading()
+    assert layer.params["w13_input_scale"].item() == 0.75 and layer.params["w2_input_scale"].item() == 2.0
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "w13_input_scale" in warned[0] and "differ" in warned[0]
+
+
+def test_static_scales_are_doubled_on_fnuz_platforms():
+    layer = QuarkOCPMXMoE.create(quant_config("fp4", "fp8_e4m3", False), E, H, I, top_k=TOP_K,
+                                 platform={"kind": "rocm", "gcn_arch": "gfx942"}, packages=NO_PACKAGES, env={})
+    layer.load_weights({"w13_input_scale": torch.full((E,), 0.5), "w2_input_scale": torch.full((E,), 3.0)})
+    layer.process_weights_after_loading()
+    assert layer.params["w13_input_scale"].item() == 1.0 and layer.params["w2_input_scale"].item() == 6.0
+
+
+def test_missing_static_scales_are_the_seeds_error():
+    layer = make("w_mxfp4_a_fp8")
+    with pytest.raises(ValueError, match="found activation scales are None"):
+        layer.process_weights_after_loading()
+
+
+def test_e4m3fn_to_fnuz_keeps_every_value():
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~torch.isnan(codes.float())
+    values, scale = normalize_e4m3fn_to_e4m3fnuz(codes, torch.tensor(0.375))
+    assert values.dtype == torch.float8_e4m3fnuz and scale.item() == 0.75
+    torch.testing.assert_close(values.float()[finite] * scale, codes.float()[finite] * 0.375, **tolerance("exact"))
+    assert not torch.isnan(values.float()[finite]).any()  # -0 (0x80) is NaN in fnuz: it must become +0
+
+
+# ---------------------------------------------------------------------- forward vs an fp32 reference
+def _random_checkpoint(weight_format, gen, has_bias):
+    """Unpadded checkpoint tensors (vLLM names) quantized from random fp32 weights with backends.formats."""
+    def quantize(w):
+        if weight_format == "mxfp4":
+            return formats.quantize_mxfp4(w)
+        return formats.quantize_mxfp6(w, kind=weight_format.split("_")[1])
+    w13, w13_scale = quantize(torch.randn(E, 2 * I, H, generator=gen) * 0.2)
+    w2, w2_scale = quantize(torch.randn(E, H, I, generator=gen) * 0.2)
+    ckpt = {"w13_weight": w13, "w13_weight_scale": w13_scale, "w2_weight": w2, "w2_weight_scale": w2_scale}
+    if has_bias:
+        ckpt.update(w13_bias=torch.randn(E, 2 * I, generator=gen) * 0.1, w2_bias=torch.randn(E, H, generator=gen) * 0.1)
+    return ckpt
+
+
+def _dequantize(weight_format, packed, scales):
+    if weight_format == "mxfp4":
+        return formats.dequantize_mxfp4(packed, scales)
+    return formats.dequantize_mxfp6(packed, scales, kind=weight_format.split("_")[1])
+
+
+def _qdq(x, act):
+    """The scheme's activation fake-quantization, per 32 along the last dim (fp8 inputs emulate as MXFP8)."""
+    if act is None:
+        return x
+    if act == "fp8":
+        return formats.dequantize_mxfp8(*formats.quantize_mxfp8(x))
+    if act == "mxfp4":
+        return formats.dequantize_mxfp4(*formats.quantize_mxfp4(x))
+    kind = act.split("_")[1]
+    return formats.dequantize_mxfp6(*formats.quantize_mxfp6(x, kind=kind), kind=kind)
+
+
+def _reference(ckpt, weight_format, act, x, logits, activation, gate_up):
+    """Per-token fp32 MoE on the unpadded checkpoint: top-k of logits, softmax over the k, gated MLP."""
+    w13 = _dequantize(weight_format, ckpt["w13_weight"], ckpt["w13_weight_scale"])
+    w2 = _dequantize(weight_format, ckpt["w2_weight"], ckpt["w2_weight_scale"])
+    out = torch.zeros(x.shape[0], H)
+    for t in range(x.shape[0]):
+        top, ids = torch.topk(logits[t].float(), TOP_K)
+        for weight, e in zip(torch.softmax(top, -1).tolist(), ids.tolist(), strict=True):
+            h = _qdq(x[t:t + 1].float(), act) @ w13[e].T + (ckpt["w13_bias"][e] if "w13_bias" in ckpt else 0)
+            gate, up = (h[:, 0::2], h[:, 1::2]) if gate_up == "interleaved" else (h[:, :I], h[:, I:])
+            if activation == "silu":
+                a = F.silu(gate) * up
+            else:  # swigluoai, gpt-oss constants
+                gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+                a = (up + 1.0) * gate * torch.sigmoid(1.702 * gate)
+            y = _qdq(a, act) @ w2[e].T + (ckpt["w2_bias"][e] if "w2_bias" in ckpt else 0)
+            out[t] += weight * y[0]
+    return out
+
+
+@pytest.mark.parametrize("scheme, activation, gate_up, has_bias", [
+    ("w_mxfp4", "swigluoai", "interleaved", True),
+    ("w_mxfp4", "silu", "contiguous", False),
+    ("w_mxfp4_a_mxfp4", "silu", "contiguous", True),
+    ("w_mxfp4_a_fp8", "silu", "contiguous", False),
+    ("w_mxfp4_a_mxfp6_e3m2", "silu", "contiguous", False),
+    ("w_mxfp6_e3m2", "silu", "contiguous", True),
+    ("w_mxfp6_e2m3", "swigluoai", "interleaved", False),
+    ("w_mxfp6_e2m3_a_mxfp6_e2m3", "silu", "contiguous", False),
+])
+def test_forward_matches_the_fp32_reference(scheme, activation, gate_up, has_bias):
+    gen = torch.Generator().manual_seed(sum(map(ord, scheme + activation)))
+    weight_format, act = scheme_formats(scheme)
+    layer = make(scheme, has_bias=has_bias, activation=activation, gate_up=gate_up)
+    assert (layer.weight_format, layer.activation_scheme) == (weight_format, act)
+    ckpt = _random_checkpoint(weight_format, gen, has_bias)
+    load = dict(ckpt)
+    if layer.static_input_scales:
+        load.update(w13_input_scale=torch.full((E,), 0.05), w2_input_scale=torch.full((E,), 0.05))
+    layer.load_weights(load)
+    layer.process_weights_after_loading()
+    x, logits = torch.randn(12, H, generator=gen), torch.randn(12, E, generator=gen)
+    y = layer.forward(x, logits)
+    ref = _reference(ckpt, weight_format, act, x, logits, activation, gate_up)
+    assert y.shape == (12, H) and ref.abs().max() > 0.1
+    torch.testing.assert_close(y, ref, **tolerance("fp32_reordered"))
+    y_bf16 = layer.forward(x.bfloat16(), logits)
+    assert y_bf16.dtype == torch.bfloat16
