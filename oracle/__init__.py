@@ -7,6 +7,7 @@ in the order the data flows through them:
     schema     JSON Schema check with readable, did-you-mean messages
     loader     profiles (extends, override: true) -> one merged RuleSet
     semantics  cross-references (names, placeholders, cycles, deciding last step)
+    literals   rule literals against the scenario's vocabularies (packages, activations, capabilities, env defaults)
     operators  the condition language as one table: schema, code template, explain text
     compiler   conditions, values, messages -> generated code; codegen is the only eval
     kernels    the kernel_checks table + per-kernel requires -> each kernel's checks
