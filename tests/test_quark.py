@@ -3,7 +3,13 @@ and end-to-end forward of every emulated scheme against an fp32 per-token refere
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,9 +46,10 @@ def quant_config(weight, inp=None, is_dynamic=None, qscheme="per_group"):
     return config
 
 
-def make(scheme, *, platform=CPU, has_bias=False, **kw):
+def make(scheme, *, platform=CPU, has_bias=False, profile="vllm-0.20", **kw):
+    """A layer under the seed's profile (vLLM 0.20.0: everything emulates on CPU, I rounded to 64)."""
     return QuarkOCPMXMoE.create(quant_config(*SCHEMES[scheme]), E, H, I, top_k=TOP_K, platform=platform,
-                                packages=NO_PACKAGES, env={}, has_bias=has_bias, **kw)
+                                packages=NO_PACKAGES, env={}, has_bias=has_bias, profile=profile, **kw)
 
 
 # ---------------------------------------------------------------------- parameters and errors
@@ -65,7 +72,8 @@ def test_parameters_follow_the_scheme_at_the_rounded_sizes(scheme):
 def test_rocm_rounding_comes_from_the_decision():
     """ROCm without an oracle backend rounds both sizes to 256 (vLLM's NONE row of the rounding table)."""
     layer = QuarkOCPMXMoE.create(quant_config("fp4"), E, 2880, 736, top_k=TOP_K,
-                                 platform={"kind": "rocm", "gcn_arch": "gfx942"}, packages=NO_PACKAGES, env={})
+                                 platform={"kind": "rocm", "gcn_arch": "gfx942"}, packages=NO_PACKAGES, env={},
+                                 profile="vllm-0.20")
     assert (layer.padded_hidden_size, layer.padded_intermediate_size) == (3072, 768)
     assert layer.params["w13_weight"].shape == (E, 2 * 768, 3072 // 2)
 
@@ -78,9 +86,11 @@ def test_rocm_rounding_comes_from_the_decision():
     (quant_config("fp6_e3m2", "fp6_e2m3", is_dynamic=True), ValueError, "Unsupported OCP MX dtype combination"),
     (quant_config("fp4", "int8", is_dynamic=True), NotImplementedError, "not compatible"),
 ])
-def test_the_seeds_errors(config, kind, words):
+@pytest.mark.parametrize("profile", ["vllm-0.20", "moe-oracle"])
+def test_the_seeds_errors(config, kind, words, profile):
     with pytest.raises(kind, match=words):
-        QuarkOCPMXMoE.create(config, E, H, I, top_k=TOP_K, platform=CPU, packages=NO_PACKAGES, env={})
+        QuarkOCPMXMoE.create(config, E, H, I, top_k=TOP_K, platform=CPU, packages=NO_PACKAGES, env={},
+                             profile=profile)
 
 
 def test_bad_arguments_are_named():
@@ -100,10 +110,57 @@ def test_bad_arguments_are_named():
 def test_native_mx_without_a_runner_answers_with_the_decision():
     """gfx950 w_mxfp4_a_mxfp4: no emulation and backend NONE (vLLM's legacy AITER path); not runnable here."""
     layer = QuarkOCPMXMoE.create(quant_config("fp4", "fp4", True), E, H, I, top_k=TOP_K,
-                                 platform={"kind": "rocm", "gcn_arch": "gfx950"}, packages=NO_PACKAGES, env={})
+                                 platform={"kind": "rocm", "gcn_arch": "gfx950"}, packages=NO_PACKAGES, env={},
+                                 profile="vllm-0.20")
     assert (layer.emulate, layer.decision.outcome) == (False, "none")
     with pytest.raises(LayerUnavailableError, match="selects no backend"):
         layer.process_weights_after_loading()
+
+
+def test_this_projects_profile_runs_weight_only_mxfp4_on_its_w4a16_selector():
+    """Default profile moe-oracle: w_mxfp4 is a W4A16 layer (TRITON_MOE where Triton runs, padded by the rules),
+    every other scheme emulates."""
+    config = quant_config(*SCHEMES["w_mxfp4"])
+    plain = QuarkOCPMXMoE.create(config, E, H, I, top_k=TOP_K, platform=CPU, packages={"triton": False}, env={})
+    assert (plain.decision.profile, plain.decision.backend, plain.emulate) == ("moe-oracle", "EMULATION", False)
+    triton = QuarkOCPMXMoE.create(config, E, H, I, top_k=TOP_K, platform={"kind": "cuda", "capability": [9, 0]},
+                                  packages={"triton": True}, env={}, device="cpu")
+    assert (triton.decision.backend, triton.decision.converter) == ("TRITON_MOE", "backends.layouts.triton_moe:converter")
+    assert triton.padded_intermediate_size == triton.decision.intermediate_size == 128
+    emulated = QuarkOCPMXMoE.create(quant_config(*SCHEMES["w_mxfp4_a_mxfp4"]), E, H, I, top_k=TOP_K, platform=CPU,
+                                    packages={"triton": True}, env={"TRITON_INTERPRET": "1"})
+    assert (emulated.decision.backend, emulated.emulate) == ("EMULATION", True)
+
+
+_INTERPRETED_RUN = """
+import json, sys, torch
+sys.path.insert(0, "tests")
+import test_quark as t
+gen = torch.Generator().manual_seed(7)
+layer = t.QuarkOCPMXMoE.create(t.quant_config("fp4"), t.E, t.H, t.I, top_k=t.TOP_K, platform=t.CPU,
+                               packages={"triton": True}, env={"TRITON_INTERPRET": "1"}, activation="swigluoai",
+                               gate_up="interleaved", has_bias=True)
+ckpt = t._random_checkpoint("mxfp4", gen, True)
+layer.load_weights(ckpt)
+layer.process_weights_after_loading()
+x, logits = torch.randn(5, t.H, generator=gen), torch.randn(5, t.E, generator=gen)
+out = layer.forward(x.bfloat16(), logits).float()
+ref = t._reference(ckpt, "mxfp4", None, x.bfloat16().float(), logits, "swigluoai", "interleaved")
+print(json.dumps({"backend": layer.decision.backend, "padded": layer.padded_intermediate_size,
+                  "shape": list(out.shape), "rel_l2": float((out - ref).norm() / ref.norm())}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_w_mxfp4_runs_the_triton_kernels_under_the_interpreter():
+    """TRITON_INTERPRET=1 is read when triton is first imported, hence a subprocess: the layer converts its padded
+    parameters through MoELayer's machinery and the Triton kernels match the fp32 reference (W4A16 tolerance)."""
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_RUN], cwd=Path(__file__).parent.parent,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout.splitlines()[-1])
+    assert (row["backend"], row["padded"], row["shape"]) == ("TRITON_MOE", 128, [5, H])
+    assert row["rel_l2"] <= tolerance("w4a16_moe_rel_l2")["rtol"], row
 
 
 # ---------------------------------------------------------------------- static input scales
@@ -119,7 +176,8 @@ def test_static_scales_reduce_to_the_max_with_a_warning(caplog):
 
 def test_static_scales_are_doubled_on_fnuz_platforms():
     layer = QuarkOCPMXMoE.create(quant_config("fp4", "fp8_e4m3", False), E, H, I, top_k=TOP_K,
-                                 platform={"kind": "rocm", "gcn_arch": "gfx942"}, packages=NO_PACKAGES, env={})
+                                 platform={"kind": "rocm", "gcn_arch": "gfx942"}, packages=NO_PACKAGES, env={},
+                                 profile="vllm-0.20")
     layer.load_weights({"w13_input_scale": torch.full((E,), 0.5), "w2_input_scale": torch.full((E,), 3.0)})
     layer.process_weights_after_loading()
     assert layer.params["w13_input_scale"].item() == 1.0 and layer.params["w2_input_scale"].item() == 6.0

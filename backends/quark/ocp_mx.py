@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from backends import formats
 from backends.emulation import GATED_ACTIVATIONS, moe_forward
 from backends.layer import (
+    DEFAULT_PROFILE,
     LayerUnavailableError,
     MoELayer,
     _detect_platform,
@@ -40,8 +41,6 @@ __all__ = ["DEFAULT_PROFILE", "QuarkOCPMXMoE", "normalize_e4m3fn_to_e4m3fnuz", "
 
 logger = logging.getLogger(LOGGER_NAME)
 
-#: the seed's (vLLM 0.20.0) Quark OCP-MX order: emulate decided before the backend
-DEFAULT_PROFILE = "vllm-0.20"
 POLICY = "ocp-mx"
 #: Quark layer-config keys the rules read (scenario `quark.weight` / `quark.input`); others (observer, round
 #: method, ch_axis, ...) do not change the selection and are ignored
