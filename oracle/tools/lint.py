@@ -1,0 +1,180 @@
+"""`moe-oracle lint`: what the rules do over the whole input space, not what they look like.
+
+Every policy runs on every leaf of the exhaustive class partition (space.py) with its steps
+instrumented, then: backends no input reaches, kernel alternatives never chosen, steps never reached
+or never/always matching, `error` answers (a policy that ends without deciding), env vars no decision
+reads, and derived facts that are constant over the space. Each finding carries the rule's file:line.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+from ..compiler import Compiler
+from ..errors import EnvValueError
+from ..interpreter import run
+from ..model import Ctx, Policy, Step, Table
+from .sources import Profiled, Source
+from .space import Space, call_hook, describe, explore, nullable_facts, scenario_of
+
+Finding = dict[str, Any]
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.reached: Counter[tuple[str, str]] = Counter()
+        self.matched: Counter[tuple[str, str]] = Counter()
+        self.run_reached: set[tuple[str, str]] = set()
+        self.run_matched: set[tuple[str, str]] = set()
+
+    def end_run(self) -> None:
+        self.reached.update(self.run_reached)
+        self.matched.update(self.run_matched)
+        self.run_reached, self.run_matched = set(), set()
+
+
+def _instrument(table: Table, counts: _Counts) -> Table:
+    """A copy of the table whose step tests record, per run, which steps were reached and matched."""
+    def wrap(policy: Policy, step: Step) -> Step:
+        key = (policy.name, step.id)
+        test = step.test
+
+        def recorded(ctx: Ctx) -> bool:
+            counts.run_reached.add(key)
+            ok = True if test is None else bool(test(ctx))
+            if ok:
+                counts.run_matched.add(key)
+            return ok
+        return replace(step, test=recorded)
+
+    policies = {n: replace(p, steps=tuple(wrap(p, s) for s in p.steps)) for n, p in table.policies.items()}
+    return replace(table, policies=MappingProxyType(policies))
+
+
+def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
+    table, rs = p.table, p.rs
+    space = Space.of([(rs, table)], vary)
+    counts = _Counts()
+    inst = _instrument(table, counts)
+    hook = call_hook(inst)
+    selected: set[tuple[str, str]] = set()  # (family, backend name)
+    kernels_chosen: set[int] = set()
+    env_read: set[str] = set()
+    errors: dict[tuple[str, str], list[Any]] = {}
+    leaves = 0
+    for name in table.policies:
+        policy = inst.policies[name]
+        nullable = nullable_facts(policy)
+
+        def one(reader: Any, policy: Policy = policy, nullable: frozenset[str] = nullable) -> Any:
+            try:
+                res = run(policy, reader.ctx(policy, nullable), None, hook)
+            except EnvValueError:
+                res = None
+            counts.end_run()
+            return res
+
+        for leaf, res in explore(space, one):
+            leaves += 1
+            env_read.update(v[4:] for v in leaf if v.startswith("env:"))
+            if res is None:
+                continue
+            if res.outcome == "selected" and res.backend is not None and res.family is not None:
+                selected.add((res.family.name, res.backend.name))
+                if res.kernel is not None:
+                    kernels_chosen.add(id(res.kernel))
+            elif res.outcome == "error":
+                errors.setdefault((name, str(res.error)), []).append(leaf)
+    found: list[Finding] = []
+    used = {pol.family.name for pol in table.policies.values()}
+    for fam in table.families.values():
+        if fam.name not in used:
+            continue
+        for b in fam.backends.values():
+            if (fam.name, b.name) not in selected:
+                found.append(_f("unreachable-backend", b.at, f"profile {p.name}: backend {b.name} of family "
+                                f"{fam.name} is selected by no input (no policy, env var or moe_backend reaches it)"))
+                continue
+            for kernels in (b.kernels, b.explicit_kernels or ()):
+                for k in kernels[1:]:
+                    if id(k) not in kernels_chosen:
+                        found.append(_f("shadowed-kernel", k.at, f"profile {p.name}: kernel alternative {k.name} of "
+                                        f"backend {b.name} is never chosen: an earlier alternative accepts every "
+                                        "input it accepts"))
+    for pol in table.policies.values():
+        last = len(pol.steps) - 1
+        for i, st in enumerate(pol.steps):
+            key = (pol.name, st.id)
+            r, m = counts.reached[key], counts.matched[key]
+            if r == 0:
+                found.append(_f("unreachable-step", st.at, f"profile {p.name}: step '{st.id}' of policy {pol.name} "
+                                "is never reached: earlier steps decide every input"))
+            elif st.when is not None and m == 0:
+                found.append(_f("always-false", st.at, f"profile {p.name}: the condition of step '{st.id}' "
+                                f"({st.when.text}) is false for every input that reaches it"))
+            elif st.when is not None and m == r and i < last and st.action in _DECIDING:
+                found.append(_f("always-true", st.at, f"profile {p.name}: the condition of step '{st.id}' "
+                                f"({st.when.text}) is true for every input that reaches it; the steps after it "
+                                "never run"))
+    for (pol_name, message), err_leaves in errors.items():
+        pol = table.policies[pol_name]
+        platforms = sorted({leaf["platform"].label for leaf in err_leaves if "platform" in leaf})
+        found.append(_f("undeclared-error", pol.at, f"profile {p.name}: policy {pol_name} answers error for "
+                        f"{len(err_leaves)} input class(es) (platforms: {', '.join(platforms) or 'any'}): {message}; "
+                        f"e.g. {describe(err_leaves[0])}", example=scenario_of(err_leaves[0], pol_name, p.name)))
+    for name, e in rs.sections["env_vars"].items():
+        if name not in env_read:
+            found.append(_f("unused-env-var", e.at(), f"profile {p.name}: env var {name} is declared but no "
+                            "decision of any policy reads it"))
+    found.extend(_derived_constants(p, space))
+    for f in found:
+        f["leaves"] = leaves
+    return found
+
+
+_DECIDING = ("outcome", "use", "use_explicit", "result")
+
+
+def _derived_constants(p: Profiled, space: Space) -> list[Finding]:
+    """Derived facts that hold for every input, or for none (evaluated alone over the space)."""
+    c = Compiler(p.rs)
+    policy = next(iter(p.table.policies.values()), None)
+    if policy is None:
+        return []
+    nullable = nullable_facts(policy)
+    out = []
+    for name, entry in p.rs.sections["derived"].items():
+        fn = c.derived(name).fn
+
+        def one(reader: Any, fn: Any = fn) -> Any:
+            try:
+                return bool(fn(reader.ctx(policy, nullable)))
+            except EnvValueError:
+                return None
+        values = {v for _, v in explore(space, one)} - {None}
+        if len(values) == 1:
+            word = "true" if values.pop() else "false"
+            out.append(_f("always-" + word, entry.at(), f"profile {p.name}: derived fact {name} is {word} "
+                          "for every input"))
+    return out
+
+
+def _f(rule: str, at: str, message: str, **extra: Any) -> Finding:
+    return {"rule": rule, "level": "warning", "at": at, "message": message, **extra}
+
+
+def lint_source(src: Source, vary: tuple[str, ...] = ()) -> list[Finding]:
+    """Findings of every profile, each reported once (a shared file's entry is linted per profile;
+    the same message at the same place from two profiles is merged)."""
+    seen: dict[tuple[str, str, str], Finding] = {}
+    for p in src.profiles.values():
+        for f in lint_profile(p, vary):
+            key = (f["rule"], f["at"], f["message"].split(": ", 1)[-1])
+            if key in seen:
+                seen[key]["message"] = seen[key]["message"].replace("profile ", "profiles ", 1).replace(
+                    ":", f", {p.name}:", 1) if p.name not in seen[key]["message"] else seen[key]["message"]
+            else:
+                seen[key] = f
+    return sorted(seen.values(), key=lambda f: (str(f["at"]), f["rule"]))

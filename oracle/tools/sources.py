@@ -1,0 +1,104 @@
+"""Rule sets to analyse: a rules directory, a profile name, or a git revision (`git:REV[:PATH]`).
+
+Tools need the merged rule data (for the constants the rules compare with and for locations)
+beside the compiled table, so they load both here rather than through Oracle.
+"""
+from __future__ import annotations
+
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+from ..errors import OracleError, RuleError, did_you_mean
+from ..loader import FileCache, RuleSet, load_profile_index, load_ruleset
+from ..model import Table
+from ..resources import rules_dir
+from ..semantics import semantic_diagnostics
+from ..tables import compile_ruleset
+
+
+@dataclass
+class Profiled:
+    """One profile: merged rule data and its compiled table."""
+
+    name: str
+    rs: RuleSet
+    table: Table
+
+
+@dataclass
+class Source:
+    """What a command-line source names: profiles (one when a profile was named), the default first."""
+
+    label: str
+    profiles: dict[str, Profiled]
+    default: str
+    strip: str = ""  # a temporary directory prefix to hide in rule locations (git sources)
+
+    def where(self, at: str | None) -> str:
+        if not at:
+            return "-"
+        return at.replace(self.strip, self.label + ":") if self.strip else at
+
+
+def build(files: list[Path], name: str, description: str, cache: FileCache | None = None) -> Profiled:
+    rs = load_ruleset(files, name, description, cache)
+    problems, packages = semantic_diagnostics(rs)
+    if problems:
+        raise RuleError(problems)
+    return Profiled(name, rs, compile_ruleset(rs, packages))
+
+
+def load_dir(root: Path, label: str, only: str | None = None, strip: str = "") -> Source:
+    index = load_profile_index(root)
+    cache: FileCache = {}
+    names = list(index.profiles)
+    if only is not None:
+        if only not in index.profiles:
+            raise OracleError(f"--profile {only!r}: no such profile in {label}{did_you_mean(only, names)}; "
+                              f"known: {', '.join(names)}")
+        names = [only]
+    profiles = {n: build(index.profiles[n].files, n, index.profiles[n].description, cache) for n in names}
+    default = only or index.default
+    return Source(label, profiles, default, strip)
+
+
+def _git_tree(rev: str, path: str) -> Path:
+    """Extract PATH at REV of the current repository into a temporary directory (kept for the process)."""
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True,
+                             timeout=30).stdout.strip()
+        blob = subprocess.run(["git", "archive", "--format=tar", rev, path], capture_output=True, check=True,
+                              cwd=top, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        text = detail.decode(errors="replace").strip() if isinstance(detail, bytes) else str(detail)
+        raise OracleError(f"git:{rev}:{path}: cannot read that revision and path ({text or exc}); "
+                          "name a commit, tag or branch and a directory of this repository") from None
+    tmp = Path(tempfile.mkdtemp(prefix="moe-oracle-git-"))
+    with tarfile.open(fileobj=BytesIO(blob)) as tar:
+        tar.extractall(tmp, filter="data")
+    return tmp / path
+
+
+def load_source(spec: str, rules: str | None = None, profile: str | None = None) -> Source:
+    """`git:REV[:PATH]`, a directory with profiles.yaml, or a profile of `rules` (default: the shipped rules)."""
+    if spec.startswith("git:"):
+        rev, _, path = spec[4:].partition(":")
+        root = _git_tree(rev, path or "rules")
+        return load_dir(root, spec, profile, strip=str(root) + "/")
+    p = Path(spec)
+    if p.is_dir():
+        if not (p / "profiles.yaml").is_file():
+            raise OracleError(f"{spec}: not a rules directory (no profiles.yaml); name a rules directory, "
+                              "a profile or git:REV[:PATH]")
+        return load_dir(p, spec, profile)
+    root = Path(rules) if rules else rules_dir()
+    index = load_profile_index(root)
+    if spec not in index.profiles:
+        raise OracleError(f"{spec!r}: neither a rules directory, git:REV[:PATH] nor a profile"
+                          f"{did_you_mean(spec, index.profiles)}; profiles: {', '.join(index.profiles)}")
+    return load_dir(root, spec, spec)

@@ -1,0 +1,623 @@
+"""The input space of a rule set as equivalence classes, explored exhaustively.
+
+Why classes: the rules only ever compare a fact with constants they name (`ge: "9.0"`, `in: [...]`,
+`multiple_of: 128`, a map's keys, a table's rows, the explicit moe_backend strings), so two values that
+agree on every such comparison get the same answer. Each fact, env var and package is split into the
+classes its comparisons distinguish (collected from the rule data of every rule set being compared).
+
+Why lazy forking: the cross product of all classes is astronomically large, but a decision reads only
+a few of them. `explore` runs a decision with views over the facts, env and packages that fork on
+first read (depth-first, replaying earlier choices), so every leaf is one class of the *whole* input
+space (variables it never read are free) and the leaves partition the space: exhaustive, not sampled.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any, NamedTuple
+
+from .. import facts as facts_module
+from .. import operators
+from ..envvars import EnvSpec
+from ..errors import EnvValueError
+from ..facts import FACTS
+from ..interpreter import UNSET, Result, Trace, round_sizes, run
+from ..loader import RuleSet
+from ..model import Ctx, Policy, Table, parse_capability
+from ..vocabulary import ACTIVATIONS
+
+# Every CUDA compute capability from Volta to Blackwell consumer parts (7.0-12.1), as shipped by NVIDIA.
+CUDA_CAPABILITIES = ((7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 1), (10, 3),
+                     (11, 0), (12, 0), (12, 1))
+PLATFORM = "platform"
+PLATFORM_FACTS = ("platform.kind", "platform.capability", "platform.gcn_arch", "platform.amx")
+OTHER = "<other>"  # a string no rule names
+# The dimensions explored besides platform, packages and env (issue 14's input space): the layer's
+# activation, parallel mode, LoRA, routing, the explicit backend string,
+# the SwiGLU clamp and the Quark config. Every other fact (layer sizes, quant keys) keeps the policy's
+# default; `vary` adds more (e.g. moe.weight_key).
+VARIED = ("moe.activation", "moe.lora", "moe.moe_backend", "moe.parallel.dp_size", "moe.parallel.ep_size",
+          "moe.parallel.use_ep", "moe.parallel.all2all_backend", "moe.parallel.eplb", "moe.routing_method",
+          "moe.swiglu_limit",
+          *(f for f in FACTS if f.startswith("quark.")))
+
+
+class Cls(NamedTuple):
+    """One equivalence class of a variable: a label for people and the representative value used."""
+
+    label: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Domain:
+    var: str  # "platform", "fact:moe.activation", "env:NAME", "package:NAME"
+    classes: tuple[Cls, ...]
+
+
+# ------------------------------------------------------------------ constants the rules compare with
+
+def _cap(value: Any) -> Any:
+    if isinstance(value, str) and "." in value and value.replace(".", "").isdigit():
+        return parse_capability(value)
+    if isinstance(value, float):
+        return parse_capability(f"{value:.1f}")
+    return value
+
+
+def _norm(fact: str, op: str, raw: Any) -> Any:
+    is_cap = FACTS.get(fact, ("",))[0] == "capability"
+    if op == "family":
+        return frozenset(int(f.split(".")[0]) for f in (raw if isinstance(raw, list) else [raw]))
+    if op in ("in", "not_in"):
+        return frozenset(_cap(x) if is_cap else x for x in raw)
+    return _cap(raw) if is_cap else raw
+
+
+def _holds(op: str, const: Any, v: Any) -> bool:
+    if op in ("eq", "ne", "key"):
+        return bool(v == const)
+    if op in ("in", "not_in"):
+        return v in const
+    if op == "is_null":
+        return v is None
+    if v is None:
+        return False
+    try:
+        if op == "family":
+            return bool(v[0] in const)
+        if op == "multiple_of":
+            return bool(v % const == 0)
+        return bool({"ge": v >= const, "gt": v > const, "le": v <= const, "lt": v < const}[op])
+    except (TypeError, KeyError):
+        return False
+
+
+@dataclass
+class Constants:
+    """Every (test, constant) the rules apply to each fact, and the strings each env var is compared with."""
+
+    facts: dict[str, set[tuple[str, Any]]] = field(default_factory=dict)
+    env: dict[str, set[str]] = field(default_factory=dict)
+    env_specs: dict[str, EnvSpec] = field(default_factory=dict)
+    env_presence: set[str] = field(default_factory=set)  # env vars some rule tests for being set at all
+    packages: set[str] = field(default_factory=set)
+    rocm_archs: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, fact: str, op: str, raw: Any) -> None:
+        try:
+            self.facts.setdefault(fact, set()).add((op, _norm(fact, op, raw)))
+        except (TypeError, ValueError):
+            pass  # an unhashable or odd constant: the schema accepted it, it just splits nothing
+
+    def collect(self, rs: RuleSet, table: Table) -> None:
+        s = rs.sections
+        value_facts = {name: _facts_of(s["values"], name, set()) for name in s["values"]}
+        links: list[tuple[str, str]] = []
+
+        def operand_facts(op: Any) -> set[str]:
+            if isinstance(op, dict) and "fact" in op:
+                return {op["fact"]}
+            if isinstance(op, dict) and "value" in op:
+                return value_facts.get(op["value"], set())
+            return set()
+
+        def visit(d: dict[str, Any]) -> None:
+            head = operators.head_of(d)
+            if head is not None and head.tests and head.key in d:
+                for t in head.tests:
+                    name = next((n for n in (t.name, *t.aliases) if n in d), None)
+                    if name is None:
+                        continue
+                    raw = d[name]
+                    if head.key == "env":
+                        if t.name == "set":
+                            self.env_presence.add(d["env"])
+                        if t.name in ("eq", "in"):
+                            self.env.setdefault(d["env"], set()).update(raw if isinstance(raw, list) else [raw])
+                        continue
+                    subjects = {d["fact"]} if head.key == "fact" else value_facts.get(d["value"], set())
+                    for subject in subjects:
+                        if t.literal == "operand":
+                            links.extend((subject, o) for o in operand_facts(raw))
+                        else:
+                            self.add(subject, t.name, raw)
+            if "map" in d and "of" in d and isinstance(d["map"], dict):
+                for f in operand_facts(d["of"]):
+                    for k in d["map"]:
+                        self.add(f, "key", k)
+            if "lookup" in d and "keys" in d:
+                rows = s["tables"][d["lookup"]].data["rows"] if d["lookup"] in s["tables"] else []
+                for i, key in enumerate(d["keys"]):
+                    for f in operand_facts(key):
+                        for row in rows:
+                            self.add(f, "key", row[i])
+            if "weight" in d and "activation" in d:  # a kernel's quant scheme row
+                for f, k in (("moe.weight_key", d["weight"]), ("moe.activation_key", d["activation"])):
+                    if isinstance(k, list):
+                        self.add(f, "in", k)
+                    elif k != "any":
+                        self.add(f, "key", k)
+
+        for section in s.values():
+            for entry in section.values():
+                _walk(entry.data, visit)
+        for entry in s["kernel_checks"].values():  # fact_in_field rows: the fact is one of each kernel's list
+            row = entry.data
+            if "fact_in_field" in row:
+                lists = [k.data.get(row["field"]) for k in s["kernels"].values()] + [row.get("default")]
+                for lst in lists:
+                    if isinstance(lst, list):
+                        self.add(row["fact_in_field"], "in", lst)
+        for fam in table.families.values():
+            for key in fam.explicit:
+                self.add("moe.moe_backend", "key", key)
+            for r in fam.round_up:
+                self.add("moe.intermediate_size", "multiple_of", r.intermediate)
+                if r.hidden:
+                    self.add("moe.hidden_size", "multiple_of", r.hidden)
+        for a, b in links:  # {fact: a, same_as: {fact: b}}: each side needs the other's constants
+            for f, g in ((a, b), (b, a)):
+                for op, c in list(self.facts.get(g, ())):
+                    if op in ("eq", "ne", "key"):
+                        self.facts.setdefault(f, set()).add(("key", c))
+        for name, e in s["env_vars"].items():
+            d = e.data
+            self.env_specs.setdefault(name, EnvSpec(name, d["parse"], d.get("default"), tuple(d.get("choices", ())),
+                                                    e.at()))
+        self.packages |= set(table.packages)
+        self.rocm_archs.update(table.rocm_archs)
+
+
+def _walk(node: Any, visit: Callable[[dict[str, Any]], None]) -> None:
+    if isinstance(node, dict):
+        visit(node)
+        for v in node.values():
+            _walk(v, visit)
+    elif isinstance(node, list):
+        for v in node:
+            _walk(v, visit)
+
+
+def _facts_of(values: Mapping[str, Any], name: str, seen: set[str]) -> set[str]:
+    """The facts a named value reads, transitively through other values."""
+    if name in seen or name not in values:
+        return set()
+    seen.add(name)
+    found: set[str] = set()
+
+    def visit(d: dict[str, Any]) -> None:
+        if isinstance(d.get("fact"), str):
+            found.add(d["fact"])
+        if isinstance(d.get("value"), str):
+            found.update(_facts_of(values, d["value"], seen))
+
+    _walk(values[name].data, visit)
+    return found
+
+
+# ------------------------------------------------------------------ classes
+
+def _group(candidates: list[tuple[str, Any]], sig: Callable[[Any], tuple[Any, ...]]) -> tuple[Cls, ...]:
+    """Candidates with equal signatures form one class, labelled by all its members."""
+    groups: dict[tuple[Any, ...], list[tuple[str, Any]]] = {}
+    for label, value in candidates:
+        groups.setdefault(sig(value), []).append((label, value))
+    return tuple(Cls("|".join(lbl for lbl, _ in members), members[0][1]) for members in groups.values())
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, tuple):
+        return f"{v[0]}.{v[1]}"
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class Space:
+    """The domains of every variable, built from the constants of one or more rule sets."""
+
+    def __init__(self, constants: Constants, vary: tuple[str, ...] = ()):
+        self.c = constants
+        self.varied = frozenset(VARIED + tuple(vary))
+        self._facts: dict[tuple[str, bool], Domain] = {}
+        self._env: dict[str, Domain] = {}
+        self._packages: dict[str, Domain] = {}
+        self.platform = self._platform()
+
+    @classmethod
+    def of(cls, pairs: list[tuple[RuleSet, Table]], vary: tuple[str, ...] = ()) -> Space:
+        c = Constants()
+        for rs, table in pairs:
+            c.collect(rs, table)
+        return cls(c, vary)
+
+    def _platform(self) -> Domain:
+        preds = [(f, op, k) for f in PLATFORM_FACTS for op, k in sorted(self.c.facts.get(f, ()), key=repr)]
+        cands: list[tuple[str, Any]] = []
+        for cap in CUDA_CAPABILITIES:
+            cands.append((f"cuda {_show(cap)}", {"platform.kind": "cuda", "platform.capability": cap,
+                                                "platform.gcn_arch": None, "platform.amx": False}))
+        for arch, cap in self.c.rocm_archs.items():
+            cands.append((f"rocm {arch}", {"platform.kind": "rocm", "platform.capability": cap,
+                                           "platform.gcn_arch": arch, "platform.amx": False}))
+        cands.append(("xpu", {"platform.kind": "xpu", "platform.capability": None, "platform.gcn_arch": None,
+                              "platform.amx": False}))
+        for amx in (False, True):
+            cands.append(("cpu amx" if amx else "cpu", {"platform.kind": "cpu", "platform.capability": None,
+                                                        "platform.gcn_arch": None, "platform.amx": amx}))
+
+        def sig(p: dict[str, Any]) -> tuple[Any, ...]:
+            return (p["platform.kind"], *(_holds(op, k, p[f]) for f, op, k in preds))
+
+        groups = _group(cands, sig)
+        return Domain(PLATFORM, tuple(Cls(_merge_label(g.label), g.value) for g in groups))
+
+    def platforms(self) -> list[tuple[str, int]]:
+        """Every concrete platform (column of a sweep) with the index of its class."""
+        out = []
+        for i, cl in enumerate(self.platform.classes):
+            out.extend((label, i) for label in cl.label.split("|"))
+        return out
+
+    def fact(self, name: str, nullable: bool) -> Domain:
+        key = (name, nullable)
+        dom = self._facts.get(key)
+        if dom is None:
+            dom = self._facts[key] = Domain("fact:" + name, self._fact_classes(name, nullable))
+        return dom
+
+    def _fact_classes(self, name: str, nullable: bool) -> tuple[Cls, ...]:
+        kind = FACTS.get(name, ("str?", None))[0]
+        preds = sorted(self.c.facts.get(name, ()), key=repr)
+        values: list[Any] = []
+        if kind.startswith("bool"):
+            values = [False, True]
+        elif kind.startswith("int") or kind.startswith("num"):
+            divisors = sorted({k for op, k in preds if op == "multiple_of"})
+            points = {k for op, k in preds if op in ("eq", "ne", "key", "ge", "gt", "le", "lt")
+                      and isinstance(k, (int, float)) and not isinstance(k, bool)}
+            for op, k in preds:
+                if op in ("in", "not_in"):
+                    points |= {x for x in k if isinstance(x, (int, float)) and not isinstance(x, bool)}
+            near = {p + d for p in points for d in (-1, 0, 1) if p + d >= 0}
+            lcms = {math.lcm(*sub) for r in range(1, len(divisors) + 1) for sub in combinations(divisors, r)}
+            lo, hi = getattr(facts_module, "RANGES", {}).get(name, (0, None))  # only values a scenario may give
+            values = sorted(v for v in {0, 1, lo} | near | lcms if v >= lo and (hi is None or v <= hi))
+        else:
+            consts: list[Any] = []
+            for _op, k in preds:
+                for x in (k if isinstance(k, frozenset) else [k]):
+                    if isinstance(x, str) and x not in consts:
+                        consts.append(x)
+            if name == "moe.activation":
+                consts = list(ACTIVATIONS)
+            values = [*consts, OTHER] if name != "moe.activation" else consts
+        if nullable or kind.endswith("?"):
+            values = [None, *values]
+
+        def sig(v: Any) -> tuple[Any, ...]:
+            return tuple(_holds(op, k, v) for op, k in preds) + ((v,) if not preds and kind == "choice" else ())
+
+        return tuple(Cls(f"{name}={_merge_label(c.label)}", c.value)
+                     for c in _group([(_show(v), v) for v in values], sig))
+
+    def env(self, name: str) -> Domain:
+        dom = self._env.get(name)
+        if dom is None:
+            dom = self._env[name] = Domain("env:" + name, self._env_classes(name))
+        return dom
+
+    def _env_classes(self, name: str) -> tuple[Cls, ...]:
+        spec = self.c.env_specs.get(name)
+        consts = sorted(self.c.env.get(name, ()))
+        cands: list[tuple[str, str | None]] = [("unset", None)]
+        parse = spec.parse if spec else ""
+        if parse == "int_bool":
+            cands += [("0", "0"), ("1", "1"), ("x", "x")]
+        elif parse in ("true_or_1", "true_or_1_stripped"):
+            cands += [("0", "0"), ("1", "1")]
+        elif parse == "choice" and spec is not None:
+            cands += [(c, c) for c in spec.choices] + [("x", "x")]
+        else:
+            cands += [(c, c) for c in consts] + [(OTHER, OTHER)]
+        if spec is not None and name not in self.c.env_presence:  # unset reads as the default: one class
+            same = [c for c in cands[1:] if _parses_to(spec, c[1], spec.default)]
+            if same:
+                first = same[0]
+                cands = [(f"unset|{first[0]}", first[1]), *(c for c in cands[1:] if c != first)]
+        return tuple(Cls(f"{name}={lbl}", v) for lbl, v in cands)
+
+    def package(self, name: str) -> Domain:
+        dom = self._packages.get(name)
+        if dom is None:
+            dom = self._packages[name] = Domain("package:" + name,
+                                                (Cls(f"{name} absent", False), Cls(f"{name} installed", True)))
+        return dom
+
+
+def _parses_to(spec: EnvSpec, raw: str | None, value: Any) -> bool:
+    try:
+        return raw is not None and spec.value({spec.name: raw}) == value
+    except EnvValueError:
+        return False
+
+
+def members(label: str) -> list[str]:
+    """The full labels a merged class label stands for: 'cuda 8.0|8.6' -> ['cuda 8.0', 'cuda 8.6']."""
+    out: list[str] = []
+    prefix = ""
+    for part in label.split("|"):
+        head = part.partition(" ")[0] if " " in part else ""
+        if out and " " not in part and "=" not in part and prefix:
+            out.append(prefix + part)
+            continue
+        prefix = (head + " ") if head else (part.split("=", 1)[0] + "=" if "=" in part else "")
+        out.append(part)
+    return out
+
+
+def _merge_label(label: str) -> str:
+    """'cuda 8.0|cuda 8.6' -> 'cuda 8.0|8.6' (the kind once)."""
+    parts = label.split("|")
+    out, last = [], None
+    for p in parts:
+        kind, _, rest = p.partition(" ")
+        out.append(rest if kind == last and rest and kind in ("cuda", "rocm") else p)
+        last = kind
+    return "|".join(out)
+
+
+# ------------------------------------------------------------------ exploration
+
+class Explorer:
+    """Depth-first enumeration by replay: each run is one leaf; choices before the fork point replay."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        self.stack: list[list[Any]] = []  # [domain, chosen index]
+        self.pos = 0
+        self.assigned: dict[str, int] = {}
+
+    def choose(self, domain: Domain) -> Cls:
+        idx = self.assigned.get(domain.var)
+        if idx is None:
+            if len(domain.classes) == 1:
+                return domain.classes[0]
+            if self.pos < len(self.stack):
+                idx = self.stack[self.pos][1]
+            else:
+                self.stack.append([domain, 0])
+                idx = 0
+            self.pos += 1
+            self.assigned[domain.var] = idx
+        return domain.classes[idx]
+
+    def leaf(self) -> dict[str, Cls]:
+        return {d.var: d.classes[i] for d, i in self.stack[:self.pos]}
+
+    def advance(self) -> bool:
+        """Next leaf: bump the deepest choice that has classes left; False when the space is done."""
+        del self.stack[self.pos:]
+        while self.stack:
+            top = self.stack[-1]
+            if top[1] + 1 < len(top[0].classes):
+                top[1] += 1
+                break
+            self.stack.pop()
+        self.pos = 0
+        self.assigned = {}
+        return bool(self.stack)
+
+
+class _Facts(Mapping[str, Any]):
+    __slots__ = ("x", "nullable", "fixed")
+
+    def __init__(self, x: Explorer, nullable: frozenset[str], fixed: Mapping[str, Any]):
+        self.x, self.nullable, self.fixed = x, nullable, fixed
+
+    def __getitem__(self, key: str) -> Any:
+        fixed = self.fixed
+        if key in fixed:
+            return fixed[key]
+        if key in PLATFORM_FACTS:
+            return self.x.choose(self.x.space.platform).value[key]
+        return self.x.choose(self.x.space.fact(key, key in self.nullable)).value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FACTS)
+
+    def __len__(self) -> int:
+        return len(FACTS)
+
+
+class _Env(Mapping[str, str]):
+    __slots__ = ("x",)
+
+    def __init__(self, x: Explorer):
+        self.x = x
+
+    def __getitem__(self, key: str) -> str:
+        v = self.x.choose(self.x.space.env(key)).value
+        if v is None:
+            raise KeyError(key)
+        return str(v)
+
+    def __contains__(self, key: object) -> bool:
+        return self.x.choose(self.x.space.env(str(key))).value is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _Packages:
+    __slots__ = ("x",)
+
+    def __init__(self, x: Explorer):
+        self.x = x
+
+    def __contains__(self, name: object) -> bool:
+        return bool(self.x.choose(self.x.space.package(str(name))).value)
+
+
+class Reader:
+    """What a decision function receives: builds contexts whose reads fork the exploration."""
+
+    def __init__(self, x: Explorer):
+        self.x = x
+        self.env = _Env(x)
+        self.packages = _Packages(x)
+        self._fixed: dict[str, dict[str, Any]] = {}
+        self._fixed_of: dict[str, Policy] = {}
+
+    def ctx(self, policy: Policy, nullable: frozenset[str]) -> Ctx:
+        """A context for `policy`: varied facts fork, the others hold the policy's defaults.
+        `nullable`: facts that may be null (see nullable_facts); one set for every policy compared."""
+        fixed = self._fixed.get(policy.name)
+        if fixed is None or self._fixed_of.get(policy.name) is not policy:
+            varied = self.x.space.varied
+            fixed = {f: policy.defaults.get(f, d) for f, (_, d) in FACTS.items() if f not in varied
+                     and f not in PLATFORM_FACTS}
+            self._fixed[policy.name], self._fixed_of[policy.name] = fixed, policy
+        return Ctx(_Facts(self.x, nullable, fixed), self.env, self.packages)  # type: ignore[arg-type]
+
+
+def nullable_facts(*policies: Policy) -> frozenset[str]:
+    """Facts a scenario may leave null for any of these policies (no default, or a null default)."""
+    out: set[str] = set()
+    for policy in policies:
+        out |= {f for f, (_, d) in FACTS.items() if policy.defaults.get(f, d) is None}
+    return frozenset(out)
+
+
+def explore(space: Space, fn: Callable[[Reader], Any], limit: int = 2_000_000) -> Iterator[tuple[dict[str, Cls], Any]]:
+    """Every leaf (the classes it fixed, fn's result) of the input space; `limit` guards a runaway space."""
+    x = Explorer(space)
+    reader = Reader(x)
+    for _ in range(limit):
+        result = fn(reader)
+        yield x.leaf(), result
+        if not x.advance():
+            return
+    raise RuntimeError(f"input space exceeds {limit} classes; narrow it (--policy) or report the rules")
+
+
+# ------------------------------------------------------------------ one decision, summarised
+
+class Answer(NamedTuple):
+    """What diff and sweep compare: the answer fields that matter, and where each side decided."""
+
+    outcome: str
+    backend: str | None = None
+    kernel: str | None = None
+    activation_key: str | None = None
+    align_hidden: int | None = None  # the round_up alignment applied (sizes round up to a multiple of it)
+    align_intermediate: int | None = None
+    step: str | None = None
+    at: str | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        return self[:6]
+
+    def short(self) -> str:
+        if self.outcome != "selected":
+            return self.outcome + (f" ({self.backend})" if self.backend else "")
+        parts = [self.backend or "?"]
+        if self.kernel:
+            parts.append(self.kernel)
+        if self.activation_key:
+            parts.append(f"act {self.activation_key}")
+        if self.align_hidden != 1 or self.align_intermediate != 1:
+            parts.append(f"round_up {self.align_hidden}/{self.align_intermediate}")
+        return " ".join(parts)
+
+
+_UNIT_SIZES = {"moe.hidden_size": 1, "moe.intermediate_size": 1}
+
+
+def call_hook(table: Table) -> Callable[..., Result]:
+    def call(name: str, c: Ctx, t: Trace, requested: Any = UNSET) -> Result:
+        sub = Ctx(c.facts, c.env, c.packages)
+        sub.memo = c.memo
+        return run(table.policies[name], sub, t, call, requested)
+    return call
+
+
+def decide(table: Table, policy: Policy, ctx: Ctx, hook: Callable[..., Result] | None = None,
+           trace: Trace = None) -> Answer:
+    """The fast-path decision of one policy on one (possibly forking) context."""
+    try:
+        res = run(policy, ctx, trace, hook or call_hook(table))
+    except EnvValueError:
+        return Answer("invalid", step="env", at=None)
+    step = res.decided_by
+    where = (step.id, step.at) if step is not None else (None, None)
+    if res.outcome == "selected" and res.backend is not None and res.family is not None:
+        # sizes of 1 round up to the alignment itself: the rounding rule, without forking on every size class
+        unit = Ctx(_Facts(ctx.facts.x, ctx.facts.nullable, _UNIT_SIZES), ctx.env, ctx.packages) \
+            if isinstance(ctx.facts, _Facts) else Ctx({**ctx.facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
+        h, i = round_sizes(res.family.round_up, res.backend.name, unit)
+        kernel = res.kernel.name if res.kernel and res.report_kernel else None
+        ak = res.activation_key
+        return Answer("selected", res.backend.value, kernel, ak if isinstance(ak, str) else None, h, i, *where)
+    return Answer(res.outcome, res.reported_backend, None, None, None, None, *where)
+
+
+def scenario_of(leaf: Mapping[str, Cls], policy: str, profile: str | None = None) -> dict[str, Any]:
+    """A concrete scenario (the contract's shape) inside a class: the representatives of what it fixed."""
+    sc: dict[str, Any] = {"policy": policy}
+    if profile:
+        sc["profile"] = profile
+    for var, cl in leaf.items():
+        kind, _, name = var.partition(":")
+        if var == PLATFORM:
+            p = cl.value
+            plat: dict[str, Any] = {"kind": p["platform.kind"]}
+            if p["platform.kind"] == "cuda":
+                plat["capability"] = list(p["platform.capability"])
+            elif p["platform.kind"] == "rocm":
+                plat["gcn_arch"] = p["platform.gcn_arch"]
+            elif p["platform.amx"]:
+                plat["amx"] = True
+            sc["platform"] = plat
+        elif kind == "env" and cl.value is not None:
+            sc.setdefault("env", {})[name] = cl.value
+        elif kind == "package":
+            sc.setdefault("packages", {})[name] = cl.value
+        elif kind == "fact":
+            *path, last = name.split(".")
+            node = sc
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = list(cl.value) if isinstance(cl.value, tuple) else cl.value
+    return sc
+
+
+def describe(leaf: Mapping[str, Cls]) -> str:
+    """One line naming the classes a leaf fixed (everything else: any value)."""
+    return "; ".join(cl.label for cl in leaf.values()) or "every input"
