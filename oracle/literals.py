@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import did_you_mean
 from .facts import PLATFORM_KINDS
-from .vocabulary import ACTIVATIONS, ROUTING_METHODS
+from .vocabulary import ACTIVATIONS, ALL2ALL_BACKENDS, ROUTING_METHODS
 
 CAPABILITY = re.compile(r"^[0-9]+\.[0-9]+$")
 _EQUALITY = ("eq", "ne", "in", "not_in")
@@ -26,6 +26,7 @@ def vocabularies(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[s
     keys = ("quantization key", tuple(sections["quant_keys"]))
     return {"moe.activation": ("activation", ACTIVATIONS),
             "moe.routing_method": ("routing method", ROUTING_METHODS),
+            "moe.parallel.all2all_backend": ("all2all backend", ALL2ALL_BACKENDS),
             "platform.kind": ("platform kind", PLATFORM_KINDS),
             "platform.gcn_arch": ("ROCm arch", tuple(sections["rocm_archs"])),
             "moe.weight_key": keys, "moe.activation_key": keys, "moe.user_activation_key": keys,

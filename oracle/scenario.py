@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ScenarioError, did_you_mean
 from .facts import CAPABILITY_RANGES, FACTS, PLATFORM_KINDS, RANGES
-from .vocabulary import ACTIVATIONS, ROUTING_METHODS
+from .vocabulary import ACTIVATIONS, ALL2ALL_BACKENDS, ROUTING_METHODS
 
 if TYPE_CHECKING:
     from .model import Table
@@ -204,6 +204,10 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     for key, value in parallel.items():
         path = "moe.parallel." + key
         facts[path] = _typed(value, FACTS[path][0], path)
+    a2a = facts["moe.parallel.all2all_backend"]
+    if a2a is not None and a2a not in ALL2ALL_BACKENDS:
+        raise ScenarioError(f"moe.parallel.all2all_backend: {a2a!r} is not an all2all backend"
+                            f"{did_you_mean(a2a, ALL2ALL_BACKENDS)}; expected one of {', '.join(ALL2ALL_BACKENDS)}")
     top_k, experts = facts["moe.top_k"], facts["moe.num_experts"]
     if top_k is not None and experts is not None and top_k > experts:
         given = "" if "top_k" in moe else " (the default)"

@@ -19,6 +19,9 @@ ACTIVATIONS = ("silu", "gelu", "swigluoai", "swiglustep", "silu_no_mul", "gelu_n
 # rule files may name only these (kernels' routing_methods, conditions on moe.routing_method)
 ROUTING_METHODS = ("Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "Custom", "Simulated",
                    "Unspecified", "SigmoidRenorm", "Sigmoid", "MiniMax2", "DeepseekV4")
+# the scenario's moe.parallel.all2all_backend values (vLLM's --all2all-backend choices), shared with the rules
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "mori",
+                    "nixl_ep", "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided")
 
 
 @dataclass(frozen=True)

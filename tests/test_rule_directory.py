@@ -86,7 +86,7 @@ def test_select_and_explain_on_broken_rules_exit_3_without_a_traceback(tmp_path,
 
 
 def test_github_format_annotates_each_new_mistake(capsys):
-    names = ["unknown_package", "unknown_activation", "unknown_rocm_arch", "unknown_routing_method",
+    names = ["unknown_package", "unknown_activation", "unknown_rocm_arch", "unknown_routing_method", "unknown_all2all_backend",
              "capability_not_major_minor", "capability_major_only", "capability_word", "env_default_unparsable",
              "runner_attribute_missing"]
     assert main(["validate", "--format", "github", *(str(BAD / f"{n}.yaml") for n in names)]) == 3
@@ -101,3 +101,5 @@ def test_the_scenario_side_uses_the_same_vocabularies():
     assert d.outcome == "error" and "did you mean 'Renormalize'" in d.error
     d = o.select({"policy": "nvfp4", "packages": {"triton_kernel": True}})
     assert d.outcome == "error" and "did you mean 'triton_kernels'" in d.error
+    d = o.select({"policy": "nvfp4", "moe": {"parallel": {"all2all_backend": "deepep_low_latncy"}}})
+    assert d.outcome == "error" and "did you mean 'deepep_low_latency'" in d.error

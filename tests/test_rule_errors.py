@@ -12,7 +12,7 @@ import pytest
 from oracle.cli import main
 from oracle.facts import FACTS
 from oracle.validate import validate_paths
-from oracle.vocabulary import ACTIVATIONS, ROUTING_METHODS
+from oracle.vocabulary import ACTIVATIONS, ALL2ALL_BACKENDS, ROUTING_METHODS
 
 BAD = Path(__file__).parent / "bad_rules"
 
@@ -52,6 +52,8 @@ EXPECTED = {
                          "gfx942, gfx950",
     "unknown_routing_method": "16:23: unknown routing method 'Renormalise' (did you mean 'Renormalize'?); "
                               "moe.routing_method is one of " + ", ".join(ROUTING_METHODS),
+    "unknown_all2all_backend": "10:92: unknown all2all backend 'deepep_low_latncy' (did you mean 'deepep_low_latency'?); "
+                              "moe.parallel.all2all_backend is one of " + ", ".join(ALL2ALL_BACKENDS),
     # capabilities are 'major.minor' strings: anything else would crash at compile time or never compare
     "capability_not_major_minor": "14:41: capability 'sm_90' in 'eq' is not 'major.minor' (did you mean \"9.0\"?); "
                                   "write a quoted string such as \"9.0\" or \"10.0\"",
