@@ -163,6 +163,21 @@ def test_w_mxfp4_runs_the_triton_kernels_under_the_interpreter():
     assert row["rel_l2"] <= tolerance("w4a16_moe_rel_l2")["rtol"], row
 
 
+def test_a_kernel_this_project_cannot_run_still_answers_with_the_full_decision():
+    """gfx950 w_mxfp4 under vLLM 0.20: OAI Triton, monolithic first in the rules' order; parameters exist at
+    the rounded sizes, and post-processing says it is not runnable here and which profile is."""
+    layer = QuarkOCPMXMoE.create(quant_config("fp4"), E, 2880, 2880, top_k=TOP_K, activation="swigluoai",
+                                 gate_up="interleaved", platform={"kind": "rocm", "gcn_arch": "gfx950"},
+                                 packages={"triton_kernels": True}, env={}, profile="vllm-0.20")
+    assert layer.params["w13_weight"].shape == (E, 2 * 3072, 3072 // 2)
+    variants = layer.kernel_variants()
+    assert (variants["backend"], variants["kernel"], variants["monolithic"]) == (
+        "TRITON", "OAITritonMxfp4ExpertsMonolithic", True)
+    assert [v["monolithic"] for v in variants["variants"]] == [True, False]
+    with pytest.raises(LayerUnavailableError, match="cannot run.*Runnable instead: profile='moe-oracle'"):
+        layer.process_weights_after_loading()
+
+
 # ---------------------------------------------------------------------- static input scales
 def test_static_scales_reduce_to_the_max_with_a_warning(caplog):
     layer = make("w_mxfp4_a_fp8")

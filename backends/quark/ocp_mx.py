@@ -262,6 +262,18 @@ class QuarkOCPMXMoE:
                         runner=runner, top_k=self.top_k, renormalize=self.renormalize, activation=self.activation,
                         swiglu=self.swiglu, deterministic=False, device=weights.w13.device)
 
+    def kernel_variants(self) -> dict[str, Any]:
+        """The decision's kernel and how it assembles, from the rules' kernel table: whether it is monolithic
+        (routing inside the kernel) or modular (prepare -> experts -> finalize), and the backend's variants in
+        the rules' order. None for kernel and variants when no backend was selected."""
+        d = self.decision
+        family = self._oracle.table(d.profile).policies[POLICY].family
+        backend = family.backends.get(d.backend) if d.backend else None
+        variants = list(backend.kernels) if backend is not None else []
+        chosen = next((k for k in variants if k.name == d.kernel), None)
+        return {"backend": d.backend, "kernel": d.kernel, "monolithic": chosen.monolithic if chosen else None,
+                "variants": [{"kernel": k.name, "monolithic": k.monolithic} for k in variants] or None}
+
     # ------------------------------------------------------------------ apply
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None, *,
                 topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
