@@ -294,3 +294,18 @@ def test_forward_matches_the_fp32_reference(scheme, activation, gate_up, has_bia
     torch.testing.assert_close(y, ref, **tolerance("fp32_reordered"))
     y_bf16 = layer.forward(x.bfloat16(), logits)
     assert y_bf16.dtype == torch.bfloat16
+
+
+def test_forward_takes_given_routing_and_names_bad_inputs():
+    layer = make("w_mxfp4_a_mxfp4")
+    gen = torch.Generator().manual_seed(3)
+    layer.load_weights(_random_checkpoint("mxfp4", gen, False))
+    layer.process_weights_after_loading()
+    x, logits = torch.randn(6, H, generator=gen), torch.randn(6, E, generator=gen)
+    top, ids = torch.topk(logits, TOP_K)
+    routed = layer.forward(x, topk_ids=ids, topk_weights=torch.softmax(top, -1))
+    torch.testing.assert_close(routed, layer.forward(x, logits), **tolerance("fp32_reordered"))
+    with pytest.raises(ValueError, match=r"x must be a tensor of shape \(T, 64\)"):
+        layer.forward(torch.zeros(6, 128), logits)
+    with pytest.raises(TypeError, match="x.dtype=torch.int64"):
+        layer.forward(torch.zeros(6, H, dtype=torch.long), logits)

@@ -109,6 +109,7 @@ class QuarkOCPMXMoE:
         self.params: dict[str, torch.Tensor] = {
             name: torch.zeros(shape, dtype=dtype, device=device) for name, (shape, dtype) in self.param_specs(
                 has_bias).items()}
+        self.device = self.params["w13_weight"].device  # concrete: 'cuda' becomes 'cuda:0', as x.device reports
         if self.static_input_scales:  # vLLM creates them as ones; a checkpoint must overwrite them
             for name in ("w13_input_scale", "w2_input_scale"):
                 self.params[name].fill_(1.0)
