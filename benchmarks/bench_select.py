@@ -87,7 +87,7 @@ def main() -> None:
         uncached.append(per_call(lambda sc=sc: o.select_uncached(sc), 200, rounds=3))
     from_dict = [per_call(lambda s=s: o.select_uncached(o.prepare(s)), 50, rounds=3)
                  for s in golden if s.get("query", "select") == "select"]
-    gpt_hot = o.prepare({"policy": "mxfp4-gpt-oss", "platform": {"kind": "cuda", "capability": [9, 0]},
+    gpt_hot = o.prepare({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [9, 0]},
                          "packages": {"triton_kernels": True, "flashinfer": True}})
     o.select(gpt_hot)
     repeated = per_call(lambda: o.select(gpt_hot), 20000)

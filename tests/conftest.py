@@ -12,8 +12,10 @@ def oracle() -> Oracle:
 
 
 def scenario(policy: str, platform: str = "cuda:9.0", *, packages=("flashinfer", "triton_kernels", "deep_gemm", "aiter"),
-             env=None, profile=None, **moe) -> dict:
-    """A scenario dict from short arguments: platform 'cuda:9.0' | 'rocm:gfx950' | 'xpu' | 'cpu'."""
+             env=None, profile="vllm-0.20", **moe) -> dict:
+    """A scenario dict from short arguments: platform 'cuda:9.0' | 'rocm:gfx950' | 'xpu' | 'cpu'.
+
+    Pinned to the vllm-0.20 profile the tests using it were written for (profile=None: the default profile)."""
     kind, _, detail = platform.partition(":")
     plat: dict = {"kind": kind}
     if kind == "cuda":
@@ -37,7 +39,7 @@ def _cuda_skip_reason() -> str | None:
     plat = detect_platform()
     if plat["kind"] == "cuda":
         return None
-    answer = Oracle().select({"policy": "mxfp4-gpt-oss", "platform": plat})
+    answer = Oracle().select({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": plat})
     return (f"moe-oracle detected platform '{plat['kind']}' (no CUDA device); "
             f"mxfp4-gpt-oss selects {answer.backend or answer.outcome} here")
 

@@ -15,7 +15,8 @@ def run(capsys, *argv):
 
 
 def test_explain_shows_the_winner_and_every_rejected_candidate(capsys):
-    code, out, _ = run(capsys, "explain", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:9.0", "--package", "triton_kernels")
+    code, out, _ = run(capsys, "explain", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:9.0",
+                       "--package", "triton_kernels")
     assert code == 0
     assert "=> selected TRITON, kernel OAITritonMxfp4ExpertsMonolithic" in out
     for rejected in ("FLASHINFER_TRTLLM_MXFP4_BF16 / TrtLlmMxfp4ExpertsMonolithic",
@@ -29,17 +30,18 @@ def test_explain_shows_the_winner_and_every_rejected_candidate(capsys):
 
 
 def test_explain_json_has_the_trace(capsys):
-    code, out, _ = run(capsys, "explain", "--json", "--policy", "mxfp4", "--platform", "cpu")
+    code, out, _ = run(capsys, "explain", "--json", "--profile", "vllm-0.20", "--policy", "mxfp4", "--platform", "cpu")
     data = json.loads(out)
     assert code == 1 and data["outcome"] == "unsupported" and data["trace"]
     assert data["profile"] == "vllm-0.20" and data["rule_files"]
 
 
 def test_select_prints_a_summary_and_json(capsys):
-    code, out, _ = run(capsys, "select", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0", "--package", "flashinfer")
+    code, out, _ = run(capsys, "select", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0",
+                       "--package", "flashinfer")
     assert code == 0 and out.startswith("selected FLASHINFER_TRTLLM_MXFP4_BF16, kernel TrtLlmMxfp4ExpertsMonolithic")
-    code, out, _ = run(capsys, "select", "--json", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0",
-                       "--env", "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0", "--package", "triton_kernels")
+    code, out, _ = run(capsys, "select", "--json", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss",
+                       "--platform", "cuda:10.0", "--env", "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=0", "--package", "triton_kernels")
     assert json.loads(out)["backend"] == "TRITON" and "trace" not in json.loads(out)
 
 
@@ -84,7 +86,8 @@ def test_batch_keeps_order_and_survives_bad_lines(capsys, tmp_path):
         json.dumps({"policy": "mxfp4", "platform": {"kind": "cuda", "capability": [9, 0]}}),
         "{not json",
         json.dumps({"policy": "nope"}),
-        json.dumps({"scenario": {"policy": "mxfp4-gpt-oss", "platform": {"kind": "cpu"}}, "expected": {}}),
+        json.dumps({"scenario": {"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": {"kind": "cpu"}},
+                    "expected": {}}),
     ]) + "\n")
     code, out, _ = run(capsys, "select", "--batch", str(f))
     lines = [json.loads(x) for x in out.splitlines()]
@@ -95,4 +98,5 @@ def test_batch_keeps_order_and_survives_bad_lines(capsys, tmp_path):
 
 def test_profiles_command(capsys):
     code, out, _ = run(capsys, "profiles")
-    assert code == 0 and "vllm-0.20" in out and "(default)" in out and "vllm-0.15" in out
+    assert code == 0 and "vllm-0.20" in out and "vllm-0.15" in out
+    assert "(default)" in next(line for line in out.splitlines() if line.startswith("vllm-0.33"))

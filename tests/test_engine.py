@@ -97,7 +97,7 @@ def test_refusals_always_explain_themselves(oracle):
 
 def test_profiles_are_listed_with_a_description(oracle):
     profiles = oracle.profiles()
-    assert {"vllm-0.20", "vllm-0.15"} <= set(profiles) and oracle.default_profile == "vllm-0.20"
+    assert {"vllm-0.20", "vllm-0.15", "vllm-0.33"} <= set(profiles) and oracle.default_profile == "vllm-0.33"
     assert "vLLM 0.20.0" in profiles["vllm-0.20"] and "vLLM 0.15.1" in profiles["vllm-0.15"]
 
 
@@ -193,7 +193,7 @@ def test_a_rules_directory_extends_the_shipped_rules(tmp_path):
         "  mine: {description: 'vllm-0.20 without TRT-LLM', extends: vllm-0.20, files: [no-trtllm.yaml]}\n")
     o = Oracle(tmp_path)
     assert {"vllm-0.20", "vllm-0.15", "mine"} <= set(o.profiles())
-    sm100 = scenario("mxfp4-gpt-oss", "cuda:10.0")
+    sm100 = scenario("mxfp4-gpt-oss", "cuda:10.0", profile=None)
     assert o.select({**sm100, "profile": "vllm-0.20"}).backend == "FLASHINFER_TRTLLM_MXFP4_BF16"
     mine = o.select(sm100)
     assert mine.profile == "mine" and mine.backend == "TRITON" and mine.decided_by.at.endswith("no-trtllm.yaml:8")

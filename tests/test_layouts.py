@@ -517,10 +517,11 @@ def test_decision_and_explain_carry_the_converter_the_rules_name(oracle, capsys)
     named = oracle.table(d.profile).families["mxfp4"].backends[d.backend].converter
     assert (d.backend, d.converter, named) == ("FLASHINFER_TRTLLM_MXFP4_BF16",) + ("backends.layouts.trtllm:mxfp4",) * 2
     assert d.to_dict()["converter"] == named and Decision.from_dict(d.to_dict()).converter == named
-    assert main(["explain", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0", "--package", "flashinfer"]) == 0
+    assert main(["explain", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0",
+                 "--package", "flashinfer"]) == 0
     assert f"converter {named}" in capsys.readouterr().out
-    assert main(["select", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0", "--package", "flashinfer",
-                 "--json"]) == 0
+    assert main(["select", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:10.0",
+                 "--package", "flashinfer", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["converter"] == named
 
 

@@ -63,7 +63,7 @@ def test_with_flashinfer_only_the_capability_leaf_fails():
 
 
 def test_derived_facts_expand_to_their_own_leaves():
-    d = ORACLE.select({"policy": "mxfp4-gpt-oss", "platform": {"kind": "rocm", "gcn_arch": "gfx942"},
+    d = ORACLE.select({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": {"kind": "rocm", "gcn_arch": "gfx942"},
                        "packages": {"aiter": True}, "env": {"VLLM_ROCM_USE_AITER_MOE": "0"}})
     device = failures(d, "AITER")["device"]
     assert [(leaf.text, leaf.via) for leaf in device.leaves] == [
@@ -112,7 +112,7 @@ def test_unsupported_lists_each_candidates_leaves_on_one_line():
 
 
 def test_explain_text_and_json(capsys):
-    argv = ["--policy", "nvfp4", "--platform", "cuda:9.0"]
+    argv = ["--profile", "vllm-0.20", "--policy", "nvfp4", "--platform", "cuda:9.0"]
     assert main(["explain", *argv]) == 0
     out = capsys.readouterr().out
     assert "x device: platform.capability 9.0 is not in family 10.x; package flashinfer is not installed" in out

@@ -49,7 +49,7 @@ def files(tmp_path):
 
 @pytest.fixture
 def loaded(files, oracle):
-    return load_overrides(files, [oracle.table()])
+    return load_overrides(files, [oracle.table("vllm-0.20")])
 
 
 def test_a_role_override_forces_its_backend_with_provenance_in_decision_and_trace(loaded, oracle, files):
@@ -121,7 +121,7 @@ def test_a_broken_overrides_file_is_refused_at_file_line_col(tmp_path, oracle, e
     path = tmp_path / "bad.yaml"
     path.write_text("# overrides\noverrides:\n" + entry)
     with pytest.raises(RuleError) as info:
-        load_overrides(path, [oracle.table()])
+        load_overrides(path, [oracle.table("vllm-0.20")])
     found = info.value.diagnostics
     assert len(found) == 1 and words in found[0].message, found
     assert (found[0].line, found[0].col) == (3, entry.index(key) + 1) and found[0].file.endswith("bad.yaml")
@@ -132,13 +132,13 @@ def test_duplicate_ids_are_refused(tmp_path, oracle):
     path.write_text("overrides:\n  - {id: a, match: {role: x}, backend: MARLIN, why: w}\n"
                     "  - {id: a, match: {role: y}, backend: MARLIN, why: w}\n")
     with pytest.raises(RuleError, match=r"dup.yaml:3:\d+: override id 'a' is already used at .*dup.yaml:2"):
-        load_overrides(path, [oracle.table()])
+        load_overrides(path, [oracle.table("vllm-0.20")])
 
 
 def test_the_store_applies_overrides_per_layer_and_logs_the_provenance(files, caplog):
-    store = RuleStore(overrides=files, plugins=False, platform={"kind": "cuda", "capability": [9, 0]},
+    store = RuleStore(overrides=files, plugins=False, profiles=["vllm-0.20"], platform={"kind": "cuda", "capability": [9, 0]},
                       packages={"triton_kernels": True, "flashinfer": True}, env={})
-    question = {"policy": "mxfp4-gpt-oss", "moe": {"activation": "swigluoai"}}
+    question = {"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "moe": {"activation": "swigluoai"}}
     with caplog.at_level("INFO", logger="moe_oracle"):
         answers = [store.select(question, model="acme/moe-a", layer=i).backend for i in range(4)]
     assert answers == ["EMULATION", "EMULATION", "TRITON", "TRITON"]
@@ -150,8 +150,8 @@ def test_the_store_applies_overrides_per_layer_and_logs_the_provenance(files, ca
 def test_explain_prints_the_override_that_decided(files, capsys):
     from oracle.cli import main
 
-    code = main(["explain", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:9.0", "--package", "triton_kernels",
-                 "--activation", "swigluoai", "--overrides", str(files), "--role", "draft"])
+    code = main(["explain", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:9.0",
+                 "--package", "triton_kernels", "--activation", "swigluoai", "--overrides", str(files), "--role", "draft"])
     out = capsys.readouterr().out
     assert code == 0 and "selected MARLIN" in out
     at = f"{display_name(files)}:{_line_of(OVERRIDES, 'id: draft-on-marlin')}"
@@ -162,8 +162,8 @@ def test_explain_prints_the_override_that_decided(files, capsys):
 def test_explain_refuses_a_forced_misfit_with_exit_1(files, capsys):
     from oracle.cli import main
 
-    code = main(["select", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:9.0", "--package", "triton_kernels",
-                 "--overrides", str(files), "--model", "acme/trtllm-forced"])
+    code = main(["select", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:9.0",
+                 "--package", "triton_kernels", "--overrides", str(files), "--model", "acme/trtllm-forced"])
     out = capsys.readouterr().out
     assert code == 1 and out.startswith("invalid: override 'trtllm-everywhere' at ")
 

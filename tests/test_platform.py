@@ -9,7 +9,7 @@ from oracle.platform import detect_packages, detect_platform, env_snapshot
 def test_detect_platform_gives_a_scenario_platform(oracle):
     plat = detect_platform()
     assert plat["kind"] in ("cuda", "rocm", "xpu", "cpu")
-    d = oracle.select({"policy": "mxfp4-gpt-oss", "platform": plat})
+    d = oracle.select({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": plat})
     assert d.outcome != "error", d.error
 
 
@@ -28,6 +28,8 @@ def test_cli_detect_env_reads_declared_variables(monkeypatch, capsys):
     from oracle.cli import main
 
     monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_MXFP4_BF16", "1")
-    assert main(["select", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:8.0", "--detect-env"]) == 1
+    assert main(["select", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:8.0",
+                 "--detect-env"]) == 1
     assert "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1" in capsys.readouterr().out
-    assert main(["select", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:8.0"]) == 0, "without --detect-env the env is not read"
+    assert main(["select", "--profile", "vllm-0.20", "--policy", "mxfp4-gpt-oss", "--platform", "cuda:8.0"]) == 0, \
+        "without --detect-env the env is not read"

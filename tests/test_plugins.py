@@ -66,27 +66,27 @@ def test_the_example_plugin_is_found_and_selects_its_backend_without_being_impor
     assert ("acme", "acme_moe", "acme_moe") in registry.plugin_entry_points()
     store = _store()
     assert [p.name for p in store.generation.plugins] == ["acme"]
-    d = store.select({"policy": "acme-mxfp4", "moe": {"activation": "swigluoai"}})
+    d = store.select({"policy": "acme-mxfp4", "profile": "vllm-0.20", "moe": {"activation": "swigluoai"}})
     assert d.outcome == "selected" and d.backend == "ACME_MXFP4" and d.runner == "acme_moe.runner:moe_forward"
     assert d.decided_by.step == "acme-first" and d.decided_by.at.endswith("acme_moe/rules/acme.yaml:48")
     assert "acme_moe" not in sys.modules, "answering never imports the plugin"
     assert registry.resolve(d.runner).__name__ == "moe_forward"  # importing happens on request only
     # elsewhere the plugin's policy falls back to the shipped gpt-oss selector
-    sm80 = store.select({"policy": "acme-mxfp4", "platform": {"kind": "cuda", "capability": [8, 0]},
+    sm80 = store.select({"policy": "acme-mxfp4", "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [8, 0]},
                          "moe": {"activation": "swigluoai"}})
     assert sm80.backend == "MARLIN"
     # and the shipped policies are unchanged by the plugin
-    assert store.select({"policy": "mxfp4-gpt-oss", "moe": {"activation": "swigluoai"}}).backend == "TRITON"
+    assert store.select({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "moe": {"activation": "swigluoai"}}).backend == "TRITON"
 
 
 def test_the_plugin_package_is_detected_like_any_optional_package(site):
     store = RuleStore(platform=SM90, env={})
-    sc = store.prepare({"policy": "acme-mxfp4"})
+    sc = store.prepare({"policy": "acme-mxfp4", "profile": "vllm-0.20"})
     assert "acme_moe" in sc.packages, "find_spec finds the installed plugin package"
 
 
 def test_without_plugins_the_policy_does_not_exist(site):
-    d = _store(plugins=False, packages={}).select({"policy": "acme-mxfp4"})
+    d = _store(plugins=False, packages={}).select({"policy": "acme-mxfp4", "profile": "vllm-0.20"})
     assert d.outcome == "error" and "unknown policy 'acme-mxfp4'" in d.error
 
 
@@ -123,7 +123,7 @@ def test_a_broken_plugin_is_reported_once_and_skipped(site, caplog, name, manife
     assert len(mine) == 1, warnings  # once per process, not per store or reload
     assert words in mine[0] and "skipped" in mine[0]
     assert [p.name for p in store.generation.plugins] == ["acme"], "the good plugin still serves"
-    assert store.select({"policy": "acme-mxfp4", "moe": {"activation": "swigluoai"}}).backend == "ACME_MXFP4"
+    assert store.select({"policy": "acme-mxfp4", "profile": "vllm-0.20", "moe": {"activation": "swigluoai"}}).backend == "ACME_MXFP4"
     assert name not in sys.modules
 
 
@@ -133,7 +133,7 @@ def test_a_registered_package_that_is_not_installed_is_reported(site, caplog):
     with caplog.at_level(logging.WARNING, logger="moe_oracle"):
         store = _store()
     assert any("package 'ghost_moe' is not importable" in r.getMessage() for r in caplog.records)
-    assert store.select({"policy": "acme-mxfp4", "moe": {"activation": "swigluoai"}}).backend == "ACME_MXFP4"
+    assert store.select({"policy": "acme-mxfp4", "profile": "vllm-0.20", "moe": {"activation": "swigluoai"}}).backend == "ACME_MXFP4"
 
 
 def test_a_plugin_fragment_is_watched_like_a_rule_file(site, tmp_path, monkeypatch):
@@ -149,7 +149,7 @@ def test_a_plugin_fragment_is_watched_like_a_rule_file(site, tmp_path, monkeypat
     assert fragment.resolve() in store.generation.hashes
     fragment.write_text(fragment.read_text().replace('lt: "11.0"', 'lt: "9.1"'))
     assert store.poll().ok
-    sm100 = store.select({"policy": "acme-mxfp4", "platform": {"kind": "cuda", "capability": [10, 0]},
+    sm100 = store.select({"policy": "acme-mxfp4", "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [10, 0]},
                           "packages": {"flashinfer": True}, "moe": {"activation": "swigluoai"}})
     assert sm100.backend != "ACME_MXFP4"
 

@@ -53,7 +53,8 @@ def test_every_shipped_backend_states_what_runs_it(oracle):
 def test_explain_prints_the_runner(capsys):
     from oracle.cli import main
 
-    assert main(["explain", "--policy", "nvfp4", "--platform", "cuda:7.0", "--env", "VLLM_BATCH_INVARIANT=1"]) == 0
+    assert main(["explain", "--profile", "vllm-0.20", "--policy", "nvfp4", "--platform", "cuda:7.0",
+                 "--env", "VLLM_BATCH_INVARIANT=1"]) == 0
     out = capsys.readouterr().out
     assert "selected EMULATION" in out and "runner backends.emulation:moe_forward" in out
     assert "converter none" in out and "reads the checkpoint layout" in out

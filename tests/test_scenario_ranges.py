@@ -16,7 +16,7 @@ ORACLE = Oracle()
 
 
 def answer(**patch):
-    return ORACLE.select({"policy": "mxfp4", "platform": {"kind": "cuda", "capability": [9, 0]}, **patch})
+    return ORACLE.select({"policy": "mxfp4", "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [9, 0]}, **patch})
 
 
 @pytest.mark.parametrize("patch,message", [
@@ -80,16 +80,16 @@ def test_unrelated_variables_earn_no_warning():
 
 
 def test_strict_makes_the_warning_an_error():
-    d = ORACLE.select({"policy": "mxfp4", "env": LOOKALIKE}, strict=True)
+    d = ORACLE.select({"policy": "mxfp4", "profile": "vllm-0.20", "env": LOOKALIKE}, strict=True)
     assert d.outcome == "error" and d.error == WARNING + " (an error under --strict)"
     with pytest.raises(ScenarioError, match="did you mean 'VLLM_MXFP4_USE_MARLIN'"):
-        ORACLE.prepare({"policy": "mxfp4", "env": LOOKALIKE}, strict=True)
-    prepared = ORACLE.prepare({"policy": "mxfp4", "env": LOOKALIKE})
+        ORACLE.prepare({"policy": "mxfp4", "profile": "vllm-0.20", "env": LOOKALIKE}, strict=True)
+    prepared = ORACLE.prepare({"policy": "mxfp4", "profile": "vllm-0.20", "env": LOOKALIKE})
     assert ORACLE.select(prepared, strict=True).outcome == "error"
 
 
 def test_cli_warns_in_select_and_explain_and_fails_under_strict(capsys):
-    argv = ["--policy", "mxfp4", "--platform", "cuda:9.0", "--env", "VLLM_MXFP4_USE_MARLN=1"]
+    argv = ["--profile", "vllm-0.20", "--policy", "mxfp4", "--platform", "cuda:9.0", "--env", "VLLM_MXFP4_USE_MARLN=1"]
     assert main(["select", *argv]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("selected MARLIN") and f"warning: {WARNING}" in err

@@ -138,7 +138,7 @@ def test_one_info_line_per_distinct_decision_with_rejections(rules, caplog):
 
 
 def test_rejected_short_names_each_refused_candidate_once_with_its_first_failing_check():
-    d = Oracle().select({"policy": "mxfp4-gpt-oss", "platform": SM90, "packages": {}})
+    d = Oracle().select({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": SM90, "packages": {}})
     short = rejected_short(d.trace)
     assert short.startswith("FLASHINFER_TRTLLM_MXFP4_BF16(") and short.count("FLASHINFER_TRTLLM_MXFP4_BF16(") == 1
     assert d.backend not in [part.split("(")[0] for part in short.split(", ")]
@@ -168,7 +168,7 @@ def test_the_audit_log_records_each_distinct_question_with_rule_hashes(rules, tm
 def test_a_decision_log_can_be_shared_and_forgets_on_request():
     log = DecisionLog()
     o = Oracle()
-    sc = o.prepare({"policy": "mxfp4-gpt-oss", "platform": SM90})
+    sc = o.prepare({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": SM90})
     d = o.select(sc)
     assert log.record(sc, d) and not log.record(sc, d)
     log.forget()

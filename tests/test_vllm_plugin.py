@@ -175,7 +175,7 @@ def test_a_selector_whose_name_or_signature_changed_is_refused(monkeypatch):
 def test_each_distinct_decision_is_logged_once_with_its_rule_file_and_step(oracle, caplog):
     active = plugin._Active(oracle, "vllm-0.20", "the shipped rules", RELEASE)
     sel = BY_POLICY["mxfp4-gpt-oss"]
-    hopper = {"policy": sel.policy, "platform": {"kind": "cuda", "capability": [9, 0]},
+    hopper = {"policy": sel.policy, "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [9, 0]},
               "packages": {"triton_kernels": True}}
     forced = {**hopper, "env": {"VLLM_MXFP4_USE_MARLIN": "1"}}
     plugin._logged.clear()
