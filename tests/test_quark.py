@@ -309,3 +309,17 @@ def test_forward_takes_given_routing_and_names_bad_inputs():
         layer.forward(torch.zeros(6, 128), logits)
     with pytest.raises(TypeError, match="x.dtype=torch.int64"):
         layer.forward(torch.zeros(6, H, dtype=torch.long), logits)
+
+
+def test_this_projects_ocp_mx_checks_are_vllm_020s_word_for_word():
+    """rules/moe-oracle/ocp-mx.yaml repeats vLLM 0.20.0's check steps (its policy differs only after them)."""
+    import yaml
+
+    rules = Path(__file__).parent.parent / "rules"
+
+    def steps(path):
+        return yaml.safe_load((rules / path).read_text())["policies"]["ocp-mx"]["steps"]
+
+    seed, ours = steps("vllm-0.20/ocp-mx.yaml"), steps("moe-oracle/ocp-mx.yaml")
+    checks = next(n for n, s in enumerate(seed) if s["id"] == "answer-fields") + 1
+    assert ours[:checks] == seed[:checks]
