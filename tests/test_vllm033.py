@@ -292,6 +292,14 @@ def test_nvfp4_platforms(oracle, platform, backend):
     assert pick(oracle, "nvfp4", platform, **NV)[1] == backend
 
 
+def test_nvfp4_keys_default_to_the_nvfp4_pair(oracle):
+    assert pick(oracle, "nvfp4", "cuda:10.0", activation="silu") == \
+        ("selected", "FLASHINFER_TRTLLM", "TrtLlmNvFp4ExpertsMonolithic")
+    d = ask(oracle, "nvfp4", "cuda:10.0", activation="silu", moe_backend="b12x", weight_key="kNvfp4Static",
+            activation_key=None)
+    assert d.outcome == "invalid"  # b12x is SM120 only, whatever the keys
+
+
 def test_nvfp4_cpu_and_removed_env_vars(oracle):
     assert pick(oracle, "nvfp4", "cpu", **NV)[0] == "unsupported"
     assert pick(oracle, "nvfp4", "cuda:10.0", env={"VLLM_USE_FLASHINFER_MOE_FP4": "0"}, **NV)[1] == "FLASHINFER_TRTLLM"
