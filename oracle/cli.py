@@ -199,6 +199,7 @@ def _cmd_batch(args: argparse.Namespace, oracle: Oracle) -> int:
         fh = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"--batch {args.batch}: cannot read ({exc.strerror})") from None
+    unanswered = 0
     with fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -215,14 +216,22 @@ def _cmd_batch(args: argparse.Namespace, oracle: Oracle) -> int:
                     "outcome": "error", "error": f"{args.batch}:{lineno}: a scenario must be a JSON object"}
                 if out["outcome"] == "error":
                     out["error"] = f"{args.batch}:{lineno}: {out['error']}"
+            unanswered += out["outcome"] not in ("selected", "none")
             sys.stdout.write(json.dumps(out) + "\n")
-    return EXIT_OK
+    return EXIT_REFUSED if unanswered else EXIT_OK
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate_paths
 
     diagnostics, checked = validate_paths([Path(p) for p in args.paths] if args.paths else None, args.rules)
+    if args.format in ("json", "sarif"):
+        from .tools.report import render
+
+        found = [{"rule": "invalid-rules", "level": "error", "at": f"{d.file}:{d.line}", "col": d.col,
+                  "message": d.message} for d in diagnostics]
+        print(render(found, args.format, "validate", f"{len(diagnostics)} problem(s) in {checked} file(s)"))
+        return EXIT_RULES if diagnostics else EXIT_OK
     for d in diagnostics:
         if args.format == "github":
             print(f"::error file={d.file},line={d.line},col={d.col}::{d.message}")
@@ -260,20 +269,25 @@ def _cmd_profiles(oracle: Oracle) -> int:
     for name, desc in oracle.profiles().items():
         mark = " (default)" if name == oracle.default_profile else ""
         print(f"{name:<{width}}  {desc}{mark}")
+        print(f"{'':<{width}}  policies: {', '.join(oracle.table(name).policies)}")
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moe-oracle",
                                 description="Select and explain quantized MoE kernel backends from YAML rule tables.")
-    p.add_argument("--rules", help="rules directory with profiles.yaml (default: the embedded rules)")
+    p.add_argument("--rules", help="rules directory with profiles.yaml (default: the embedded rules); "
+                                   "may also follow the verb")
+    p.add_argument("--version", action="version", version=f"moe-oracle {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("select", "answer one question (or a JSONL batch)"),
                             ("explain", "show every step and candidate, accepted or rejected, with rule locations")):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--scenario", metavar="FILE", help="scenario file, JSON or YAML ('-' = stdin)")
         if name == "select":
-            s.add_argument("--batch", metavar="FILE", help="JSONL file, one scenario per line ('-' = stdin)")
+            s.add_argument("--batch", metavar="FILE",
+                           help="JSONL file, one scenario per line ('-' = stdin); every line is answered in order "
+                                "(bad lines too, as outcome error); exit 1 if any line is not selected/none")
         s.add_argument("--policy", help="a policy of the profile (see `moe-oracle profiles`)")
         s.add_argument("--profile", help="rule-set profile (see `moe-oracle profiles`)")
         s.add_argument("--platform", help="cuda:MAJOR.MINOR | rocm:GFXARCH | xpu | cpu (default: detected)")
@@ -284,11 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--env", action="append", metavar="NAME=VALUE",
                        help="an environment variable, exactly as a string")
         s.add_argument("--moe-backend", help="explicit moe_backend string (default auto)")
-        s.add_argument("--activation", choices=ACTIVATIONS)
+        s.add_argument("--activation", choices=ACTIVATIONS, help="the experts' activation function")
         s.add_argument("--lora", action="store_const", const=True, default=None, help="LoRA enabled")
-        s.add_argument("--routing-method")
-        s.add_argument("--hidden-size", type=int)
-        s.add_argument("--intermediate-size", type=int)
+        s.add_argument("--routing-method", help="router, e.g. Renormalize, DeepSeekV3 (see kernel routing_methods)")
+        s.add_argument("--hidden-size", type=int, help="the layer's hidden size (round_up and size checks)")
+        s.add_argument("--intermediate-size", type=int, help="the experts' intermediate size per partition")
         s.add_argument("--query", help="select (default), round_up, map_backend, or a query the policy declares")
         s.add_argument("--backend", help="backend for the round_up query")
         s.add_argument("--json", action="store_true", help="machine-readable output")
@@ -303,16 +317,47 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(trace=False, batch=None)
     v = sub.add_parser("validate", help="validate rule files: exit 0 when valid, 3 with file:line:col messages")
     v.add_argument("paths", nargs="*", help="rule files or rules directories (default: the rules in use)")
-    v.add_argument("--format", choices=("text", "github"), default="text")
-    sub.add_parser("profiles", help="list the rule-set profiles")
+    v.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text",
+                   help="text; json; github (workflow annotations); sarif (code scanning)")
+    sub.add_parser("profiles", help="list the rule-set profiles and the policies each one has")
     sub.add_parser("plugins", help="list registered plugins and check their rule fragments (exit 3 if broken)")
+    from .tools.commands import add_tool_parsers
+
+    add_tool_parsers(sub)
     return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moe-oracle")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _global_options_first(argv: Sequence[str]) -> list[str]:
+    """`moe-oracle lint --rules DIR` means `moe-oracle --rules DIR lint`: global options work on either side."""
+    args, moved, i = list(argv), [], 0
+    while i < len(args):
+        if args[i] == "--rules" and i + 1 < len(args):
+            moved += args[i:i + 2]
+            del args[i:i + 2]
+        elif args[i].startswith("--rules="):
+            moved.append(args.pop(i))
+        else:
+            i += 1
+    return moved + args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_global_options_first(sys.argv[1:] if argv is None else argv))
     try:
+        from .tools.commands import TOOL_COMMANDS, run_tool
+
+        if args.command in TOOL_COMMANDS:
+            return run_tool(args)
         if args.command == "validate":
             return _cmd_validate(args)
         if args.command == "plugins":

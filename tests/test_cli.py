@@ -91,7 +91,8 @@ def test_batch_keeps_order_and_survives_bad_lines(capsys, tmp_path):
     ]) + "\n")
     code, out, _ = run(capsys, "select", "--batch", str(f))
     lines = [json.loads(x) for x in out.splitlines()]
-    assert code == 0 and [x["outcome"] for x in lines] == ["selected", "error", "error", "none"]
+    # every line is answered in order; exit 1 because two lines are not (issue 14: batch exit code)
+    assert code == 1 and [x["outcome"] for x in lines] == ["selected", "error", "error", "none"]
     assert lines[1]["error"].startswith(f"{f}:2:2: not valid JSON")
     assert lines[2]["error"].startswith(f"{f}:3: policy: unknown policy 'nope'")
 

@@ -35,9 +35,9 @@ class PolicyDiff:
     only_in: str = ""  # "A" / "B" when the policy exists on one side only
 
 
-def diff_policy(a: Profiled, b: Profiled, policy: str) -> PolicyDiff:
+def diff_policy(a: Profiled, b: Profiled, policy: str, vary: tuple[str, ...] = ()) -> PolicyDiff:
     pa, pb = a.table.policies[policy], b.table.policies[policy]
-    space = Space.of([(a.rs, a.table), (b.rs, b.table)])
+    space = Space.of([(a.rs, a.table), (b.rs, b.table)], vary)
     nullable = nullable_facts(pa, pb)
     hook_a, hook_b = call_hook(a.table), call_hook(b.table)
 
@@ -62,7 +62,8 @@ def pairs(src_a: Source, src_b: Source) -> list[tuple[Profiled, Profiled]]:
     return [(src_a.profiles[n], src_b.profiles[n]) for n in src_a.profiles if n in src_b.profiles]
 
 
-def diff_sources(src_a: Source, src_b: Source, policy: str | None = None) -> list[PolicyDiff]:
+def diff_sources(src_a: Source, src_b: Source, policy: str | None = None, vary: tuple[str, ...] = ()
+                 ) -> list[PolicyDiff]:
     out: list[PolicyDiff] = []
     for a, b in pairs(src_a, src_b):
         names = [policy] if policy else list(dict.fromkeys([*a.table.policies, *b.table.policies]))
@@ -70,7 +71,7 @@ def diff_sources(src_a: Source, src_b: Source, policy: str | None = None) -> lis
             if name not in a.table.policies or name not in b.table.policies:
                 out.append(PolicyDiff(a.name, name, 0, [], "A" if name in a.table.policies else "B"))
                 continue
-            out.append(diff_policy(a, b, name))
+            out.append(diff_policy(a, b, name, vary))
     return out
 
 

@@ -239,20 +239,21 @@ def _show(v: Any) -> str:
 class Space:
     """The domains of every variable, built from the constants of one or more rule sets."""
 
-    def __init__(self, constants: Constants, vary: tuple[str, ...] = ()):
+    def __init__(self, constants: Constants, vary: tuple[str, ...] = (), base: tuple[str, ...] = VARIED):
         self.c = constants
-        self.varied = frozenset(VARIED + tuple(vary))
+        self.varied = frozenset(base + tuple(vary))
         self._facts: dict[tuple[str, bool], Domain] = {}
         self._env: dict[str, Domain] = {}
         self._packages: dict[str, Domain] = {}
         self.platform = self._platform()
 
     @classmethod
-    def of(cls, pairs: list[tuple[RuleSet, Table]], vary: tuple[str, ...] = ()) -> Space:
+    def of(cls, pairs: list[tuple[RuleSet, Table]], vary: tuple[str, ...] = (), base: tuple[str, ...] = VARIED
+           ) -> Space:
         c = Constants()
         for rs, table in pairs:
             c.collect(rs, table)
-        return cls(c, vary)
+        return cls(c, vary, base)
 
     def _platform(self) -> Domain:
         preds = [(f, op, k) for f in PLATFORM_FACTS for op, k in sorted(self.c.facts.get(f, ()), key=repr)]
@@ -495,7 +496,7 @@ class Reader:
         self._fixed: dict[str, dict[str, Any]] = {}
         self._fixed_of: dict[str, Policy] = {}
 
-    def ctx(self, policy: Policy, nullable: frozenset[str]) -> Ctx:
+    def ctx(self, policy: Policy, nullable: frozenset[str], platform: Mapping[str, Any] | None = None) -> Ctx:
         """A context for `policy`: varied facts fork, the others hold the policy's defaults.
         `nullable`: facts that may be null (see nullable_facts); one set for every policy compared."""
         fixed = self._fixed.get(policy.name)
@@ -504,6 +505,8 @@ class Reader:
             fixed = {f: policy.defaults.get(f, d) for f, (_, d) in FACTS.items() if f not in varied
                      and f not in PLATFORM_FACTS}
             self._fixed[policy.name], self._fixed_of[policy.name] = fixed, policy
+        if platform is not None:  # a sweep column: the platform is given, not forked
+            fixed = {**fixed, **platform}
         return Ctx(_Facts(self.x, nullable, fixed), self.env, self.packages)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,171 @@
+"""The tool verbs of the command line: lint, diff, test, sweep, schema, fmt (wired into oracle.cli).
+
+Exit codes as everywhere: 0 clean, 1 findings (lint findings, changed classes, failing goldens, coverage
+below --min-coverage, files fmt would change), 2 usage or internal error, 3 broken rules.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .report import FORMATS, render
+
+TOOL_COMMANDS = ("lint", "diff", "test", "sweep", "schema", "fmt")
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def add_tool_parsers(sub: Any) -> None:
+    def fmt_flag(s: argparse.ArgumentParser) -> None:
+        s.add_argument("--format", choices=FORMATS, default="text",
+                       help="text for people; json; github (workflow annotations); sarif (code scanning)")
+
+    def vary_flag(s: argparse.ArgumentParser) -> None:
+        s.add_argument("--vary", action="append", default=[], metavar="FACT",
+                       help="also split this fact into its classes (e.g. moe.weight_key); repeatable")
+
+    s = sub.add_parser("lint", help="evaluate the rules over the whole input space and report dead or shadowed rules")
+    s.add_argument("paths", nargs="*", help="rules directories (default: the rules in use)")
+    s.add_argument("--profile", help="lint only this profile (default: every profile)")
+    fmt_flag(s)
+    vary_flag(s)
+    s = sub.add_parser("diff", help="every input class whose answer changes between two rule sets")
+    s.add_argument("a", help="rules directory, profile name, or git:REV[:PATH] (PATH defaults to rules)")
+    s.add_argument("b", help="the same kinds as A")
+    s.add_argument("--policy", help="compare only this policy")
+    s.add_argument("--profile", help="for directory or git sources: compare only this profile")
+    s.add_argument("--limit", type=int, default=8, help="classes listed per change in text output (default 8)")
+    fmt_flag(s)
+    vary_flag(s)
+    s = sub.add_parser("test", help="run golden decision files ({scenario, expected}) with coverage")
+    s.add_argument("files", nargs="+", help="JSONL or YAML golden files")
+    s.add_argument("--min-coverage", type=float, default=0.0, metavar="N",
+                   help="fail (exit 1) when steps+kernels+backends+outcomes coverage is below N percent")
+    fmt_flag(s)
+    s = sub.add_parser("sweep", help="the decision matrix platform x configuration as md, csv, json or html")
+    s.add_argument("--profile", help="profile (default: the default profile)")
+    s.add_argument("--policy", action="append", help="only these policies (repeatable; default: all)")
+    s.add_argument("--format", choices=("md", "csv", "json", "html"), default="md", help="output format")
+    s.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    vary_flag(s)
+    s = sub.add_parser("schema", help="print a JSON Schema of moe-oracle (rules by default)")
+    s.add_argument("which", nargs="?", default="rules", help="rules (default), profiles, decision, or another "
+                                                             "file name under schemas/ without .schema.json")
+    s = sub.add_parser("fmt", help="format rule files canonically, keeping comments")
+    s.add_argument("paths", nargs="+", help="rule files or directories")
+    s.add_argument("--check", action="store_true", help="change nothing; exit 1 and list files that would change")
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    return int(globals()["_" + args.command](args))
+
+
+def _rules(args: argparse.Namespace) -> str | None:
+    return getattr(args, "rules", None)
+
+
+def _lint(args: argparse.Namespace) -> int:
+    from ..resources import rules_dir
+    from .lint import lint_source
+    from .sources import load_source
+
+    targets = args.paths or [_rules(args) or str(rules_dir())]
+    findings = []
+    for t in targets:
+        findings += lint_source(load_source(t, _rules(args), args.profile) if args.profile or not Path(t).is_dir()
+                                else load_source(t), tuple(args.vary))
+    summary = f"{len(findings)} finding(s)" if findings else "ok: no findings"
+    print(render(findings, args.format, "lint", summary))
+    return EXIT_FINDINGS if findings else EXIT_OK
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from .diff import diff_sources, findings, render_text
+    from .sources import load_source
+
+    a = load_source(args.a, _rules(args), args.profile if args.a.startswith("git:") or Path(args.a).is_dir() else None)
+    b = load_source(args.b, _rules(args), args.profile if args.b.startswith("git:") or Path(args.b).is_dir() else None)
+    diffs = diff_sources(a, b, args.policy, tuple(args.vary))
+    found = findings(diffs, a, b)
+    if args.format == "text":
+        print(render_text(diffs, a, b, args.limit))
+    else:
+        n = sum(len(f.get("classes", [])) for f in found)
+        print(render(found, args.format, "diff", f"{n} input class(es) change"))
+    return EXIT_FINDINGS if found else EXIT_OK
+
+
+def _test(args: argparse.Namespace) -> int:
+    from ..api import Oracle
+    from .golden import coverage_text, run_cases
+
+    oracle = Oracle(_rules(args))
+    failures, n, cov = run_cases(oracle, [Path(f) for f in args.files])
+    pct = cov.percent()
+    low = pct < args.min_coverage
+    summary = f"{n - len(failures)}/{n} passed; coverage {pct:.1f}%" + (
+        f" is below --min-coverage {args.min_coverage:g}%" if low else "")
+    if args.format == "text":
+        for f in failures:
+            print(f"FAIL {f['at']}\n  " + f["message"].replace("\n", "\n  "))
+        print(coverage_text(cov))
+        print(summary)
+    elif args.format == "json":
+        print(json.dumps({"tool": "moe-oracle test", "summary": summary, "passed": n - len(failures), "cases": n,
+                          "coverage": {"percent": pct, "missed": cov.missed()}, "findings": failures}, indent=1,
+                         default=str))
+    else:
+        extra = [] if not low else [{"rule": "coverage", "level": "error", "at": None, "message": summary}]
+        print(render(failures + extra, args.format, "test", summary))
+    return EXIT_FINDINGS if failures or low else EXIT_OK
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from ..resources import rules_dir
+    from .sources import load_source
+    from .sweep import sweep_policy, to_csv, to_html, to_json, to_markdown
+
+    root = _rules(args) or str(rules_dir())
+    src = load_source(args.profile, _rules(args)) if args.profile else load_source(root)
+    p = src.profiles[src.default]
+    names = args.policy or list(p.table.policies)
+    for n in names:
+        if n not in p.table.policies:
+            print(f"moe-oracle: --policy {n!r}: not a policy of profile {p.name}; it has "
+                  f"{', '.join(p.table.policies)}", file=sys.stderr)
+            return EXIT_USAGE
+    ms = [sweep_policy(p, n, tuple(args.vary)) for n in names]
+    render_fn = {"md": to_markdown, "csv": to_csv, "json": to_json, "html": to_html}[args.format]
+    text = render_fn(ms)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}: {sum(len(m.rows) for m in ms)} configuration classes x platforms, "
+              f"{sum(m.decisions for m in ms)} decisions", file=sys.stderr)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return EXIT_OK
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from ..resources import schemas_dir
+
+    path = schemas_dir() / f"{args.which}.schema.json"
+    if not path.is_file():
+        known = sorted(p.name.removesuffix(".schema.json") for p in schemas_dir().glob("*.schema.json"))
+        print(f"moe-oracle: schema {args.which!r}: no such schema; one of {', '.join(known)}", file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.write(path.read_text(encoding="utf-8"))
+    return EXIT_OK
+
+
+def _fmt(args: argparse.Namespace) -> int:
+    from .fmt import format_paths
+
+    changed = format_paths([Path(p) for p in args.paths], check=args.check)
+    for path in changed:
+        print(("would reformat " if args.check else "reformatted ") + str(path))
+    if not changed:
+        print("ok: nothing to reformat")
+    return EXIT_FINDINGS if changed and args.check else EXIT_OK

@@ -1,0 +1,135 @@
+"""`moe-oracle fmt`: canonical layout of rule files, comments kept, meaning provably unchanged.
+
+Why no YAML round trip: dumping a parsed file (PyYAML) drops every comment, and the comments are
+the rules' documentation. The formatter therefore edits lines: two-space indentation per nesting
+level (sequences indented under their key), no trailing whitespace or tabs, at most one blank line in a
+row, none at the start, one final newline, and the editor-schema modeline first. Block scalars and
+multi-line flow collections move with their opening line. The result is parsed and compared with the
+original data; if they differ (a layout the line rules do not understand) only the whitespace-only
+rules apply, so formatting can never change what a file means. It is idempotent (tested).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MODELINE = "# yaml-language-server: $schema="
+_BLOCK = re.compile(r"(:|^-|\s-)\s*[|>][-+0-9]*\s*(#.*)?$")
+
+
+def _opens_flow(text: str) -> int:
+    """Unclosed [ or { on a line (outside quotes and comments): > 0 while a flow collection continues."""
+    depth, quote = 0, ""
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or text[i - 1] == " "):
+            break
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+    return depth
+
+
+def reindent(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    stack = [-1]
+    new_of: dict[int, int] = {}
+    delta = 0
+    carry_until = -1  # lines that move with an opener (block scalar or flow continuation)
+    flow = 0
+    pending_comments: list[int] = []
+    for line in lines:
+        stripped = line.lstrip(" ")
+        indent = len(line) - len(stripped)
+        if not stripped:
+            out.append("")
+            continue
+        if flow > 0 or (carry_until >= 0 and indent > carry_until):
+            out.append(" " * max(0, indent + delta) + stripped)
+            flow += _opens_flow(stripped) if flow > 0 else 0
+            continue
+        carry_until = -1
+        if stripped.startswith("#"):
+            pending_comments.append(len(out))
+            out.append(line)
+            new_of[len(out) - 1] = indent
+            continue
+        while indent < stack[-1]:
+            stack.pop()
+        if indent > stack[-1]:
+            stack.append(indent)
+        new = 2 * (len(stack) - 2)
+        for i in pending_comments:  # a comment block sits at the level of the line it precedes
+            if new_of[i] == indent:
+                out[i] = " " * new + out[i].lstrip(" ")
+        pending_comments = []
+        delta = new - indent
+        out.append(" " * new + stripped)
+        if stripped.startswith("- "):  # a sequence item's content (e.g. `- any:`) nests one level deeper
+            stack.append(indent + 2)
+        if _BLOCK.search(stripped):
+            carry_until = indent
+        flow = max(0, _opens_flow(stripped))
+    return out
+
+
+def whitespace(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    for line in lines:
+        line = line.rstrip()
+        if not line and (not out or not out[-1]):
+            continue
+        out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def format_text(text: str, schema_ref: str | None = None) -> str:
+    original = yaml.safe_load(text)
+    lines = text.replace("\r\n", "\n").expandtabs(2).split("\n")
+    if schema_ref and not any(line.startswith(MODELINE) for line in lines[:3]):
+        lines.insert(0, MODELINE + schema_ref)
+    candidate = "\n".join(whitespace(reindent(lines))) + "\n"
+    if _same(original, candidate):
+        return candidate
+    return "\n".join(whitespace(lines)) + "\n"
+
+
+def _same(data: Any, text: str) -> bool:
+    try:
+        return bool(yaml.safe_load(text) == data)
+    except yaml.YAMLError:
+        return False
+
+
+def _rule_files(paths: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out += sorted(f for f in p.rglob("*.y*ml"))
+        else:
+            out.append(p)
+    return out
+
+
+def format_paths(paths: list[Path], check: bool = False) -> list[Path]:
+    """Files whose layout is not canonical; rewritten unless `check`."""
+    changed = []
+    for f in _rule_files(paths):
+        text = f.read_text(encoding="utf-8")
+        new = format_text(text)
+        if new != text:
+            changed.append(f)
+            if not check:
+                f.write_text(new, encoding="utf-8")
+    return changed
