@@ -14,13 +14,47 @@ from typing import Any
 
 
 def detect_platform() -> dict[str, Any]:
-    """Platform mapping in scenario form: {kind, capability | gcn_arch}."""
-    if importlib.util.find_spec("torch") is not None:
+    """Platform mapping in scenario form: {kind, capability | gcn_arch}.
+
+    Cheapest first: the CUDA driver library (a few ms, no torch), then `nvidia-smi`; torch (seconds to
+    import) only where a ROCm or Intel GPU device node exists, since only torch names those archs."""
+    found = _from_cuda_driver() or _from_nvidia_smi()
+    if found is not None:
+        return found
+    if importlib.util.find_spec("torch") is not None and (os.path.exists("/dev/kfd") or os.path.exists("/dev/dri")):
         try:
             return _from_torch()
-        except Exception:  # a broken driver must not break selection: fall through to the CLI probe
+        except Exception:  # a broken driver must not break selection: answer for the CPU
             pass
-    return _from_nvidia_smi() or {"kind": "cpu"}
+    return {"kind": "cpu"}
+
+
+_CU_MAJOR, _CU_MINOR = 75, 76  # CUdevice_attribute: COMPUTE_CAPABILITY_MAJOR / _MINOR
+
+
+def _from_cuda_driver() -> dict[str, Any] | None:
+    """Capability of device 0 through libcuda (honours CUDA_VISIBLE_DEVICES); None without a usable driver."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        return None
+    try:
+        count, dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+            return None
+        if (lib.cuDeviceGet(ctypes.byref(dev), 0) != 0
+                or lib.cuDeviceGetAttribute(ctypes.byref(major), _CU_MAJOR, dev) != 0
+                or lib.cuDeviceGetAttribute(ctypes.byref(minor), _CU_MINOR, dev) != 0):
+            return None
+    except (AttributeError, OSError):
+        return None
+    return {"kind": "cuda", "capability": [major.value, minor.value]}
 
 
 def _from_torch() -> dict[str, Any]:
