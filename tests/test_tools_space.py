@@ -129,3 +129,14 @@ def test_identical_sources_have_no_changes():
 def test_unknown_source_names_the_fix():
     with pytest.raises(Exception, match="neither a rules directory"):
         load_source("no-such-profile")
+
+
+def test_git_revision_source(capsys):
+    src = load_source("git:HEAD:rules", profile="moe-oracle")
+    assert list(src.profiles) == ["moe-oracle"]
+    same = diff_sources(src, load_source("git:HEAD", profile="moe-oracle"))
+    assert same and all(not d.changes for d in same)
+    step_at = next(iter(src.profiles["moe-oracle"].table.policies.values())).steps[0].at
+    assert src.where(step_at).startswith("git:HEAD:rules/moe-oracle/")  # where the rule is in that revision
+    with pytest.raises(Exception, match="cannot read that revision"):
+        load_source("git:no-such-revision-xyz")

@@ -36,12 +36,13 @@ class Source:
     label: str
     profiles: dict[str, Profiled]
     default: str
-    strip: str = ""  # a temporary directory prefix to hide in rule locations (git sources)
+    strip: str = ""  # a temporary directory prefix shown as `shown` in rule locations (git sources)
+    shown: str = ""
 
     def where(self, at: str | None) -> str:
         if not at:
             return "-"
-        return at.replace(self.strip, self.label + ":") if self.strip else at
+        return at.replace(self.strip, self.shown) if self.strip else at
 
 
 def build(files: list[Path], name: str, description: str, cache: FileCache | None = None) -> Profiled:
@@ -52,7 +53,7 @@ def build(files: list[Path], name: str, description: str, cache: FileCache | Non
     return Profiled(name, rs, compile_ruleset(rs, packages))
 
 
-def load_dir(root: Path, label: str, only: str | None = None, strip: str = "") -> Source:
+def load_dir(root: Path, label: str, only: str | None = None, strip: str = "", shown: str = "") -> Source:
     index = load_profile_index(root)
     cache: FileCache = {}
     names = list(index.profiles)
@@ -63,7 +64,7 @@ def load_dir(root: Path, label: str, only: str | None = None, strip: str = "") -
         names = [only]
     profiles = {n: build(index.profiles[n].files, n, index.profiles[n].description, cache) for n in names}
     default = only or index.default
-    return Source(label, profiles, default, strip)
+    return Source(label, profiles, default, strip, shown)
 
 
 def _git_tree(rev: str, path: str) -> Path:
@@ -89,7 +90,10 @@ def load_source(spec: str, rules: str | None = None, profile: str | None = None)
     if spec.startswith("git:"):
         rev, _, path = spec[4:].partition(":")
         root = _git_tree(rev, path or "rules")
-        return load_dir(root, spec, profile, strip=str(root) + "/")
+        top = root
+        for _ in Path(path or "rules").parts:
+            top = top.parent
+        return load_dir(root, spec, profile, strip=str(top) + "/", shown=f"git:{rev}:")
     p = Path(spec)
     if p.is_dir():
         if not (p / "profiles.yaml").is_file():
