@@ -77,7 +77,7 @@ def diff_sources(src_a: Source, src_b: Source, policy: str | None = None, vary: 
 
 def findings(diffs: list[PolicyDiff], src_a: Source, src_b: Source) -> list[dict[str, Any]]:
     """Changes as report findings (one per change group; its location is B's deciding rule)."""
-    found = []
+    found: list[dict[str, Any]] = []
     for d in diffs:
         if d.only_in:
             found.append({"rule": "policy-only-in-" + d.only_in, "level": "warning", "at": None,

@@ -17,6 +17,7 @@ from ..errors import OracleError
 from ..trace import CallEntry, CandidateEntry, StepEntry, render_lines
 
 IGNORED = ("vllm_error",)  # fields of the shared golden sample that describe vLLM, not the answer
+KINDS = ("steps", "kernels", "backends", "outcomes")
 
 
 @dataclass
@@ -33,9 +34,6 @@ class Coverage:
 
     def missed(self) -> dict[str, list[str]]:
         return {k: sorted(self.universe[k] - self.hit[k]) for k in KINDS}
-
-
-KINDS = ("steps", "kernels", "backends", "outcomes")
 
 
 def read_cases(path: Path) -> list[tuple[str, dict[str, Any]]]:

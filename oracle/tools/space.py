@@ -278,7 +278,7 @@ class Space:
 
     def platforms(self) -> list[tuple[str, int]]:
         """Every concrete platform (column of a sweep) with the index of its class."""
-        out = []
+        out: list[tuple[str, int]] = []
         for i, cl in enumerate(self.platform.classes):
             out.extend((label, i) for label in cl.label.split("|"))
         return out
