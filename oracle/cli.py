@@ -109,9 +109,26 @@ def _scenario_from_args(args: argparse.Namespace, oracle: Oracle) -> dict[str, A
     moe_flags = {key: getattr(args, key) for key in moe_keys if getattr(args, key) is not None}
     if moe_flags:
         sc["moe"] = {**(sc.get("moe") or {}), **moe_flags}
+    for item in args.quark or []:
+        _set_quark(sc, item)
     if "policy" not in sc:
         raise UsageError(f"--policy is required ({', '.join(table.policies)}), or give it in --scenario")
     return sc
+
+
+def _set_quark(sc: dict[str, Any], item: str) -> None:
+    """--quark weight.dtype=fp4 -> scenario quark.weight.dtype; values read as YAML scalars (64, true, null)."""
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--quark {item!r}: expected FIELD=VALUE, e.g. --quark weight.dtype=fp4 "
+                         "--quark input.dtype=fp8_e4m3 --quark input.is_dynamic=true")
+    node = sc.setdefault("quark", {})
+    *path, last = key.split(".")
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = yaml.safe_load(raw) if raw else raw
 
 
 def _exit_for(decision: Decision) -> int:
@@ -303,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--routing-method", help="router, e.g. Renormalize, DeepSeekV3 (see kernel routing_methods)")
         s.add_argument("--hidden-size", type=int, help="the layer's hidden size (round_up and size checks)")
         s.add_argument("--intermediate-size", type=int, help="the experts' intermediate size per partition")
+        s.add_argument("--quark", action="append", metavar="FIELD=VALUE",
+                       help="Quark config for the ocp-mx policy, e.g. weight.dtype=fp4, input.dtype=fp8_e4m3, "
+                            "weight.qscheme=per_group, input.is_dynamic=true (repeatable)")
         s.add_argument("--query", help="select (default), round_up, map_backend, or a query the policy declares")
         s.add_argument("--backend", help="backend for the round_up query")
         s.add_argument("--json", action="store_true", help="machine-readable output")

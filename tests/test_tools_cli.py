@@ -101,3 +101,15 @@ def test_schema_and_version(capsys):
     assert code == 0 and json.loads(out)["$id"].endswith("rules.schema.json")
     code, _, err = run(capsys, "schema", "nope")
     assert code == 2 and "one of" in err
+
+
+def test_quark_flags_reach_the_ocp_mx_policy(capsys):
+    base = ["select", "--policy", "ocp-mx", "--profile", "vllm-0.20", "--platform", "rocm:gfx950", "--json"]
+    quark = ["--quark", "weight.dtype=fp4", "--quark", "input.dtype=fp4", "--quark", "weight.qscheme=per_group",
+             "--quark", "input.qscheme=per_group", "--quark", "input.is_dynamic=true"]
+    _, without, _ = run(capsys, *base)
+    code, with_quark, _ = run(capsys, *base, *quark)
+    assert code == 0 and '"w_mxfp4_a_mxfp4"' in with_quark  # the Quark config picks the OCP-MX scheme
+    assert "w_mxfp4_a_mxfp4" not in without
+    code, _, err = run(capsys, "select", "--policy", "ocp-mx", "--quark", "nope")
+    assert code == 2 and "--quark 'nope': expected FIELD=VALUE" in err
