@@ -16,6 +16,7 @@ from typing import Any
 from .api import Decision, Oracle
 from .errors import OracleError, RuleError, ScenarioError
 from .facts import PLATFORM_KINDS
+from .tools.commands import global_options_first, package_version, set_quark
 from .trace import render_lines
 from .vocabulary import ACTIVATIONS
 
@@ -110,25 +111,10 @@ def _scenario_from_args(args: argparse.Namespace, oracle: Oracle) -> dict[str, A
     if moe_flags:
         sc["moe"] = {**(sc.get("moe") or {}), **moe_flags}
     for item in args.quark or []:
-        _set_quark(sc, item)
+        set_quark(sc, item)
     if "policy" not in sc:
         raise UsageError(f"--policy is required ({', '.join(table.policies)}), or give it in --scenario")
     return sc
-
-
-def _set_quark(sc: dict[str, Any], item: str) -> None:
-    """--quark weight.dtype=fp4 -> scenario quark.weight.dtype; values read as YAML scalars (64, true, null)."""
-    import yaml
-
-    key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise UsageError(f"--quark {item!r}: expected FIELD=VALUE, e.g. --quark weight.dtype=fp4 "
-                         "--quark input.dtype=fp8_e4m3 --quark input.is_dynamic=true")
-    node = sc.setdefault("quark", {})
-    *path, last = key.split(".")
-    for part in path:
-        node = node.setdefault(part, {})
-    node[last] = yaml.safe_load(raw) if raw else raw
 
 
 def _exit_for(decision: Decision) -> int:
@@ -295,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Select and explain quantized MoE kernel backends from YAML rule tables.")
     p.add_argument("--rules", help="rules directory with profiles.yaml (default: the embedded rules); "
                                    "may also follow the verb")
-    p.add_argument("--version", action="version", version=f"moe-oracle {_version()}")
+    p.add_argument("--version", action="version", version=f"moe-oracle {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("select", "answer one question (or a JSONL batch)"),
                             ("explain", "show every step and candidate, accepted or rejected, with rule locations")):
@@ -347,32 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("moe-oracle")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-def _global_options_first(argv: Sequence[str]) -> list[str]:
-    """`moe-oracle lint --rules DIR` means `moe-oracle --rules DIR lint`: global options work on either side."""
-    args, moved, i = list(argv), [], 0
-    while i < len(args):
-        if args[i] == "--rules" and i + 1 < len(args):
-            moved += args[i:i + 2]
-            del args[i:i + 2]
-        elif args[i].startswith("--rules="):
-            moved.append(args.pop(i))
-        else:
-            i += 1
-    return moved + args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_global_options_first(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(global_options_first(sys.argv[1:] if argv is None else argv))
     try:
         from .tools.commands import TOOL_COMMANDS, run_tool
 

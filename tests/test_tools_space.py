@@ -106,7 +106,7 @@ def test_every_changed_class_really_changes(tmp_path):
     a_root = _only_profile(tmp_path / "a", "moe-oracle")
     b_root = _only_profile(tmp_path / "b", "moe-oracle")
     _swap_candidates(b_root, "moe-oracle/w4a16.yaml", "nvfp4")
-    from oracle.tools.space import scenario_of
+    from oracle.tools.explore import scenario_of
 
     diffs = diff_sources(load_source(str(a_root)), load_source(str(b_root)))
     oa, ob = Oracle(a_root), Oracle(b_root)

@@ -1,7 +1,8 @@
 """Tooling for rule authors and CI, built on the compiled tables (never on Python that names a policy).
 
     space   the input space as equivalence classes derived from the rules' own comparisons,
-            explored exhaustively by lazy forking (only the facts a decision reads are split)
+            (each fact, env var and package split only where some rule compares it)
+    explore every leaf of that space by lazy forking (only what a decision reads is split)
     sources rule sets from a directory, a profile or a git revision (`git:REV[:PATH]`)
     diff    every input class whose answer changes between two rule sets
     lint    unreachable backends, shadowed steps and kernels, undeclared errors, unused env vars,

@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import OracleError
 from .report import FORMATS, render
 
 TOOL_COMMANDS = ("lint", "diff", "test", "sweep", "schema", "fmt")
@@ -56,6 +58,44 @@ def add_tool_parsers(sub: Any) -> None:
     s = sub.add_parser("fmt", help="format rule files canonically, keeping comments")
     s.add_argument("paths", nargs="+", help="rule files or directories")
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 and list files that would change")
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moe-oracle")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def global_options_first(argv: Sequence[str]) -> list[str]:
+    """`moe-oracle lint --rules DIR` means `moe-oracle --rules DIR lint`: global options work on either side."""
+    args, moved, i = list(argv), [], 0
+    while i < len(args):
+        if args[i] == "--rules" and i + 1 < len(args):
+            moved += args[i:i + 2]
+            del args[i:i + 2]
+        elif args[i].startswith("--rules="):
+            moved.append(args.pop(i))
+        else:
+            i += 1
+    return moved + args
+
+
+def set_quark(sc: dict[str, Any], item: str) -> None:
+    """--quark weight.dtype=fp4 -> scenario quark.weight.dtype; values read as YAML scalars (64, true, null)."""
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise OracleError(f"--quark {item!r}: expected FIELD=VALUE, e.g. --quark weight.dtype=fp4 "
+                         "--quark input.dtype=fp8_e4m3 --quark input.is_dynamic=true")
+    node = sc.setdefault("quark", {})
+    *path, last = key.split(".")
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = yaml.safe_load(raw) if raw else raw
 
 
 def run_tool(args: argparse.Namespace) -> int:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .explore import Answer, call_hook, decide, describe, explore, nullable_facts, scenario_of
 from .sources import Profiled, Source
-from .space import Answer, Cls, Space, call_hook, decide, describe, explore, nullable_facts, scenario_of
+from .space import Cls, Space
 
 
 @dataclass

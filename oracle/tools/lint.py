@@ -16,8 +16,9 @@ from ..compiler import Compiler
 from ..errors import EnvValueError
 from ..interpreter import run
 from ..model import Ctx, Policy, Step, Table
+from .explore import call_hook, describe, explore, nullable_facts, scenario_of
 from .sources import Profiled, Source
-from .space import Space, call_hook, describe, explore, nullable_facts, scenario_of
+from .space import Space
 
 Finding = dict[str, Any]
 

@@ -5,7 +5,7 @@ Why classes: the rules only ever compare a fact with constants they name (`ge: "
 agree on every such comparison get the same answer. Each fact, env var and package is split into the
 classes its comparisons distinguish (collected from the rule data of every rule set being compared).
 
-Why lazy forking: the cross product of all classes is astronomically large, but a decision reads only
+Why lazy forking (explore.py): the cross product of all classes is astronomically large, but a decision reads only
 a few of them. `explore` runs a decision with views over the facts, env and packages that fork on
 first read (depth-first, replaying earlier choices), so every leaf is one class of the *whole* input
 space (variables it never read are free) and the leaves partition the space: exhaustive, not sampled.
@@ -13,7 +13,7 @@ space (variables it never read are free) and the leaves partition the space: exh
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, NamedTuple
@@ -23,9 +23,8 @@ from .. import operators
 from ..envvars import EnvSpec
 from ..errors import EnvValueError
 from ..facts import FACTS
-from ..interpreter import UNSET, Result, Trace, round_sizes, run
 from ..loader import RuleSet
-from ..model import Ctx, Policy, Table, parse_capability
+from ..model import Table, parse_capability
 from ..vocabulary import ACTIVATIONS
 
 # Every CUDA compute capability from Volta to Blackwell consumer parts (7.0-12.1), as shipped by NVIDIA.
@@ -389,238 +388,3 @@ def _merge_label(label: str) -> str:
         out.append(rest if kind == last and rest and kind in ("cuda", "rocm") else p)
         last = kind
     return "|".join(out)
-
-
-# ------------------------------------------------------------------ exploration
-
-class Explorer:
-    """Depth-first enumeration by replay: each run is one leaf; choices before the fork point replay."""
-
-    def __init__(self, space: Space):
-        self.space = space
-        self.stack: list[list[Any]] = []  # [domain, chosen index]
-        self.pos = 0
-        self.assigned: dict[str, int] = {}
-
-    def choose(self, domain: Domain) -> Cls:
-        idx = self.assigned.get(domain.var)
-        if idx is None:
-            if len(domain.classes) == 1:
-                return domain.classes[0]
-            if self.pos < len(self.stack):
-                idx = self.stack[self.pos][1]
-            else:
-                self.stack.append([domain, 0])
-                idx = 0
-            self.pos += 1
-            self.assigned[domain.var] = idx
-        return domain.classes[idx]
-
-    def leaf(self) -> dict[str, Cls]:
-        return {d.var: d.classes[i] for d, i in self.stack[:self.pos]}
-
-    def advance(self) -> bool:
-        """Next leaf: bump the deepest choice that has classes left; False when the space is done."""
-        del self.stack[self.pos:]
-        while self.stack:
-            top = self.stack[-1]
-            if top[1] + 1 < len(top[0].classes):
-                top[1] += 1
-                break
-            self.stack.pop()
-        self.pos = 0
-        self.assigned = {}
-        return bool(self.stack)
-
-
-class _Facts(Mapping[str, Any]):
-    __slots__ = ("x", "nullable", "fixed")
-
-    def __init__(self, x: Explorer, nullable: frozenset[str], fixed: Mapping[str, Any]):
-        self.x, self.nullable, self.fixed = x, nullable, fixed
-
-    def __getitem__(self, key: str) -> Any:
-        fixed = self.fixed
-        if key in fixed:
-            return fixed[key]
-        if key in PLATFORM_FACTS:
-            return self.x.choose(self.x.space.platform).value[key]
-        return self.x.choose(self.x.space.fact(key, key in self.nullable)).value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(FACTS)
-
-    def __len__(self) -> int:
-        return len(FACTS)
-
-
-class _Env(Mapping[str, str]):
-    __slots__ = ("x",)
-
-    def __init__(self, x: Explorer):
-        self.x = x
-
-    def __getitem__(self, key: str) -> str:
-        v = self.x.choose(self.x.space.env(key)).value
-        if v is None:
-            raise KeyError(key)
-        return str(v)
-
-    def __contains__(self, key: object) -> bool:
-        return self.x.choose(self.x.space.env(str(key))).value is not None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
-class _Packages:
-    __slots__ = ("x",)
-
-    def __init__(self, x: Explorer):
-        self.x = x
-
-    def __contains__(self, name: object) -> bool:
-        return bool(self.x.choose(self.x.space.package(str(name))).value)
-
-
-class Reader:
-    """What a decision function receives: builds contexts whose reads fork the exploration."""
-
-    def __init__(self, x: Explorer):
-        self.x = x
-        self.env = _Env(x)
-        self.packages = _Packages(x)
-        self._fixed: dict[str, dict[str, Any]] = {}
-        self._fixed_of: dict[str, Policy] = {}
-
-    def ctx(self, policy: Policy, nullable: frozenset[str], platform: Mapping[str, Any] | None = None) -> Ctx:
-        """A context for `policy`: varied facts fork, the others hold the policy's defaults.
-        `nullable`: facts that may be null (see nullable_facts); one set for every policy compared."""
-        fixed = self._fixed.get(policy.name)
-        if fixed is None or self._fixed_of.get(policy.name) is not policy:
-            varied = self.x.space.varied
-            fixed = {f: policy.defaults.get(f, d) for f, (_, d) in FACTS.items() if f not in varied
-                     and f not in PLATFORM_FACTS}
-            self._fixed[policy.name], self._fixed_of[policy.name] = fixed, policy
-        if platform is not None:  # a sweep column: the platform is given, not forked
-            fixed = {**fixed, **platform}
-        return Ctx(_Facts(self.x, nullable, fixed), self.env, self.packages)  # type: ignore[arg-type]
-
-
-def nullable_facts(*policies: Policy) -> frozenset[str]:
-    """Facts a scenario may leave null for any of these policies (no default, or a null default)."""
-    out: set[str] = set()
-    for policy in policies:
-        out |= {f for f, (_, d) in FACTS.items() if policy.defaults.get(f, d) is None}
-    return frozenset(out)
-
-
-def explore(space: Space, fn: Callable[[Reader], Any], limit: int = 2_000_000) -> Iterator[tuple[dict[str, Cls], Any]]:
-    """Every leaf (the classes it fixed, fn's result) of the input space; `limit` guards a runaway space."""
-    x = Explorer(space)
-    reader = Reader(x)
-    for _ in range(limit):
-        result = fn(reader)
-        yield x.leaf(), result
-        if not x.advance():
-            return
-    raise RuntimeError(f"input space exceeds {limit} classes; narrow it (--policy) or report the rules")
-
-
-# ------------------------------------------------------------------ one decision, summarised
-
-class Answer(NamedTuple):
-    """What diff and sweep compare: the answer fields that matter, and where each side decided."""
-
-    outcome: str
-    backend: str | None = None
-    kernel: str | None = None
-    activation_key: str | None = None
-    align_hidden: int | None = None  # the round_up alignment applied (sizes round up to a multiple of it)
-    align_intermediate: int | None = None
-    step: str | None = None
-    at: str | None = None
-
-    def key(self) -> tuple[Any, ...]:
-        return self[:6]
-
-    def short(self) -> str:
-        if self.outcome != "selected":
-            return self.outcome + (f" ({self.backend})" if self.backend else "")
-        parts = [self.backend or "?"]
-        if self.kernel:
-            parts.append(self.kernel)
-        if self.activation_key:
-            parts.append(f"act {self.activation_key}")
-        if self.align_hidden != 1 or self.align_intermediate != 1:
-            parts.append(f"round_up {self.align_hidden}/{self.align_intermediate}")
-        return " ".join(parts)
-
-
-_UNIT_SIZES = {"moe.hidden_size": 1, "moe.intermediate_size": 1}
-
-
-def call_hook(table: Table) -> Callable[..., Result]:
-    def call(name: str, c: Ctx, t: Trace, requested: Any = UNSET) -> Result:
-        sub = Ctx(c.facts, c.env, c.packages)
-        sub.memo = c.memo
-        return run(table.policies[name], sub, t, call, requested)
-    return call
-
-
-def decide(table: Table, policy: Policy, ctx: Ctx, hook: Callable[..., Result] | None = None,
-           trace: Trace = None) -> Answer:
-    """The fast-path decision of one policy on one (possibly forking) context."""
-    try:
-        res = run(policy, ctx, trace, hook or call_hook(table))
-    except EnvValueError:
-        return Answer("invalid", step="env", at=None)
-    step = res.decided_by
-    where = (step.id, step.at) if step is not None else (None, None)
-    if res.outcome == "selected" and res.backend is not None and res.family is not None:
-        # sizes of 1 round up to the alignment itself: the rounding rule, without forking on every size class
-        unit = Ctx(_Facts(ctx.facts.x, ctx.facts.nullable, _UNIT_SIZES), ctx.env, ctx.packages) \
-            if isinstance(ctx.facts, _Facts) else Ctx({**ctx.facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
-        h, i = round_sizes(res.family.round_up, res.backend.name, unit)
-        kernel = res.kernel.name if res.kernel and res.report_kernel else None
-        ak = res.activation_key
-        return Answer("selected", res.backend.value, kernel, ak if isinstance(ak, str) else None, h, i, *where)
-    return Answer(res.outcome, res.reported_backend, None, None, None, None, *where)
-
-
-def scenario_of(leaf: Mapping[str, Cls], policy: str, profile: str | None = None) -> dict[str, Any]:
-    """A concrete scenario (the contract's shape) inside a class: the representatives of what it fixed."""
-    sc: dict[str, Any] = {"policy": policy}
-    if profile:
-        sc["profile"] = profile
-    for var, cl in leaf.items():
-        kind, _, name = var.partition(":")
-        if var == PLATFORM:
-            p = cl.value
-            plat: dict[str, Any] = {"kind": p["platform.kind"]}
-            if p["platform.kind"] == "cuda":
-                plat["capability"] = list(p["platform.capability"])
-            elif p["platform.kind"] == "rocm":
-                plat["gcn_arch"] = p["platform.gcn_arch"]
-            elif p["platform.amx"]:
-                plat["amx"] = True
-            sc["platform"] = plat
-        elif kind == "env" and cl.value is not None:
-            sc.setdefault("env", {})[name] = cl.value
-        elif kind == "package":
-            sc.setdefault("packages", {})[name] = cl.value
-        elif kind == "fact":
-            *path, last = name.split(".")
-            node = sc
-            for part in path:
-                node = node.setdefault(part, {})
-            node[last] = list(cl.value) if isinstance(cl.value, tuple) else cl.value
-    return sc
-
-
-def describe(leaf: Mapping[str, Cls]) -> str:
-    """One line naming the classes a leaf fixed (everything else: any value)."""
-    return "; ".join(cl.label for cl in leaf.values()) or "every input"

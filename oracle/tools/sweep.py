@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .explore import Answer, call_hook, decide, describe, explore, nullable_facts
 from .sources import Profiled
-from .space import Answer, Space, call_hook, decide, describe, explore, members, nullable_facts
+from .space import Space, members
 
 
 @dataclass
