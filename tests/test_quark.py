@@ -127,6 +127,8 @@ def test_this_projects_profile_runs_weight_only_mxfp4_on_its_w4a16_selector():
                                   packages={"triton": True}, env={}, device="cpu")
     assert (triton.decision.backend, triton.decision.converter) == ("TRITON_MOE", "backends.layouts.triton_moe:converter")
     assert triton.padded_intermediate_size == triton.decision.intermediate_size == 128
+    with pytest.raises(ValueError, match="chosen for platform 'cuda' but the layer is on cpu"):
+        triton.process_weights_after_loading()
     emulated = QuarkOCPMXMoE.create(quant_config(*SCHEMES["w_mxfp4_a_mxfp4"]), E, H, I, top_k=TOP_K, platform=CPU,
                                     packages={"triton": True}, env={"TRITON_INTERPRET": "1"})
     assert (emulated.decision.backend, emulated.emulate) == ("EMULATION", True)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from backends import formats
 from backends.emulation import GATED_ACTIVATIONS, moe_forward
 from backends.layer import (
+    _DEVICE_KINDS,
     DEFAULT_PROFILE,
     LayerUnavailableError,
     MoELayer,
@@ -95,6 +96,9 @@ class QuarkOCPMXMoE:
                  top_k: int, activation: str, gate_up: str, has_bias: bool, renormalize: bool,
                  swiglu: Mapping[str, float], device: torch.device, oracle):
         self.decision, self.scenario = decision, scenario
+        if "ocp_mx_scheme" not in decision.extras:
+            _fail(LayerUnavailableError, f"the decision names no OCP MX scheme (outcome {decision.outcome}, backend "
+                  f"{decision.backend}); the profile's ocp-mx policy must emit ocp_mx_scheme")
         self.scheme = decision.extras["ocp_mx_scheme"]
         self.emulate = bool(decision.extras.get("emulate"))
         self.static_input_scales = bool(decision.extras.get("static_input_scales"))
@@ -249,6 +253,10 @@ class QuarkOCPMXMoE:
     def _kernel_layer_from_decision(self) -> MoELayer:
         """A MoELayer over the padded MXFP4 parameters for a backend with a converter (e.g. TRITON_MOE)."""
         d = self.decision
+        kind = self.scenario["platform"].get("kind")
+        if kind not in _DEVICE_KINDS[self.device.type]:
+            _fail(ValueError, f"{d.backend} was chosen for platform {kind!r} but the layer is on {self.device}; "
+                  f"create it without platform= to detect it, or with device= on that platform")
         if self.weight_format != "mxfp4":
             _fail(LayerUnavailableError, f"{d.backend} was selected for {self.scheme}, but converters take MXFP4 "
                   f"weights only")
