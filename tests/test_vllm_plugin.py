@@ -23,8 +23,11 @@ import yaml
 from vllm_simulation import (
     BY_POLICY,
     RELEASE,
+    FakePlatform,
     SimulatedMachine,
     answer_of,
+    fake_config,
+    fake_platform,
     full_moe,
     golden_questions,
     random_question,
@@ -42,42 +45,6 @@ from oracle.integrations.vllm_scenario import (
 
 
 # ============================================================== part 1: translation, with fakes
-def fake_config(moe: dict) -> types.SimpleNamespace:
-    """A FusedMoEConfig look-alike with vLLM's field names (enum members where vLLM has them)."""
-    p = moe["parallel"]
-    act = enum.Enum("MoEActivation", {"X": moe["activation"]})
-    routing = enum.IntEnum("RoutingMethodType", {moe["routing_method"]: 1})
-    parallel = types.SimpleNamespace(dp_size=p["dp_size"], ep_size=p["ep_size"], use_ep=p["use_ep"],
-                                     all2all_backend=p["all2all_backend"], enable_eplb=p["eplb"])
-    return types.SimpleNamespace(activation=act.X, routing_method=routing[moe["routing_method"]],
-                                 is_act_and_mul=moe["is_act_and_mul"], moe_backend=moe["moe_backend"],
-                                 is_lora_enabled=moe["lora"], hidden_dim=moe["hidden_size"],
-                                 intermediate_size_per_partition=moe["intermediate_size"],
-                                 num_experts=moe["num_experts"], experts_per_token=moe["top_k"],
-                                 has_bias=moe["has_bias"], moe_parallel_config=parallel)
-
-
-class FakePlatform:
-    def __init__(self, kind: str, capability=None):
-        self.kind, self.capability = kind, capability
-
-    def is_cuda(self):
-        return self.kind == "cuda"
-
-    def is_rocm(self):
-        return self.kind == "rocm"
-
-    def is_xpu(self):
-        return self.kind == "xpu"
-
-    def get_device_capability(self):
-        return self.capability
-
-
-def fake_platform(plat: dict) -> FakePlatform:
-    return FakePlatform(plat["kind"], tuple(plat["capability"]) if "capability" in plat else None)
-
-
 def test_scenarios_built_from_vllm_objects_get_the_golden_questions_answers(oracle):
     """Round trip golden question -> vLLM-shaped objects -> plugin scenario: same decision, every question."""
     questions = golden_questions()
@@ -140,12 +107,13 @@ def test_without_the_opt_in_register_does_nothing(monkeypatch):
     plugin.register()
 
 
-@pytest.mark.parametrize("version", ["0.19.1", "0.21.0", "0.33.0", "unknown"])
+@pytest.mark.parametrize("version", ["0.19.1", "0.21.0", "0.32.9", "0.34.0", "unknown"])
 def test_unsupported_vllm_versions_are_refused_naming_the_supported_ones(version):
     with pytest.raises(RuntimeError) as info:
         plugin.release_for(version)
-    assert f"this is vLLM {version}" in str(info.value) and "supports vLLM 0.20.x only" in str(info.value)
+    assert f"this is vLLM {version}" in str(info.value) and "supports vLLM 0.20.x, 0.33.x only" in str(info.value)
     assert plugin.release_for("0.20.2") is RELEASE
+    assert plugin.release_for("0.33.1") is plugin.RELEASES["0.33"]
 
 
 def test_rules_spec_is_a_directory_or_a_shipped_profile(tmp_path):
@@ -153,7 +121,9 @@ def test_rules_spec_is_a_directory_or_a_shipped_profile(tmp_path):
     assert profile == "vllm-0.15" and source == "the shipped rules"
     shutil.copytree(oracle.Oracle().root, tmp_path / "rules")
     _, profile, source = plugin.open_rules(str(tmp_path / "rules"), None, RELEASE)
-    assert profile == "vllm-0.20" and source == str((tmp_path / "rules").resolve())
+    assert profile == "vllm-0.20" and source == str((tmp_path / "rules").resolve())  # not the default (vllm-0.33)
+    _, profile, _ = plugin.open_rules(str(tmp_path / "rules"), None, plugin.RELEASES["0.33"])
+    assert profile == "vllm-0.33"
     with pytest.raises(RuntimeError, match="neither a rules directory nor a shipped profile.*vllm-0.20"):
         plugin.open_rules("vllm-0.2O", None, RELEASE)
     with pytest.raises(RuntimeError, match="MOE_ORACLE_PROFILE='nope': no such profile"):

@@ -1,10 +1,12 @@
 """vLLM's real selection code on a machine without a GPU, one golden question at a time.
 
-Shared by tests/test_vllm_plugin.py and the recorded run (docs/vllm-plugin-run.log). Needs
-vllm==0.20.0 for everything below `answer_of`; importing this module never imports vLLM.
+Shared by tests/test_vllm_plugin.py (vLLM 0.20.0), tests/test_vllm_plugin_033.py (vLLM 0.33.0)
+and the recorded runs (docs/vllm-plugin-run.log, docs/vllm-plugin-run-0.33.log). Needs that vLLM
+for everything below `answer_of`; importing this module never imports vLLM.
 """
 from __future__ import annotations
 
+import enum
 import importlib
 import json
 import os
@@ -19,6 +21,8 @@ from oracle.integrations import vllm as plugin
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = plugin.RELEASES["0.20"]
 BY_POLICY = {sel.policy: sel for sel in RELEASE.selectors}
+# The executed golden sample of each release series.
+SAMPLES = {"0.20": "golden-sample.jsonl", "0.33": "golden-sample-vllm-0.33.jsonl"}
 # The scenario spec's documented defaults (shared/spec/scenario.md): a golden question leaves them out.
 MOE_DEFAULTS = {"activation": "swigluoai", "is_act_and_mul": True, "moe_backend": "auto", "lora": False,
                 "routing_method": "Renormalize", "hidden_size": 2880, "intermediate_size": 2880, "num_experts": 32,
@@ -27,17 +31,69 @@ PARALLEL_DEFAULTS = {"dp_size": 1, "ep_size": 1, "use_ep": False, "all2all_backe
                      "eplb": False}
 
 
-def golden_questions() -> list[dict]:
-    """Every vllm-0.20 MXFP4 / NVFP4 selection question of the golden sample."""
-    rows = [json.loads(line) for line in (ROOT / "tests/data/golden-sample.jsonl").read_text().splitlines() if line]
-    return [r for r in rows if r["scenario"].get("profile") == "vllm-0.20" and r["scenario"]["policy"] in BY_POLICY
-            and r["scenario"].get("query", "select") == "select"]
+def by_policy(release=RELEASE) -> dict:
+    return {sel.policy: sel for sel in release.selectors}
+
+
+def golden_questions(release=RELEASE) -> list[dict]:
+    """Every MXFP4 / NVFP4 selection question of the release's golden sample, for its profile."""
+    rows = [json.loads(line) for line in (ROOT / "tests/data" / SAMPLES[release.series]).read_text().splitlines()
+            if line]
+    return [r for r in rows if r["scenario"].get("profile") == release.profile
+            and r["scenario"]["policy"] in by_policy(release) and r["scenario"].get("query", "select") == "select"]
+
+
+# vLLM 0.33's extra layer facts (the spec's defaults for profile vllm-0.33).
+MOE_DEFAULTS_033 = {"swiglu_limit": None, "user_activation_key": None}
 
 
 def full_moe(scenario: dict) -> dict:
-    moe = {**MOE_DEFAULTS, **scenario.get("moe", {})}
+    extra = MOE_DEFAULTS_033 if scenario.get("profile") == "vllm-0.33" else {}
+    moe = {**MOE_DEFAULTS, **extra, **scenario.get("moe", {})}
     moe["parallel"] = {**PARALLEL_DEFAULTS, **moe.get("parallel", {})}
     return moe
+
+
+def fake_config(moe: dict) -> types.SimpleNamespace:
+    """A FusedMoEConfig look-alike with vLLM's field names (enum members where vLLM has them)."""
+    p = moe["parallel"]
+    act = enum.Enum("MoEActivation", {"X": moe["activation"]})
+    routing = enum.IntEnum("RoutingMethodType", {moe["routing_method"]: 1})
+    parallel = types.SimpleNamespace(dp_size=p["dp_size"], ep_size=p["ep_size"], use_ep=p["use_ep"],
+                                     all2all_backend=p["all2all_backend"], enable_eplb=p["eplb"])
+    return types.SimpleNamespace(activation=act.X, routing_method=routing[moe["routing_method"]],
+                                 is_act_and_mul=moe["is_act_and_mul"], moe_backend=moe["moe_backend"],
+                                 is_lora_enabled=moe["lora"], hidden_dim=moe["hidden_size"],
+                                 intermediate_size_per_partition=moe["intermediate_size"],
+                                 num_experts=moe["num_experts"], experts_per_token=moe["top_k"],
+                                 has_bias=moe["has_bias"], moe_parallel_config=parallel,
+                                 **({"swiglu_limit": moe["swiglu_limit"]} if "swiglu_limit" in moe else {}))
+
+
+class FakePlatform:
+    """A vLLM platform look-alike: kind, capability and (CPU) AMX, for the CI tests without vLLM."""
+
+    def __init__(self, kind: str, capability=None):
+        self.kind, self.capability = kind, capability
+
+    def is_cuda(self):
+        return self.kind == "cuda"
+
+    def is_rocm(self):
+        return self.kind == "rocm"
+
+    def is_xpu(self):
+        return self.kind == "xpu"
+
+    def is_cpu(self):
+        return self.kind == "cpu"
+
+    def get_device_capability(self):
+        return self.capability
+
+
+def fake_platform(plat: dict) -> FakePlatform:
+    return FakePlatform(plat["kind"], tuple(plat["capability"]) if "capability" in plat else None)
 
 
 def answer_of(decision) -> tuple:
@@ -54,7 +110,11 @@ PROBES = {"flashinfer": ("has_flashinfer", "has_flashinfer_moe", "has_flashinfer
                          "has_flashinfer_cutedsl_grouped_gemm_nt_masked", "has_flashinfer_cutedsl_moe_nvfp4"),
           "triton_kernels": ("has_triton_kernels",), "deep_gemm": ("has_deep_gemm",), "aiter": ("has_aiter",)}
 PROBE_HOME = {"flashinfer": "vllm.utils.flashinfer", "triton_kernels": "vllm.utils.import_utils",
-              "deep_gemm": "vllm.utils.import_utils", "aiter": "vllm.utils.import_utils"}
+              "deep_gemm": "vllm.utils.import_utils", "aiter": "vllm.utils.import_utils",
+              "humming": "vllm.utils.import_utils", "quark": "vllm.utils.import_utils", "b12x": "vllm.utils.b12x"}
+# vLLM 0.33 probes more: every has_flashinfer* function stands for the one flashinfer package, and the new
+# packages (humming, amd-quark, b12x; b12x's experts also ask get_b12x_fused_moe() for a loadable module).
+PROBES_033 = {**PROBES, "humming": ("has_humming",), "quark": ("has_quark",), "b12x": ("has_b12x",)}
 # Native extensions whose import needs a GPU driver; selection never calls into them.
 NATIVE_WITHOUT_DRIVER = ("vllm._C", "vllm._C_stable_libtorch", "vllm_xpu_kernels", "vllm_xpu_kernels._C",
                          "vllm_xpu_kernels._moe_C", "vllm_xpu_kernels._xpu_C")
@@ -76,8 +136,9 @@ class SimulatedMachine:
     arch string comes from a stand-in amdsmi, as vLLM reads it). Probes answer from the question.
     """
 
-    def __init__(self, mp: pytest.MonkeyPatch):
-        self.mp, self.packages, self.arch, self._restore = mp, {}, None, []
+    def __init__(self, mp: pytest.MonkeyPatch, release=RELEASE):
+        self.mp, self.packages, self.arch, self._restore, self.release = mp, {}, None, [], release
+        self.by_policy = by_policy(release)
         import vllm.platforms
 
         self.platform = vllm.platforms.current_platform  # resolved on the real machine, before any stand-in
@@ -89,13 +150,15 @@ class SimulatedMachine:
                 mp.setitem(sys.modules, name, types.ModuleType(name))
         amdsmi = types.ModuleType("amdsmi")
         amdsmi.AmdSmiException = RuntimeError
+        amdsmi.AmdSmiMemoryType = types.SimpleNamespace(VRAM="VRAM")  # vLLM 0.33 imports it
         amdsmi.amdsmi_init = amdsmi.amdsmi_shut_down = lambda *a: None
         amdsmi.amdsmi_get_processor_handles = lambda: ["gpu0"]
         amdsmi.amdsmi_get_gpu_asic_info = lambda handle: {"target_graphics_version": self.arch}
-        for fn in ("amdsmi_get_gpu_device_uuid", "amdsmi_topo_get_link_type", "amdsmi_topo_get_numa_node_number"):
+        for fn in ("amdsmi_get_gpu_device_uuid", "amdsmi_topo_get_link_type", "amdsmi_topo_get_numa_node_number",
+                   "amdsmi_get_gpu_memory_total"):
             setattr(amdsmi, fn, lambda *a: pytest.fail("selection asked amdsmi for more than the arch"))
         mp.setitem(sys.modules, "amdsmi", amdsmi)
-        for sel in RELEASE.selectors:  # import every experts class before simulating (XPU's imports kernels)
+        for sel in release.selectors:  # import every experts class before simulating (XPU's imports kernels)
             mod = importlib.import_module(sel.module)
             for member in getattr(mod, sel.enum):
                 if member.value != "None":
@@ -105,14 +168,29 @@ class SimulatedMachine:
         import vllm._aiter_ops
 
         self.aiter_ops = vllm._aiter_ops
-        for package, names in PROBES.items():
+        probes = PROBES if release.series == "0.20" else self._probes_033()
+        for package, names in probes.items():
             home = importlib.import_module(PROBE_HOME[package])
             for name in names:
-                original = getattr(home, name)
-                switch = self._probe(package)
-                rebind_in_vllm(original, switch)
-                self._restore.append((switch, original))
-        self.originals = {sel.name: getattr(importlib.import_module(sel.module), sel.name) for sel in RELEASE.selectors}
+                self._switch(getattr(home, name), self._probe(package))
+        if release.cpu_amx:
+            import torch
+
+            mp.setattr(torch.cpu, "_is_amx_tile_supported", lambda: self.amx)
+        self.amx = False
+        self.originals = {sel.name: getattr(importlib.import_module(sel.module), sel.name) for sel in release.selectors}
+
+    def _switch(self, original, switch) -> None:
+        rebind_in_vllm(original, switch)
+        self._restore.append((switch, original))
+
+    def _probes_033(self) -> dict:
+        from vllm.utils import b12x, flashinfer
+
+        probes = {**PROBES_033, "flashinfer": tuple(n for n in vars(flashinfer) if n.startswith("has_flashinfer"))}
+        fused_moe = types.SimpleNamespace(is_supported=lambda: True)
+        self._switch(b12x.get_b12x_fused_moe, lambda: fused_moe if self.packages.get("b12x", False) else None)
+        return probes
 
     def _probe(self, package: str):
         return lambda *args, **kwargs: self.packages.get(package, False)
@@ -149,6 +227,7 @@ class SimulatedMachine:
         from vllm.utils.deep_gemm import is_deep_gemm_supported
 
         self.platform.__class__ = self.platform_class(scenario["platform"])
+        self.amx = bool(scenario["platform"].get("amx", False))
         self.packages = dict(scenario.get("packages", {}))
         self.aiter_ops.IS_AITER_FOUND = self.packages.get("aiter", False)
         for name in [n for n in os.environ if n.startswith("VLLM_")]:
@@ -158,13 +237,25 @@ class SimulatedMachine:
         is_deep_gemm_supported.cache_clear()
         self.aiter_ops.rocm_aiter_ops.refresh_env_variables()
         moe = full_moe(scenario)
-        kwargs = {"config": vllm_config(moe)}
-        for key in BY_POLICY[scenario["policy"]].key_args:
+        sel = self.by_policy[scenario["policy"]]
+        kwargs = {"config": vllm_config(moe, self.release)}
+        for key in sel.key_args:
             kwargs[key] = getattr(quant_utils, moe[key]) if moe[key] else None
+        if sel.user_key:
+            self._set_user_activation_key(moe.get("user_activation_key"))
         return kwargs
 
+    def _set_user_activation_key(self, name: str | None) -> None:
+        """The user's quantization_config.moe.activation, as the current vLLM config vLLM 0.33 reads it from."""
+        import vllm.config.vllm as current
+        from vllm.config.quantization import QuantizationConfigArgs, QuantSpec
 
-def vllm_config(moe: dict):
+        args = QuantizationConfigArgs(moe=QuantSpec(activation=name)) if name else None
+        model_config = types.SimpleNamespace(quantization_config=args)
+        self.mp.setattr(current, "_current_vllm_config", types.SimpleNamespace(model_config=model_config))
+
+
+def vllm_config(moe: dict, release=RELEASE):
     import torch
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
@@ -177,9 +268,11 @@ def vllm_config(moe: dict):
     parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=p["dp_size"], ep_size=p["ep_size"], tp_rank=0,
                                       pcp_rank=0, dp_rank=0, ep_rank=0, sp_size=1, use_ep=p["use_ep"],
                                       all2all_backend=p["all2all_backend"], enable_eplb=p["eplb"])
+    sizes = ({"intermediate_size_per_partition": moe["intermediate_size"]} if release.series == "0.20" else
+             {"intermediate_size": moe["intermediate_size"], "swiglu_limit": moe.get("swiglu_limit")})
     return FusedMoEConfig(
         num_experts=moe["num_experts"], experts_per_token=moe["top_k"], hidden_dim=moe["hidden_size"],
-        intermediate_size_per_partition=moe["intermediate_size"], num_local_experts=moe["num_experts"],
+        **sizes, num_local_experts=moe["num_experts"],
         num_logical_experts=moe["num_experts"], activation=MoEActivation(moe["activation"]), device="cuda",
         routing_method=RoutingMethodType[moe["routing_method"]], moe_parallel_config=parallel,
         in_dtype=torch.bfloat16, moe_backend=moe["moe_backend"], has_bias=moe["has_bias"],

@@ -3,9 +3,14 @@
 Registered under vLLM's `vllm.general_plugins` entry point (pyproject.toml), so vLLM calls
 `register()` in every process it starts. It does nothing unless the operator opts in:
 
-    MOE_ORACLE_RULES=vllm-0.20          # a shipped profile, or
+    MOE_ORACLE_RULES=vllm-0.33          # a shipped profile, or
     MOE_ORACLE_RULES=/etc/moe-rules     # a rules directory with a profiles.yaml
     MOE_ORACLE_PROFILE=my-profile       # optional: the profile inside that directory
+
+Without MOE_ORACLE_PROFILE a directory answers with the profile named after the running vLLM
+release (vllm-0.20 under vLLM 0.20.x, vllm-0.33 under 0.33.x; `vllm_releases.RELEASES`) when it
+has one, else with its default profile (and a warning). A profile for another release is
+allowed but warned about; a backend that release lacks is refused at selection.
 
 Then every selector of the running vLLM release (RELEASES) is replaced, in the module that
 defines it and in every vLLM module that imported it by name (at once if vLLM has imported it,
@@ -17,7 +22,8 @@ decision is logged once under the `moe_oracle` logger with the rule file and ste
 
 vLLM is imported only inside these functions: importing `oracle` never needs it.
 Known gaps (warned once at run time): the scenario has one `flashinfer` package where vLLM's
-classes probe several FlashInfer sub-modules, and no router-logits dtype.
+classes probe several FlashInfer sub-modules, and no router-logits dtype, hash routing or
+decomposed-backend requirement.
 """
 from __future__ import annotations
 
@@ -27,7 +33,6 @@ import importlib.util
 import inspect
 import logging
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .vllm_releases import RELEASES, RULES_ENV, Release, Selector, release_for
 from .vllm_scenario import (
     build_scenario,
     env_of,
@@ -43,66 +49,11 @@ from .vllm_scenario import (
     to_vllm_answer,
 )
 
-RULES_ENV = "MOE_ORACLE_RULES"
+__all__ = ["RELEASES", "RULES_ENV", "PROFILE_ENV", "Release", "Selector", "install", "register", "release_for",
+           "uninstall"]
+
 PROFILE_ENV = "MOE_ORACLE_PROFILE"
 log = logging.getLogger("moe_oracle")
-
-_MXFP4 = "vllm.model_executor.layers.fused_moe.oracle.mxfp4"
-_NVFP4 = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
-_QUANT = "vllm.model_executor.layers.quantization"
-
-
-@dataclass(frozen=True)
-class Selector:
-    """One vLLM selector function and the oracle policy that answers it."""
-
-    module: str                 # the vLLM module that defines it (and the enum, backend_to_kernel_cls)
-    name: str                   # the function's name, patched wherever vLLM bound it
-    policy: str                 # the oracle policy of the same logic
-    enum: str                   # the backend enum's name in `module`
-    key_args: tuple[str, ...]   # its QuantKey parameters after `config`; each becomes moe.<name> of the scenario
-    callers: tuple[str, ...]    # vLLM modules that import it by name (the proof test checks them)
-
-
-@dataclass(frozen=True)
-class Release:
-    """A vLLM release series the plugin supports: its selectors and the profile encoding it."""
-
-    series: str
-    profile: str
-    selectors: tuple[Selector, ...]
-
-
-# Supported vLLM releases. 0.33 renamed the selectors; when the `vllm-0.33` profile lands, add
-#   "0.33": Release("0.33", "vllm-0.33", (
-#       Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", ("activation_key",), ...),
-#       Selector(_MXFP4, "select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4", "Mxfp4MoeBackend", (), ...),
-#       Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend",
-#                ("weight_key", "activation_key"), ...)))
-# together with the scenario fields 0.33 adds (platform.amx, moe.swiglu_limit, moe.user_activation_key, the
-# humming / b12x / quark probes). _target checks each signature, so a renamed parameter is refused, not guessed.
-RELEASES: dict[str, Release] = {
-    "0.20": Release("0.20", "vllm-0.20", (
-        Selector(_MXFP4, "select_gpt_oss_mxfp4_moe_backend", "mxfp4-gpt-oss", "Mxfp4MoeBackend", (),
-                 (f"{_QUANT}.mxfp4", f"{_QUANT}.quark.quark_moe")),
-        Selector(_MXFP4, "select_mxfp4_moe_backend", "mxfp4", "Mxfp4MoeBackend", (), (f"{_QUANT}.mxfp4",)),
-        Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", ("weight_key", "activation_key"),
-                 (f"{_QUANT}.modelopt",
-                  f"{_QUANT}.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4")),
-    )),
-}
-
-
-def release_for(version: str) -> Release:
-    """The supported release series of a vLLM version string, or a RuntimeError naming them."""
-    m = re.match(r"(\d+)\.(\d+)", version)
-    release = RELEASES.get(f"{m.group(1)}.{m.group(2)}") if m else None
-    if release is None:
-        supported = ", ".join(f"{s}.x" for s in RELEASES)
-        raise RuntimeError(f"{RULES_ENV} is set, but moe-oracle's vLLM plugin supports vLLM {supported} only and "
-                           f"this is vLLM {version}; install a supported vLLM, or unset {RULES_ENV} to keep "
-                           f"vLLM's built-in MoE backend selection")
-    return release
 
 
 @dataclass
@@ -307,40 +258,64 @@ def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, argument
     active = _active
     if active is None:  # uninstalled while a reference to the wrapper survived somewhere
         raise RuntimeError(f"moe-oracle plugin was uninstalled; call vLLM's original {sel.name}")
-    config = arguments["config"]
+    release, config = active.release, arguments["config"]
     _warn_once_if_unexpressed(config)
-    names = _quant_key_names() if sel.key_args else {}
-    scenario = build_scenario(policy=sel.policy, profile=active.profile,
-                              platform=platform_of(current_platform, _gcn_arch), packages=package_probes(),
-                              env=env_of(os.environ), config=config,
-                              quant_keys={k: quant_key_name(arguments[k], names) for k in sel.key_args})
+    names = _quant_key_names() if sel.key_args or sel.user_key else {}
+    quant_keys = {k: quant_key_name(arguments[k], names) for k in sel.key_args}
+    if sel.user_key:
+        quant_keys["user_activation_key"] = quant_key_name(_user_activation_key(), names)
+    platform = platform_of(current_platform, _gcn_arch, _has_amx if release.cpu_amx else None)
+    scenario = build_scenario(policy=sel.policy, profile=active.profile, platform=platform,
+                              packages=package_probes(release), env=env_of(os.environ), config=config,
+                              quant_keys=quant_keys)
     decision = active.oracle.select(scenario)
     _log_once(sel, active, scenario, decision)
-    return to_vllm_answer(decision, backend_enum, kernel_classes)
+    return to_vllm_answer(decision, backend_enum, kernel_classes, dict(release.refusals))
 
 
 # ------------------------------------------------------------------ vLLM's probes
-# FlashInfer probes of vLLM's experts classes beyond has_flashinfer(); the rules know one package.
-_FLASHINFER_PARTS = ("has_flashinfer_trtllm_fused_moe", "has_flashinfer_cutlass_fused_moe",
-                     "has_flashinfer_cutedsl_grouped_gemm_nt_masked")
-
-
-def package_probes() -> dict[str, bool]:
-    """The scenario's packages, read from the probes vLLM's experts classes consult."""
-    import vllm._aiter_ops as aiter_ops
-    from vllm.utils import flashinfer, import_utils
-
-    found = {"flashinfer": bool(flashinfer.has_flashinfer()),
-             "triton_kernels": bool(import_utils.has_triton_kernels()),
-             "deep_gemm": bool(import_utils.has_deep_gemm()),
-             "aiter": bool(aiter_ops.IS_AITER_FOUND)}
+def package_probes(release: Release) -> dict[str, bool]:
+    """The scenario's packages, read from the probes this vLLM release's experts classes consult."""
+    found = {}
+    for package, where in release.probes:
+        module, attr = where.split(":")
+        probe = getattr(importlib.import_module(module), attr)
+        found[package] = bool(probe() if callable(probe) else probe)
     if found["flashinfer"]:
-        missing = [name for name in _FLASHINFER_PARTS if not getattr(flashinfer, name)()]
+        from vllm.utils import flashinfer
+
+        missing = [name for name in release.flashinfer_parts if not getattr(flashinfer, name)()]
         if missing:
             _warn_once(f"flashinfer is installed but vLLM's {', '.join(missing)} probe(s) say False; the rules "
                        "treat flashinfer as one package, so a FlashInfer backend they choose may not load here: "
                        "install a complete flashinfer-python, or drop those backends in your rules")
     return found
+
+
+def _has_amx() -> bool:
+    """vLLM 0.33's CPU experts test: an x86 CPU with AMX tiles (called only on a CPU platform)."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import CpuArchEnum
+
+    return (current_platform.get_cpu_architecture() == CpuArchEnum.X86
+            and bool(torch.cpu._is_amx_tile_supported()))
+
+
+def _user_activation_key() -> Any:
+    """The user's MoE activation override (quantization_config.moe.activation), read as vLLM 0.33 reads it."""
+    from vllm.config import get_current_vllm_config
+    from vllm.config.quantization import QuantizationConfigArgs
+
+    args = get_current_vllm_config().model_config.quantization_config
+    if not isinstance(args, QuantizationConfigArgs) or args.moe is None:
+        return None
+    return args.moe.activation
+
+
+# vLLM config fields the scenario cannot carry: (attribute, value that matters, what vLLM does with it).
+_UNEXPRESSED = (("has_hash_routing", True, "kernels without hash-routing support refuse it"),
+                ("require_decomposed_backend", True, "monolithic kernels refuse it"))
 
 
 def _warn_once_if_unexpressed(config: Any) -> None:
@@ -351,6 +326,10 @@ def _warn_once_if_unexpressed(config: Any) -> None:
         _warn_once(f"router_logits_dtype is float32 with {routing} routing; the rules cannot see the router dtype "
                    "(vLLM's TRTLLM NVFP4 monolithic kernel refuses float32 logits except with DeepSeekV3/Simulated "
                    "routing), so an NVFP4 choice may differ from vLLM's own here")
+    for attr, value, effect in _UNEXPRESSED:
+        if getattr(config, attr, None) is value:
+            _warn_once(f"FusedMoEConfig.{attr} is {value} ({effect}); the rules cannot see it, so the choice may "
+                       "differ from vLLM's own here")
 
 
 _warned: set = set()

@@ -19,12 +19,14 @@ class ScenarioMismatch(ValueError):
     with this message instead of silently using vLLM's built-in choice."""
 
 
-def platform_of(platform: Any, gcn_arch: Callable[[], str]) -> dict[str, Any]:
+def platform_of(platform: Any, gcn_arch: Callable[[], str],
+                amx: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Scenario `platform` of vLLM's `current_platform`.
 
     Only the platform kinds vLLM's MoE selectors test are distinguished: CUDA, ROCm, XPU;
     every other platform (CPU, TPU, out-of-tree) takes the same branches there as CPU.
-    `gcn_arch` is called only on ROCm (vLLM derives ROCm's capability from that string).
+    `gcn_arch` is called only on ROCm (vLLM derives ROCm's capability from that string);
+    `amx` (releases whose CPU experts need x86 AMX) only on CPU, as `platform.amx`.
     """
     if platform.is_cuda():
         cap = platform.get_device_capability()
@@ -36,6 +38,8 @@ def platform_of(platform: Any, gcn_arch: Callable[[], str]) -> dict[str, Any]:
         return {"kind": "rocm", "gcn_arch": gcn_arch().split(":", 1)[0]}
     if platform.is_xpu():
         return {"kind": "xpu"}
+    if amx is not None and platform.is_cpu():
+        return {"kind": "cpu", "amx": bool(amx())}
     return {"kind": "cpu"}
 
 
@@ -49,7 +53,7 @@ def moe_of(config: Any) -> dict[str, Any]:
     """Scenario `moe` of vLLM's FusedMoEConfig (enum members become their value / name)."""
     activation = getattr(config.activation, "value", config.activation)
     routing = getattr(config.routing_method, "name", config.routing_method)
-    return {
+    moe = {
         "activation": str(activation),
         "is_act_and_mul": bool(config.is_act_and_mul),
         "moe_backend": str(config.moe_backend),
@@ -62,6 +66,10 @@ def moe_of(config: Any) -> dict[str, Any]:
         "has_bias": bool(config.has_bias),
         "parallel": parallel_of(config.moe_parallel_config),
     }
+    if hasattr(config, "swiglu_limit"):  # vLLM 0.33: NVFP4 keeps the backends that apply the SwiGLU clamp
+        limit = config.swiglu_limit
+        moe["swiglu_limit"] = None if limit is None else float(limit)
+    return moe
 
 
 def quant_key_name(key: Any, named_keys: Mapping[str, Any]) -> str | None:
@@ -91,16 +99,18 @@ def build_scenario(*, policy: str, profile: str, platform: Mapping[str, Any], pa
             "env": dict(env), "moe": moe}
 
 
-def to_vllm_answer(decision: Any, backend_enum: Any, kernel_classes: Callable[[Any], list]) -> tuple[Any, Any]:
+def to_vllm_answer(decision: Any, backend_enum: Any, kernel_classes: Callable[[Any], list],
+                   refusals: Mapping[str, type[Exception]] = REFUSALS) -> tuple[Any, Any]:
     """vLLM's return value for an oracle decision, or vLLM's exception for a refusal.
 
     selected -> (enum member, experts class named by the rules, or the backend's first class
     when the rules took the backend unchecked, as vLLM does); none -> (the NONE member, None);
-    invalid -> ValueError; unsupported -> NotImplementedError; error -> ScenarioMismatch.
+    invalid / unsupported -> the release's exception type (`refusals`; ValueError and
+    NotImplementedError in every supported release); error -> ScenarioMismatch.
     """
     outcome = decision.outcome
-    if outcome in REFUSALS:
-        raise REFUSALS[outcome](decision.error)
+    if outcome in refusals:
+        raise refusals[outcome](decision.error)
     if outcome == "error":
         raise ScenarioMismatch(f"moe-oracle could not answer this vLLM configuration: {decision.error}")
     if outcome == "none":
