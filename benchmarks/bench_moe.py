@@ -16,6 +16,7 @@ torch._grouped_mm, as a CUDA graph).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -156,11 +157,11 @@ def time_layer(fn, flush, iters):
 def sweep_candidates(tokens):
     """Launch configs worth timing at this T (decode: swap-AB and narrow tiles; prefill: big tiles)."""
     L = tuning.LaunchConfig
-    if tokens <= 64:
-        return [(c, c) for c in (L(16, 64, 128, 1, True, 4, 3), L(16, 128, 128, 1, True, 4, 3),
-                                 L(16, 64, 128, 1, True, 4, 4), L(16, 128, 128, 1, True, 8, 4),
-                                 L(16, 64, 64, 1, True, 4, 6), L(16, 32, 128, 1, False, 4, 3),
-                                 L(16, 64, 128, 1, False, 4, 4))]
+    if tokens <= 64:  # the earlier sweep's winners, each with split-K (GEMM1 slices, GEMM2 slices)
+        bases = (L(16, 32, 128, 1, False, 4, 3), L(16, 64, 128, 1, True, 4, 4), L(16, 64, 64, 1, True, 4, 6))
+        splits = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)) if tokens <= 16 else ((1, 1), (2, 1), (2, 2))
+        return [(dataclasses.replace(c, split_k=s1), dataclasses.replace(c, split_k=s2))
+                for c in bases for s1, s2 in splits]
     if tokens <= 1024:
         return [(L(bm, bn, 128, 8, swap, w, 3), L(bm, 128, 128, 8, swap, w, 3))
                 for bm, swap in ((16, True), (32, False), (64, False)) for bn in (64, 128) for w in (4, 8)]

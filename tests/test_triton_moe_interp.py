@@ -4,7 +4,7 @@ Triton fixes compiled-vs-interpreted when it is first imported, and other tests 
 import it compiled, so the cases run in one `TRITON_INTERPRET=1` subprocess (this file run as a
 script) that prints one JSON line per case; each test below checks its case's line. Shapes are tiny
 (the interpreter runs numpy per tile) but cover both formats, both activations, biases, both gate/up
-layouts, both routings, the K tail, swap-AB and plain tiles, one expert taking every token, and
+layouts, both routings, the K tail, swap-AB and plain tiles, split-K (empty slices too), one expert taking every token, and
 bit-identical repeated runs.
 """
 
@@ -31,6 +31,9 @@ CASES = {
     "nvfp4-silu-k-tail-plain": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "plain"),
     "mxfp4-silu-top1-swap": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk", "swap"),
     "nvfp4-swigluoai-one-expert": ("nvfp4", 4, 3, 64, 64, "swigluoai", True, 20, "interleaved", "one_expert", "plain"),
+    "mxfp4-swigluoai-bias-split-k": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "split"),
+    "nvfp4-silu-k-tail-split-k": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "split"),
+    "mxfp4-silu-top1-split-k": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk", "split"),
     "mxfp4-default-config": ("mxfp4", 8, 2, 64, 64, "swigluoai", True, 5, "interleaved", "logits", None),
 }
 
@@ -52,7 +55,11 @@ def _run_case(name: str, spec) -> dict:
     swap = tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2)
     plain = tuning.LaunchConfig(32, 32, 128, 2, False, 4, 2)  # K tail: 192 = 128 + 64
     configs = {"swap": tuning.MoEConfig(swap, swap, "test"),
-               "plain": tuning.MoEConfig(plain, tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"), None: None}
+               "plain": tuning.MoEConfig(plain, tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"),
+               # split-K: K tails, empty slices (K=64 in 3 slices), bias only in slice 0
+               "split": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=2),
+                                         tuning.LaunchConfig(16, 32, 64, 1, False, 4, 2, split_k=3), "test"),
+               None: None}
     shape = Shape(name, fmt, e, k, h, i, act, biases)
     gen = torch.Generator().manual_seed(len(name))
     ckpt = random_checkpoint(shape, generator=gen, gate_up_layout=layout)

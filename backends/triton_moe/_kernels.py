@@ -145,6 +145,29 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
+def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
+               stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
+               HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """GEMM1's epilogue on full-K sums [rows, cols]: global scale, bias, activation, bf16 store to h."""
+    if NVFP4:
+        global_scale = tl.load(gs_ptr + expert)
+        acc_g = acc_g / global_scale
+        acc_u = acc_u / global_scale
+    if HAS_BIAS:
+        b_ptrs = bias_ptr + expert * stride_be + offs_n
+        acc_g += tl.load(b_ptrs, mask=col_ok, other=0.0)[None, :]
+        acc_u += tl.load(b_ptrs + N, mask=col_ok, other=0.0)[None, :]
+    if ACTIVATION == 1:  # gpt-oss swigluoai: clamp gate from above, up both ways, (up + beta) * glu
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        h = (acc_u + beta) * acc_g / (1.0 + tl.exp(-alpha * acc_g))
+    else:  # silu-and-mul
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
+    tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
+
+
+@triton.jit
 def _tile_ids(num_m_blocks, n_size, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Grouped ordering: GROUP_M row blocks walk all column blocks together (weight tiles reused in L2)."""
     pid = tl.program_id(0)
@@ -160,16 +183,20 @@ def _tile_ids(num_m_blocks, n_size, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr
 
 @triton.jit
 def gemm1_act_kernel(
-    x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr,
+    x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
-    stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm,
-    alpha, beta, limit,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm,
+    alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up."""
+    """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
+
+    SPLIT_K > 1: program (tile, s) sums K slice s only and stores raw fp32 gate/up sums of its real rows
+    to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ...
+    """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
         return
@@ -191,7 +218,11 @@ def gemm1_act_kernel(
     else:
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_base = 0  # split-K: slice program_id(1), K_SPLIT wide (see _k_split in forward.py)
+    if SPLIT_K > 1:
+        k_base = tl.program_id(1) * K_SPLIT
+    for k_step in range(0, K_SPLIT, BLOCK_K):
+        k0 = k_base + k_step
         a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K)
         g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
                                   SCALE_BLOCK, NVFP4, USE_ASM)
@@ -202,22 +233,42 @@ def gemm1_act_kernel(
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
-    if NVFP4:
-        global_scale = tl.load(gs_ptr + expert)
-        acc_g = acc_g / global_scale
-        acc_u = acc_u / global_scale
-    if HAS_BIAS:
-        b_ptrs = bias_ptr + expert * stride_be + offs_n
-        acc_g += tl.load(b_ptrs, mask=col_ok, other=0.0)[None, :]
-        acc_u += tl.load(b_ptrs + N, mask=col_ok, other=0.0)[None, :]
-    if ACTIVATION == 1:  # gpt-oss swigluoai: clamp gate from above, up both ways, (up + beta) * glu
-        acc_g = tl.minimum(acc_g, limit)
-        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        h = (acc_u + beta) * acc_g / (1.0 + tl.exp(-alpha * acc_g))
-    else:  # silu-and-mul
-        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
-    tl.store(h_ptrs, _round_bf16(h, DOT_FP32), mask=col_ok[None, :])
+    if SPLIT_K == 1:
+        _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
+                   stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32)
+    else:
+        p_ptrs = (part_ptr + tl.program_id(1) * stride_ps + offs_m.to(tl.int64)[:, None] * stride_pm
+                  + offs_n[None, :])
+        ok = row_ok[:, None] & col_ok[None, :]
+        tl.store(p_ptrs, acc_g, mask=ok)
+        tl.store(p_ptrs + N, acc_u, mask=ok)
+
+
+@triton.jit
+def gemm1_split_epilogue_kernel(
+    part_ptr, gs_ptr, bias_ptr, h_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
+    num_pairs, N: tl.constexpr, stride_ps, stride_pm, stride_be, stride_hm, alpha, beta, limit,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NVFP4: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """Split-K GEMM1: h = act(sum over s = 0..SPLIT_K-1 of part[s]) in that fixed order (deterministic)."""
+    pid_m = tl.program_id(0)
+    if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
+        return
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = tl.load(sorted_pair_ptr + offs_m) < num_pairs
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < N
+    ok = row_ok[:, None] & col_ok[None, :]
+    p_ptrs = part_ptr + offs_m.to(tl.int64)[:, None] * stride_pm + offs_n[None, :]
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc_g += tl.load(p_ptrs + s * stride_ps, mask=ok, other=0.0)
+        acc_u += tl.load(p_ptrs + s * stride_ps + N, mask=ok, other=0.0)
+    _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
+               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED)
 
 
 @triton.jit
@@ -225,12 +276,17 @@ def gemm2_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
-    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os,
+    SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr,
     DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order."""
+    """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
+
+    SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] (bias in slice 0 only); the
+    top-k sum kernel adds the slices in fixed order.
+    """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
         return
@@ -247,7 +303,11 @@ def gemm2_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_base = 0  # split-K: slice program_id(1), K_SPLIT wide (see _k_split in forward.py)
+    if SPLIT_K > 1:
+        k_base = tl.program_id(1) * K_SPLIT
+    for k_step in range(0, K_SPLIT, BLOCK_K):
+        k0 = k_base + k_step
         a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
                                   SCALE_BLOCK, NVFP4, USE_ASM)
@@ -257,23 +317,30 @@ def gemm2_kernel(
     if NVFP4:
         acc = acc / tl.load(gs_ptr + expert)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * stride_be + offs_n, mask=col_ok, other=0.0)[None, :]
+        bias = tl.load(bias_ptr + expert * stride_be + offs_n, mask=col_ok, other=0.0)
+        if SPLIT_K > 1:  # the bias belongs to slice 0 only
+            bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
+        acc += bias[None, :]
     route_w = tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)
     acc = acc * route_w[:, None]
     out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    if SPLIT_K > 1:
+        out_ptrs += tl.program_id(1) * stride_os
     tl.store(out_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om,
-                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
-    """y[t] = sum_j pair_out[t*k + j] in fixed order j = 0..k-1 (deterministic), rounded to bf16."""
+def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om, stride_ps,
+                    TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
+    """y[t] = sum_j sum_s pair_out[s, t*k + j] in fixed order (j outer, split s inner; deterministic), bf16."""
     token = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = offs_n < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        acc += tl.load(pair_out_ptr + (token * TOP_K + j) * stride_pm + offs_n, mask=ok, other=0.0)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(pair_out_ptr + s * stride_ps + (token * TOP_K + j) * stride_pm + offs_n, mask=ok,
+                           other=0.0)
     tl.store(out_ptr + token * stride_om + offs_n, _round_bf16(acc, INTERPRETED), mask=ok)
 
 

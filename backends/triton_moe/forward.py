@@ -6,7 +6,8 @@
       3. GEMM1      gate/up tiles, FP4 dequantized in registers, bias, activation   _kernels.gemm1_act_kernel
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
-Tiles come from tuning (configs/*.yaml, per GPU and shape bucket). No atomics: every run gives the
+Tiles come from tuning (configs/*.yaml, per GPU and shape bucket); a config's split_k > 1 splits a GEMM's
+K loop over programs (decode), the slices summed in a fixed order afterwards. No atomics: every run gives the
 same bits (`deterministic=True` is therefore always honoured). CUDA-graph capturable.
 """
 
@@ -137,7 +138,8 @@ def moe_forward(
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted):
-    """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids."""
+    """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids (four with
+    split-K GEMM1, whose activation runs in a separate epilogue after the fixed-order slice sum)."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -150,35 +152,59 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     b13 = weights.w13_bias if weights.w13_bias is not None else unused
     b2 = weights.w2_bias if weights.w2_bias is not None else unused
 
-    h = torch.empty(al.num_blocks * c1.block_m, inter, dtype=torch.bfloat16, device=x.device)
-    kernels.gemm1_act_kernel[(al.num_blocks * _cdiv(inter, c1.block_n),)](
-        x, weights.w13, weights.w13_scale, gs13, b13, h,
+    act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
+    rows = al.num_blocks * c1.block_m
+    h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
+    # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
+    part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
+            else h.new_empty(1, 1, 1, dtype=torch.float32))
+    kernels.gemm1_act_kernel[(al.num_blocks * _cdiv(inter, c1.block_n), c1.split_k)](
+        x, weights.w13, weights.w13_scale, gs13, b13, h, part,
         al.sorted_pairs, al.block_expert, al.padded_total,
         num_pairs, al.num_blocks, hidden, inter,
         x.stride(0), weights.w13.stride(0), weights.w13.stride(1), weights.w13_scale.stride(0),
-        weights.w13_scale.stride(1), b13.stride(0), h.stride(0), *swiglu,
-        TOP_K=k, BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
+        weights.w13_scale.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), *swiglu,
+        SPLIT_K=c1.split_k, K_SPLIT=_k_split(hidden, c1), TOP_K=k,
+        BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4,
-        ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
-        HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
+        ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages,
     )
-    pair_out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
-    kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n),)](
+    if c1.split_k > 1:
+        epi_n = 256
+        kernels.gemm1_split_epilogue_kernel[(al.num_blocks, _cdiv(inter, epi_n))](
+            part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, num_pairs, inter,
+            part.stride(0), part.stride(1), b13.stride(0), h.stride(0), *swiglu,
+            SPLIT_K=c1.split_k, BLOCK_M=c1.block_m, BLOCK_N=epi_n, NVFP4=nvfp4, ACTIVATION=act_id,
+            HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, num_warps=4,
+        )
+    pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
+    kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
         h, weights.w2, weights.w2_scale, gs2, b2, route_w, pair_out,
         al.sorted_pairs, al.block_expert, al.padded_total,
         num_pairs, al.num_blocks, inter, hidden,
         h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
-        weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(0),
+        weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
+        SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
         DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](
-        pair_out, out, hidden, pair_out.stride(0), out.stride(0), TOP_K=k, BLOCK_N=sum_block,
+        pair_out, out, hidden, pair_out.stride(1), out.stride(0), pair_out.stride(0), TOP_K=k,
+        SPLIT_K=c2.split_k, BLOCK_N=sum_block,
         INTERPRETED=interpreted,
     )
+
+
+def _k_split(k_size: int, c) -> int:
+    """K values per split-K slice: K / split_k rounded up to whole BLOCK_K steps (1 slice: all of K).
+
+    A multiple of BLOCK_K, so every slice starts on a whole 64-wide nibble group and runs a constexpr number
+    of K steps; steps past K are fully masked (the last slice may be short, or empty).
+    """
+    return _cdiv(_cdiv(k_size, c.split_k), c.block_k) * c.block_k
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -30,6 +30,7 @@ class LaunchConfig:
     swap_ab: bool
     num_warps: int
     num_stages: int
+    split_k: int = 1  # K slices summed afterwards in fixed order (decode: more programs, shorter K loops)
 
 
 @dataclass(frozen=True)
