@@ -50,7 +50,8 @@ def handwritten_gpt_oss(cap, kind, packages, env, activation, lora, batched):
     if bf16 == "0":
         order = [b for b in order if b not in ("TRTLLM", "CUTLASS")]
     for b in order:
-        if b == "TRTLLM" and kind == "cuda" and cap[0] == 10 and "flashinfer" in packages and activation in ("swigluoai", "silu") and not batched:
+        if (b == "TRTLLM" and kind == "cuda" and cap[0] == 10 and "flashinfer" in packages
+                and activation in ("swigluoai", "silu") and not batched):
             return b
         if b == "TRITON" and tk and activation == "swigluoai" and not batched:
             return b
@@ -80,14 +81,16 @@ def main() -> None:
     o.compile_all()
     one_profile = timed(lambda: Oracle().table("vllm-0.20"), 15)
 
-    golden = [json.loads(line)["scenario"] for line in (ROOT / "tests" / "data" / "golden-sample.jsonl").read_text().splitlines()]
+    sample = (ROOT / "tests" / "data" / "golden-sample.jsonl").read_text().splitlines()
+    golden = [json.loads(line)["scenario"] for line in sample]
     selects = [o.prepare(s) for s in golden if s.get("query", "select") == "select"]
     uncached = []
     for sc in selects:
         uncached.append(per_call(lambda sc=sc: o.select_uncached(sc), 200, rounds=3))
     from_dict = [per_call(lambda s=s: o.select_uncached(o.prepare(s)), 50, rounds=3)
                  for s in golden if s.get("query", "select") == "select"]
-    gpt_hot = o.prepare({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [9, 0]},
+    gpt_hot = o.prepare({"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20",
+                         "platform": {"kind": "cuda", "capability": [9, 0]},
                          "packages": {"triton_kernels": True, "flashinfer": True}})
     o.select(gpt_hot)
     repeated = per_call(lambda: o.select(gpt_hot), 20000)
@@ -101,9 +104,11 @@ def main() -> None:
     ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
     rows = [
         ("import oracle (yaml, jsonschema-rs), once per process", f"{import_ms:.0f} ms", "—"),
-        (f"load + validate + compile, all {len(o.profiles())} profiles (shared files parsed once)", ms(statistics.median(load)), "≤ 50 ms"),
+        (f"load + validate + compile, all {len(o.profiles())} profiles (shared files parsed once)",
+         ms(statistics.median(load)), "≤ 50 ms"),
         ("load + validate + compile, default profile", ms(statistics.median(one_profile)), "≤ 50 ms"),
-        (f"select, uncached, prepared Scenario (median of {len(selects)} golden questions)", us(statistics.median(uncached)), "≤ 10 µs"),
+        (f"select, uncached, prepared Scenario (median of {len(selects)} golden questions)",
+         us(statistics.median(uncached)), "≤ 10 µs"),
         ("select, uncached, slowest golden question", us(max(uncached)), "—"),
         ("select from a dict (validate scenario + answer), median", us(statistics.median(from_dict)), "—"),
         ("select, repeated identical question (cache hit)", us(repeated), "≤ 1 µs"),

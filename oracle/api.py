@@ -184,7 +184,8 @@ class Oracle:
             table = snap.tables.get(profile or snap.index.default) or self._compile(snap, profile or snap.index.default)
             policy = table.policies.get(policy_name)
             if policy is None:
-                raise ScenarioError(f"policy: unknown policy {policy_name!r}{did_you_mean(policy_name, table.policies)}; "
+                close = did_you_mean(policy_name, table.policies)
+                raise ScenarioError(f"policy: unknown policy {policy_name!r}{close}; "
                                     f"profile {table.name} has {', '.join(table.policies)}")
             found = snap.resolved[key] = (table, policy)
         return found
@@ -209,7 +210,8 @@ class Oracle:
             backend = family.backends.get(sc.backend or "") or family.by_value.get(sc.backend or "")
             if backend is None:
                 return Decision("invalid", error=f"backend: {sc.backend!r} is not a {family.name} backend"
-                                f"{did_you_mean(sc.backend, family.backends)}; expected one of {', '.join(family.backends)}",
+                                f"{did_you_mean(sc.backend, family.backends)}; "
+                                f"expected one of {', '.join(family.backends)}",
                                 **meta)
             h, i = round_sizes(family.round_up, backend.name, ctx)
             return Decision("selected", hidden_size=h, intermediate_size=i, **meta)
@@ -254,7 +256,8 @@ class Oracle:
             assert res.backend is not None and res.family is not None
             h, i = round_sizes(res.family.round_up, res.backend.name, ctx)
             b = res.backend
-            return Decision("selected", backend=b.value, kernel=res.kernel.name if res.kernel and res.report_kernel else None,
+            kernel = res.kernel.name if res.kernel and res.report_kernel else None
+            return Decision("selected", backend=b.value, kernel=kernel,
                             activation_key=res.activation_key, hidden_size=h, intermediate_size=i, extras=extras,
                             converter=b.converter, runner=b.runner, missing_why=b.missing_why, trace=trace, **meta)
         if res.outcome == "none":

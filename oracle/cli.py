@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--hidden-size", type=int, help="the layer's hidden size (round_up and size checks)")
         s.add_argument("--intermediate-size", type=int, help="the experts' intermediate size per partition")
         s.add_argument("--quark", action="append", metavar="FIELD=VALUE",
-                       help="Quark config for the ocp-mx policy, e.g. weight.dtype=fp4, input.dtype=fp8_e4m3, "
+                       help="Quark checkpoint config (the quark.* facts), e.g. weight.dtype=fp4, input.dtype=fp8_e4m3, "
                             "weight.qscheme=per_group, input.is_dynamic=true (repeatable)")
         s.add_argument("--query", help="select (default), round_up, map_backend, or a query the policy declares")
         s.add_argument("--backend", help="backend for the round_up query")

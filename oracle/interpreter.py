@@ -72,12 +72,11 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: 
     for kernel in kernels:
         failures = []
         for check in kernel.checks:
+            note: str | None = None
             try:
                 ok = check.fn(ctx)
             except EnvValueError as exc:
                 ok, note = False, str(exc)
-            else:
-                note = None
             if not ok:
                 why = () if note or check.why_false is None else check.why_false(ctx)
                 failures.append(Failure(check.name, note or _reason(check, ctx, family), check.text, why))
@@ -88,7 +87,8 @@ def try_backend(family: Family, backend: Backend, ctx: Ctx, trace: Trace, step: 
     return None, reason
 
 
-def _selected(family: Family, backend: Backend, kernel: Kernel | None, ctx: Ctx, step: Step, report: bool = True) -> Result:
+def _selected(family: Family, backend: Backend, kernel: Kernel | None, ctx: Ctx, step: Step,
+              report: bool = True) -> Result:
     return Result("selected", backend, kernel, report and not (kernel and kernel.function_check),
                   ctx.activation_key, decided_by=step, family=family)
 
@@ -186,7 +186,8 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
         if test is not None:
             matched = test(ctx)
             if trace is not None:
-                trace.append(StepEntry(step.id, bool(matched), step.at, step.why, step.when.text if step.when else None))
+                when_text = step.when.text if step.when else None
+                trace.append(StepEntry(step.id, bool(matched), step.at, step.why, when_text))
             if not matched:
                 continue
         elif trace is not None:
@@ -222,7 +223,7 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
         if action == "outcome":
             outcome, report = arg
             message = step.message
-            res = Result(outcome, error=(lambda: message.render(ctx, {})) if message else None, decided_by=step)
+            res = Result(outcome, error=(lambda m=message: m.render(ctx, {})) if message else None, decided_by=step)
             if report is not None:
                 res.reported_backend = family.backends[report].value
             return _finish(res, emits)
@@ -243,7 +244,8 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
             continue
         if action == "result":
             if call_result is None:
-                return Result("error", error=f"step '{step.id}' ({step.at}) returns a call result but no call ran before it")
+                return Result("error",
+                              error=f"step '{step.id}' ({step.at}) returns a call result but no call ran before it")
             return _finish(call_result, emits)
     return Result("error", error=f"policy '{policy.name}' ({policy.at}) ended without a decision")
 

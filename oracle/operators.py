@@ -23,8 +23,9 @@ from typing import Any
 
 NAME_PATTERN = "^[A-Za-z_][A-Za-z0-9_.-]*$"
 _SCALAR: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}
-_CAPABILITY: dict[str, Any] = {"anyOf": [{"type": "number"}, {"type": "string", "pattern": "^[0-9]+\\.[0-9]+$",
-                                                                 "description": "capability 'major.minor', e.g. \"9.0\""}]}
+_CAPABILITY: dict[str, Any] = {"anyOf": [
+    {"type": "number"},
+    {"type": "string", "pattern": "^[0-9]+\\.[0-9]+$", "description": "capability 'major.minor', e.g. \"9.0\""}]}
 _OPERAND: dict[str, Any] = {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
                              "description": "another fact or named value to compare with",
                              "properties": {"fact": {"$ref": "#/$defs/fact_name"},
@@ -144,7 +145,8 @@ HEADS: tuple[Head, ...] = (
     Head("not", {"$ref": "#/$defs/condition"}, "(not {part})", "not {part}", children="one"),
     Head("ref", {"type": "string", "pattern": NAME_PATTERN, "description": "name of a derived fact"},
          "{k}(ctx)", "{name}", refers_to="derived", what="derived fact"),
-    Head("package", {"type": "string", "pattern": NAME_PATTERN, "description": "true when the optional package is installed"},
+    Head("package",
+         {"type": "string", "pattern": NAME_PATTERN, "description": "true when the optional package is installed"},
          "({k} in ctx.packages)", "package {name} installed"),
     Head("env", {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$", "description": "a declared environment variable"},
          "", "", refers_to="env_vars", what="environment variable", tests=ENV_TESTS, tests_required=True),

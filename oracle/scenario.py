@@ -40,6 +40,8 @@ class Scenario:
     packages: frozenset[str]
     platform_given: bool
     warnings: tuple[str, ...]  # e.g. an env var that looks like a declared one; not part of the key (env is)
+    _key: tuple[Any, ...]
+    _hash: int
 
     def __init__(self, policy: str, profile: str | None, query: str, backend: str | None, facts: dict[str, Any],
                  env: dict[str, str], packages: frozenset[str], platform_given: bool, warnings: tuple[str, ...] = ()):
@@ -76,8 +78,8 @@ def _fields(obj: Any, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]
         raise ScenarioError(f"{where}: expected a mapping, got {type(obj).__name__}")
     for key in obj:
         if key not in allowed:
-            raise ScenarioError(f"{where}.{key}: unknown field{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}"
-                                if where else f"{key}: unknown field{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
+            path = f"{where}.{key}" if where else str(key)
+            raise ScenarioError(f"{path}: unknown field{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
     return obj
 
 
@@ -141,7 +143,8 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     platform = _fields(top.get("platform") if platform_given else default_platform, "platform", _PLATFORM)
     kind = platform.get("kind", "cuda")
     if kind not in PLATFORM_KINDS:
-        raise ScenarioError(f"platform.kind: {kind!r} is not a platform{did_you_mean(kind, PLATFORM_KINDS)}; expected one of {', '.join(PLATFORM_KINDS)}")
+        raise ScenarioError(f"platform.kind: {kind!r} is not a platform{did_you_mean(kind, PLATFORM_KINDS)}; "
+                            f"expected one of {', '.join(PLATFORM_KINDS)}")
     facts["platform.kind"] = kind
     if kind == "cuda":
         cap = platform.get("capability", [9, 0] if not platform_given else None)
@@ -157,8 +160,9 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
             raise ScenarioError("platform.gcn_arch: only for kind rocm")
     elif kind == "rocm":
         arch = platform.get("gcn_arch")
-        if arch not in rocm_archs:
-            raise ScenarioError(f"platform.gcn_arch: {arch!r} is not a known ROCm arch{did_you_mean(arch, rocm_archs)}; "
+        if not isinstance(arch, str) or arch not in rocm_archs:
+            raise ScenarioError(f"platform.gcn_arch: {arch!r} is not a known ROCm arch"
+                                f"{did_you_mean(arch, rocm_archs)}; "
                                 f"expected one of {', '.join(rocm_archs)}")
         facts["platform.gcn_arch"] = arch
         facts["platform.capability"] = rocm_archs[arch]
@@ -183,7 +187,8 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     env: dict[str, str] = {}
     for name, value in env_raw.items():
         if not isinstance(value, str):
-            raise ScenarioError(f"env.{name}: values are strings exactly as in the environment (write \"{_as_env(value)}\", quoted)")
+            raise ScenarioError(f"env.{name}: values are strings exactly as in the environment "
+                                f"(write \"{_as_env(value)}\", quoted)")
         env[str(name)] = value
 
     moe = _fields(top.get("moe"), "moe", _MOE + ("parallel",))

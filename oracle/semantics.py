@@ -77,7 +77,8 @@ class Semantics:
         keys = key if isinstance(key, list) else [key]
         for i, k in enumerate(keys):
             if k is not None:
-                self.known(entry, "quantization key", k, self.s["quant_keys"], *(sub + ((i,) if isinstance(key, list) else ())))
+                at = (*sub, i) if isinstance(key, list) else sub
+                self.known(entry, "quantization key", k, self.s["quant_keys"], *at)
 
     def message(self, entry: Entry, text: Any, *sub: Any) -> None:
         if not isinstance(text, str):
@@ -184,7 +185,8 @@ class Semantics:
             self.key(e, b.get("activation_key"), "backends", name, "activation_key")
             if b.get("kernels") and "activation_key" not in b and d.get("activation_key") not in ("from_scenario",
                                                                                                   "requested"):
-                self.err(e, f"backend {name} has no activation_key and family '{e.name}' does not take it from the scenario", "backends", name)
+                self.err(e, f"backend {name} has no activation_key and family '{e.name}' does not take it from "
+                            "the scenario", "backends", name)
             for role in ("converter", "runner"):
                 path = b.get(role)
                 found = registry.problem(path) if path else None
@@ -222,13 +224,15 @@ class Semantics:
         backends = fam.get("backends", {})
         for i, b in enumerate(d.get("candidates") or []):
             if self.known(e, "backend", b, backends, "candidates", i) and not backends[b].get("kernels"):
-                self.err(e, f"candidate {b} has no kernel table; add kernels to it or remove it from the list", "candidates", i)
+                self.err(e, f"candidate {b} has no kernel table; add kernels to it or remove it from the list",
+                         "candidates", i)
         seen: dict[str, int] = {}
         steps = d.get("steps") or []
         for i, st in enumerate(steps):
             self.step(e, d, fam, backends, st, i, seen)
         if steps and ("when" in steps[-1] or not any(a in steps[-1] for a in DECIDING_ACTIONS)):
-            self.err(e, "the last step must decide unconditionally (no 'when'; outcome, use or result)", "steps", len(steps) - 1)
+            self.err(e, "the last step must decide unconditionally (no 'when'; outcome, use or result)",
+                     "steps", len(steps) - 1)
         for q, spec in (d.get("queries") or {}).items():
             self.known(e, "value", spec.get("value"), self.s["values"], "queries", q, "value")
         for fact in d.get("defaults") or {}:
@@ -237,7 +241,7 @@ class Semantics:
 
     def step(self, e: Entry, d: dict[str, Any], fam: dict[str, Any], backends: dict[str, Any], st: dict[str, Any],
              i: int, seen: dict[str, int]) -> None:
-        sid = st.get("id")
+        sid = str(st.get("id"))
         if sid in seen:
             self.err(e, f"duplicate step id '{sid}' (first at step {seen[sid] + 1})", "steps", i, "id")
         seen[sid] = i
