@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from vllm_simulation import (
+    BEFORE_SELECTION,
     FakePlatform,
     SimulatedMachine,
     answer_of,
@@ -140,9 +141,11 @@ def test_033_shipped_rules_answer_every_golden_question_as_unpatched_vllm(machin
         assert answer == recorded(q), q["scenario"]
     with caplog.at_level(logging.INFO, logger="moe_oracle"):
         patched = through_plugin(machine, RELEASE.profile, questions)
-    for q, (vllm_own, _), (ours, message) in zip(questions, unpatched, patched, strict=True):
+    before = {i for i, q in enumerate(questions) if BEFORE_SELECTION in machine.ask(q["scenario"])}
+    assert len(before) < 10, "vLLM refuses only a few layers (non-gated on CPU) before its selector runs"
+    for i, (q, (vllm_own, _), (ours, message)) in enumerate(zip(questions, unpatched, patched, strict=True)):
         assert ours == vllm_own, q["scenario"]
-        if message is not None:
+        if message is not None and i not in before:  # the selector ran: the plugin raised the oracle's message
             assert message == oracle.select(q["scenario"]).error
     decisions = [r.getMessage() for r in caplog.records if "decided by step" in r.getMessage()]
     assert len(decisions) == len(set(decisions)) > 10, "one provenance line per distinct decision"
@@ -196,3 +199,29 @@ def test_033_plugin_loader_activates_the_plugin_and_uninstall_restores_vllm(mach
     for sel in RELEASE.selectors:
         for where in (sel.module, *sel.callers):
             assert getattr(sys.modules[where], sel.name) is machine.originals[sel.name], f"{where}.{sel.name}"
+
+
+@requires_vllm_033
+def test_033_opting_in_before_vllm_imports_its_selectors_patches_them_on_import(tmp_path):
+    """A fresh vLLM 0.33 process: the plugin loads first, the renamed selectors are patched when vLLM imports them."""
+    import os
+    import subprocess
+
+    script = tmp_path / "fresh.py"
+    script.write_text(
+        "import sys, vllm.plugins\n"
+        "vllm.plugins.load_general_plugins()\n"
+        f"assert {RELEASE.selectors[0].module!r} not in sys.modules, 'the plugin imported the selectors'\n"
+        "from vllm.model_executor.layers.quantization import modelopt, mxfp4\n"
+        "for fn in (mxfp4.select_mxfp4_moe_backend, mxfp4.select_deepseek_v4_mxfp4_moe_backend,\n"
+        "           modelopt.select_nvfp4_moe_backend):\n"
+        "    print('PATCHED', fn.__name__, fn._moe_oracle_selector.policy)\n")
+    env = {**os.environ, plugin.RULES_ENV: "vllm-0.33", "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    patched = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("PATCHED ")]
+    assert patched == [["select_mxfp4_moe_backend", "mxfp4"],
+                       ["select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4"],
+                       ["select_nvfp4_moe_backend", "nvfp4"]]
+    assert "select_deepseek_v4_mxfp4_moe_backend (on import)" in run.stdout + run.stderr

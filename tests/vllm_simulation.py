@@ -188,6 +188,12 @@ class SimulatedMachine:
         from vllm.utils import b12x, flashinfer
 
         probes = {**PROBES_033, "flashinfer": tuple(n for n in vars(flashinfer) if n.startswith("has_flashinfer"))}
+        # The compiled capability query of vLLM's CUDA build (torch.ops._C, absent without a GPU driver): the
+        # 0.33.0 wheel's MXFP4 experts quantization kernels answer for the SM 10.x and 11.x families (as executed
+        # in the golden sample; the CutlassExpertsMxfp4 row of rules/vllm-0.33/kernels.yaml).
+        from vllm import _custom_ops
+
+        self.mp.setattr(_custom_ops, "mxfp4_experts_quant_supported", lambda cap: 100 <= cap < 120)
         fused_moe = types.SimpleNamespace(is_supported=lambda: True)
         self._switch(b12x.get_b12x_fused_moe, lambda: fused_moe if self.packages.get("b12x", False) else None)
         return probes
@@ -238,7 +244,10 @@ class SimulatedMachine:
         self.aiter_ops.rocm_aiter_ops.refresh_env_variables()
         moe = full_moe(scenario)
         sel = self.by_policy[scenario["policy"]]
-        kwargs = {"config": vllm_config(moe, self.release)}
+        try:
+            kwargs = {"config": vllm_config(moe, self.release)}
+        except NotImplementedError as exc:  # 0.33: vLLM refuses the layer (non-gated on CPU) before any selector
+            return {BEFORE_SELECTION: exc}
         for key in sel.key_args:
             kwargs[key] = getattr(quant_utils, moe[key]) if moe[key] else None
         if sel.user_key:
@@ -249,8 +258,9 @@ class SimulatedMachine:
         """The user's quantization_config.moe.activation, as the current vLLM config vLLM 0.33 reads it from."""
         import vllm.config.vllm as current
         from vllm.config.quantization import QuantizationConfigArgs, QuantSpec
+        from vllm.model_executor.layers.quantization.utils import quant_utils
 
-        args = QuantizationConfigArgs(moe=QuantSpec(activation=name)) if name else None
+        args = QuantizationConfigArgs(moe=QuantSpec(activation=getattr(quant_utils, name))) if name else None
         model_config = types.SimpleNamespace(quantization_config=args)
         self.mp.setattr(current, "_current_vllm_config", types.SimpleNamespace(model_config=model_config))
 
@@ -268,7 +278,9 @@ def vllm_config(moe: dict, release=RELEASE):
     parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=p["dp_size"], ep_size=p["ep_size"], tp_rank=0,
                                       pcp_rank=0, dp_rank=0, ep_rank=0, sp_size=1, use_ep=p["use_ep"],
                                       all2all_backend=p["all2all_backend"], enable_eplb=p["eplb"])
-    sizes = ({"intermediate_size_per_partition": moe["intermediate_size"]} if release.series == "0.20" else
+    # 0.33: the full size (vLLM divides by TP), the SwiGLU clamp; gatedness is the activation's own (a property)
+    sizes = ({"intermediate_size_per_partition": moe["intermediate_size"], "is_act_and_mul": moe["is_act_and_mul"]}
+             if release.series == "0.20" else
              {"intermediate_size": moe["intermediate_size"], "swiglu_limit": moe.get("swiglu_limit")})
     return FusedMoEConfig(
         num_experts=moe["num_experts"], experts_per_token=moe["top_k"], hidden_dim=moe["hidden_size"],
@@ -276,11 +288,18 @@ def vllm_config(moe: dict, release=RELEASE):
         num_logical_experts=moe["num_experts"], activation=MoEActivation(moe["activation"]), device="cuda",
         routing_method=RoutingMethodType[moe["routing_method"]], moe_parallel_config=parallel,
         in_dtype=torch.bfloat16, moe_backend=moe["moe_backend"], has_bias=moe["has_bias"],
-        is_act_and_mul=moe["is_act_and_mul"], is_lora_enabled=moe["lora"])
+        is_lora_enabled=moe["lora"])
+
+
+BEFORE_SELECTION = "refused before selection"
 
 
 def vllm_answer(fn, kwargs) -> tuple[tuple, str | None]:
-    """What a vLLM selector did: ((outcome or exception type, backend value, kernel), message)."""
+    """What a vLLM selector did: ((outcome or exception type, backend value, kernel), message); a layer
+    vLLM refused while building its FusedMoEConfig answers that refusal without calling `fn`."""
+    if BEFORE_SELECTION in kwargs:
+        exc = kwargs[BEFORE_SELECTION]
+        return (type(exc).__name__, None, None), str(exc)
     try:
         backend, kernel = fn(**kwargs)
     except (ValueError, NotImplementedError) as exc:

@@ -235,13 +235,16 @@ def _rebind(old: Callable, new: Callable) -> list[str]:
 # ------------------------------------------------------------------ the wrapper
 def _wrapper(sel: Selector, module: Any, original: Callable) -> Callable:
     backend_enum = getattr(module, sel.enum)
-    kernel_classes = module.backend_to_kernel_cls
     signature = inspect.signature(original)
+    explicit_name = _active.release.explicit_kernel_classes if _active else None
+    explicit = getattr(module, explicit_name, None) if explicit_name else None
 
     def select(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)  # vLLM's own calling convention, defaults included
         bound.apply_defaults()
-        return _answer(sel, backend_enum, kernel_classes, bound.arguments)
+        config = bound.arguments["config"]
+        return _answer(sel, backend_enum, lambda member: _kernel_classes(module, explicit, member, config),
+                       bound.arguments)
 
     select.__signature__ = signature
     select.__name__ = select.__qualname__ = sel.name
@@ -250,6 +253,17 @@ def _wrapper(sel: Selector, module: Any, original: Callable) -> Callable:
     select.__wrapped__ = original
     select._moe_oracle_selector = sel
     return select
+
+
+def _kernel_classes(module: Any, explicit: Callable | None, member: Any, config: Any) -> list:
+    """The experts classes vLLM may return for `member`: its table's, then those only an explicit request adds."""
+    classes = list(module.backend_to_kernel_cls(member))
+    if explicit is not None:
+        try:
+            classes += [cls for cls in explicit(member, config) if cls not in classes]
+        except ValueError:  # vLLM refuses that explicit request; the table's classes are all there is
+            pass
+    return classes
 
 
 def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, arguments: dict) -> tuple:

@@ -40,6 +40,9 @@ class Release:
     probes: tuple[tuple[str, str], ...]
     flashinfer_parts: tuple[str, ...]   # FlashInfer sub-probes of vllm.utils.flashinfer the rules cannot tell apart
     cpu_amx: bool = False               # its CPU experts need x86 AMX: the scenario carries platform.amx
+    # name of the selector module's function (backend, config) -> kernel classes of an explicitly requested
+    # backend, where it has classes beyond backend_to_kernel_cls (0.33: TrtLlmMxfp4LoRAExperts)
+    explicit_kernel_classes: str | None = None
     # vLLM's exception type for each refusal outcome (the README's outcome table)
     refusals: tuple[tuple[str, type[Exception]], ...] = (("invalid", ValueError),
                                                          ("unsupported", NotImplementedError))
@@ -77,7 +80,7 @@ RELEASES: dict[str, Release] = {
                       ("quark", "vllm.utils.import_utils:has_quark")),
         ("has_flashinfer_trtllm_fused_moe", "has_flashinfer_cutlass_fused_moe",
          "has_flashinfer_cutedsl_grouped_gemm_nt_masked", "has_flashinfer_cutedsl_moe_nvfp4"),
-        cpu_amx=True),
+        cpu_amx=True, explicit_kernel_classes="_requested_kernel_cls"),
 }
 
 
