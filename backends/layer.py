@@ -32,7 +32,8 @@ from oracle.platform import detect_packages, detect_platform, env_snapshot
 from oracle.registry import RegistryError, resolve
 from oracle.trace import render_lines
 
-__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer"]
+__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "platform_for_device", "question_for",
+           "require_runnable", "resolve_named", "select_logged"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -65,7 +66,7 @@ def _platform_text(platform: Mapping[str, Any]) -> str:
     return f"{kind} {platform['gcn_arch']}" if "gcn_arch" in platform else str(kind)
 
 
-def _resolve(path: str, role: str, decision) -> Any:
+def resolve_named(path: str, role: str, decision) -> Any:
     try:
         return resolve(path)
     except RegistryError as exc:
@@ -143,7 +144,7 @@ class MoELayer:
         if device.type not in _DEVICE_KINDS:
             _fail(ValueError, f"device={str(device)!r}: a layer runs on {', '.join(_DEVICE_KINDS)} devices")
         if platform is None:
-            platform = _detect_platform(device)
+            platform = platform_for_device(device)
         elif not isinstance(platform, Mapping):
             _fail(TypeError, f"platform={platform!r} must be a scenario platform mapping, e.g. "
                   f"{{'kind': 'cuda', 'capability': [9, 0]}}, or None to detect it")
@@ -153,21 +154,21 @@ class MoELayer:
         question = _question(oracle, profile=profile, policy=policy or _POLICY[weights.format, weights.gate_up],
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
                              top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)
-        decision = _select(oracle, question)
-        _require_runnable(oracle, decision, question)
+        decision = select_logged(oracle, question)
+        require_runnable(oracle, decision, question)
         if platform.get("kind") not in _DEVICE_KINDS[device.type]:
             _fail(ValueError, f"platform={dict(platform)} does not describe device={str(device)!r}; the backend "
                   f"{decision.backend} was chosen for that platform but would run on this device. Drop platform= "
                   f"to detect it, or move the layer with device=")
 
-        runner = _resolve(decision.runner, "runner", decision)
+        runner = resolve_named(decision.runner, "runner", decision)
         weights = _moved(weights, device)
         device = weights.w13.device  # concrete: 'cuda' becomes 'cuda:0', which is what x.device reports
         hidden, inter = decision.hidden_size or weights.H, decision.intermediate_size or weights.I
         if decision.converter is None:
             kernel_weights = weights.pad(hidden, inter)
         else:
-            kernel_weights = _resolve(decision.converter, "converter", decision).convert(
+            kernel_weights = resolve_named(decision.converter, "converter", decision).convert(
                 weights, hidden_size=hidden, intermediate_size=inter)
         swiglu = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
         layer = cls(decision=decision, scenario=question, weights=weights, kernel_weights=kernel_weights,
@@ -265,13 +266,14 @@ class MoELayer:
 
 
 # ---------------------------------------------------------------------- the question and its answer
-def _detect_platform(device: torch.device) -> dict:
+def platform_for_device(device: torch.device) -> dict:
     return {"kind": "cpu"} if device.type == "cpu" else detect_platform()
 
 
-def _question(oracle, *, profile, policy, platform, packages, env, weights: MoEWeights, activation, top_k,
-              renormalize, moe_backend) -> dict:
-    """The scenario mapping of this layer (the same fields `moe-oracle select --scenario` reads)."""
+def question_for(oracle, *, policy: str, profile, platform: Mapping[str, Any], packages, env,
+                 moe: Mapping[str, Any], **extra: Any) -> dict:
+    """A layer's scenario mapping (the fields `moe-oracle select --scenario` reads): packages and env are
+    detected for what the profile declares unless given. Shared by every layer kind (MoELayer, Quark)."""
     if not isinstance(profile, str):
         _fail(TypeError, f"profile={profile!r} must be a profile name; known: {', '.join(oracle.profiles())}")
     try:
@@ -282,15 +284,22 @@ def _question(oracle, *, profile, policy, platform, packages, env, weights: MoEW
         "policy": policy, "profile": profile, "platform": dict(platform),
         "packages": dict(packages) if packages is not None else detect_packages(table.packages),
         "env": dict(env) if env is not None else env_snapshot(table.env_vars),
-        "moe": {"activation": activation, "is_act_and_mul": True, "moe_backend": moe_backend,
-                "routing_method": "Renormalize" if renormalize else "Default",
-                "hidden_size": weights.H, "intermediate_size": weights.I, "num_experts": weights.E, "top_k": top_k,
-                "has_bias": weights.w13_bias is not None or weights.w2_bias is not None,
-                "weight_key": _WEIGHT_KEY[weights.format], "activation_key": None},
+        "moe": dict(moe), **extra,
     }
 
 
-def _select(oracle, question: dict):
+def _question(oracle, *, profile, policy, platform, packages, env, weights: MoEWeights, activation, top_k,
+              renormalize, moe_backend) -> dict:
+    """The scenario of a W4A16 layer built from checkpoint weights."""
+    return question_for(oracle, policy=policy, profile=profile, platform=platform, packages=packages, env=env, moe={
+        "activation": activation, "is_act_and_mul": True, "moe_backend": moe_backend,
+        "routing_method": "Renormalize" if renormalize else "Default",
+        "hidden_size": weights.H, "intermediate_size": weights.I, "num_experts": weights.E, "top_k": top_k,
+        "has_bias": weights.w13_bias is not None or weights.w2_bias is not None,
+        "weight_key": _WEIGHT_KEY[weights.format], "activation_key": None})
+
+
+def select_logged(oracle, question: dict):
     """The oracle's answer, logged once per distinct decision."""
     try:
         scenario = oracle.prepare(question)
@@ -301,7 +310,7 @@ def _select(oracle, question: dict):
     return decision
 
 
-def _require_runnable(oracle, decision, question: dict) -> None:
+def require_runnable(oracle, decision, question: dict) -> None:
     """Raise LayerUnavailableError unless the decision names a backend with a runner; say which profile can run."""
     where = (f"profile {question['profile']!r} (policy {question['policy']}, platform "
              f"{_platform_text(question['platform'])})")

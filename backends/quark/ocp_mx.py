@@ -28,15 +28,15 @@ from backends.layer import (
     DEFAULT_PROFILE,
     LayerUnavailableError,
     MoELayer,
-    _detect_platform,
-    _require_runnable,
-    _resolve,
-    _select,
+    platform_for_device,
+    question_for,
+    require_runnable,
+    resolve_named,
+    select_logged,
 )
 from backends.weights import MoEWeights
-from oracle import OracleError, default_oracle
+from oracle import default_oracle
 from oracle.log import LOGGER_NAME
-from oracle.platform import detect_packages, env_snapshot
 
 __all__ = ["DEFAULT_PROFILE", "QuarkOCPMXMoE", "normalize_e4m3fn_to_e4m3fnuz", "scheme_formats"]
 
@@ -157,14 +157,14 @@ class QuarkOCPMXMoE:
         except (RuntimeError, TypeError) as exc:
             _fail(ValueError, f"device={device!r} is not a torch device ({exc}); pass e.g. 'cpu' or 'cuda:0'")
         if platform is None:
-            platform = _detect_platform(device)
+            platform = platform_for_device(device)
         elif not isinstance(platform, Mapping):
             _fail(TypeError, f"platform={platform!r} must be a scenario platform mapping, e.g. {{'kind': 'cpu'}}")
         oracle = default_oracle() if oracle is None else oracle
         question = _question(oracle, quant_config, profile=profile, platform=platform, packages=packages, env=env,
                              num_experts=num_experts, hidden_size=hidden_size, intermediate_size=intermediate_size,
                              top_k=top_k, activation=activation, has_bias=has_bias, renormalize=renormalize)
-        decision = _select(oracle, question)
+        decision = select_logged(oracle, question)
         if decision.outcome in _OUTCOME_ERRORS:
             _fail(_OUTCOME_ERRORS[decision.outcome], f"{decision.error} (profile {profile}, decided at "
                   f"{decision.decided_by.at if decision.decided_by else '?'})")
@@ -229,7 +229,7 @@ class QuarkOCPMXMoE:
             return
         if self.static_input_scales:
             self._reduce_static_input_scales()
-        _require_runnable(self._oracle, self.decision, self.scenario)
+        require_runnable(self._oracle, self.decision, self.scenario)
         if self.decision.converter is not None:
             self._kernel_layer = self._kernel_layer_from_decision()
         self._processed = True
@@ -264,8 +264,8 @@ class QuarkOCPMXMoE:
         weights = MoEWeights(format="mxfp4", w13=p["w13_weight"], w13_scale=p["w13_weight_scale"], w2=p["w2_weight"],
                              w2_scale=p["w2_weight_scale"], gate_up=self.gate_up, w13_bias=p.get("w13_bias"),
                              w2_bias=p.get("w2_bias"))
-        runner = _resolve(d.runner, "runner", d)
-        kernel_weights = _resolve(d.converter, "converter", d).convert(
+        runner = resolve_named(d.runner, "runner", d)
+        kernel_weights = resolve_named(d.converter, "converter", d).convert(
             weights, hidden_size=weights.H, intermediate_size=weights.I)
         return MoELayer(decision=d, scenario=self.scenario, weights=weights, kernel_weights=kernel_weights,
                         runner=runner, top_k=self.top_k, renormalize=self.renormalize, activation=self.activation,
@@ -333,19 +333,7 @@ def _question(oracle, quant_config, *, profile, platform, packages, env, num_exp
         _fail(TypeError, f"quant_config['input_tensors'] must be a mapping or None, got {inputs!r}")
     quark = {"weight": {k: quant_config["weight"][k] for k in _WEIGHT_KEYS if k in quant_config["weight"]},
              "input": {k: inputs[k] for k in _INPUT_KEYS if k in inputs} if inputs else {}}
-    if not isinstance(profile, str):
-        _fail(TypeError, f"profile={profile!r} must be a profile name; known: {', '.join(oracle.profiles())}")
-    try:
-        table = oracle.table(profile)
-    except OracleError as exc:
-        _fail(ValueError, f"profile={profile!r}: {exc}")
-    return {
-        "policy": POLICY, "profile": profile, "platform": dict(platform),
-        "packages": dict(packages) if packages is not None else detect_packages(table.packages),
-        "env": dict(env) if env is not None else env_snapshot(table.env_vars),
-        "moe": {"activation": activation, "is_act_and_mul": True, "routing_method":
-                "Renormalize" if renormalize else "Default", "hidden_size": hidden_size,
-                "intermediate_size": intermediate_size, "num_experts": num_experts, "top_k": top_k,
-                "has_bias": has_bias},
-        "quark": quark,
-    }
+    return question_for(oracle, policy=POLICY, profile=profile, platform=platform, packages=packages, env=env, moe={
+        "activation": activation, "is_act_and_mul": True, "routing_method": "Renormalize" if renormalize else "Default",
+        "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_experts": num_experts,
+        "top_k": top_k, "has_bias": has_bias}, quark=quark)
