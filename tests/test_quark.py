@@ -19,6 +19,7 @@ from backends import formats
 from backends.layer import LayerUnavailableError
 from backends.quark import QuarkOCPMXMoE, normalize_e4m3fn_to_e4m3fnuz, scheme_formats
 
+from conftest import requires_cuda
 from tolerances import tolerance
 
 CPU = {"kind": "cpu"}
@@ -163,6 +164,27 @@ def test_w_mxfp4_runs_the_triton_kernels_under_the_interpreter():
     row = json.loads(proc.stdout.splitlines()[-1])
     assert (row["backend"], row["padded"], row["shape"]) == ("TRITON_MOE", 128, [5, H])
     assert row["rel_l2"] <= tolerance("w4a16_moe_rel_l2")["rtol"], row
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation, gate_up, has_bias", [("swigluoai", "interleaved", True),
+                                                          ("silu", "contiguous", False)])
+def test_w_mxfp4_on_the_gpu_runs_the_triton_kernels(activation, gate_up, has_bias):
+    """Issue 15 item 6: a w_mxfp4 layer on CUDA, detected platform, default profile: the rules pick TRITON_MOE and
+    the converted, padded layer matches the fp32 reference within the W4A16 tolerance."""
+    gen = torch.Generator().manual_seed(11)
+    layer = QuarkOCPMXMoE.create(quant_config("fp4"), E, H, I, top_k=TOP_K, device="cuda", activation=activation,
+                                 gate_up=gate_up, has_bias=has_bias)
+    assert (layer.decision.profile, layer.decision.backend) == ("moe-oracle", "TRITON_MOE")
+    ckpt = _random_checkpoint("mxfp4", gen, has_bias)
+    layer.load_weights({name: t.cuda() for name, t in ckpt.items()})
+    layer.process_weights_after_loading()
+    x, logits = torch.randn(33, H, generator=gen), torch.randn(33, E, generator=gen)
+    out = layer.forward(x.bfloat16().cuda(), logits.cuda()).float().cpu()
+    ref = _reference(ckpt, "mxfp4", None, x.bfloat16().float(), logits, activation, gate_up)
+    assert out.shape == (33, H)
+    assert float((out - ref).norm() / ref.norm()) <= tolerance("w4a16_moe_rel_l2")["rtol"]
 
 
 def test_a_kernel_this_project_cannot_run_still_answers_with_the_full_decision():
