@@ -31,7 +31,7 @@ from oracle.store import RuleStore  # noqa: E402
 
 SM90 = {"kind": "cuda", "capability": [9, 0]}
 PACKAGES = {"triton_kernels": True, "flashinfer": True}
-QUESTION = {"policy": "mxfp4-gpt-oss", "moe": {"activation": "swigluoai", "hidden_size": 2880,
+QUESTION = {"policy": "mxfp4-gpt-oss", "profile": "vllm-0.20", "moe": {"activation": "swigluoai", "hidden_size": 2880,
                                                "intermediate_size": 2880}}
 OVERRIDES = """\
 overrides:

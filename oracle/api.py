@@ -250,16 +250,17 @@ class Oracle:
             return computed[0]
 
         extras = res.emits
-        if res.decided_by is not None:
-            meta["decided_by"] = res.decided_by.decided_by
-        if res.outcome == "selected":
+        if res.outcome == "selected":  # the common answer, built without keyword binding
             assert res.backend is not None and res.family is not None
             h, i = round_sizes(res.family.round_up, res.backend.name, ctx)
             b = res.backend
             kernel = res.kernel.name if res.kernel and res.report_kernel else None
-            return Decision("selected", backend=b.value, kernel=kernel,
-                            activation_key=res.activation_key, hidden_size=h, intermediate_size=i, extras=extras,
-                            converter=b.converter, runner=b.runner, missing_why=b.missing_why, trace=trace, **meta)
+            return Decision.build_selected(b.value, kernel, res.activation_key, h, i, extras, meta["profile"],
+                                           meta["policy"], meta["rule_files"], b.converter, b.runner,
+                                           b.missing_why, res.decided_by.decided_by if res.decided_by else None,
+                                           trace)
+        if res.decided_by is not None:
+            meta["decided_by"] = res.decided_by.decided_by
         if res.outcome == "none":
             return Decision("none", backend=res.reported_backend, extras=extras, trace=trace, **meta)
         if res.outcome == "unsupported":

@@ -43,6 +43,16 @@ class Decision(tuple):  # type: ignore[type-arg]
                                    tuple(rule_files), converter, runner, missing_why, decided_by,
                                    [error, () if trace is None else trace]))
 
+    @classmethod
+    def build_selected(cls, backend: str, kernel: str | None, activation_key: str | None, hidden_size: int | None,
+                 intermediate_size: int | None, extras: Mapping[str, Any], profile: str, policy: str,
+                 rule_files: tuple[str, ...], converter: str | None, runner: str | None, missing_why: str | None,
+                 decided_by: DecidedBy | None, trace: Callable[[], tuple[tr.Entry, ...]]) -> Decision:
+        """Decision("selected", ...) without keyword binding: the uncached select builds one per question."""
+        return tuple.__new__(cls, ("selected", backend, kernel, activation_key, hidden_size, intermediate_size,
+                                   MappingProxyType(dict(extras)) if extras else _EMPTY, profile, policy,
+                                   rule_files, converter, runner, missing_why, decided_by, [None, trace]))
+
     outcome: str = property(itemgetter(0))  # type: ignore[assignment]
     backend: str | None = property(itemgetter(1))  # type: ignore[assignment]
     kernel: str | None = property(itemgetter(2))  # type: ignore[assignment]

@@ -175,7 +175,7 @@ def _use_explicit(family: Family, ctx: Ctx, trace: Trace, step: Step) -> Result:
 def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, requested: Any = UNSET) -> Result:
     """Walk the steps. `requested`: the activation key a calling step binds (else the policy's own)."""
     family = policy.family
-    candidates = list(policy.candidates)
+    candidates: tuple[str, ...] | list[str] = policy.candidates  # copied only by a step that changes it
     if requested is UNSET:
         requested = policy.activation_key(ctx) if policy.activation_key is not None else None
     ctx.requested_key = requested
@@ -212,10 +212,10 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
             candidates = list(arg)
             continue
         if action == "move":
-            candidates = move(candidates, arg, step.options["where"])
+            candidates = move(list(candidates), arg, step.options["where"])
             continue
         if action == "prefer_activation":
-            candidates = prefer_activation(family, candidates, ctx.requested_key)
+            candidates = prefer_activation(family, list(candidates), ctx.requested_key)
             continue
         if action == "request_activation":
             ctx.requested_key = arg(ctx)

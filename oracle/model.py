@@ -217,6 +217,8 @@ class Table:
     rocm_archs: Mapping[str, tuple[int, int]]
     queries: tuple[str, ...]  # names of the queries some policy declares
     codegen: CodeGen
+    # values derived from this table once and reused per question (oracle.scenario's per-policy fact defaults)
+    derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def source(self) -> str:
         """The generated code of this table (what `eval` compiled so far), for debugging."""

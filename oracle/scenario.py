@@ -6,7 +6,9 @@ field, what is expected and, for a misspelling, the close name.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import ScenarioError, did_you_mean
@@ -23,49 +25,64 @@ _PARALLEL = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("moe.parall
 _QUARK = ("weight", "input", "input_dtype", "weight_dtype")
 _QUARK_WEIGHT = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.weight."))
 _QUARK_INPUT = tuple(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.input."))
+_MOE_PATHS = {k: "moe." + k for k in _MOE}
+_MAJOR, _MINOR = CAPABILITY_RANGES
 
 
-class Scenario:
-    """One normalized question. Immutable and hashable, so answers can be cached by it."""
+class Scenario(tuple):  # type: ignore[type-arg]
+    """One normalized question. Immutable and hashable, so answers can be cached by it.
 
-    __slots__ = ("policy", "profile", "query", "backend", "facts", "env", "packages", "platform_given", "warnings",
-                 "_key", "_hash")
+    A tuple underneath (like Decision): built in one step on every dict question. Equality and the hash use
+    `key()`, computed on first use, so an uncached select of a fresh scenario never pays for them."""
 
-    policy: str
-    profile: str | None
-    query: str
-    backend: str | None
-    facts: Mapping[str, Any]
-    env: Mapping[str, str]
-    packages: frozenset[str]
-    platform_given: bool
-    warnings: tuple[str, ...]  # e.g. an env var that looks like a declared one; not part of the key (env is)
-    _key: tuple[Any, ...]
-    _hash: int
+    __slots__ = ()
 
-    def __init__(self, policy: str, profile: str | None, query: str, backend: str | None, facts: dict[str, Any],
-                 env: dict[str, str], packages: frozenset[str], platform_given: bool, warnings: tuple[str, ...] = ()):
-        object.__setattr__(self, "policy", policy)
-        object.__setattr__(self, "profile", profile)
-        object.__setattr__(self, "query", query)
-        object.__setattr__(self, "backend", backend)
-        object.__setattr__(self, "facts", facts)
-        object.__setattr__(self, "env", env)
-        object.__setattr__(self, "packages", packages)
-        object.__setattr__(self, "platform_given", platform_given)
-        object.__setattr__(self, "warnings", warnings)
-        key = (policy, profile, query, backend, tuple(facts.items()), tuple(sorted(env.items())), packages)
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_hash", hash(key))
+    def __new__(cls, policy: str, profile: str | None, query: str, backend: str | None, facts: dict[str, Any],
+                env: dict[str, str], packages: frozenset[str], platform_given: bool,
+                warnings: tuple[str, ...] = ()) -> Scenario:
+        return tuple.__new__(cls, (policy, profile, query, backend, facts, env, packages, platform_given, warnings,
+                                   [None, 0]))  # the last cell: [key, hash] once computed
+
+    policy: str = property(itemgetter(0))  # type: ignore[assignment]
+    profile: str | None = property(itemgetter(1))  # type: ignore[assignment]
+    query: str = property(itemgetter(2))  # type: ignore[assignment]
+    backend: str | None = property(itemgetter(3))  # type: ignore[assignment]
+    facts: Mapping[str, Any] = property(itemgetter(4))  # type: ignore[assignment]
+    env: Mapping[str, str] = property(itemgetter(5))  # type: ignore[assignment]
+    packages: frozenset[str] = property(itemgetter(6))  # type: ignore[assignment]
+    platform_given: bool = property(itemgetter(7))  # type: ignore[assignment]
+    # e.g. an env var that looks like a declared one; not part of the key (env is)
+    warnings: tuple[str, ...] = property(itemgetter(8))  # type: ignore[assignment]
+
+    def __getnewargs__(self) -> tuple[Any, ...]:  # copy and pickle rebuild it through __new__
+        return tuple(self[:9])
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Scenario is immutable")
 
+    def key(self) -> tuple[Any, ...]:
+        """What equality and the hash are made of (everything but `warnings` and `platform_given`)."""
+        cell = self[9]
+        key: tuple[Any, ...] | None = cell[0]
+        if key is None:  # computed once; two threads racing compute equal values
+            key = (self[0], self[1], self[2], self[3], tuple(self[4].items()), tuple(sorted(self[5].items())),
+                   self[6])
+            cell[1] = hash(key)
+            cell[0] = key
+        return key
+
     def __hash__(self) -> int:
-        return self._hash
+        cell = self[9]
+        if cell[0] is None:
+            self.key()
+        h: int = cell[1]
+        return h
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Scenario) and self._key == other._key
+        return isinstance(other, Scenario) and (self is other or self.key() == other.key())
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
 
     def __repr__(self) -> str:
         return f"Scenario(policy={self.policy!r}, profile={self.profile!r}, query={self.query!r})"
@@ -74,7 +91,7 @@ class Scenario:
 def _fields(obj: Any, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
     if obj is None:
         return {}
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):  # the type test first: isinstance(Mapping) is slow
         raise ScenarioError(f"{where}: expected a mapping, got {type(obj).__name__}")
     for key in obj:
         if key not in allowed:
@@ -89,12 +106,11 @@ def _typed(value: Any, kind: str, where: str) -> Any:
             raise ScenarioError(f"{where}: expected true or false, got {value!r}")
     elif kind == "int" or kind == "int?" and value is not None:
         lo, hi = RANGES.get(where, (0, None))
-        allowed = (f"an integer from {lo} to {hi}" if hi is not None else
-                   "a non-negative integer" if lo == 0 else f"an integer >= {lo}")
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ScenarioError(f"{where}: expected {allowed}{' or null' if kind == 'int?' else ''}, got {value!r}")
+            raise ScenarioError(f"{where}: expected {_allowed_ints(lo, hi)}{' or null' if kind == 'int?' else ''}, "
+                                f"got {value!r}")
         if value < lo or (hi is not None and value > hi):
-            raise ScenarioError(f"{where}: {value} is out of range; allowed: {allowed}")
+            raise ScenarioError(f"{where}: {value} is out of range; allowed: {_allowed_ints(lo, hi)}")
     elif kind in ("str", "choice"):
         if not isinstance(value, str):
             raise ScenarioError(f"{where}: expected a string, got {value!r}")
@@ -110,12 +126,37 @@ def _typed(value: Any, kind: str, where: str) -> Any:
     return value
 
 
+def _allowed_ints(lo: int, hi: int | None) -> str:
+    return (f"an integer from {lo} to {hi}" if hi is not None else
+            "a non-negative integer" if lo == 0 else f"an integer >= {lo}")
+
+
+class _TableFacts:
+    """What parsing needs from one compiled table, derived once per table (not per question): every
+    policy's full fact defaults (neutral ones, then the policy's) and the sorted package names."""
+
+    __slots__ = ("defaults", "package_names")
+
+    def __init__(self, table: Table):
+        neutral = {k: d for k, (_, d) in FACTS.items()}
+        self.defaults = {name: {**neutral, **policy.defaults} for name, policy in table.policies.items()}
+        self.package_names = tuple(sorted(table.packages))
+
+
+def _table_facts(table: Table) -> _TableFacts:
+    found = table.derived.get("scenario")
+    if found is None:  # two threads may both build it: equal values, the last one stays
+        found = table.derived["scenario"] = _TableFacts(table)
+    assert isinstance(found, _TableFacts)
+    return found
+
+
 def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] | None = None,
                    strict: bool = False) -> Scenario:
     """Validate `raw` against the fact table and one compiled rule table (policies, queries, archs, packages).
     `strict`: a look-alike environment variable is an error instead of a warning."""
     top = _fields(raw, "", _TOP)
-    if not isinstance(raw, Mapping):
+    if type(raw) is not dict and not isinstance(raw, Mapping):
         raise ScenarioError("scenario: expected a mapping with at least 'policy'")
     policy = top.get("policy")
     if not isinstance(policy, str):
@@ -135,10 +176,9 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
         raise ScenarioError(f"backend: expected a backend name string, got {backend!r}")
     if query == "round_up" and backend is None:
         raise ScenarioError("backend: the round_up query needs a backend name (or \"None\")")
-    rocm_archs, packages_known = table.rocm_archs, table.packages
+    rocm_archs, derived = table.rocm_archs, _table_facts(table)
 
-    facts: dict[str, Any] = {k: d for k, (_, d) in FACTS.items()}
-    facts.update(table.policies[policy].defaults)
+    facts: dict[str, Any] = dict(derived.defaults[policy])
     platform_given = "platform" in top
     platform = _fields(top.get("platform") if platform_given else default_platform, "platform", _PLATFORM)
     kind = platform.get("kind", "cuda")
@@ -148,14 +188,7 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     facts["platform.kind"] = kind
     if kind == "cuda":
         cap = platform.get("capability", [9, 0] if not platform_given else None)
-        if (not isinstance(cap, (list, tuple)) or len(cap) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cap)):
-            raise ScenarioError(f"platform.capability: expected [major, minor] for cuda, e.g. [9, 0]; got {cap!r}")
-        for part, number, (lo, hi) in zip(("major", "minor"), cap, CAPABILITY_RANGES, strict=True):
-            if not lo <= number <= hi:
-                raise ScenarioError(f"platform.capability: {part} {number} of {list(cap)} is out of range; allowed: "
-                                    f"{part} {lo} to {hi} (e.g. [9, 0] for sm_90, [10, 3] for sm_103)")
-        facts["platform.capability"] = (cap[0], cap[1])
+        facts["platform.capability"] = _capability(cap)
         if "gcn_arch" in platform:
             raise ScenarioError("platform.gcn_arch: only for kind rocm")
     elif kind == "rocm":
@@ -176,13 +209,14 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
             raise ScenarioError("platform.amx: only for kind cpu (whether the x86 processor has AMX tiles); remove it")
         facts["platform.amx"] = _typed(platform["amx"], "bool", "platform.amx")
 
-    pk = _fields(top.get("packages"), "packages", tuple(sorted(packages_known)))
+    pk = _fields(top.get("packages"), "packages", derived.package_names)
     for name, present in pk.items():
-        _typed(present, "bool", f"packages.{name}")
-    packages = frozenset(n for n, present in pk.items() if present)
+        if present is not True and present is not False:
+            _typed(present, "bool", f"packages.{name}")
+    packages = frozenset([n for n, present in pk.items() if present])
 
     env_raw = top.get("env") or {}
-    if not isinstance(env_raw, Mapping):
+    if type(env_raw) is not dict and not isinstance(env_raw, Mapping):
         raise ScenarioError("env: expected a mapping NAME: \"value\"")
     env: dict[str, str] = {}
     for name, value in env_raw.items():
@@ -193,10 +227,8 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
 
     moe = _fields(top.get("moe"), "moe", _MOE + ("parallel",))
     for key, value in moe.items():
-        if key == "parallel":
-            continue
-        path = "moe." + key
-        facts[path] = _typed(value, FACTS[path][0], path)
+        if key != "parallel":
+            facts[_MOE_PATHS[key]] = _checked(value, _MOE_PATHS[key])
     if facts["moe.activation"] is not None and facts["moe.activation"] not in ACTIVATIONS:
         a = facts["moe.activation"]
         raise ScenarioError(f"moe.activation: {a!r} is not an activation{did_you_mean(a, ACTIVATIONS)}; "
@@ -208,7 +240,7 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     parallel = _fields(moe.get("parallel"), "moe.parallel", _PARALLEL)
     for key, value in parallel.items():
         path = "moe.parallel." + key
-        facts[path] = _typed(value, FACTS[path][0], path)
+        facts[path] = _checked(value, path)
     a2a = facts["moe.parallel.all2all_backend"]
     if a2a is not None and a2a not in ALL2ALL_BACKENDS:
         raise ScenarioError(f"moe.parallel.all2all_backend: {a2a!r} is not an all2all backend"
@@ -219,7 +251,46 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
         raise ScenarioError(f"moe.top_k: {top_k}{given} is out of range; allowed: 1 to moe.num_experts ({experts}): "
                             "each token is routed to top_k of the num_experts experts")
 
-    quark = _fields(top.get("quark"), "quark", _QUARK)
+    if "quark" in top:
+        _quark(top["quark"], facts)
+    warnings = env_lookalikes(env, table.env_vars) if env else ()
+    if strict and warnings:
+        raise ScenarioError("; ".join(warnings) + " (an error under --strict)")
+    return Scenario(policy, profile, query, backend, facts, env, packages, platform_given, warnings)
+
+
+def _capability(cap: Any) -> tuple[int, int]:
+    """A CUDA capability [major, minor] as a tuple, or ScenarioError naming what is wrong with it."""
+    if type(cap) is list or type(cap) is tuple:  # the common case: two plain ints in range
+        if len(cap) == 2 and type(cap[0]) is int and type(cap[1]) is int:
+            major, minor = cap
+            if _MAJOR[0] <= major <= _MAJOR[1] and _MINOR[0] <= minor <= _MINOR[1]:
+                return major, minor
+    if (not isinstance(cap, (list, tuple)) or len(cap) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cap)):
+        raise ScenarioError(f"platform.capability: expected [major, minor] for cuda, e.g. [9, 0]; got {cap!r}")
+    for part, number, (lo, hi) in zip(("major", "minor"), cap, CAPABILITY_RANGES, strict=True):
+        if not lo <= number <= hi:
+            raise ScenarioError(f"platform.capability: {part} {number} of {list(cap)} is out of range; allowed: "
+                                f"{part} {lo} to {hi} (e.g. [9, 0] for sm_90, [10, 3] for sm_103)")
+    return cap[0], cap[1]
+
+
+def _checked(value: Any, path: str) -> Any:
+    """`value` of fact `path` if it has the fact's type and range (the common case, tested inline), else what
+    `_typed` says about it."""
+    kind = FACTS[path][0]
+    if kind == "int" and type(value) is int:
+        lo, hi = RANGES.get(path, (0, None))
+        if lo <= value and (hi is None or value <= hi):
+            return value
+    elif kind == "bool" and (value is True or value is False):
+        return value
+    return _typed(value, kind, path)
+
+
+def _quark(raw: Any, facts: dict[str, Any]) -> None:
+    quark = _fields(raw, "quark", _QUARK)
     for key in ("input_dtype", "weight_dtype"):
         if key in quark:
             facts["quark." + key] = _typed(quark[key], "str?", "quark." + key)
@@ -229,10 +300,6 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     inp = _fields(quark.get("input"), "quark.input", _QUARK_INPUT)
     for key, value in inp.items():
         facts["quark.input." + key] = _typed(value, FACTS["quark.input." + key][0], "quark.input." + key)
-    warnings = env_lookalikes(env, table.env_vars)
-    if strict and warnings:
-        raise ScenarioError("; ".join(warnings) + " (an error under --strict)")
-    return Scenario(policy, profile, query, backend, facts, env, packages, platform_given, warnings)
 
 
 def env_lookalikes(env: Mapping[str, str], declared: frozenset[str]) -> tuple[str, ...]:
@@ -241,11 +308,19 @@ def env_lookalikes(env: Mapping[str, str], declared: frozenset[str]) -> tuple[st
     out = []
     for name in env:
         if name not in declared:
-            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.85)
-            if close:
-                out.append(f"env.{name}: not a variable these rules read (did you mean '{close[0]}'?); "
+            close = _lookalike(name, declared)
+            if close is not None:
+                out.append(f"env.{name}: not a variable these rules read (did you mean '{close}'?); "
                            "it has no effect")
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookalike(name: str, declared: frozenset[str]) -> str | None:
+    """The declared variable `name` looks like, if any. Memoized: a server passes the same environment (often
+    with many unrelated variables) on every question, and difflib costs tens of µs per name."""
+    close = difflib.get_close_matches(name, sorted(declared), n=1, cutoff=0.85)
+    return close[0] if close else None
 
 
 def _as_env(value: Any) -> str:
