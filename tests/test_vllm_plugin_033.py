@@ -9,7 +9,9 @@ the oracle's answer changes. The recorded run: docs/vllm-plugin-run-0.33.log.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
+import random
 import shutil
 import sys
 import types
@@ -27,6 +29,7 @@ from vllm_simulation import (
     fake_platform,
     full_moe,
     golden_questions,
+    random_question_033,
     vllm_answer,
 )
 
@@ -75,6 +78,21 @@ def test_a_releases_own_exception_types_carry_the_refusals():
     with pytest.raises(Refused, match="the oracle's message"):
         to_vllm_answer(decision, None, None, {"invalid": Refused})
     assert dict(RELEASE.refusals) == {"invalid": ValueError, "unsupported": NotImplementedError}
+
+
+def test_config_facts_the_rules_cannot_see_are_warned_about_once(monkeypatch, caplog):
+    situ = types.SimpleNamespace(value="situ")
+    monkeypatch.setattr(plugin, "_flashinfer_has_situ", lambda: True)
+    plugin._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="moe_oracle"):
+        for _ in range(2):
+            plugin._warn_once_if_unexpressed(types.SimpleNamespace(activation=situ, routing_method=None,
+                                                                   has_hash_routing=True))
+        plugin._warn_once_if_unexpressed(types.SimpleNamespace(activation=types.SimpleNamespace(value="silu"),
+                                                               routing_method=None, has_hash_routing=False))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "Situ activation type" in lines[0] and "FusedMoEConfig.has_hash_routing is True" in lines[1]
 
 
 def test_033_selectors_are_the_renamed_ones_with_their_parameters():
@@ -150,6 +168,19 @@ def test_033_shipped_rules_answer_every_golden_question_as_unpatched_vllm(machin
     decisions = [r.getMessage() for r in caplog.records if "decided by step" in r.getMessage()]
     assert len(decisions) == len(set(decisions)) > 10, "one provenance line per distinct decision"
     assert any("rules/vllm-0.33/mxfp4.yaml:" in line for line in decisions)
+
+
+@requires_vllm_033
+def test_033_random_deployments_beyond_the_sample_agree_with_unpatched_vllm(machine):
+    """1500 seeded random 0.33 platform x package x env x layer questions: the plugin answers as vLLM does."""
+    rng = random.Random(33)
+    questions = [{"scenario": s} for s in sorted((random_question_033(rng) for _ in range(1500)),
+                                                 key=lambda s: json.dumps(s["platform"]))]
+    unpatched = [a for a, _ in unpatched_answers(machine, questions)]
+    patched = [a for a, _ in through_plugin(machine, RELEASE.profile, questions)]
+    assert len(set(unpatched)) > 20, "the sweep must reach many different answers"
+    mismatches = [(q["scenario"], a, b) for q, a, b in zip(questions, unpatched, patched, strict=True) if a != b]
+    assert not mismatches, mismatches[:3]
 
 
 def edited_rules(tmp_path: Path) -> Path:

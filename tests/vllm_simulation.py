@@ -194,6 +194,11 @@ class SimulatedMachine:
         from vllm import _custom_ops
 
         self.mp.setattr(_custom_ops, "mxfp4_experts_quant_supported", lambda cap: 100 <= cap < 120)
+        # FlashInfer's Situ activation type (TRT-LLM kernels): the 0.33 rules describe a FlashInfer without it (the
+        # executed sample's); the flashinfer-python 0.7.2.post1 in this venv has it, so the probe says False here.
+        from vllm.model_executor.layers.quantization.utils import flashinfer_utils
+
+        self._switch(flashinfer_utils.has_flashinfer_situ_activation, lambda: False)
         fused_moe = types.SimpleNamespace(is_supported=lambda: True)
         self._switch(b12x.get_b12x_fused_moe, lambda: fused_moe if self.packages.get("b12x", False) else None)
         return probes
@@ -349,3 +354,43 @@ def random_question(rng) -> dict:
     return {"profile": "vllm-0.20", "policy": policy, "platform": rng.choice(RANDOM_PLATFORMS),
             "packages": {p: rng.random() < 0.7 for p in ("flashinfer", "triton_kernels", "deep_gemm", "aiter")},
             "env": {k: rng.choice(v) for k, v in RANDOM_ENV.items() if rng.random() < 0.15}, "moe": moe}
+
+
+# Vocabulary of random vLLM 0.33 deployments (seeded; what 0.33 accepts, its new backends, keys and packages).
+RANDOM_PLATFORMS_033 = ([{"kind": "cuda", "capability": list(c)} for c in
+                         ((7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1))]
+                        + [{"kind": "rocm", "gcn_arch": a} for a in ("gfx90a", "gfx942", "gfx950", "gfx1250")]
+                        + [{"kind": "xpu"}, {"kind": "cpu", "amx": True}, {"kind": "cpu", "amx": False}])
+RANDOM_ENV_033 = {"VLLM_ROCM_USE_AITER": ("0", "1"), "VLLM_ROCM_USE_AITER_MOE": ("0", "1"),
+                  "VLLM_BATCH_INVARIANT": ("0", "1"), "VLLM_USE_DEEP_GEMM": ("0", "1"),
+                  "VLLM_B12X_MOE_FP4_FORCE_A16": ("0", "1"), "VLLM_HUMMING_MOE_GEMM_TYPE": ("grouped", "indexed")}
+RANDOM_BACKENDS_033 = {
+    "mxfp4": ("deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass", "flashinfer_cutlass_afp8",
+              "triton", "triton_unfused", "marlin", "aiter", "xpu", "emulation", "humming", "b12x", "cpu",
+              "aiter_mxfp4_fp8", "flashinfer_moe_ep_cutedsl"),
+    "nvfp4": ("cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl", "marlin", "emulation",
+              "humming", "b12x", "flashinfer_b12x")}
+RANDOM_KEYS_033 = (None, None, "kMxfp8Dynamic", "kMxfp4Dynamic", "kFp8StaticTensorSym", "kFp8Dynamic128Sym")
+
+
+def random_question_033(rng) -> dict:
+    """One random vLLM 0.33 deployment: policy, platform (AMX), packages, env and MoE layer, in scenario form."""
+    policy = rng.choice(sorted(by_policy(plugin.RELEASES["0.33"])))
+    backends = RANDOM_BACKENDS_033["nvfp4" if policy == "nvfp4" else "mxfp4"]
+    moe = {"activation": rng.choice(("silu", "gelu", "swigluoai", "silu_no_mul", "relu2_no_mul", "situ")),
+           "moe_backend": rng.choice(("auto",) * len(backends) + backends), "lora": rng.random() < 0.15,
+           "routing_method": rng.choice(("Renormalize", "DeepSeekV3", "Llama4", "DeepseekV4")),
+           "hidden_size": rng.choice((2880, 4096, 7168)), "intermediate_size": rng.choice((2880, 1536, 2048)),
+           "has_bias": rng.random() < 0.3,
+           "parallel": dict(rng.choice(({}, {"eplb": True}, {"dp_size": 2, "ep_size": 2, "use_ep": True,
+                                                              "all2all_backend": "deepep_low_latency"})))}
+    if policy == "mxfp4":
+        moe["activation_key"] = rng.choice(RANDOM_KEYS_033)
+        moe["user_activation_key"] = rng.choice((None,) * 4 + RANDOM_KEYS_033[2:])
+    if policy == "nvfp4":
+        moe["swiglu_limit"] = rng.choice((None, None, 7.0))
+        moe["activation_key"] = rng.choice(("kNvfp4Dynamic", "kNvfp4Dynamic", None))
+    return {"profile": "vllm-0.33", "policy": policy, "platform": rng.choice(RANDOM_PLATFORMS_033),
+            "packages": {p: rng.random() < 0.7
+                         for p in ("flashinfer", "triton_kernels", "deep_gemm", "aiter", "humming", "b12x", "quark")},
+            "env": {k: rng.choice(v) for k, v in RANDOM_ENV_033.items() if rng.random() < 0.15}, "moe": moe}

@@ -340,10 +340,22 @@ def _warn_once_if_unexpressed(config: Any) -> None:
         _warn_once(f"router_logits_dtype is float32 with {routing} routing; the rules cannot see the router dtype "
                    "(vLLM's TRTLLM NVFP4 monolithic kernel refuses float32 logits except with DeepSeekV3/Simulated "
                    "routing), so an NVFP4 choice may differ from vLLM's own here")
+    if str(getattr(getattr(config, "activation", None), "value", "")) == "situ" and _flashinfer_has_situ():
+        _warn_once("this FlashInfer has the Situ activation type, which vLLM's TRT-LLM kernels then accept; the "
+                   "shipped rules describe a FlashInfer without it, so a situ layer may get another backend than "
+                   "vLLM's own choice: add situ to the TRT-LLM kernels' activations in your rules")
     for attr, value, effect in _UNEXPRESSED:
         if getattr(config, attr, None) is value:
             _warn_once(f"FusedMoEConfig.{attr} is {value} ({effect}); the rules cannot see it, so the choice may "
                        "differ from vLLM's own here")
+
+
+def _flashinfer_has_situ() -> bool:
+    try:
+        from vllm.model_executor.layers.quantization.utils.flashinfer_utils import has_flashinfer_situ_activation
+    except ImportError:  # a release without the probe (0.20)
+        return False
+    return bool(has_flashinfer_situ_activation())
 
 
 _warned: set = set()
