@@ -14,11 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from backends import formats
+from oracle import vocabulary
 from oracle.vocabulary import GATED_ACTIVATIONS, UNGATED_ACTIVATIONS  # the one activation list (torch-free)
 
 __all__ = ["moe_forward", "WEIGHT_FORMATS", "ACTIVATIONS", "GATE_UP_LAYOUTS"]
 
-WEIGHT_FORMATS = ("mxfp4", "nvfp4", "mxfp6_e3m2", "mxfp6_e2m3", "bf16")
+WEIGHT_FORMATS = (*vocabulary.WEIGHT_CODECS, "bf16")  # quantized codecs from oracle.vocabulary, or plain
 ACTIVATIONS = GATED_ACTIVATIONS + UNGATED_ACTIVATIONS
 GATE_UP_LAYOUTS = ("interleaved", "contiguous")
 

@@ -44,6 +44,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from oracle import vocabulary
+
 __all__ = [
     "MX_BLOCK_SIZE",
     "NVFP4_BLOCK_SIZE",
@@ -89,7 +91,7 @@ E8M0_NAN_CODE = 255
 # all-zero group gets scale 1e-10/448 and stores zeros, instead of dividing by zero.
 FP8_GROUP_AMAX_EPS = 1e-10
 FP6_KINDS = ("e3m2", "e2m3")
-ACTIVATION_SCHEMES = (None, "mxfp4", "mxfp6_e3m2", "mxfp6_e2m3", "fp8", "nvfp4")
+ACTIVATION_SCHEMES = (None, *vocabulary.ACTIVATION_QDQ_SCHEMES)  # the names live in oracle.vocabulary
 
 _NVFP4_GLOBAL_TARGET = FP8_E4M3_MAX * FP4_E2M1_MAX  # 2688: puts the largest block scale at 448
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from oracle import vocabulary
+
 __all__ = [
     "BLOCK_SIZE",
     "GATE_UP_CONVENTIONS",
@@ -37,7 +39,9 @@ __all__ = [
     "global_scale_from_weight_scale_2",
 ]
 
-WEIGHT_FORMATS = ("mxfp4", "nvfp4")
+#: The FP4 (E2M1) weight codecs of oracle.vocabulary: the checkpoints this container models.
+WEIGHT_FORMATS = tuple(dict.fromkeys(f.codec for f in vocabulary.FORMATS
+                                    if f.codec is not None and f.element == "e2m1" and not f.dynamic))
 GATE_UP_CONVENTIONS = ("interleaved", "contiguous")
 #: elements per block scale along K
 BLOCK_SIZE = {"mxfp4": 32, "nvfp4": 16}

@@ -71,6 +71,11 @@ BY_QUANT_KEY = _index("quant_key")
 BY_OCP_DTYPE = _index("ocp_dtype")
 BY_QUARK_DTYPE = _index("quark_dtype")
 CODECS = tuple(dict.fromkeys(f.codec for f in FORMATS if f.codec is not None))
+#: Codecs a stored (static) sub-byte weight may use: what backends.weights / backends.emulation accept.
+WEIGHT_CODECS = tuple(dict.fromkeys(f.codec for f in FORMATS if f.codec is not None and not f.dynamic
+                                    and f.element in ("e2m1", "e3m2", "e2m3")))
+#: Activation fake-quantization schemes of the emulation: the OCP MX dtype names, plus NVFP4 (which has none).
+ACTIVATION_QDQ_SCHEMES = (*BY_OCP_DTYPE, "nvfp4")
 
 
 def quark_to_ocp(quark_dtype: str) -> str | None:
