@@ -163,3 +163,17 @@ def test_converter_pads_converts_and_inverts_exactly(shape, layout):
             assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
     with pytest.raises(ValueError, match="multiple of 64"):
         converter.convert(weights, hidden_size=shape.hidden_size + 32)
+
+
+@pytest.mark.parametrize("found, ok", [("3.6.0", True), ("3.4.0", True), ("3.10.1", True), ("3.3.1", False),
+                                       ("2.3.0", False), ("3.4.0+git1234", True), ("3.3.0rc1", False)])
+def test_an_older_triton_is_refused_with_the_fix(found, ok):
+    """The rules can only say 'triton installed'; the version floor is enforced when the runner is imported."""
+    from backends.triton_moe.capabilities import CAPABILITIES, MIN_TRITON, require_triton_version
+
+    assert CAPABILITIES["packages"]["triton"] == ">=" + ".".join(map(str, MIN_TRITON))
+    if ok:
+        require_triton_version(found)
+    else:
+        with pytest.raises(ImportError, match=rf"needs triton >= 3\.4, found {found}; pip install 'triton>=3\.4'"):
+            require_triton_version(found)

@@ -1,6 +1,20 @@
 """Torch-free description of what backends.triton_moe accepts, for the rule tables and docs."""
 
 ACTIVATIONS = ("swigluoai", "silu")
+#: Oldest triton the kernels are written for (tl.dot with bf16 operands, inline PTX via
+#: tl.inline_asm_elementwise, the 3.4+ interpreter); the rules can only say "triton installed".
+MIN_TRITON = (3, 4)
+
+
+def require_triton_version(version: str) -> None:
+    """Refuse an older triton at import time with one clear message (the layer reports it as not runnable here)."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    if tuple(parts) < MIN_TRITON:
+        raise ImportError(f"backends.triton_moe needs triton >= {'.'.join(map(str, MIN_TRITON))}, found {version}; "
+                          f"pip install 'triton>={'.'.join(map(str, MIN_TRITON))}' or use the EMULATION backend")
 
 #: Torch-free facts for the rule tables (what this backend accepts).
 CAPABILITIES = {
@@ -14,7 +28,7 @@ CAPABILITIES = {
     "tuned_capabilities": [[9, 0]],
     "hidden_size_multiple": 64,
     "intermediate_size_multiple": 64,
-    "packages": {"triton": ">=3.4"},
+    "packages": {"triton": ">=" + ".".join(map(str, MIN_TRITON))},
     "deterministic": True,
     "cuda_graphs": True,
     "routing": ["topk_softmax_renormalize", "softmax_topk", "given_ids"],

@@ -13,15 +13,19 @@ same bits (`deterministic=True` is therefore always honoured). CUDA-graph captur
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import torch
 
 from backends.layouts.triton_moe import SCALE_BLOCK, TritonMoEWeights, triton_weights
 from backends.triton_moe import tuning
 from backends.triton_moe._routing import align, route
-from backends.triton_moe.capabilities import ACTIVATIONS
+from backends.triton_moe.capabilities import ACTIVATIONS, require_triton_version
 from backends.weights import KernelWeights
 
 __all__ = ["moe_forward"]
+
+require_triton_version(version("triton"))  # read from metadata: importing triton here would fix its mode early
 
 _FN = "backends.triton_moe.moe_forward"
 
