@@ -26,15 +26,23 @@ def joined(codes: list[str], word: str) -> str:
     return codes[0] if len(codes) == 1 else "(" + f" {word} ".join(codes) + ")"
 
 
-def memoized(key: str, inner: Fn) -> Fn:
-    """Evaluate `inner` at most once per question: derived facts, values and env parses are shared."""
+def memoized(key: str, inner: Fn, as_bool: bool = False) -> Fn:
+    """Evaluate `inner` at most once per question: derived facts, values and env parses are shared.
+    `as_bool`: keep bool(inner(ctx)) (a derived fact), without a wrapper call."""
     def fn(ctx: Ctx) -> Any:
         memo = ctx.memo
         if key in memo:
             return memo[key]
         v = memo[key] = inner(ctx)
         return v
-    return fn
+
+    def flag(ctx: Ctx) -> Any:
+        memo = ctx.memo
+        if key in memo:
+            return memo[key]
+        v = memo[key] = bool(inner(ctx))
+        return v
+    return flag if as_bool else fn
 
 
 class Compiler:
@@ -48,7 +56,7 @@ class Compiler:
                     for n, e in s["env_vars"].items()}
         self._derived: dict[str, Cond] = {}
         self._values: dict[str, Fn] = {}
-        self._env_values: dict[str, Fn] = {}
+        self._env_codes: dict[str, str] = {}
 
     def k(self, value: Any) -> str:
         return self.gen.k(value)
@@ -93,14 +101,14 @@ class Compiler:
             texts.append(t.render(subject, raw, shown))
         return self.cond(joined(codes, "and"), " and ".join(texts))
 
-    def env_value(self, name: str) -> Fn:
-        """The parsed value of a declared variable (its default when unset), parsed once per question."""
-        if name not in self._env_values:
+    def env_code(self, name: str) -> str:
+        """Code reading the parsed value of a declared variable (its default when unset), parsed once per
+        question. Inline, so an unset variable (the usual case) costs no function call."""
+        if name not in self._env_codes:
             var = self.env[name]
-            default = var.default
             parsed = memoized("env:" + name, lambda ctx: var.value(ctx.env))
-            self._env_values[name] = lambda ctx: parsed(ctx) if name in ctx.env else default
-        return self._env_values[name]
+            self._env_codes[name] = f"({self.k(parsed)}(ctx) if {self.k(name)} in ctx.env else {self.k(var.default)})"
+        return self._env_codes[name]
 
     def condition(self, spec: dict[str, Any] | None) -> Cond | None:
         if spec is None:
@@ -120,7 +128,7 @@ class Compiler:
         if head.key == "ref":
             return self.derived(arg)
         if head.key == "env":
-            return self._tests(head, spec, arg, f"{self.k(self.env_value(arg))}(ctx)",
+            return self._tests(head, spec, arg, self.env_code(arg),
                                present=f"({self.k(arg)} in ctx.env)")
         if head.key == "fact":
             return self._tests(head, spec, arg, self.getter(arg))
@@ -135,7 +143,7 @@ class Compiler:
             inner_cond = self.condition(entry.data["when"])
             assert inner_cond is not None
             inner = inner_cond.fn
-            fn = memoized("ref:" + name, lambda ctx: bool(inner(ctx)))
+            fn = memoized("ref:" + name, inner, as_bool=True)
             self._derived[name] = Cond(f"{self.k(fn)}(ctx)", name, self.function, fn)
         return self._derived[name]
 

@@ -45,7 +45,7 @@ class Decision(tuple):  # type: ignore[type-arg]
 
     @classmethod
     def build_selected(cls, backend: str, kernel: str | None, activation_key: str | None, hidden_size: int | None,
-                 intermediate_size: int | None, extras: Mapping[str, Any], profile: str, policy: str,
+                 intermediate_size: int | None, extras: Mapping[str, Any] | None, profile: str, policy: str,
                  rule_files: tuple[str, ...], converter: str | None, runner: str | None, missing_why: str | None,
                  decided_by: DecidedBy | None, trace: Callable[[], tuple[tr.Entry, ...]]) -> Decision:
         """Decision("selected", ...) without keyword binding: the uncached select builds one per question."""

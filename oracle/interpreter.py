@@ -6,8 +6,8 @@ check of every candidate so that all reasons are reported, not only vLLM's first
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import EnvValueError
@@ -19,7 +19,7 @@ CallPolicy = Callable[[str, Ctx, Trace, Any], "Result"]
 UNSET: Any = object()  # `requested` not given: the policy's own activation_key decides
 
 
-@dataclass
+@dataclass(slots=True)  # one per question on the fast path: slots and no default factory keep it cheap
 class Result:
     """What a policy run decided, before it becomes a Decision."""
 
@@ -29,7 +29,7 @@ class Result:
     report_kernel: bool = True
     activation_key: Any = None
     error: Any = None  # a message, or a function that renders it when first read
-    emits: dict[str, Any] = field(default_factory=dict)
+    emits: Mapping[str, Any] | None = None
     decided_by: Step | None = None
     reported_backend: str | None = None  # for outcome none: the backend value to report, if any
     family: Family | None = None  # the family of `backend`
@@ -252,7 +252,7 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
 
 def _finish(res: Result, emits: dict[str, Any]) -> Result:
     if emits:
-        res.emits = {**res.emits, **emits}
+        res.emits = {**(res.emits or {}), **emits}
     return res
 
 
