@@ -17,9 +17,9 @@ from typing import Any
 
 from .decision import OUTCOMES, Decision, error_decision, with_warnings
 from .errors import Diagnostic, EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
-from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run
+from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run, step_chain
 from .loader import FileCache, ProfileIndex, RuleSet, load_profile_index, load_ruleset_collecting, unlisted_rule_files
-from .model import Ctx, Policy, Table, format_capability
+from .model import Ctx, Fn, Policy, Table, format_capability
 from .resources import rules_dir
 from .scenario import Scenario, parse_scenario
 from .semantics import semantic_diagnostics
@@ -233,7 +233,7 @@ class Oracle:
         call = snap.calls.get(table.name)
         if call is None:
             call = snap.calls[table.name] = _call_hook(table)
-        return run(policy, ctx, trace, call)
+        return run(policy, ctx, trace, call, first_step=_first_step(table, policy) if trace is None else None)
 
     def _decision(self, snap: Snapshot, table: Table, policy: Policy, res: Result, sc: Scenario,
                   meta: dict[str, Any], ctx: Ctx) -> Decision:
@@ -278,8 +278,22 @@ def _call_hook(table: Table) -> CallPolicy:
     def call(name: str, c: Ctx, t: Trace, requested: Any = UNSET) -> Result:
         sub = Ctx(c.facts, c.env, c.packages)
         sub.memo = c.memo
-        return run(table.policies[name], sub, t, call, requested)
+        policy = table.policies[name]
+        return run(policy, sub, t, call, requested, _first_step(table, policy) if t is None else None)
     return call
+
+
+def _first_step(table: Table, policy: Policy) -> Fn | None:
+    """The policy's step_chain, compiled once per table; None for a policy the table does not hold (a
+    deployment override's rewrite: one unconditional step, nothing to skip)."""
+    if table.policies.get(policy.name) is not policy:
+        return None
+    key = "first_step:" + policy.name
+    found = table.derived.get(key)
+    if found is None:  # two threads may both build it: equal functions, the last one stays
+        found = table.derived[key] = (step_chain(policy, table.codegen.function),)
+    fn: Fn | None = found[0]
+    return fn
 
 
 _default: Oracle | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import EnvValueError
-from .model import FROM_SCENARIO, REQUESTED, Backend, Check, Ctx, Family, Kernel, Policy, RoundRow, Step
+from .model import FROM_SCENARIO, REQUESTED, Backend, Check, Ctx, Family, Fn, Kernel, Policy, RoundRow, Step
 from .trace import CallEntry, CandidateEntry, Entry, Failure, StepEntry
 
 Trace = list[Entry] | None
@@ -172,8 +172,26 @@ def _use_explicit(family: Family, ctx: Ctx, trace: Trace, step: Step) -> Result:
     return res
 
 
-def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, requested: Any = UNSET) -> Result:
-    """Walk the steps. `requested`: the activation key a calling step binds (else the policy's own)."""
+def step_chain(policy: Policy, function: Callable[[str], Fn]) -> Fn | None:
+    """One generated expression giving the index of the first step whose condition holds (len(steps) if none),
+    for the fast mode: the steps before it are skipped without a Python loop or a call per condition. The
+    conditions are evaluated in the same order and stop at the same place as the loop would. `function`
+    compiles code in the namespace the policy's conditions were compiled in (its table's CodeGen)."""
+    parts = []
+    for i, step in enumerate(policy.steps):
+        if step.when is None:
+            parts.append(str(i))
+            break
+        parts.append(f"{i} if ({step.when.code}) else")
+    else:
+        parts.append(str(len(policy.steps)))
+    return function(" ".join(parts)) if len(parts) > 2 else None
+
+
+def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, requested: Any = UNSET,
+        first_step: Fn | None = None) -> Result:
+    """Walk the steps. `requested`: the activation key a calling step binds (else the policy's own).
+    `first_step`: the policy's step_chain, for the fast mode only (a trace records every condition)."""
     family = policy.family
     candidates: tuple[str, ...] | list[str] = policy.candidates  # copied only by a step that changes it
     if requested is UNSET:
@@ -181,7 +199,12 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
     ctx.requested_key = requested
     emits: dict[str, Any] = {}
     call_result: Result | None = None
-    for step in policy.steps:
+    steps = policy.steps
+    if first_step is not None and trace is None:
+        start = first_step(ctx)  # that step's condition is tested once more below: pure, and memoized
+        if start:
+            steps = steps[start:]
+    for step in steps:
         test = step.test
         if test is not None:
             matched = test(ctx)
