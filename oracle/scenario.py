@@ -44,7 +44,7 @@ class Scenario(tuple):  # type: ignore[type-arg]
                 env: dict[str, str], packages: frozenset[str], platform_given: bool,
                 warnings: tuple[str, ...] = ()) -> Scenario:
         return tuple.__new__(cls, (policy, profile, query, backend, facts, env, packages, platform_given, warnings,
-                                   [None, 0]))  # the last cell: [key, hash] once computed
+                                   [None, None]))  # the last cell: [key, hash] once computed
 
     policy: str = property(itemgetter(0))  # type: ignore[assignment]
     profile: str | None = property(itemgetter(1))  # type: ignore[assignment]
@@ -74,11 +74,12 @@ class Scenario(tuple):  # type: ignore[type-arg]
             cell[0] = key
         return key
 
-    def __hash__(self) -> int:
-        cell = self[9]
-        if cell[0] is None:
+    def __hash__(self) -> int:  # on every cached select: one index and one test once computed
+        h: int | None = self[9][1]
+        if h is None:
             self.key()
-        h: int = cell[1]
+            h = self[9][1]
+            assert h is not None
         return h
 
     def __eq__(self, other: object) -> bool:
