@@ -220,17 +220,8 @@ def load_ruleset_collecting(paths: list[Path], name: str, description: str,
 
 
 def load_ruleset(paths: list[Path], name: str, description: str, cache: FileCache | None = None) -> RuleSet:
-    """Load, schema-check and merge a list of rule files (every file's problems reported together)."""
-    docs: list[Located] = []
-    problems: list[Diagnostic] = []
-    for p in paths:
-        try:
-            docs.append(load_checked(p, cache))
-        except RuleError as exc:
-            problems.extend(exc.diagnostics)
-    if problems:
-        raise RuleError(problems)
-    rs, problems = merge(docs, name, description)
+    """Load, schema-check and merge a list of rule files; every problem of every file raised together."""
+    rs, problems = load_ruleset_collecting(paths, name, description, cache)
     if problems:
         raise RuleError(problems)
     return rs
