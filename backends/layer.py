@@ -32,7 +32,7 @@ from oracle.platform import detect_packages, detect_platform, env_snapshot
 from oracle.registry import RegistryError, resolve
 from oracle.trace import render_lines
 
-__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "platform_for_device", "question_for",
+__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "check_input", "platform_for_device", "question_for",
            "require_runnable", "resolve_named", "select_logged"]
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -197,18 +197,7 @@ class MoELayer:
     __call__ = forward
 
     def _check_x(self, x) -> int:
-        if not isinstance(x, torch.Tensor):
-            _fail(TypeError, f"x must be a torch.Tensor [T, {self.hidden_size}], got {type(x).__name__}")
-        if x.dim() != 2 or x.shape[1] != self.hidden_size:
-            _fail(ValueError, f"x.shape={tuple(x.shape)} must be (T, {self.hidden_size}) = (tokens, hidden size of the "
-                  f"checkpoint); flatten batch dims with x.reshape(-1, {self.hidden_size})")
-        if x.dtype not in _ACTIVATION_DTYPES:
-            _fail(TypeError, f"x.dtype={x.dtype} must be one of {_ACTIVATION_DTYPES} (W4A16: activations stay "
-                  f"unquantized); convert with x.to(torch.bfloat16)")
-        if x.device != self.device:
-            _fail(ValueError, f"x is on {x.device} but the layer is on {self.device}; move it with "
-                  f"x.to('{self.device}')")
-        return x.shape[0]
+        return check_input(x, self.hidden_size, self.device, _fail)
 
     def _check_tensor(self, name: str, t, shape: tuple, floating: bool) -> None:
         kind = "floating" if floating else "integer"
@@ -266,6 +255,21 @@ class MoELayer:
 
 
 # ---------------------------------------------------------------------- the question and its answer
+def check_input(x, hidden_size: int, device: torch.device, fail) -> int:
+    """The token count of a layer input x [T, hidden_size] on `device`; `fail(kind, message)` names the layer."""
+    if not isinstance(x, torch.Tensor):
+        fail(TypeError, f"x must be a torch.Tensor [T, {hidden_size}], got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != hidden_size:
+        fail(ValueError, f"x.shape={tuple(x.shape)} must be (T, {hidden_size}) = (tokens, hidden size of the "
+             f"checkpoint); flatten batch dims with x.reshape(-1, {hidden_size})")
+    if x.dtype not in _ACTIVATION_DTYPES:
+        fail(TypeError, f"x.dtype={x.dtype} must be one of {_ACTIVATION_DTYPES} (W4A16: activations stay "
+             f"unquantized); convert with x.to(torch.bfloat16)")
+    if x.device != device:
+        fail(ValueError, f"x is on {x.device} but the layer is on {device}; move it with x.to('{device}')")
+    return x.shape[0]
+
+
 def platform_for_device(device: torch.device) -> dict:
     return {"kind": "cpu"} if device.type == "cpu" else detect_platform()
 

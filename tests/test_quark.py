@@ -329,7 +329,7 @@ def test_forward_takes_given_routing_and_names_bad_inputs():
     top, ids = torch.topk(logits, TOP_K)
     routed = layer.forward(x, topk_ids=ids, topk_weights=torch.softmax(top, -1))
     torch.testing.assert_close(routed, layer.forward(x, logits), **tolerance("fp32_reordered"))
-    with pytest.raises(ValueError, match=r"x must be a tensor of shape \(T, 64\)"):
+    with pytest.raises(ValueError, match=r"QuarkOCPMXMoE: x.shape=\(6, 128\) must be \(T, 64\)"):
         layer.forward(torch.zeros(6, 128), logits)
     with pytest.raises(TypeError, match="x.dtype=torch.int64"):
         layer.forward(torch.zeros(6, H, dtype=torch.long), logits)

@@ -28,6 +28,7 @@ from backends.layer import (
     DEFAULT_PROFILE,
     LayerUnavailableError,
     MoELayer,
+    check_input,
     platform_for_device,
     question_for,
     require_runnable,
@@ -49,7 +50,6 @@ _WEIGHT_KEYS = ("dtype", "qscheme", "group_size", "scale_format")
 _INPUT_KEYS = ("dtype", "is_dynamic", "qscheme", "group_size", "scale_format", "symmetric")
 #: ROCm architectures whose FP8 is e4m3fnuz (vLLM `is_fp8_fnuz`: MI300 family)
 FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
-_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: outcome of the decision -> the exception vLLM raises for it in QuarkOCP_MX_MoEMethod.__init__
 _OUTCOME_ERRORS = {"invalid": ValueError, "unsupported": NotImplementedError, "error": ValueError}
 
@@ -289,16 +289,7 @@ class QuarkOCPMXMoE:
         """y [T, H] in x.dtype; route with router_logits [T, E] or topk_ids + topk_weights [T, top_k]."""
         if not self._processed:
             _fail(RuntimeError, "call process_weights_after_loading() before forward")
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            _fail(ValueError, f"x must be a tensor of shape (T, {self.hidden_size}), got {got}; flatten batch dims "
-                  f"with x.reshape(-1, {self.hidden_size})")
-        if x.dtype not in _ACTIVATION_DTYPES:
-            _fail(TypeError, f"x.dtype={x.dtype} must be one of {_ACTIVATION_DTYPES}; convert with "
-                  f"x.to(torch.bfloat16)")
-        if x.device != self.device:
-            _fail(ValueError, f"x is on {x.device} but the layer is on {self.device}; move it with "
-                  f"x.to('{self.device}')")
+        check_input(x, self.hidden_size, self.device, _fail)
         pad = self.padded_hidden_size - self.hidden_size
         xp = F.pad(x, (0, pad)) if pad else x
         if self._kernel_layer is not None:
