@@ -34,7 +34,7 @@ from backends.triton_moe import moe_forward, tuning
 from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
-#: Measured peers (µs per layer at TOKENS), from the project kernels reference (§9), same method (CUDA graph, L2 flushed).
+#: Measured peers (µs per layer at TOKENS), from the kernels reference (§9), same method (CUDA graph, L2 flushed).
 PEERS = {
     "H100": {
         "gpt-oss-120b": {"triton_kernels MXFP4": (94.4, 171.6, 344.2, 657.8, 747.7, 1063.7, 2552.9, 7394.4),
