@@ -258,7 +258,7 @@ class Oracle:
             return Decision.build_selected(b.value, kernel, res.activation_key, h, i, extras, meta["profile"],
                                            meta["policy"], meta["rule_files"], b.converter, b.runner,
                                            b.missing_why, res.decided_by.decided_by if res.decided_by else None,
-                                           trace)
+                                           trace, b.quant_config)
         if res.decided_by is not None:
             meta["decided_by"] = res.decided_by.decided_by
         if res.outcome == "none":

@@ -163,6 +163,9 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
     if d.outcome == "selected" and d.backend is not None:
         missing = f"   ({d.missing_why})" if d.missing_why and not (d.converter and d.runner) else ""
         lines.append(f"   converter {d.converter or 'none'}   runner {d.runner or 'none'}{missing}")
+        if d.quant_config is not None:
+            fields = ", ".join(f"{k}={v}" for k, v in d.quant_config.items() if k != "kind")
+            lines.append(f"   quant_config {d.quant_config['kind']} ({fields})")
     lines.append("")
     render_lines(d.trace, lines)
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from .model import DecidedBy
 OUTCOMES = ("selected", "none", "invalid", "unsupported", "error")
 # answer fields a Decision has as attributes; every other field of a dict is a policy's extra
 _FIELDS = ("outcome", "backend", "kernel", "activation_key", "converter", "runner", "hidden_size", "intermediate_size",
-           "error", "decided_by", "profile", "policy", "rule_files", "trace")
+           "quant_config", "error", "decided_by", "profile", "policy", "rule_files", "trace")
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -27,7 +27,8 @@ class Decision(tuple):  # type: ignore[type-arg]
     """Immutable answer (a tuple underneath: cheap to build, impossible to assign to).
 
     Attributes: outcome, backend, kernel, activation_key, hidden_size, intermediate_size, extras,
-    profile, policy, rule_files, converter, runner, missing_why, decided_by, error, trace."""
+    profile, policy, rule_files, converter, runner, missing_why, decided_by, error, trace, quant_config
+    (the backend's quant-config kind and its fields, from the rules; None when the rules give none)."""
 
     __slots__ = ()
 
@@ -37,21 +38,25 @@ class Decision(tuple):  # type: ignore[type-arg]
                 extras: Mapping[str, Any] | None = None, profile: str | None = None, policy: str | None = None,
                 rule_files: tuple[str, ...] = (), converter: str | None = None, runner: str | None = None,
                 missing_why: str | None = None, decided_by: DecidedBy | None = None,
-                trace: tuple[tr.Entry, ...] | Callable[[], tuple[tr.Entry, ...]] | None = None) -> Decision:
+                trace: tuple[tr.Entry, ...] | Callable[[], tuple[tr.Entry, ...]] | None = None,
+                quant_config: Mapping[str, Any] | None = None) -> Decision:
         return tuple.__new__(cls, (outcome, backend, kernel, activation_key, hidden_size, intermediate_size,
                                    MappingProxyType(dict(extras)) if extras else _EMPTY, profile, policy,
                                    tuple(rule_files), converter, runner, missing_why, decided_by,
-                                   [error, () if trace is None else trace]))
+                                   [error, () if trace is None else trace],
+                                   None if quant_config is None else MappingProxyType(dict(quant_config))))
 
     @classmethod
     def build_selected(cls, backend: str, kernel: str | None, activation_key: str | None, hidden_size: int | None,
                  intermediate_size: int | None, extras: Mapping[str, Any] | None, profile: str, policy: str,
                  rule_files: tuple[str, ...], converter: str | None, runner: str | None, missing_why: str | None,
-                 decided_by: DecidedBy | None, trace: Callable[[], tuple[tr.Entry, ...]]) -> Decision:
+                 decided_by: DecidedBy | None, trace: Callable[[], tuple[tr.Entry, ...]],
+                 quant_config: Mapping[str, Any] | None = None) -> Decision:
         """Decision("selected", ...) without keyword binding: the uncached select builds one per question."""
         return tuple.__new__(cls, ("selected", backend, kernel, activation_key, hidden_size, intermediate_size,
                                    MappingProxyType(dict(extras)) if extras else _EMPTY, profile, policy,
-                                   rule_files, converter, runner, missing_why, decided_by, [None, trace]))
+                                   rule_files, converter, runner, missing_why, decided_by, [None, trace],
+                                   quant_config))
 
     outcome: str = property(itemgetter(0))  # type: ignore[assignment]
     backend: str | None = property(itemgetter(1))  # type: ignore[assignment]
@@ -67,6 +72,7 @@ class Decision(tuple):  # type: ignore[type-arg]
     runner: str | None = property(itemgetter(11))  # type: ignore[assignment]
     missing_why: str | None = property(itemgetter(12))  # type: ignore[assignment]
     decided_by: DecidedBy | None = property(itemgetter(13))  # type: ignore[assignment]
+    quant_config: Mapping[str, Any] | None = property(itemgetter(15))  # type: ignore[assignment]
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -100,6 +106,8 @@ class Decision(tuple):  # type: ignore[type-arg]
         if self.outcome == "selected" and self.backend is not None:
             out["converter"] = self.converter
             out["runner"] = self.runner
+        if self.quant_config is not None:
+            out["quant_config"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.quant_config.items()}
         if self.hidden_size is not None:
             out["hidden_size"] = self.hidden_size
             out["intermediate_size"] = self.intermediate_size
@@ -128,7 +136,7 @@ class Decision(tuple):  # type: ignore[type-arg]
                    extras={k: v for k, v in d.items() if k not in _FIELDS}, profile=d.get("profile"),
                    policy=d.get("policy"), rule_files=tuple(d.get("rule_files") or ()), converter=d.get("converter"),
                    runner=d.get("runner"), decided_by=DecidedBy(by["step"], by["at"], by["why"]) if by else None,
-                   trace=tuple(tr.from_dict(e) for e in d.get("trace") or ()))
+                   trace=tuple(tr.from_dict(e) for e in d.get("trace") or ()), quant_config=d.get("quant_config"))
 
     def __repr__(self) -> str:
         return f"Decision({self.outcome}, backend={self.backend!r}, kernel={self.kernel!r})"

@@ -134,6 +134,7 @@ class Backend:
     missing_why: str | None  # why converter or runner is None
     at: str
     explicit_kernels: tuple[Kernel, ...] | None = None  # tried instead of `kernels` when named explicitly
+    quant_config: Mapping[str, Any] | None = None  # {"kind": name, **the family's quant_configs[name]}
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,9 @@ class Semantics:
                                                                                                   "requested"):
                 self.err(e, f"backend {name} has no activation_key and family '{e.name}' does not take it from "
                             "the scenario", "backends", name)
+            if "quant_config" in b:
+                self.known(e, "quant config kind", b["quant_config"], d.get("quant_configs") or {},
+                           "backends", name, "quant_config")
             for role in ("converter", "runner"):
                 path = b.get(role)
                 found = registry.problem(path) if path else None

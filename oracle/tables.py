@@ -1,6 +1,7 @@
 """Stage 6: assemble a checked RuleSet into one immutable decision Table (families, policies, steps)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -28,6 +29,14 @@ ACTIONS = ("outcome", "use", "use_explicit", "drop", "try", "call", "result", "e
 ACTION_ALIASES = {"use_named_backend": "use_explicit", "return_call_result": "result"}
 
 
+def _quant_config(fd: Mapping[str, Any], kind: str | None) -> Mapping[str, Any] | None:
+    """The backend's quant-config kind with its fields, as the family declares them (validated by semantics)."""
+    if kind is None:
+        return None
+    fields = {k: dict(v) if isinstance(v, dict) else v for k, v in fd["quant_configs"][kind].items() if k != "why"}
+    return MappingProxyType({"kind": kind, **fields})
+
+
 def _family(c: Compiler, fname: str, fe: Entry) -> Family:
     s = c.rs.sections
     fd = fe.data
@@ -42,7 +51,8 @@ def _family(c: Compiler, fname: str, fe: Entry) -> Family:
         bname: Backend(bname, b.get("value", bname), kernels(b["kernels"]),
                        b.get("activation_key", act_default), b.get("converter"), b.get("runner"),
                        b.get("missing_why"), fe.at("backends", bname),
-                       kernels(b["explicit_kernels"]) if "explicit_kernels" in b else None)
+                       kernels(b["explicit_kernels"]) if "explicit_kernels" in b else None,
+                       _quant_config(fd, b.get("quant_config")))
         for bname, b in fd["backends"].items()}
     emap = fd.get("explicit_map") or {}
     entries = emap.get("entries") or {}

@@ -42,6 +42,7 @@ EXPECTED = {
                         "allowed: fact, eq, ne, in, not_in, ge, gt, le, lt, family, is_null, multiple_of, same_as, "
                         "differs_from",
     "unknown_placeholder": "27:7: unknown placeholder '{reasn}' in message (did you mean 'reason'?)",
+    "unknown_quant_config_kind": "26:42: unknown quant config kind 'w4a61' (did you mean 'w4a16'?)",
     "unknown_quant_key": "17:10: unknown quantization key 'kMxfp4Statc' (did you mean 'kMxfp4Static'?)",
     "yaml_syntax_error": "16:18: YAML syntax error: did not find expected ',' or ']'",
     # closed vocabularies: the values a scenario could give the fact (declared once, shared with the scenario side)

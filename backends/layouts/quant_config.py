@@ -13,15 +13,21 @@ with ``ws = 1 / global_scale`` (the checkpoint's ``weight_scale_2``) and ``a = i
 MXFP4 gated backends with the gpt-oss activation take per-expert fp32 ``swiglu_alpha`` (1.702),
 ``swiglu_beta`` (1.0) and ``swiglu_limit`` (7.0) tensors (TRT-LLM's gemm1_alpha/beta/clamp_limit,
 FlashInfer CUTLASS's swiglu_alpha/beta/limit).
+
+Which of these a backend builds is data: the backend's `quant_config:` kind in the rules
+(a family's `quant_configs:`), carried as `Decision.quant_config`; `build_quant_config` reads it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from backends.weights import MoEWeights
 
-__all__ = ["INPUT_SCALE_REDUCTIONS", "nvfp4_w4a4_config", "swiglu_config"]
+__all__ = ["INPUT_SCALE_REDUCTIONS", "build_quant_config", "nvfp4_w4a4_config", "swiglu_config"]
 
 INPUT_SCALE_REDUCTIONS = ("experts", "pair")
 
@@ -58,4 +64,34 @@ def nvfp4_w4a4_config(w: MoEWeights, *, layout: str, reduce: str, trtllm: bool =
               "a1_gscale": 1.0 / a13, "a2_gscale": 1.0 / a2}
     if trtllm:
         config["g1_scale_c"] = g1_alphas / a2
+    return config
+
+
+# a kind's `global_scale` -> the input-scale reduction of nvfp4_w4a4_config
+_GLOBAL_SCALE_REDUCE = {"shared": "experts", "per_expert": "pair"}
+
+
+def build_quant_config(decision: Any, w: MoEWeights, *, activation: str = "silu") -> dict:
+    """The selected backend's quant config, built from the kind the rules give it (`decision.quant_config`).
+
+    Always kind/weight/activation; the kind's gemm1 constants as per-expert swiglu tensors when the
+    layer's activation is gpt-oss's `swigluoai`; NVFP4 alphas and global scales per its `global_scale`."""
+    spec: Mapping[str, Any] | None = getattr(decision, "quant_config", None)
+    if spec is None:
+        raise ValueError(f"build_quant_config: the decision for backend {getattr(decision, 'backend', None)!r} carries "
+                         "no quant_config kind; add `quant_config: <kind>` to the backend's entry in the rules "
+                         "(a kind declared in its family's quant_configs)")
+    if spec["weight"] != w.format:
+        raise ValueError(f"build_quant_config: kind {spec['kind']!r} is for {spec['weight']} weights but the layer's "
+                         f"weights are {w.format}; select with the layer's weight format")
+    config: dict[str, Any] = {"kind": spec["kind"], "weight": spec["weight"], "activation": spec["activation"]}
+    gemm1 = spec.get("gemm1")
+    if gemm1 is not None and activation == "swigluoai":
+        config.update(swiglu_config(w, alpha=gemm1["alpha"], beta=gemm1["beta"], limit=gemm1["clamp"]))
+    scale = spec.get("global_scale")
+    if scale == "weight_only":
+        config.update(g1_alphas=1.0 / w.w13_global_scale, g2_alphas=1.0 / w.w2_global_scale)
+    elif scale is not None:
+        config.update(nvfp4_w4a4_config(w, layout=str(decision.backend), reduce=_GLOBAL_SCALE_REDUCE[scale],
+                                        trtllm=bool(spec.get("g1_scale_c"))))
     return config
