@@ -58,12 +58,16 @@ def test_every_mxfp4_kind_of_vllm_020(oracle):
                    "BATCHED_MARLIN": w4a16, "AITER": w4a16, "TRITON": w4a16, "TRITON_UNFUSED": w4a16}
 
 
-def test_which_nvfp4_backends_share_one_global_scale(oracle):
-    backends = oracle.table("vllm-0.20").families["nvfp4"].backends
-    shared = sorted(n for n, b in backends.items() if b.quant_config and b.quant_config["global_scale"] == "shared")
-    assert shared == ["FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED", "FLASHINFER_CUTLASS", "FLASHINFER_TRTLLM"]
+@pytest.mark.parametrize("profile,shared", [
+    ("vllm-0.20", ["FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED", "FLASHINFER_CUTLASS", "FLASHINFER_TRTLLM"]),
+    ("vllm-0.15", ["FLASHINFER_CUTEDSL", "FLASHINFER_CUTLASS", "FLASHINFER_TRTLLM"])])
+def test_which_nvfp4_backends_share_one_global_scale(oracle, profile, shared):
+    """vLLM: the FlashInfer backends take one input scale over all experts, VLLM_CUTLASS one per expert."""
+    backends = oracle.table(profile).families["nvfp4"].backends
+    scales = {n: b.quant_config["global_scale"] for n, b in backends.items() if b.quant_config}
+    assert sorted(n for n, s in scales.items() if s == "shared") == shared
+    assert (scales["VLLM_CUTLASS"], scales["MARLIN"]) == ("per_expert", "weight_only")
     assert backends["FLASHINFER_TRTLLM"].quant_config["g1_scale_c"] is True
-    assert backends["EMULATION"].quant_config is None
 
 
 def test_explain_prints_the_kind(capsys):
