@@ -26,6 +26,7 @@ from vllm_simulation import (
     FakePlatform,
     SimulatedMachine,
     answer_of,
+    assert_patched_then_restored,
     fake_config,
     fake_platform,
     full_moe,
@@ -286,13 +287,7 @@ def test_vllms_plugin_loader_activates_the_plugin_and_uninstall_restores_vllm(ma
     monkeypatch.setenv(plugin.RULES_ENV, "vllm-0.20")
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     vllm.plugins.load_general_plugins()
-    for sel in RELEASE.selectors:
-        for where in (sel.module, *sel.callers):
-            assert getattr(sys.modules[where], sel.name)._moe_oracle_selector is sel, f"{where}.{sel.name}"
-    plugin.uninstall()
-    for sel in RELEASE.selectors:
-        for where in (sel.module, *sel.callers):
-            assert getattr(sys.modules[where], sel.name) is machine.originals[sel.name], f"{where}.{sel.name}"
+    assert_patched_then_restored(RELEASE, machine.originals, plugin.uninstall)
 
 
 @requires_vllm_020

@@ -24,6 +24,7 @@ from vllm_simulation import (
     FakePlatform,
     SimulatedMachine,
     answer_of,
+    assert_patched_then_restored,
     by_policy,
     fake_config,
     fake_platform,
@@ -223,13 +224,7 @@ def test_033_plugin_loader_activates_the_plugin_and_uninstall_restores_vllm(mach
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     vllm.plugins.load_general_plugins()
     assert plugin._active.profile == "vllm-0.33"
-    for sel in RELEASE.selectors:
-        for where in (sel.module, *sel.callers):
-            assert getattr(sys.modules[where], sel.name)._moe_oracle_selector is sel, f"{where}.{sel.name}"
-    plugin.uninstall()
-    for sel in RELEASE.selectors:
-        for where in (sel.module, *sel.callers):
-            assert getattr(sys.modules[where], sel.name) is machine.originals[sel.name], f"{where}.{sel.name}"
+    assert_patched_then_restored(RELEASE, machine.originals, plugin.uninstall)
 
 
 @requires_vllm_033

@@ -128,6 +128,18 @@ def rebind_in_vllm(old, new) -> None:
                     setattr(module, attr, new)
 
 
+def assert_patched_then_restored(release, originals: dict, uninstall) -> None:
+    """Every selector of `release` is the plugin's wrapper wherever vLLM holds it, and `uninstall()` puts
+    vLLM's own function back in each of those places."""
+    for sel in release.selectors:
+        for where in (sel.module, *sel.callers):
+            assert getattr(sys.modules[where], sel.name)._moe_oracle_selector is sel, f"{where}.{sel.name}"
+    uninstall()
+    for sel in release.selectors:
+        for where in (sel.module, *sel.callers):
+            assert getattr(sys.modules[where], sel.name) is originals[sel.name], f"{where}.{sel.name}"
+
+
 class SimulatedMachine:
     """vLLM's real Python on a machine without a GPU; platform, package probes and env set per question.
 
