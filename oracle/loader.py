@@ -165,13 +165,11 @@ def unlisted_rule_files(index: ProfileIndex) -> list[Diagnostic]:
 def display_name(path: Path) -> str:
     """How a rule file is named in messages and traces.
 
-    Shipped rules are named as in the source tree (rules/...), wherever they are installed;
-    other files relative to the working directory when below it (short, clickable), else absolute.
+    Where the file really is, shipped rules included (an installed package's are under its
+    oracle/_embedded/rules): relative to the working directory when below it (short, clickable),
+    else absolute. In a source checkout run from its root that is rules/...
     """
     absolute = Path(os.path.abspath(path))
-    shipped = Path(os.path.abspath(rules_dir()))
-    if absolute.is_relative_to(shipped):
-        return str(Path("rules") / absolute.relative_to(shipped))
     try:
         return str(absolute.relative_to(Path.cwd()))
     except ValueError:

@@ -55,6 +55,8 @@ def add_tool_parsers(sub: Any) -> None:
     s = sub.add_parser("schema", help="print a JSON Schema of moe-oracle (rules by default)")
     s.add_argument("which", nargs="?", default="rules", help="rules (default), profiles, decision, or another "
                                                              "file name under schemas/ without .schema.json")
+    s.add_argument("--write", metavar="DIR", help="instead of printing, write the schemas a rules directory's "
+                                                  "modelines name (rules, profiles) into DIR")
     s = sub.add_parser("fmt", help="format rule files canonically, keeping comments")
     s.add_argument("paths", nargs="+", help="rule files or directories")
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 and list files that would change")
@@ -188,9 +190,21 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+RULES_DIR_SCHEMAS = ("rules.schema.json", "profiles.schema.json")  # what rules/ ships for its modelines
+
+
 def _schema(args: argparse.Namespace) -> int:
     from ..resources import schemas_dir
 
+    if args.write:
+        target = Path(args.write)
+        if not target.is_dir():
+            raise OracleError(f"--write {args.write}: not a directory; name the rules directory (the one with "
+                              "profiles.yaml), whose files' modelines say $schema=../rules.schema.json")
+        for name in RULES_DIR_SCHEMAS:
+            (target / name).write_text((schemas_dir() / name).read_text(encoding="utf-8"), encoding="utf-8")
+            print(f"wrote {target / name}")
+        return EXIT_OK
     path = schemas_dir() / f"{args.which}.schema.json"
     if not path.is_file():
         known = sorted(p.name.removesuffix(".schema.json") for p in schemas_dir().glob("*.schema.json"))
