@@ -15,10 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import registry
 from .decision import OUTCOMES, Decision, error_decision, with_warnings
 from .errors import Diagnostic, EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
 from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run, step_chain
-from .loader import FileCache, ProfileIndex, RuleSet, load_profile_index, load_ruleset_collecting, unlisted_rule_files
+from .loader import (
+    FileCache,
+    FileKey,
+    ProfileIndex,
+    RuleSet,
+    Source,
+    load_profile_index,
+    load_ruleset,
+    load_ruleset_collecting,
+    read_source,
+    unlisted_rule_files,
+)
 from .model import Ctx, Fn, Policy, Table, format_capability
 from .resources import rules_dir
 from .scenario import Scenario, parse_scenario
@@ -29,11 +41,15 @@ from .trace import Entry, ErrorEntry, candidate_summary
 PolicyRewrite = Callable[[Policy], Policy]  # hashable; e.g. oracle.overrides.Override
 
 
-def check_profile(files: list[Path], name: str, description: str,
-                  cache: FileCache | None = None) -> tuple[RuleSet, list[Diagnostic], set[str]]:
+# one profile as loaded: its name and description, each file's content key, the plugin packages rules may name
+ProfileKey = tuple[str, str, tuple[FileKey, ...], tuple[str, ...]]
+
+
+def check_profile(files: list[Path], name: str, description: str, cache: FileCache | None = None,
+                  sources: list[Source] | None = None) -> tuple[RuleSet, list[Diagnostic], set[str]]:
     """Load and check one profile's rule files: every schema, merge and cross-reference problem in one run,
-    and the package vocabulary (declared, plus any the rules test)."""
-    rs, problems = load_ruleset_collecting(files, name, description, cache)
+    and the package vocabulary (declared, plus any the rules test). `sources`: the files as already read."""
+    rs, problems = load_ruleset_collecting(files, name, description, cache, sources)
     found, packages = semantic_diagnostics(rs)
     return rs, list(dict.fromkeys(problems + found)), packages | set(rs.sections["packages"])
 
@@ -44,13 +60,17 @@ def rules_problems(index: ProfileIndex, cache: FileCache | None = None) -> list[
     problems: list[Diagnostic] = []
     for name, profile in index.profiles.items():
         problems.extend(check_profile(profile.files, name, profile.description, cache)[1])
-    problems.extend(unlisted_rule_files(index))
+    return _sorted_problems(problems + unlisted_rule_files(index))
+
+
+def _sorted_problems(problems: list[Diagnostic]) -> list[Diagnostic]:
     return sorted(dict.fromkeys(problems), key=lambda d: (d.file, d.line, d.col))
 
 
-def build_table(files: list[Path], name: str, description: str, cache: FileCache | None = None) -> Table:
+def build_table(files: list[Path], name: str, description: str, cache: FileCache | None = None,
+                sources: list[Source] | None = None) -> Table:
     """Load, check and compile one profile's rule files (RuleError lists every problem)."""
-    rs, problems, packages = check_profile(files, name, description, cache)
+    rs, problems, packages = check_profile(files, name, description, cache, sources)
     if problems:
         raise RuleError(problems)
     return compile_ruleset(rs, packages)
@@ -59,7 +79,12 @@ def build_table(files: list[Path], name: str, description: str, cache: FileCache
 @dataclass(frozen=True)
 class Snapshot:
     """One version of the rules and everything derived from it. The fields never change; the
-    dicts only grow (lazy compilation, memoized lookups, the answer cache)."""
+    dicts only grow (lazy compilation, memoized lookups, the answer cache).
+
+    Keyed by content (ProfileKey: each file's sha256), so a reload reuses them only for unchanged files:
+    `files` (parsed, schema-checked), `valid` (profiles whose cross-reference check passed, with their package
+    vocabulary) and `compiled` (tables). `sources` holds every rule file as read when the snapshot was built,
+    so a profile compiled later is compiled from the text that was validated."""
 
     index: ProfileIndex
     tables: dict[str, Table] = field(default_factory=dict)
@@ -67,6 +92,24 @@ class Snapshot:
     resolved: dict[tuple[str | None, str], tuple[Table, Policy]] = field(default_factory=dict)
     calls: dict[str, CallPolicy] = field(default_factory=dict)
     files: FileCache = field(default_factory=dict)  # parsed rule files shared by the profiles listing them
+    sources: dict[Path, Source] = field(default_factory=dict)
+    valid: dict[ProfileKey, frozenset[str]] = field(default_factory=dict)
+    compiled: dict[ProfileKey, Table] = field(default_factory=dict)
+
+    def profile_sources(self, name: str) -> tuple[ProfileKey | None, list[Source] | None]:
+        """The key and files of profile `name` as this snapshot read them; (None, None) when one cannot be read
+        (the full check then reports it)."""
+        profile = self.index.profiles[name]
+        out = []
+        for path in profile.files:
+            found = self.sources.get(path)
+            if found is None:
+                try:
+                    found = self.sources[path] = read_source(path)
+                except RuleError:
+                    return None, None
+            out.append(found)
+        return (name, profile.description, tuple(key for key, _ in out), registry.allowed_packages()), out
 
 
 class Oracle:
@@ -75,22 +118,42 @@ class Oracle:
     CACHE_SIZE = 4096
 
     def __init__(self, rules: str | Path | None = None, index: ProfileIndex | None = None,
-                 files: FileCache | None = None):
+                 files: FileCache | None = None, reuse: Snapshot | None = None):
         """`index`: a profile index built elsewhere (oracle.plugins adds plugin files to profiles); reload()
-        reads `rules` again. `files`: parsed rule files to reuse (oracle.store passes those whose content
-        did not change since the previous version)."""
+        reads `rules` again. `files`: parsed rule files to start from. `reuse`: a previous snapshot whose parsed
+        files, validated profiles and compiled tables are reused where every file's content is unchanged
+        (oracle.store passes the generation it replaces)."""
         self.root = Path(rules) if rules is not None else rules_dir()
-        self._snapshot = self._checked(Snapshot(index if index is not None else load_profile_index(self.root),
-                                                files={} if files is None else files))
         self._lock = threading.Lock()
+        index = index if index is not None else load_profile_index(self.root)
+        self._snapshot = self._checked(_fresh_snapshot(index, files, reuse))
 
     @staticmethod
     def _checked(snap: Snapshot) -> Snapshot:
         """Validate every profile of the snapshot now (a server fails at start, not with `error` answers):
-        one RuleError lists every problem."""
-        problems = rules_problems(snap.index, snap.files)
+        one RuleError lists every problem. A profile whose files are unchanged since `reuse` is not checked
+        again; what this version no longer lists is forgotten."""
+        problems: list[Diagnostic] = []
+        keys = []
+        for name, profile in snap.index.profiles.items():
+            key, sources = snap.profile_sources(name)
+            if key is not None and key in snap.valid:
+                keys.append(key)
+                continue
+            _, found, packages = check_profile(profile.files, name, profile.description, snap.files, sources)
+            problems.extend(found)
+            if key is not None and not found:
+                keys.append(key)
+                snap.valid[key] = frozenset(packages)
+        problems.extend(unlisted_rule_files(snap.index))
         if problems:
-            raise RuleError(problems)
+            raise RuleError(_sorted_problems(problems))
+        used = {key for key, _ in snap.sources.values()}
+        for stale in [k for k in snap.files if k not in used]:
+            del snap.files[stale]
+        for cache in (snap.valid, snap.compiled):
+            for stale_profile in [k for k in cache if k not in keys]:
+                del cache[stale_profile]
         return snap
 
     @property
@@ -98,9 +161,9 @@ class Oracle:
         return self._snapshot
 
     def reload(self) -> None:
-        """Re-read the rules directory; profiles compiled before are compiled again before the swap,
-        so broken rules raise RuleError here and the previous snapshot stays in use."""
-        fresh = self._checked(Snapshot(load_profile_index(self.root)))
+        """Re-read the rules directory; profiles compiled before are compiled again before the swap (reused when
+        their files did not change), so broken rules raise RuleError here and the previous snapshot stays in use."""
+        fresh = self._checked(_fresh_snapshot(load_profile_index(self.root), None, self._snapshot))
         for name in self._snapshot.tables:
             if name in fresh.index.profiles:
                 self._compile(fresh, name)
@@ -127,8 +190,18 @@ class Oracle:
         if found is None:
             raise ScenarioError(f"profile: unknown profile {name!r}{did_you_mean(name, snap.index.profiles)}; "
                                 f"known: {', '.join(snap.index.profiles)}")
-        table = build_table(found.files, name, found.description, snap.files)
+        key, sources = snap.profile_sources(name)
+        table = snap.compiled.get(key) if key is not None else None
+        if table is None:
+            packages = snap.valid.get(key) if key is not None else None
+            if packages is not None:  # validated by this snapshot (or unchanged since): merge and compile only
+                rs = load_ruleset(found.files, name, found.description, snap.files, sources)
+                table = compile_ruleset(rs, set(packages))
+            else:
+                table = build_table(found.files, name, found.description, snap.files, sources)
         with self._lock:
+            if key is not None:
+                table = snap.compiled.setdefault(key, table)
             return snap.tables.setdefault(name, table)
 
     def compile_all(self) -> None:
@@ -271,6 +344,14 @@ class Oracle:
 
             return Decision("unsupported", error=error, extras=extras, trace=trace, **meta)
         return Decision(res.outcome, error=res.error, extras=extras, trace=trace, **meta)
+
+
+def _fresh_snapshot(index: ProfileIndex, files: FileCache | None, reuse: Snapshot | None) -> Snapshot:
+    """A new snapshot of `index`, starting from the content-keyed caches of `reuse` (copied: it keeps serving)."""
+    start = dict(files if files is not None else reuse.files if reuse is not None else {})
+    if reuse is None:
+        return Snapshot(index, files=start)
+    return Snapshot(index, files=start, valid=dict(reuse.valid), compiled=dict(reuse.compiled))
 
 
 def _call_hook(table: Table) -> CallPolicy:

@@ -8,10 +8,13 @@ and the namespace has no builtins. Rule values are data in K: compared, never ru
 """
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
 Fn = Callable[[Any], Any]
+# what a lazy function runs until its first call compiles it: `pending` is (the function itself, its code)
+_TRAMPOLINE = eval("lambda ctx, pending=None: _compile_pending(pending, ctx)").__code__  # noqa: S307 - fixed text
 
 
 class CodeGen:
@@ -19,7 +22,7 @@ class CodeGen:
 
     def __init__(self) -> None:
         self._consts: list[Any] = []
-        self._ns: dict[str, Any] = {"K": self._consts, "__builtins__": {}}
+        self._ns: dict[str, Any] = {"K": self._consts, "__builtins__": {}, "_compile_pending": self._compile_pending}
         self._sources: list[str] = []
 
     def k(self, value: Any) -> str:
@@ -32,6 +35,21 @@ class CodeGen:
         self._sources.append(source)
         fn: Fn = eval(source, self._ns)  # noqa: S307 - built from operator templates and K[n] references only
         return fn
+
+    def lazy_function(self, code: str) -> Fn:
+        """`function(code)`, compiled when first called (loading a table compiles nothing a question never runs).
+        The returned function object stays the one callers hold: its first call swaps the compiled code into it,
+        so later calls cost exactly what `function(code)` would."""
+        fn = types.FunctionType(_TRAMPOLINE, self._ns, "generated")
+        fn.__defaults__ = ((fn, code),)
+        return fn
+
+    def _compile_pending(self, pending: tuple[types.FunctionType, str], ctx: Any) -> Any:
+        fn, code = pending
+        compiled = self.function(code)
+        fn.__code__ = compiled.__code__  # two threads may both get here: equal code, either one stays
+        fn.__defaults__ = None
+        return compiled(ctx)
 
     def source(self) -> str:
         """Every function compiled so far, then the constants they reference (compilation is lazy)."""

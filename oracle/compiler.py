@@ -62,7 +62,8 @@ class Compiler:
         return self.gen.k(value)
 
     def function(self, code: str) -> Fn:
-        return self.gen.function(code)
+        """The function of `code`, compiled on its first call (most of a table never runs in one process)."""
+        return self.gen.lazy_function(code)
 
     def cond(self, code: str, text: str) -> Cond:
         return Cond(code, text, self.function)

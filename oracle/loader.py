@@ -7,6 +7,7 @@ anything else defined twice is an error naming both places.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 from .errors import Diagnostic, RuleError, did_you_mean
 from .resources import rules_dir
 from .schema import SECTIONS, schema_diagnostics
-from .yamlio import Located, load_yaml_file
+from .yamlio import Located, load_yaml_file, load_yaml_text
 
 
 @dataclass
@@ -95,6 +96,7 @@ class ProfileIndex:
     default: str
     profiles: dict[str, Profile]
     doc: Located
+    index_files: tuple[Path, ...] = ()  # profiles.yaml of `root`, then of each rules directory it extends
 
 
 def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex:
@@ -106,13 +108,15 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
         raise RuleError(problems)
     data = doc.data
     inherited: dict[str, Profile] = {}
+    parent_files: tuple[Path, ...] = ()
     if "extends" in data:
         parent = rules_dir() if data["extends"] == "builtin" else (root / data["extends"])
         if parent.resolve() in _seen + (root.resolve(),) or not (parent / "profiles.yaml").is_file():
             why = "extends itself" if (parent / "profiles.yaml").is_file() else "has no profiles.yaml"
             raise RuleError([doc.diag(("extends",), f"rules directory '{data['extends']}' {why}; "
                                                     "name a rules directory with a profiles.yaml, or 'builtin'")])
-        inherited = dict(load_profile_index(parent, _seen + (root.resolve(),)).profiles)
+        parent_index = load_profile_index(parent, _seen + (root.resolve(),))
+        inherited, parent_files = dict(parent_index.profiles), parent_index.index_files
     raw = data["profiles"]
     profiles = dict(inherited)
 
@@ -143,7 +147,7 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
                                                 f"{did_you_mean(data['default'], [*raw, *inherited])}")])
     for name in raw:
         profiles[name] = resolve(name, ())
-    return ProfileIndex(root, data["default"], profiles, doc)
+    return ProfileIndex(root, data["default"], profiles, doc, (index_file, *parent_files))
 
 
 def unlisted_rule_files(index: ProfileIndex) -> list[Diagnostic]:
@@ -176,39 +180,66 @@ def display_name(path: Path) -> str:
         return str(absolute)
 
 
-FileCache = dict[tuple[str, int, int], Located]
+# A rule file as read: (path, display name, sha256 of its bytes). The parse cache is keyed by content, never by
+# mtime and size (an edit within one mtime tick, or a file replaced by one of the same size, is still seen).
+FileKey = tuple[str, str, str]
+FileCache = dict[FileKey, Located]  # parsed, schema-valid files: shared by the profiles listing them, and reloads
+Source = tuple[FileKey, str]  # a file's key and its text, read once
 
 
-def load_checked(path: Path, cache: FileCache | None = None) -> Located:
-    """One rule file, parsed and schema-checked; `cache` reuses files shared by several profiles."""
-    stat = path.stat() if cache is not None and path.exists() else None
-    key = (str(path), stat.st_mtime_ns, stat.st_size) if stat else None
-    if cache is not None and key is not None and key in cache:
-        return cache[key]
-    doc = load_yaml_file(str(path), display_name(path))
-    found = schema_diagnostics(doc)
-    if found:
-        raise RuleError(found)
-    if cache is not None and key is not None:
+def read_source(path: Path) -> Source:
+    """One rule file's content key and text (RuleError naming the file when it cannot be read)."""
+    name = display_name(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        raise RuleError([Diagnostic(name, 1, 1, f"rule files are UTF-8 text; byte {exc.start} is not UTF-8 "
+                                                "(save the file as UTF-8)")]) from None
+    return (str(path), name, hashlib.sha256(raw).hexdigest()), text
+
+
+def load_checked(path: Path, cache: FileCache | None = None, source: Source | None = None) -> Located:
+    """One rule file, parsed and schema-checked; `cache` reuses files whose content was parsed before.
+    `source`: the file as already read (its key and text), so the key and the parse come from one read."""
+    key, text = source if source is not None else read_source(path)
+    if cache is not None:
+        found = cache.get(key)
+        if found is not None:
+            return found
+    doc = load_yaml_text(text, key[1])
+    problems = schema_diagnostics(doc)
+    if problems:
+        raise RuleError(problems)
+    if cache is not None:
         cache[key] = doc
     return doc
 
 
-def load_ruleset_collecting(paths: list[Path], name: str, description: str,
-                            cache: FileCache | None = None) -> tuple[RuleSet, list[Diagnostic]]:
+def load_ruleset_collecting(paths: list[Path], name: str, description: str, cache: FileCache | None = None,
+                            sources: list[Source] | None = None) -> tuple[RuleSet, list[Diagnostic]]:
     """Every file merged, schema-valid or not (YAML that does not parse is left out), with all problems so far.
 
     Validation uses this so that schema and cross-reference problems are reported in one run: a file
-    with a schema error still contributes its names, which keeps the cross-reference check quiet about them."""
+    with a schema error still contributes its names, which keeps the cross-reference check quiet about them.
+    `sources`: the files as already read, one per path."""
     docs: list[Located] = []
     problems: list[Diagnostic] = []
-    for p in paths:
+    for i, p in enumerate(paths):
         try:
-            docs.append(load_checked(p, cache))
+            source = sources[i] if sources is not None else read_source(p)
+        except RuleError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        try:
+            docs.append(load_checked(p, cache, source))
         except RuleError as exc:
             problems.extend(exc.diagnostics)
             try:
-                doc = load_yaml_file(str(p), display_name(p))
+                doc = load_yaml_text(source[1], source[0][1])  # the names of a file with schema errors still count
             except RuleError:
                 continue
             if isinstance(doc.data, dict):
@@ -217,9 +248,10 @@ def load_ruleset_collecting(paths: list[Path], name: str, description: str,
     return rs, problems + merged
 
 
-def load_ruleset(paths: list[Path], name: str, description: str, cache: FileCache | None = None) -> RuleSet:
+def load_ruleset(paths: list[Path], name: str, description: str, cache: FileCache | None = None,
+                 sources: list[Source] | None = None) -> RuleSet:
     """Load, schema-check and merge a list of rule files; every problem of every file raised together."""
-    rs, problems = load_ruleset_collecting(paths, name, description, cache)
+    rs, problems = load_ruleset_collecting(paths, name, description, cache, sources)
     if problems:
         raise RuleError(problems)
     return rs

@@ -116,33 +116,9 @@ def _freeze(value: Any) -> Any:
     return None
 
 
-def _unchanged_files(previous: Generation | None, hashes: Mapping[Path, str]) -> FileCache:
-    """The parsed files of `previous` whose content hash is the same now."""
-    if previous is None:
-        return {}
-    out: FileCache = {}
-    for key, doc in previous.oracle.snapshot.files.items():
-        path = Path(key[0])
-        if path in previous.hashes and previous.hashes[path] == hashes.get(path):
-            out[key] = doc
-    return out
-
-
 def _index_files(index: ProfileIndex) -> list[Path]:
     """profiles.yaml of the root and of every directory it extends, then every rule file of every profile."""
-    out: list[Path] = []
-    root: Path | None = index.root
-    seen: set[Path] = set()
-    while root is not None and root.resolve() not in seen:
-        seen.add(root.resolve())
-        out.append(root / "profiles.yaml")
-        try:
-            import yaml
-
-            parent = (yaml.safe_load((root / "profiles.yaml").read_text(encoding="utf-8")) or {}).get("extends")
-        except (OSError, ValueError, AttributeError, ImportError):
-            parent = None
-        root = rules_dir() if parent == "builtin" else (root / parent) if isinstance(parent, str) else None
+    out = list(index.index_files or (index.root / "profiles.yaml",))
     for profile in index.profiles.values():
         out.extend(profile.files)
     return list(dict.fromkeys(out))
@@ -265,14 +241,16 @@ class RuleStore:
     def _build(self, number: int, keep_profiles: Iterable[str], previous: Generation | None) -> Generation:
         """A complete generation: index (+ plugins), every profile in use compiled, overrides cross-checked.
 
-        Parsed rule files of `previous` are reused where the file's sha256 did not change (only the edited
-        files are parsed again; mtime and size alone could miss an edit)."""
+        What `previous` parsed, validated and compiled is reused where every file's sha256 is unchanged: only
+        edited files are parsed again, only the profiles listing them are checked and compiled again (mtime and
+        size alone could miss an edit)."""
         started = time.time()
+        reuse = previous.oracle.snapshot if previous is not None else None
         for _ in range(3):  # a file changed while it was read: read everything again
             index = load_profile_index(self.root)
             files = _index_files(index)
             before = {p: _digest(p) for p in files}
-            cache: FileCache = _unchanged_files(previous, before)
+            cache: FileCache = dict(reuse.files) if reuse is not None else {}
             wanted = [n for n in dict.fromkeys([index.default, *self._profiles, *keep_profiles]) if n in index.profiles]
             plugins: list[Plugin] = []
             if self.use_plugins and registry.plugin_entry_points():
@@ -284,7 +262,7 @@ class RuleStore:
                     files.append(plugin.manifest)
                     for paths in plugin.files.values():
                         files.extend(paths)
-            oracle = Oracle(self.root, index=index, files=cache)
+            oracle = Oracle(self.root, index=index, files=cache, reuse=reuse)
             for name in wanted:
                 oracle.table(name)  # compiled, so validated, before anyone can see it
             overrides = None

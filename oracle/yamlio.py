@@ -12,8 +12,30 @@ import yaml
 
 from .errors import Diagnostic, RuleError
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc]
+    """The safe loader with its implicit-tag resolution memoized: rule files repeat the same few scalars, and
+    the resolver tries its regular expressions in Python for every one of them."""
+
+    _resolved: dict[tuple[Any, str, Any], str] = {}
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        key = (kind, value, implicit)
+        tag = self._resolved.get(key)
+        if tag is None:
+            tag = super().resolve(kind, value, implicit)
+            if len(self._resolved) < 65536:
+                self._resolved[key] = tag
+        return tag
+
+
 _scalar_constructor = yaml.constructor.SafeConstructor()
+# a scalar's constructor by tag, called directly: SafeConstructor.construct_object would remember every node it
+# built in the shared constructor (a leak of one entry per scalar per load) for anchors rule files cannot use
+_SCALARS: dict[str, Any] = {f"tag:yaml.org,2002:{t}": yaml.constructor.SafeConstructor.yaml_constructors[
+    f"tag:yaml.org,2002:{t}"] for t in ("int", "float", "bool", "null")}
 
 Path = tuple[Any, ...]  # a path into the document: keys and list indexes
 
@@ -58,33 +80,56 @@ def load_yaml_text(text: str, file: str) -> Located:
     problems: list[Diagnostic] = []
 
     def build(node: yaml.Node, path: Path) -> Any:
-        marks.setdefault(path, _mark(node))
+        """Plain data of `node`; the position of every key and list item goes into `marks` (a mapping value is
+        located at its key). Exact classes first: the composer builds only these three."""
+        cls = node.__class__
+        if cls is yaml.ScalarNode:
+            return node.value if node.tag == _STR else scalar(node)
         if node.tag not in _SAFE_TAGS:
             problems.append(Diagnostic(file, *_mark(node),
                                        f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
             return None
-        if isinstance(node, yaml.MappingNode):
+        if cls is yaml.MappingNode:
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
+                if key_node.__class__ is not yaml.ScalarNode:
                     problems.append(Diagnostic(file, *_mark(key_node), "mapping keys must be plain scalars"))
                     continue
-                key = _scalar_constructor.construct_object(key_node, deep=True)
+                key = key_node.value if key_node.tag == _STR else scalar(key_node)
+                sub = path + (key,)
                 if key in out:
-                    first = marks[path + (key,)]
                     problems.append(Diagnostic(
                         file, *_mark(key_node),
-                        f"duplicate key '{key}' (first defined at line {first[0]}); remove one of them"))
+                        f"duplicate key '{key}' (first defined at line {marks[sub][0]}); remove one of them"))
                     continue
-                marks[path + (key,)] = _mark(key_node)
-                out[key] = build(value_node, path + (key,))
+                marks[sub] = _mark(key_node)
+                out[key] = build(value_node, sub)
             return out
-        if isinstance(node, yaml.SequenceNode):
-            return [build(item, path + (i,)) for i, item in enumerate(node.value)]
-        if node.tag == _STR:
-            return node.value  # the common case, without the constructor's bookkeeping
-        return _scalar_constructor.construct_object(node, deep=True)
+        items = []
+        for i, item in enumerate(node.value):
+            sub = path + (i,)
+            marks[sub] = _mark(item)
+            items.append(build(item, sub))
+        return items
 
+    def scalar(node: yaml.Node) -> Any:
+        if node.tag not in _SAFE_TAGS:
+            problems.append(Diagnostic(file, *_mark(node),
+                                       f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
+            return None
+        construct = _SCALARS.get(node.tag) if isinstance(node, yaml.ScalarNode) else None
+        try:
+            if construct is not None:
+                return construct(_scalar_constructor, node)
+        except (ValueError, KeyError, IndexError):
+            pass
+        kind = node.tag.rsplit(":", 1)[-1]
+        problems.append(Diagnostic(file, *_mark(node), f"{node.value!r} is not a valid {kind} (tag !!{kind}); "
+                                                       "remove the tag or fix the value"))
+        return None
+
+    if root is not None:
+        marks[()] = _mark(root)
     data = build(root, ()) if root is not None else None
     if problems:
         raise RuleError(problems)

@@ -118,6 +118,21 @@ def test_a_name_defined_in_two_files_of_a_profile(tmp_path):
         "(add 'override: true' to replace it deliberately)"]
 
 
+def test_a_scalar_with_a_tag_that_does_not_fit_is_a_located_error_and_loading_keeps_nothing():
+    from oracle import yamlio
+    from oracle.errors import RuleError
+
+    with pytest.raises(RuleError) as caught:
+        yamlio.load_yaml_text("a: 1\nb: !!int many\nc: !!bool maybe\n", "f.yaml")
+    assert [str(d) for d in caught.value.diagnostics] == [
+        "f.yaml:2:4: 'many' is not a valid int (tag !!int); remove the tag or fix the value",
+        "f.yaml:3:4: 'maybe' is not a valid bool (tag !!bool); remove the tag or fix the value"]
+    doc = yamlio.load_yaml_text("a: [1, 2.5, true, null, x]\n7: {b: 0x10}\n", "f.yaml")
+    assert doc.data == {"a": [1, 2.5, True, None, "x"], 7: {"b": 16}}
+    assert doc.where(("a", 4)) == (1, 25) and doc.where((7, "b")) == (2, 5)
+    assert yamlio._scalar_constructor.constructed_objects == {}, "no node is kept after a load"
+
+
 def test_profile_index_errors(tmp_path):
     (tmp_path / "profiles.yaml").write_text("default: q\nprofiles:\n  p: {description: 'x', files: [missing.yaml]}\n")
     problems, _ = validate_paths([tmp_path])

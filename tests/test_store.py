@@ -250,3 +250,32 @@ def test_an_edit_with_the_same_size_and_mtime_is_still_seen_and_parsed_again(sto
     assert store.select(QUESTION).backend == EXPECTED["B"]
     reused = [key for key in store.generation.oracle.snapshot.files if key[0].endswith("common/mxfp4.yaml")]
     assert reused, "unchanged shipped files are reused, not parsed again"
+
+
+def test_a_reload_reuses_what_did_not_change_and_redoes_what_did(store, rules):
+    """Parsed files, validated profiles and compiled tables are keyed by content: a reload with no change
+    reuses them all; an edit re-parses that file only and recompiles only the profiles listing it."""
+    first = store.generation.oracle
+    mine, builtin = first.table(), first.table("vllm-0.20")
+    docs = dict(first.snapshot.files)
+    assert store.reload().ok
+    same = store.generation.oracle
+    assert same is not first and same.table() is mine and same.table("vllm-0.20") is builtin
+    assert all(same.snapshot.files[key] is doc for key, doc in docs.items())
+    write(rules / "policy.yaml", VERSION_B)
+    assert store.reload().ok
+    edited = store.generation.oracle
+    assert edited.table() is not mine and edited.table("vllm-0.20") is builtin
+    assert store.select(QUESTION).backend == EXPECTED["B"]
+    reparsed = [key for key in edited.snapshot.files if key not in docs]
+    assert [key[0] for key in reparsed] == [str((rules / "policy.yaml").resolve())]
+    assert len(edited.snapshot.files) == len(docs), "the parse of the old version is forgotten"
+
+
+def test_a_profile_compiled_later_comes_from_the_text_validated_with_its_snapshot(rules):
+    """A snapshot is one version of the rules: a profile first used after its file changed on disk is compiled
+    from what was read and validated when the snapshot was built, never from a half-written edit."""
+    oracle = Oracle(rules)
+    write(rules / "policy.yaml", BROKEN["half-written file"])
+    assert oracle.table("mine").policies["mxfp4-gpt-oss"].description == "gpt-oss, A"
+    assert oracle.select({**QUESTION, "profile": "mine"}).backend == EXPECTED["A"]
