@@ -2,21 +2,23 @@
 
 Exit codes: 0 answered (selected or none) / rules valid; 1 the answer is invalid or
 unsupported; 2 bad usage or a malformed scenario; 3 broken rule files. Bad input never
-produces a traceback: one message naming the argument or file:line and the fix.
+produces a traceback: every stderr line is `moe-oracle: error: ...` (or `warning:`), naming the
+argument or file:line:col and the fix.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .api import Decision, Oracle
-from .errors import OracleError, RuleError, ScenarioError
+from .errors import OracleError, RuleError
 from .facts import PLATFORM_KINDS
-from .tools.commands import global_options_first, package_version, set_quark
+from .tools.commands import global_options_first, package_version, set_quark, to_stderr
 from .trace import render_lines
 from .vocabulary import ACTIVATIONS
 
@@ -25,6 +27,15 @@ EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RULES = 0, 1, 2, 3
 
 class UsageError(Exception):
     """A command-line argument is wrong; the message names it and the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the command line's one error style (its subcommand parsers are of this class too)."""
+
+    def error(self, message: str) -> Any:  # argparse's own: usage block, then `prog: error: message`
+        verb = self.prog.removeprefix("moe-oracle").strip()
+        to_stderr(f"{verb + ': ' if verb else ''}{message} (see `{self.prog} --help`)")
+        sys.exit(EXIT_USAGE)
 
 
 def _parse_platform(text: str) -> dict[str, Any]:
@@ -173,17 +184,21 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
 
 def _cmd_select(args: argparse.Namespace, oracle: Oracle, explain: bool) -> int:
     if args.batch:
-        return _cmd_batch(args, oracle)
+        from .batch import run_batch
+
+        return run_batch(args, oracle)
     sc = _scenario_from_args(args, oracle)
     d = oracle.select(sc, _override(args, oracle, sc), strict=args.strict)
     if args.json:
         print(json.dumps(d.to_dict(with_trace=explain or args.trace), indent=1 if explain else None))
     elif explain:
         print(_explain_text(d, sc))
+    elif d.outcome == "error":  # the question is malformed: like a bad flag, a message on stderr and exit 2
+        to_stderr(str(d.error))
     else:
         print(_summary(d))
         for w in d.warnings:
-            print(f"moe-oracle: warning: {w}", file=sys.stderr)
+            to_stderr(w, "warning")
     return _exit_for(d)
 
 
@@ -198,33 +213,6 @@ def _override(args: argparse.Namespace, oracle: Oracle, sc: dict[str, Any]) -> A
     profile = sc.get("profile") if isinstance(sc.get("profile"), str) else None
     found = load_overrides(args.overrides, [oracle.table(profile)])
     return found.find(str(sc["policy"]), args.model, args.layer, args.role)
-
-
-def _cmd_batch(args: argparse.Namespace, oracle: Oracle) -> int:
-    try:
-        fh = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--batch {args.batch}: cannot read ({exc.strerror})") from None
-    unanswered = 0
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                sc = json.loads(line)
-            except json.JSONDecodeError as exc:
-                out = {"outcome": "error", "error": f"{args.batch}:{lineno}:{exc.colno}: not valid JSON ({exc.msg})"}
-            else:
-                if isinstance(sc, dict) and "scenario" in sc and "policy" not in sc:
-                    sc = sc["scenario"]  # accept golden-file lines {"scenario": ..., "expected": ...}
-                d = oracle.select(sc, strict=args.strict) if isinstance(sc, dict) else None
-                out = d.to_dict(with_trace=args.trace) if d else {
-                    "outcome": "error", "error": f"{args.batch}:{lineno}: a scenario must be a JSON object"}
-                if out["outcome"] == "error":
-                    out["error"] = f"{args.batch}:{lineno}: {out['error']}"
-            unanswered += out["outcome"] not in ("selected", "none")
-            sys.stdout.write(json.dumps(out) + "\n")
-    return EXIT_REFUSED if unanswered else EXIT_OK
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -244,7 +232,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         else:
             print(d)
     if diagnostics:
-        print(f"{len(diagnostics)} problem(s) in {checked} file(s)", file=sys.stderr)
+        to_stderr(f"{len(diagnostics)} problem(s) in {checked} file(s)")
         return EXIT_RULES
     print(f"ok: {checked} rule file(s) valid")
     return EXIT_OK
@@ -280,7 +268,7 @@ def _cmd_profiles(oracle: Oracle) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moe-oracle",
+    p = _Parser(prog="moe-oracle",
                                 description="Select and explain quantized MoE kernel backends from YAML rule tables.")
     p.add_argument("--rules", help="rules directory with profiles.yaml (default: the embedded rules); "
                                    "may also follow the verb")
@@ -292,8 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--scenario", metavar="FILE", help="scenario file, JSON or YAML ('-' = stdin)")
         if name == "select":
             s.add_argument("--batch", metavar="FILE",
-                           help="JSONL file, one scenario per line ('-' = stdin); every line is answered in order "
-                                "(bad lines too, as outcome error); exit 1 if any line is not selected/none")
+                           help="JSONL file, one scenario per line ('-' = stdin), or {\"scenario\": ..., \"model\", "
+                                "\"layer\", \"role\"} for --overrides; every line is answered in order, one JSON "
+                                "line each (bad lines too, as outcome error: the batch always keeps going); exit 1 "
+                                "if any line is not selected/none")
         s.add_argument("--policy", help="a policy of the profile (see `moe-oracle profiles`)")
         s.add_argument("--profile", help="rule-set profile (see `moe-oracle profiles`)")
         s.add_argument("--platform", help="cuda:MAJOR.MINOR | rocm:GFXARCH | xpu | cpu (default: detected)")
@@ -317,10 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--json", action="store_true", help="machine-readable output")
         s.add_argument("--strict", action="store_true",
                        help="answer `error` where the question only earns a warning (an env var like a declared one)")
-        s.add_argument("--overrides", metavar="FILE", help="deployment overrides (schemas/overrides.schema.json)")
-        s.add_argument("--model", help="model name, for --overrides")
-        s.add_argument("--layer", type=int, help="layer index, for --overrides")
-        s.add_argument("--role", help="the model's role (e.g. draft), for --overrides")
+        s.add_argument("--overrides", metavar="FILE", help="deployment overrides (schemas/overrides.schema.json); "
+                                                            "with --batch, each line may name its model/layer/role")
+        s.add_argument("--model", help="model name, for --overrides (with --batch: the default of every line)")
+        s.add_argument("--layer", type=int, help="layer index, for --overrides (with --batch: the default)")
+        s.add_argument("--role", help="the model's role (e.g. draft), for --overrides (with --batch: the default)")
         if name == "select":
             s.add_argument("--trace", action="store_true", help="include the trace in JSON output")
         s.set_defaults(trace=False, batch=None)
@@ -353,18 +344,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_profiles(oracle)
         return _cmd_select(args, oracle, explain=args.command == "explain")
     except RuleError as exc:
-        print(exc, file=sys.stderr)
+        to_stderr(str(exc))
         return EXIT_RULES
-    except (UsageError, ScenarioError) as exc:
-        print(f"moe-oracle: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OracleError as exc:
-        print(f"moe-oracle: {exc}", file=sys.stderr)
+    except (UsageError, OracleError) as exc:  # OracleError covers ScenarioError
+        to_stderr(str(exc))
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # a file named on the command line that cannot be read or written
+        to_stderr(f"{exc.filename or ''}{': ' if exc.filename else ''}{exc.strerror or exc}; check the path "
+                  "and its permissions")
+        return EXIT_USAGE
+    except Exception as exc:  # a bug: still one line, the traceback only on request
+        if os.environ.get("MOE_ORACLE_DEBUG"):
+            raise
+        to_stderr(f"internal error: {type(exc).__name__}: {exc}; this is a bug in moe-oracle, please report it "
+                  "with the command line (MOE_ORACLE_DEBUG=1 shows the traceback)")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

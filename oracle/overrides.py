@@ -12,6 +12,10 @@ The first entry whose `match` holds replaces the question's policy steps by one 
 the backend (`use`, checked): the answer is `selected` when one of its kernels accepts the layer,
 else `invalid` with a message that starts with the entry's file:line. The step carries the entry's
 id, file:line and why, so `explain`, the trace and `decided_by` say who forced it.
+
+The policy's `emit` steps stay, in their order and with their conditions, before the forcing step: an
+answer field such as ocp-mx's `ocp_mx_scheme` or `emulate` describes the layer whoever picks the backend.
+They read `call.backend` as the forced backend, which stands where the policy's own selection would.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from typing import Any
 
 from .errors import Diagnostic, RuleError, did_you_mean
 from .loader import display_name
-from .model import DecidedBy, Family, Policy, Step, Table, Template
+from .model import Ctx, DecidedBy, Family, Fn, Policy, Step, Table, Template
 from .schema import schema_diagnostics
 from .yamlio import Located, load_yaml_file
 
@@ -84,10 +88,27 @@ class Override:
                        f"expected one of {', '.join(family.backends)}, or narrow the match with 'policy:'")
             step = Step(f"override:{self.id}", None, None, "outcome", ("invalid", None), True, True,
                         Template(message.replace("{", "(").replace("}", ")"), ()), self.at, self.why, decided_by)
-            return replace(policy, steps=(step,))
+            return replace(policy, steps=(*_emits(policy, None), step))
         step = Step(f"override:{self.id}", None, None, "use", backend.name, True, True, None, self.at, self.why,
                     decided_by)
-        return replace(policy, family=_blaming(family, self), steps=(step,))
+        return replace(policy, family=_blaming(family, self), steps=(*_emits(policy, backend.name), step))
+
+
+def _emits(policy: Policy, backend: str | None) -> tuple[Step, ...]:
+    """The policy's `emit` steps, reading `call.backend` as `backend` (the forced one; None when it is no backend)."""
+    return tuple(replace(s, test=_as_if_selected(s.test, backend) if s.test is not None else None,
+                         arg=tuple((name, _as_if_selected(fn, backend)) for name, fn in s.arg))
+                 for s in policy.steps if s.action == "emit")
+
+
+def _as_if_selected(fn: Fn, backend: str | None) -> Fn:
+    def with_forced_backend(ctx: Ctx) -> Any:
+        if ctx.call_backend != backend:
+            ctx.call_backend = backend
+            ctx.memo = {}  # a value memoized before may have read call.backend unset
+        return fn(ctx)
+
+    return with_forced_backend
 
 
 def _blaming(family: Family, override: Override) -> Family:

@@ -75,9 +75,12 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys, argv, message):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_malformed_scenario_is_an_error_answer(capsys):
-    code, out, _ = run(capsys, "select", "--policy", "mxfp4", "--platform", "cpu", "--package", "flashinfr")
-    assert code == 2 and out.startswith("error: packages.flashinfr: unknown field (did you mean 'flashinfer'?)")
+def test_malformed_scenario_is_an_error_on_stderr_and_an_error_answer_in_json(capsys):
+    code, out, err = run(capsys, "select", "--policy", "mxfp4", "--platform", "cpu", "--package", "flashinfr")
+    assert code == 2 and out == ""
+    assert err.startswith("moe-oracle: error: packages.flashinfr: unknown field (did you mean 'flashinfer'?)")
+    code, out, err = run(capsys, "select", "--json", "--policy", "mxfp4", "--platform", "cpu", "--package", "flashinfr")
+    assert code == 2 and json.loads(out)["outcome"] == "error" and err == ""
 
 
 def test_batch_keeps_order_and_survives_bad_lines(capsys, tmp_path):

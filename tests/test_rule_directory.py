@@ -82,7 +82,7 @@ def test_select_and_explain_on_broken_rules_exit_3_without_a_traceback(tmp_path,
     for command in ("select", "explain"):
         assert main(["--rules", str(root), command, "--policy", "pol", "--platform", "cuda:9.0"]) == 3
         out, err = capsys.readouterr()
-        assert "Traceback" not in err and err.startswith(f"{root / 'r.yaml'}:") and out == ""
+        assert "Traceback" not in err and err.startswith(f"moe-oracle: error: {root / 'r.yaml'}:") and out == ""
 
 
 def test_github_format_annotates_each_new_mistake(capsys):

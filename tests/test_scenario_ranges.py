@@ -96,6 +96,6 @@ def test_cli_warns_in_select_and_explain_and_fails_under_strict(capsys):
     assert main(["explain", *argv]) == 0
     assert f"   warning: {WARNING}" in capsys.readouterr().out
     assert main(["select", "--strict", *argv]) == 2
-    assert "(an error under --strict)" in capsys.readouterr().out
+    assert "(an error under --strict)" in capsys.readouterr().err
     assert main(["select", "--policy", "mxfp4", "--platform", "cuda:9.10"]) == 2
-    assert "minor 10 of [9, 10] is out of range" in capsys.readouterr().out
+    assert "minor 10 of [9, 10] is out of range" in capsys.readouterr().err

@@ -12,11 +12,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import OracleError
+from ..errors import OracleError, did_you_mean
 from .report import FORMATS, render
 
 TOOL_COMMANDS = ("lint", "diff", "test", "sweep", "schema", "fmt")
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def to_stderr(message: str, level: str = "error") -> None:
+    """The one style of every line the command line writes to stderr: `moe-oracle: LEVEL: message`
+    (LEVEL error or warning). Each line of a multi-line message (a RuleError's file:line:col list) gets it."""
+    for line in message.splitlines() or [""]:
+        print(f"moe-oracle: {level}: {line}", file=sys.stderr)
+
+
+def must_exist(paths: Sequence[str], what: str) -> None:
+    """One error naming every missing path, before a command starts reading."""
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise OracleError(f"{', '.join(missing)}: no such file or directory; name existing {what}")
 
 
 def add_tool_parsers(sub: Any) -> None:
@@ -143,6 +157,7 @@ def _test(args: argparse.Namespace) -> int:
     from ..api import Oracle
     from .golden import coverage_text, run_cases
 
+    must_exist(args.files, "golden files (JSONL or YAML)")
     oracle = Oracle(_rules(args))
     failures, n, cov = run_cases(oracle, [Path(f) for f in args.files])
     pct = cov.percent()
@@ -175,16 +190,15 @@ def _sweep(args: argparse.Namespace) -> int:
     names = args.policy or list(p.table.policies)
     for n in names:
         if n not in p.table.policies:
-            print(f"moe-oracle: --policy {n!r}: not a policy of profile {p.name}; it has "
-                  f"{', '.join(p.table.policies)}", file=sys.stderr)
-            return EXIT_USAGE
+            raise OracleError(f"--policy {n!r}: not a policy of profile {p.name}{did_you_mean(n, p.table.policies)}; "
+                              f"it has {', '.join(p.table.policies)}")
     ms = [sweep_policy(p, n, tuple(args.vary)) for n in names]
     render_fn = {"md": to_markdown, "csv": to_csv, "json": to_json, "html": to_html}[args.format]
     text = render_fn(ms)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
         print(f"wrote {args.output}: {sum(len(m.rows) for m in ms)} configuration classes x platforms, "
-              f"{sum(m.decisions for m in ms)} decisions", file=sys.stderr)
+              f"{sum(m.decisions for m in ms)} decisions")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return EXIT_OK
@@ -208,8 +222,8 @@ def _schema(args: argparse.Namespace) -> int:
     path = schemas_dir() / f"{args.which}.schema.json"
     if not path.is_file():
         known = sorted(p.name.removesuffix(".schema.json") for p in schemas_dir().glob("*.schema.json"))
-        print(f"moe-oracle: schema {args.which!r}: no such schema; one of {', '.join(known)}", file=sys.stderr)
-        return EXIT_USAGE
+        raise OracleError(f"schema {args.which!r}: no such schema{did_you_mean(args.which, known)}; "
+                          f"one of {', '.join(known)}")
     sys.stdout.write(path.read_text(encoding="utf-8"))
     return EXIT_OK
 
@@ -217,6 +231,7 @@ def _schema(args: argparse.Namespace) -> int:
 def _fmt(args: argparse.Namespace) -> int:
     from .fmt import format_paths
 
+    must_exist(args.paths, "rule files or directories")
     changed = format_paths([Path(p) for p in args.paths], check=args.check)
     for path in changed:
         print(("would reformat " if args.check else "reformatted ") + str(path))
