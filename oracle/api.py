@@ -1,115 +1,31 @@
 """The public selection API: Oracle (rules loaded once, one swappable snapshot), select().
 
-    rules/*.yaml -> yamlio -> schema -> loader -> semantics -> compiler/kernels/tables -> Table
+    rules/*.yaml -> yamlio -> schema -> loader -> semantics -> compiler/kernels/tables -> Table (snapshot)
     scenario -> parse_scenario -> Scenario -> interpreter.run(Table) -> Decision (frozen)
 
 Everything one version of the rules answers with (profile index, compiled tables, cached
-answers) lives in one Snapshot; `reload()` builds a new one and swaps the reference, so a
-question is always answered from one consistent version.
+answers) lives in one Snapshot (oracle.snapshot); `reload()` builds a new one and swaps the
+reference, so a question is always answered from one consistent version.
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import registry
 from .decision import OUTCOMES, Decision, error_decision, with_warnings
-from .errors import Diagnostic, EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
+from .errors import EnvValueError, OracleError, RuleError, ScenarioError, did_you_mean
 from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run, step_chain
-from .loader import (
-    FileCache,
-    FileKey,
-    ProfileIndex,
-    RuleSet,
-    Source,
-    load_profile_index,
-    load_ruleset,
-    load_ruleset_collecting,
-    read_source,
-    unlisted_rule_files,
-)
-from .model import Ctx, Fn, Policy, Table, format_capability
+from .loader import FileCache, ProfileIndex, load_profile_index
+from .model import Ctx, Family, Fn, Policy, RoundRow, Table, format_capability
 from .resources import rules_dir
 from .scenario import Scenario, parse_scenario
-from .semantics import semantic_diagnostics
-from .tables import compile_ruleset
+from .snapshot import Snapshot, build_table, check_profile, rules_problems
 from .trace import Entry, ErrorEntry, candidate_summary
 
 PolicyRewrite = Callable[[Policy], Policy]  # hashable; e.g. oracle.overrides.Override
-
-
-# one profile as loaded: its name and description, each file's content key, the plugin packages rules may name
-ProfileKey = tuple[str, str, tuple[FileKey, ...], tuple[str, ...]]
-
-
-def check_profile(files: list[Path], name: str, description: str, cache: FileCache | None = None,
-                  sources: list[Source] | None = None) -> tuple[RuleSet, list[Diagnostic], set[str]]:
-    """Load and check one profile's rule files: every schema, merge and cross-reference problem in one run,
-    and the package vocabulary (declared, plus any the rules test). `sources`: the files as already read."""
-    rs, problems = load_ruleset_collecting(files, name, description, cache, sources)
-    found, packages = semantic_diagnostics(rs)
-    return rs, list(dict.fromkeys(problems + found)), packages | set(rs.sections["packages"])
-
-
-def rules_problems(index: ProfileIndex, cache: FileCache | None = None) -> list[Diagnostic]:
-    """Every problem of a rules directory in one run: each profile's schema, merge and cross-reference
-    problems, and rule files no profile lists (deduplicated, in file order)."""
-    problems: list[Diagnostic] = []
-    for name, profile in index.profiles.items():
-        problems.extend(check_profile(profile.files, name, profile.description, cache)[1])
-    return _sorted_problems(problems + unlisted_rule_files(index))
-
-
-def _sorted_problems(problems: list[Diagnostic]) -> list[Diagnostic]:
-    return sorted(dict.fromkeys(problems), key=lambda d: (d.file, d.line, d.col))
-
-
-def build_table(files: list[Path], name: str, description: str, cache: FileCache | None = None,
-                sources: list[Source] | None = None) -> Table:
-    """Load, check and compile one profile's rule files (RuleError lists every problem)."""
-    rs, problems, packages = check_profile(files, name, description, cache, sources)
-    if problems:
-        raise RuleError(problems)
-    return compile_ruleset(rs, packages)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One version of the rules and everything derived from it. The fields never change; the
-    dicts only grow (lazy compilation, memoized lookups, the answer cache).
-
-    Keyed by content (ProfileKey: each file's sha256), so a reload reuses them only for unchanged files:
-    `files` (parsed, schema-checked), `valid` (profiles whose cross-reference check passed, with their package
-    vocabulary) and `compiled` (tables). `sources` holds every rule file as read when the snapshot was built,
-    so a profile compiled later is compiled from the text that was validated."""
-
-    index: ProfileIndex
-    tables: dict[str, Table] = field(default_factory=dict)
-    answers: dict[Hashable, Decision] = field(default_factory=dict)  # Scenario, or (Scenario, PolicyRewrite)
-    resolved: dict[tuple[str | None, str], tuple[Table, Policy]] = field(default_factory=dict)
-    calls: dict[str, CallPolicy] = field(default_factory=dict)
-    files: FileCache = field(default_factory=dict)  # parsed rule files shared by the profiles listing them
-    sources: dict[Path, Source] = field(default_factory=dict)
-    valid: dict[ProfileKey, frozenset[str]] = field(default_factory=dict)
-    compiled: dict[ProfileKey, Table] = field(default_factory=dict)
-
-    def profile_sources(self, name: str) -> tuple[ProfileKey | None, list[Source] | None]:
-        """The key and files of profile `name` as this snapshot read them; (None, None) when one cannot be read
-        (the full check then reports it)."""
-        profile = self.index.profiles[name]
-        out = []
-        for path in profile.files:
-            found = self.sources.get(path)
-            if found is None:
-                try:
-                    found = self.sources[path] = read_source(path)
-                except RuleError:
-                    return None, None
-            out.append(found)
-        return (name, profile.description, tuple(key for key, _ in out), registry.allowed_packages()), out
+Plan = tuple[Table, Policy, CallPolicy, "Fn | None"]  # what answers a question: table, policy, call hook, step_chain
 
 
 class Oracle:
@@ -126,35 +42,7 @@ class Oracle:
         self.root = Path(rules) if rules is not None else rules_dir()
         self._lock = threading.Lock()
         index = index if index is not None else load_profile_index(self.root)
-        self._snapshot = self._checked(_fresh_snapshot(index, files, reuse))
-
-    @staticmethod
-    def _checked(snap: Snapshot) -> Snapshot:
-        """Validate every profile of the snapshot now (a server fails at start, not with `error` answers):
-        one RuleError lists every problem. A profile whose files are unchanged since `reuse` is not checked
-        again; what this version no longer lists is forgotten."""
-        problems: list[Diagnostic] = []
-        keys = []
-        for name, profile in snap.index.profiles.items():
-            key, sources = snap.profile_sources(name)
-            if key is not None and key in snap.valid:
-                keys.append(key)
-                continue
-            _, found, packages = check_profile(profile.files, name, profile.description, snap.files, sources)
-            problems.extend(found)
-            if key is not None and not found:
-                keys.append(key)
-                snap.valid[key] = frozenset(packages)
-        problems.extend(unlisted_rule_files(snap.index))
-        if problems:
-            raise RuleError(_sorted_problems(problems))
-        used = {key for key, _ in snap.sources.values()}
-        for stale in [k for k in snap.files if k not in used]:
-            del snap.files[stale]
-        for cache in (snap.valid, snap.compiled):
-            for stale_profile in [k for k in cache if k not in keys]:
-                del cache[stale_profile]
-        return snap
+        self._snapshot = Snapshot.start(index, files, reuse).check()
 
     @property
     def snapshot(self) -> Snapshot:
@@ -163,7 +51,7 @@ class Oracle:
     def reload(self) -> None:
         """Re-read the rules directory; profiles compiled before are compiled again before the swap (reused when
         their files did not change), so broken rules raise RuleError here and the previous snapshot stays in use."""
-        fresh = self._checked(_fresh_snapshot(load_profile_index(self.root), None, self._snapshot))
+        fresh = Snapshot.start(load_profile_index(self.root), reuse=self._snapshot).check()
         for name in self._snapshot.tables:
             if name in fresh.index.profiles:
                 self._compile(fresh, name)
@@ -190,15 +78,7 @@ class Oracle:
         if found is None:
             raise ScenarioError(f"profile: unknown profile {name!r}{did_you_mean(name, snap.index.profiles)}; "
                                 f"known: {', '.join(snap.index.profiles)}")
-        key, sources = snap.profile_sources(name)
-        table = snap.compiled.get(key) if key is not None else None
-        if table is None:
-            packages = snap.valid.get(key) if key is not None else None
-            if packages is not None:  # validated by this snapshot (or unchanged since): merge and compile only
-                rs = load_ruleset(found.files, name, found.description, snap.files, sources)
-                table = compile_ruleset(rs, set(packages))
-            else:
-                table = build_table(found.files, name, found.description, snap.files, sources)
+        key, table = snap.compile(name)
         with self._lock:
             if key is not None:
                 table = snap.compiled.setdefault(key, table)
@@ -249,10 +129,10 @@ class Oracle:
     def select_many(self, scenarios: Iterable[Any]) -> list[Decision]:
         return [self.select(s) for s in scenarios]
 
-    def _resolve(self, snap: Snapshot, profile: str | None, policy_name: str) -> tuple[Table, Policy]:
-        """(table, policy) of a question, memoized: the lookup is on every uncached select."""
+    def _plan(self, snap: Snapshot, profile: str | None, policy_name: str) -> Plan:
+        """What answers a (profile, policy) question, found once per snapshot: every uncached select needs it."""
         key = (profile, policy_name)
-        found = snap.resolved.get(key)
+        found: Plan | None = snap.plans.get(key)
         if found is None:
             table = snap.tables.get(profile or snap.index.default) or self._compile(snap, profile or snap.index.default)
             policy = table.policies.get(policy_name)
@@ -260,25 +140,31 @@ class Oracle:
                 close = did_you_mean(policy_name, table.policies)
                 raise ScenarioError(f"policy: unknown policy {policy_name!r}{close}; "
                                     f"profile {table.name} has {', '.join(table.policies)}")
-            found = snap.resolved[key] = (table, policy)
+            call = snap.plans.get(table.name)
+            if call is None:
+                call = snap.plans[table.name] = _call_hook(table)
+            found = snap.plans[key] = (table, policy, call, _first_step(table, policy))
         return found
 
     def _answer(self, snap: Snapshot, sc: Scenario, rewrite: PolicyRewrite | None = None) -> Decision:
-        try:
-            table, policy = self._resolve(snap, sc.profile, sc.policy)
-        except OracleError as exc:
-            return error_decision(str(exc))
-        if rewrite is not None:
-            policy = rewrite(policy)
-        meta: dict[str, Any] = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
+        plan = snap.plans.get((sc.profile, sc.policy))
+        if plan is None:
+            try:
+                plan = self._plan(snap, sc.profile, sc.policy)
+            except OracleError as exc:
+                return error_decision(str(exc))
+        table, policy, call, first_step = plan
+        if rewrite is not None:  # a deployment's policy: not the table's, so no step_chain of its own
+            policy, first_step = rewrite(policy), None
         ctx = Ctx(sc.facts, sc.env, sc.packages)
-        family = policy.family
         if sc.query == "select":
             try:
-                res = self._run(snap, table, policy, ctx, None)
+                res = run(policy, ctx, None, call, UNSET, first_step)
             except EnvValueError as exc:
                 res = Result("invalid", error=str(exc))
-            return self._decision(snap, table, policy, res, sc, meta, ctx)
+            return self._decision(table, policy, call, res, sc, ctx)
+        meta: dict[str, Any] = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
+        family = policy.family
         if sc.query == "round_up":
             backend = family.backends.get(sc.backend or "") or family.by_value.get(sc.backend or "")
             if backend is None:
@@ -302,21 +188,15 @@ class Oracle:
         answer = fn(ctx)
         return Decision("selected" if answer else "none", extras={sc.query: answer}, **meta)
 
-    def _run(self, snap: Snapshot, table: Table, policy: Policy, ctx: Ctx, trace: Trace) -> Result:
-        call = snap.calls.get(table.name)
-        if call is None:
-            call = snap.calls[table.name] = _call_hook(table)
-        return run(policy, ctx, trace, call, first_step=_first_step(table, policy) if trace is None else None)
-
-    def _decision(self, snap: Snapshot, table: Table, policy: Policy, res: Result, sc: Scenario,
-                  meta: dict[str, Any], ctx: Ctx) -> Decision:
+    def _decision(self, table: Table, policy: Policy, call: CallPolicy, res: Result, sc: Scenario,
+                  ctx: Ctx) -> Decision:
         computed: list[tuple[Entry, ...]] = []
 
         def trace() -> tuple[Entry, ...]:
             if not computed:
                 steps: list[Entry] = []
                 try:
-                    self._run(snap, table, policy, Ctx(sc.facts, sc.env, sc.packages), steps)
+                    run(policy, Ctx(sc.facts, sc.env, sc.packages), steps, call)
                 except EnvValueError as exc:
                     steps.append(ErrorEntry(str(exc)))
                 computed.append(tuple(steps))
@@ -325,13 +205,14 @@ class Oracle:
         extras = res.emits
         if res.outcome == "selected":  # the common answer, built without keyword binding
             assert res.backend is not None and res.family is not None
-            h, i = round_sizes(res.family.round_up, res.backend.name, ctx)
             b = res.backend
+            h, i = round_sizes(_round_rows(table, res.family, b.name), b.name, ctx)
             kernel = res.kernel.name if res.kernel and res.report_kernel else None
-            return Decision.build_selected(b.value, kernel, res.activation_key, h, i, extras, meta["profile"],
-                                           meta["policy"], meta["rule_files"], b.converter, b.runner,
+            return Decision.build_selected(b.value, kernel, res.activation_key, h, i, extras, table.name,
+                                           policy.name, table.files, b.converter, b.runner,
                                            b.missing_why, res.decided_by.decided_by if res.decided_by else None,
                                            trace, b.quant_config)
+        meta: dict[str, Any] = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
         if res.decided_by is not None:
             meta["decided_by"] = res.decided_by.decided_by
         if res.outcome == "none":
@@ -346,12 +227,17 @@ class Oracle:
         return Decision(res.outcome, error=res.error, extras=extras, trace=trace, **meta)
 
 
-def _fresh_snapshot(index: ProfileIndex, files: FileCache | None, reuse: Snapshot | None) -> Snapshot:
-    """A new snapshot of `index`, starting from the content-keyed caches of `reuse` (copied: it keeps serving)."""
-    start = dict(files if files is not None else reuse.files if reuse is not None else {})
-    if reuse is None:
-        return Snapshot(index, files=start)
-    return Snapshot(index, files=start, valid=dict(reuse.valid), compiled=dict(reuse.compiled))
+def _round_rows(table: Table, family: Family, backend: str) -> tuple[RoundRow, ...]:
+    """The family's round_up rows that can apply to `backend` (those naming other backends left out), once per
+    table: the answer's sizes are computed on every uncached select."""
+    by_backend = table.derived.get("round_rows")
+    if by_backend is None:
+        by_backend = table.derived.setdefault("round_rows", {})
+    key = (family.name, backend)
+    rows: tuple[RoundRow, ...] | None = by_backend.get(key)
+    if rows is None:  # two threads may both build it: equal tuples, the last one stays
+        rows = by_backend[key] = tuple(r for r in family.round_up if r.backends is None or backend in r.backends)
+    return rows
 
 
 def _call_hook(table: Table) -> CallPolicy:
@@ -396,4 +282,4 @@ def select(scenario: Scenario | Mapping[str, Any]) -> Decision:
 
 
 __all__ = ["Decision", "Oracle", "Scenario", "Snapshot", "select", "default_oracle", "RuleError", "ScenarioError",
-           "OUTCOMES", "format_capability"]
+           "OUTCOMES", "format_capability", "build_table", "check_profile", "rules_problems"]

@@ -28,8 +28,27 @@ _PARALLEL = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("mo
 _QUARK = dict.fromkeys(("weight", "input", "input_dtype", "weight_dtype"))
 _QUARK_WEIGHT = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.weight."))
 _QUARK_INPUT = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.input."))
-_MOE_PATHS = {k: "moe." + k for k in _MOE if k != "parallel"}
 _MAJOR, _MINOR = CAPABILITY_RANGES
+# the exact types a fact of each kind takes without further checks (ints also within their range)
+_FAST_TYPES: dict[str, frozenset[type]] = {"int": frozenset({int}), "bool": frozenset({bool}),
+                                           "str": frozenset({str}), "choice": frozenset({str}),
+                                           "str?": frozenset({str, type(None)}), "bool?": frozenset({bool, type(None)})}
+
+
+def _specs(prefix: str, keys: dict[str, None]) -> dict[str, tuple[str, frozenset[type], int, int | None, str]]:
+    """key -> (fact path, exact types taken as is, lo, hi, kind) for the facts of one scenario level."""
+    out = {}
+    for key in keys:
+        path = prefix + key
+        if path in FACTS:
+            kind = FACTS[path][0]
+            lo, hi = RANGES.get(path, (0, None))
+            out[key] = (path, _FAST_TYPES.get(kind, frozenset()), lo, hi, kind)
+    return out
+
+
+_MOE_SPECS = _specs("moe.", _MOE)
+_PARALLEL_SPECS = _specs("moe.parallel.", _PARALLEL)
 
 
 class Scenario(tuple):  # type: ignore[type-arg]
@@ -162,21 +181,24 @@ def _table_facts(table: Table) -> _TableFacts:
 def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] | None = None,
                    strict: bool = False) -> Scenario:
     """Validate `raw` against the fact table and one compiled rule table (policies, queries, archs, packages).
-    `strict`: a look-alike environment variable is an error instead of a warning."""
-    top = _fields(raw, "", _TOP)
+    `strict`: a look-alike environment variable is an error instead of a warning.
+
+    Values of the usual shape are accepted inline (one exact-type test per value, one subset test per mapping);
+    anything else goes through the general checks, which word every error."""
+    top = raw if type(raw) is dict and raw.keys() <= _TOP.keys() else _fields(raw, "", _TOP)
     if type(raw) is not dict and not isinstance(raw, Mapping):
         raise ScenarioError("scenario: expected a mapping with at least 'policy'")
     policy = top.get("policy")
-    if not isinstance(policy, str):
-        raise ScenarioError(f"policy: required; one of {', '.join(table.policies)}")
-    if policy not in table.policies:
+    if not isinstance(policy, str) or policy not in table.policies:
+        if not isinstance(policy, str):
+            raise ScenarioError(f"policy: required; one of {', '.join(table.policies)}")
         raise ScenarioError(f"policy: unknown policy {policy!r}{did_you_mean(policy, table.policies)}; "
                             f"profile {table.name} has {', '.join(table.policies)}")
     profile = top.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise ScenarioError(f"profile: expected a profile name string, got {profile!r}")
     query = top.get("query", "select")
-    if query not in table.queries:
+    if query != "select" and query not in table.queries:
         raise ScenarioError(f"query: {query!r} is not a query{did_you_mean(query, table.queries)}; "
                             f"expected one of {', '.join(table.queries)}")
     backend = top.get("backend")
@@ -184,22 +206,60 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
         raise ScenarioError(f"backend: expected a backend name string, got {backend!r}")
     if query == "round_up" and backend is None:
         raise ScenarioError("backend: the round_up query needs a backend name (or \"None\")")
-    rocm_archs, derived = table.rocm_archs, _table_facts(table)
+    derived = table.derived.get("scenario") or _table_facts(table)
 
-    facts: dict[str, Any] = dict(derived.defaults[policy])
+    facts: dict[str, Any] = derived.defaults[policy].copy()
     platform_given = "platform" in top
-    platform = _fields(top.get("platform") if platform_given else default_platform, "platform", _PLATFORM)
+    given = top["platform"] if platform_given else default_platform
+    platform = given if type(given) is dict and given.keys() <= _PLATFORM.keys() else \
+        _fields(given, "platform", _PLATFORM)
     kind = platform.get("kind", "cuda")
+    if kind == "cuda":
+        cap = platform.get("capability", [9, 0] if not platform_given else None)
+        if type(cap) is list and len(cap) == 2 and type(cap[0]) is int and type(cap[1]) is int \
+                and _MAJOR[0] <= cap[0] <= _MAJOR[1] and _MINOR[0] <= cap[1] <= _MINOR[1]:
+            facts["platform.capability"] = (cap[0], cap[1])  # the usual shape, tested inline
+        else:
+            facts["platform.capability"] = _capability(cap)
+        if "gcn_arch" in platform:
+            raise ScenarioError("platform.gcn_arch: only for kind rocm")
+    else:
+        _other_platform(platform, kind, table.rocm_archs, facts)
+    facts["platform.kind"] = kind
+    if "amx" in platform:
+        if kind != "cpu":
+            raise ScenarioError("platform.amx: only for kind cpu (whether the x86 processor has AMX tiles); remove it")
+        facts["platform.amx"] = _typed(platform["amx"], "bool", "platform.amx")
+
+    packages = _packages(top.get("packages"), derived.package_names)
+    env_raw = top.get("env") or {}
+    env: dict[str, str] = {}
+    if env_raw:
+        if type(env_raw) is not dict and not isinstance(env_raw, Mapping):
+            raise ScenarioError("env: expected a mapping NAME: \"value\"")
+        for name, value in env_raw.items():
+            if not isinstance(value, str):
+                raise ScenarioError(f"env.{name}: values are strings exactly as in the environment "
+                                    f"(write \"{_as_env(value)}\", quoted)")
+            env[str(name)] = value
+    _moe(top.get("moe"), facts)
+
+    if "quark" in top:
+        _quark(top["quark"], facts)
+    warnings = env_lookalikes(env, table.env_vars) if env else ()
+    if strict and warnings:
+        raise ScenarioError("; ".join(warnings) + " (an error under --strict)")
+    return tuple.__new__(Scenario, (policy, profile, query, backend, facts, env, packages, platform_given, warnings,
+                                    [None, None]))  # Scenario(...) without the call
+
+
+def _other_platform(platform: Mapping[str, Any], kind: Any, rocm_archs: Mapping[str, tuple[int, int]],
+                    facts: dict[str, Any]) -> None:
+    """The platform facts of a kind other than cuda."""
     if kind not in PLATFORM_KINDS:
         raise ScenarioError(f"platform.kind: {kind!r} is not a platform{did_you_mean(kind, PLATFORM_KINDS)}; "
                             f"expected one of {', '.join(PLATFORM_KINDS)}")
-    facts["platform.kind"] = kind
-    if kind == "cuda":
-        cap = platform.get("capability", [9, 0] if not platform_given else None)
-        facts["platform.capability"] = _capability(cap)
-        if "gcn_arch" in platform:
-            raise ScenarioError("platform.gcn_arch: only for kind rocm")
-    elif kind == "rocm":
+    if kind == "rocm":
         arch = platform.get("gcn_arch")
         if not isinstance(arch, str) or arch not in rocm_archs:
             raise ScenarioError(f"platform.gcn_arch: {arch!r} is not a known ROCm arch"
@@ -209,62 +269,69 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
         facts["platform.capability"] = rocm_archs[arch]
         if "capability" in platform:
             raise ScenarioError("platform.capability: derived from gcn_arch on rocm; remove it")
-    else:
-        if "capability" in platform or "gcn_arch" in platform:
-            raise ScenarioError(f"platform: {kind} takes no capability or gcn_arch")
-    if "amx" in platform:
-        if kind != "cpu":
-            raise ScenarioError("platform.amx: only for kind cpu (whether the x86 processor has AMX tiles); remove it")
-        facts["platform.amx"] = _typed(platform["amx"], "bool", "platform.amx")
+    elif "capability" in platform or "gcn_arch" in platform:
+        raise ScenarioError(f"platform: {kind} takes no capability or gcn_arch")
 
-    pk = _fields(top.get("packages"), "packages", derived.package_names)
-    for name, present in pk.items():
-        if present is not True and present is not False:
-            _typed(present, "bool", f"packages.{name}")
-    packages = frozenset([n for n, present in pk.items() if present])
 
-    env_raw = top.get("env") or {}
-    if type(env_raw) is not dict and not isinstance(env_raw, Mapping):
-        raise ScenarioError("env: expected a mapping NAME: \"value\"")
-    env: dict[str, str] = {}
-    for name, value in env_raw.items():
-        if not isinstance(value, str):
-            raise ScenarioError(f"env.{name}: values are strings exactly as in the environment "
-                                f"(write \"{_as_env(value)}\", quoted)")
-        env[str(name)] = value
+def _packages(given: Any, names: dict[str, None]) -> frozenset[str]:
+    """The names of the packages a scenario marks present (each must be a declared package, true or false)."""
+    if not given:
+        if given is None or type(given) is dict:
+            return _NO_PACKAGES
+        _fields(given, "packages", names)  # raises for anything but an empty mapping
+    pk = given if type(given) is dict and given.keys() <= names.keys() else _fields(given, "packages", names)
+    present = []
+    for name, value in pk.items():
+        if value is True:
+            present.append(name)
+        elif value is not False:
+            _typed(value, "bool", f"packages.{name}")
+    return frozenset(present)
 
-    moe = _fields(top.get("moe"), "moe", _MOE)
-    for key, value in moe.items():
-        if key != "parallel":
-            facts[_MOE_PATHS[key]] = _checked(value, _MOE_PATHS[key])
-    if facts["moe.activation"] is not None and facts["moe.activation"] not in ACTIVATIONS:
-        a = facts["moe.activation"]
-        raise ScenarioError(f"moe.activation: {a!r} is not an activation{did_you_mean(a, ACTIVATIONS)}; "
-                            f"expected one of {', '.join(ACTIVATIONS)}")
+
+_NO_PACKAGES: frozenset[str] = frozenset()
+
+
+def _fill(given: Mapping[str, Any], specs: dict[str, tuple[str, frozenset[type], int, int | None, str]],
+          facts: dict[str, Any]) -> None:
+    """The facts of one scenario level: a value of an exact accepted type (and an int within its range) is taken
+    as is; anything else is checked, and worded, by `_typed`. `specs`: key -> (fact, types, lo, hi, kind)."""
+    for key, value in given.items():
+        spec = specs.get(key)
+        if spec is None:  # a nested level (moe.parallel), filled on its own
+            continue
+        path, types, lo, hi, kind = spec
+        if type(value) in types and (kind != "int" or lo <= value and (hi is None or value <= hi)):
+            facts[path] = value
+        else:
+            facts[path] = _typed(value, kind, path)
+
+
+def _moe(given: Any, facts: dict[str, Any]) -> None:
+    """The moe facts, in the order their errors are reported: the fields, the activation and routing vocabularies,
+    the parallel fields, the all2all vocabulary, then top_k within num_experts."""
+    moe = {} if given is None else given if type(given) is dict and given.keys() <= _MOE.keys() else \
+        _fields(given, "moe", _MOE)
+    _fill(moe, _MOE_SPECS, facts)
+    activation = facts["moe.activation"]
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ScenarioError(f"moe.activation: {activation!r} is not an activation"
+                            f"{did_you_mean(activation, ACTIVATIONS)}; expected one of {', '.join(ACTIVATIONS)}")
     routing = facts["moe.routing_method"]
     if routing is not None and routing not in ROUTING_METHODS:
         raise ScenarioError(f"moe.routing_method: {routing!r} is not a routing method"
                             f"{did_you_mean(routing, ROUTING_METHODS)}; expected one of {', '.join(ROUTING_METHODS)}")
-    parallel = _fields(moe.get("parallel"), "moe.parallel", _PARALLEL) if "parallel" in moe else {}
-    for key, value in parallel.items():
-        path = "moe.parallel." + key
-        facts[path] = _checked(value, path)
+    if "parallel" in moe:
+        _fill(_fields(moe["parallel"], "moe.parallel", _PARALLEL), _PARALLEL_SPECS, facts)
     a2a = facts["moe.parallel.all2all_backend"]
     if a2a is not None and a2a not in ALL2ALL_BACKENDS:
         raise ScenarioError(f"moe.parallel.all2all_backend: {a2a!r} is not an all2all backend"
                             f"{did_you_mean(a2a, ALL2ALL_BACKENDS)}; expected one of {', '.join(ALL2ALL_BACKENDS)}")
     top_k, experts = facts["moe.top_k"], facts["moe.num_experts"]
     if top_k is not None and experts is not None and top_k > experts:
-        given = "" if "top_k" in moe else " (the default)"
-        raise ScenarioError(f"moe.top_k: {top_k}{given} is out of range; allowed: 1 to moe.num_experts ({experts}): "
+        default = "" if "top_k" in moe else " (the default)"
+        raise ScenarioError(f"moe.top_k: {top_k}{default} is out of range; allowed: 1 to moe.num_experts ({experts}): "
                             "each token is routed to top_k of the num_experts experts")
-
-    if "quark" in top:
-        _quark(top["quark"], facts)
-    warnings = env_lookalikes(env, table.env_vars) if env else ()
-    if strict and warnings:
-        raise ScenarioError("; ".join(warnings) + " (an error under --strict)")
-    return Scenario(policy, profile, query, backend, facts, env, packages, platform_given, warnings)
 
 
 def _capability(cap: Any) -> tuple[int, int]:
@@ -282,19 +349,6 @@ def _capability(cap: Any) -> tuple[int, int]:
             raise ScenarioError(f"platform.capability: {part} {number} of {list(cap)} is out of range; allowed: "
                                 f"{part} {lo} to {hi} (e.g. [9, 0] for sm_90, [10, 3] for sm_103)")
     return cap[0], cap[1]
-
-
-def _checked(value: Any, path: str) -> Any:
-    """`value` of fact `path` if it has the fact's type and range (the common case, tested inline), else what
-    `_typed` says about it."""
-    kind = FACTS[path][0]
-    if kind == "int" and type(value) is int:
-        lo, hi = RANGES.get(path, (0, None))
-        if lo <= value and (hi is None or value <= hi):
-            return value
-    elif kind == "bool" and (value is True or value is False):
-        return value
-    return _typed(value, kind, path)
 
 
 def _quark(raw: Any, facts: dict[str, Any]) -> None:
