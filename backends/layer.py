@@ -24,7 +24,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backends.assembly import KernelAssembly, kernel_assembly
 from backends.emulation import GATED_ACTIVATIONS
+from backends.layouts.quant_config import build_quant_config, gemm1_constants
 from backends.weights import MoEWeights
 from oracle import OracleError, default_oracle
 from oracle.log import LOGGER_NAME, DecisionLog
@@ -32,8 +34,8 @@ from oracle.platform import detect_packages, detect_platform, env_snapshot
 from oracle.registry import RegistryError, resolve
 from oracle.trace import render_lines
 
-__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "check_input", "platform_for_device", "question_for",
-           "require_runnable", "resolve_named", "select_logged"]
+__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "check_input", "convert_with_quant_config",
+           "platform_for_device", "question_for", "require_runnable", "resolve_named", "select_logged", "swiglu_for"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -52,7 +54,14 @@ _decision_log = DecisionLog()
 
 
 class LayerUnavailableError(RuntimeError):
-    """The rules select nothing this project can run for this layer here; the message names what can."""
+    """The rules select nothing this project can run for this layer here; the message names what can.
+
+    `decision` and `assembly` (when known) are the full answer: what vLLM would run and how it is assembled."""
+
+    def __init__(self, message: str, *, decision=None, assembly: KernelAssembly | None = None):
+        super().__init__(message)
+        self.decision = decision
+        self.assembly = assembly
 
 
 def _fail(kind, message: str):
@@ -91,8 +100,9 @@ class MoELayer:
 
     def __init__(self, *, decision, scenario: Mapping[str, Any], weights: MoEWeights, kernel_weights,
                  runner, top_k: int, renormalize: bool, activation: str, swiglu: Mapping[str, float],
-                 deterministic: bool, device: torch.device):
+                 deterministic: bool, device: torch.device, assembly: KernelAssembly | None = None):
         self.decision = decision
+        self.assembly = assembly  # how the rules assemble the kernel (monolithic/modular, batched, in place)
         self.scenario = dict(scenario)
         self.format = weights.format
         self.num_experts, self.hidden_size, self.intermediate_size = weights.E, weights.H, weights.I
@@ -110,10 +120,12 @@ class MoELayer:
     @classmethod
     def from_checkpoint(cls, weights: MoEWeights, *, activation: str, top_k: int, profile: str = DEFAULT_PROFILE,
                         platform: Mapping[str, Any] | None = None, device: Any = None, renormalize: bool = True,
-                        swiglu_alpha: float = 1.702, swiglu_beta: float = 1.0, swiglu_limit: float = 7.0,
+                        swiglu_alpha: float | None = None, swiglu_beta: float | None = None,
+                        swiglu_limit: float | None = None,
                         policy: str | None = None, moe_backend: str = "auto",
                         packages: Mapping[str, bool] | None = None, env: Mapping[str, str] | None = None,
-                        deterministic: bool = False, oracle=None) -> MoELayer:
+                        deterministic: bool = False, max_num_batched_tokens: int | None = None,
+                        oracle=None) -> MoELayer:
         """Select a backend for these weights here, pad and convert them once, bind the runner.
 
         weights: a `backends.weights.MoEWeights` (gpt-oss interleaved or generic contiguous; MXFP4/NVFP4).
@@ -122,9 +134,13 @@ class MoELayer:
         platform: a scenario platform mapping ({"kind": "cuda", "capability": [9, 0]}); default: detected
         for `device`. device: where the layer runs (default: where the weights are; they are moved).
         renormalize: True = top-k on logits then softmax over the k (gpt-oss); False = softmax then top-k.
+        swiglu_alpha / swiglu_beta / swiglu_limit: override the gemm1 constants of the backend's quant-config
+        kind in the rules (gpt-oss: 1.702, 1.0, 7.0); None takes the rules' value.
         policy / moe_backend / packages / env: override what the question asks (defaults: the
         checkpoint's policy, auto, the packages installed and the rules' env vars as set here).
-        oracle: an `oracle.Oracle` over other rules (default: the shipped rules).
+        max_num_batched_tokens: the scheduler's token budget, the batched format's max tokens per rank (default:
+        the rules'). oracle: an `oracle.Oracle` over other rules (default: the shipped rules).
+        A backend this project cannot run raises LayerUnavailableError carrying the decision and its assembly.
         """
         if not isinstance(weights, MoEWeights):
             _fail(TypeError, f"weights must be a backends.weights.MoEWeights, got {type(weights).__name__}; build "
@@ -155,7 +171,8 @@ class MoELayer:
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
                              top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)
         decision = select_logged(oracle, question)
-        require_runnable(oracle, decision, question)
+        assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
+        require_runnable(oracle, decision, question, assembly=assembly)
         if platform.get("kind") not in _DEVICE_KINDS[device.type]:
             _fail(ValueError, f"platform={dict(platform)} does not describe device={str(device)!r}; the backend "
                   f"{decision.backend} was chosen for that platform but would run on this device. Drop platform= "
@@ -165,15 +182,15 @@ class MoELayer:
         weights = _moved(weights, device)
         device = weights.w13.device  # concrete: 'cuda' becomes 'cuda:0', which is what x.device reports
         hidden, inter = decision.hidden_size or weights.H, decision.intermediate_size or weights.I
+        swiglu = swiglu_for(decision, activation, swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta,
+                            swiglu_limit=swiglu_limit)
         if decision.converter is None:
             kernel_weights = weights.pad(hidden, inter)
         else:
-            kernel_weights = resolve_named(decision.converter, "converter", decision).convert(
-                weights, hidden_size=hidden, intermediate_size=inter)
-        swiglu = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
+            kernel_weights = convert_with_quant_config(decision, weights, activation, hidden, inter)
         layer = cls(decision=decision, scenario=question, weights=weights, kernel_weights=kernel_weights,
                     runner=runner, top_k=top_k, renormalize=renormalize, activation=activation, swiglu=swiglu,
-                    deterministic=deterministic, device=device)
+                    deterministic=deterministic, device=device, assembly=assembly)
         logger.debug("built %r", layer)
         return layer
 
@@ -254,6 +271,29 @@ class MoELayer:
         return f"<{self._summary()}>"
 
 
+# ---------------------------------------------------------------------- the rules' quant config
+def swiglu_for(decision, activation: str, **given: float | None) -> dict[str, float]:
+    """The SwiGLU keywords the runner gets: the gemm1 constants of the decision's quant-config kind (the rules),
+    each replaced by a value given here. swigluoai needs all three; a kind without them is an error."""
+    constants = {**gemm1_constants(decision), **{k: float(v) for k, v in given.items() if v is not None}}
+    missing = [name for name in ("swiglu_alpha", "swiglu_beta", "swiglu_limit") if name not in constants]
+    if activation == "swigluoai" and missing:
+        kind = decision.quant_config["kind"] if decision.quant_config is not None else None
+        _fail(ValueError, f"activation='swigluoai' needs {', '.join(missing)}: the quant-config kind {kind!r} of "
+              f"{decision.backend} (profile {decision.profile}) gives no gemm1 constants for them; add `gemm1: "
+              f"{{alpha: .., beta: .., clamp: ..}}` to that kind in the rules, or pass {missing[0]}=")
+    return constants
+
+
+def convert_with_quant_config(decision, weights: MoEWeights, activation: str, hidden: int, inter: int):
+    """The decision's converter over the weights, with the quant config built from the rules' kind (none when
+    the rules give the backend no kind)."""
+    converter = resolve_named(decision.converter, "converter", decision)
+    quant_config = (None if decision.quant_config is None
+                    else build_quant_config(decision, weights, activation=activation))
+    return converter.convert(weights, hidden_size=hidden, intermediate_size=inter, quant_config=quant_config)
+
+
 # ---------------------------------------------------------------------- the question and its answer
 def check_input(x, hidden_size: int, device: torch.device, fail) -> int:
     """The token count of a layer input x [T, hidden_size] on `device`; `fail(kind, message)` names the layer."""
@@ -314,8 +354,9 @@ def select_logged(oracle, question: dict):
     return decision
 
 
-def require_runnable(oracle, decision, question: dict) -> None:
-    """Raise LayerUnavailableError unless the decision names a backend with a runner; say which profile can run."""
+def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssembly | None = None) -> None:
+    """Raise LayerUnavailableError (carrying the decision and its assembly) unless the decision names a backend
+    with a runner; say which profile can run."""
     where = (f"profile {question['profile']!r} (policy {question['policy']}, platform "
              f"{_platform_text(question['platform'])})")
     if decision.outcome != "selected" or decision.backend is None:
@@ -329,7 +370,8 @@ def require_runnable(oracle, decision, question: dict) -> None:
                    f"a MoELayer runs W4A16 (unquantized activations)")
     else:
         return
-    raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question)}")
+    raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question)}", decision=decision,
+                                assembly=assembly)
 
 
 def _who_can_run(oracle, question: dict) -> str:

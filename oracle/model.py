@@ -135,6 +135,7 @@ class Backend:
     at: str
     explicit_kernels: tuple[Kernel, ...] | None = None  # tried instead of `kernels` when named explicitly
     quant_config: Mapping[str, Any] | None = None  # {"kind": name, **the family's quant_configs[name]}
+    assembly: Mapping[str, Any] | None = None  # the family's `assembly` with this backend's own over it (whys kept)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,17 @@ def _quant_config(fd: Mapping[str, Any], kind: str | None) -> Mapping[str, Any] 
     return MappingProxyType({"kind": kind, **fields})
 
 
+def _assembly(fd: Mapping[str, Any], b: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """How the backend's kernel is assembled: the family's `assembly`, the backend's own keys over it; `why` lists
+    the family's reason, then the backend's."""
+    family, own = fd.get("assembly"), b.get("assembly")
+    if family is None and own is None:
+        return None
+    merged = {**(family or {}), **(own or {})}
+    merged["why"] = tuple(x["why"] for x in (family, own) if x is not None)
+    return MappingProxyType(merged)
+
+
 def _family(c: Compiler, fname: str, fe: Entry) -> Family:
     s = c.rs.sections
     fd = fe.data
@@ -52,7 +63,7 @@ def _family(c: Compiler, fname: str, fe: Entry) -> Family:
                        b.get("activation_key", act_default), b.get("converter"), b.get("runner"),
                        b.get("missing_why"), fe.at("backends", bname),
                        kernels(b["explicit_kernels"]) if "explicit_kernels" in b else None,
-                       _quant_config(fd, b.get("quant_config")))
+                       _quant_config(fd, b.get("quant_config")), _assembly(fd, b))
         for bname, b in fd["backends"].items()}
     emap = fd.get("explicit_map") or {}
     entries = emap.get("entries") or {}

@@ -322,9 +322,7 @@ def test_marlin_bias_matches_marlin_permute_bias():
 def test_marlin_nvfp4_global_scale_and_s0e5m3_values():
     case = BY_NAME["marlin-nvfp4"]
     w = layer(case, experts=2)
-    kw = convert(case, w)
-    expected = (1.0 / w.w13_global_scale).to(torch.bfloat16) * 2.0**119
-    torch.testing.assert_close(kw.config["g1_alphas"], expected, **tolerance("exact"))
+    convert(case, w)  # the alphas come from the rules' kind: tests/test_quant_config_rules.py
     codes = torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)  # every non-negative finite E4M3
     byte = marlin.e4m3_to_s0e5m3(codes).to(torch.int32)
     exponent, mantissa = byte >> 3, byte & 7  # S0E5M3 with bias 15, read as fp16 / 2^7
@@ -332,27 +330,8 @@ def test_marlin_nvfp4_global_scale_and_s0e5m3_values():
     torch.testing.assert_close(value, codes.float(), **tolerance("exact"))
 
 
-def test_nvfp4_quant_config_values():
-    w = random_layer("nvfp4", experts=3, hidden=48, inter=64)
-    ws13, ws2 = 1 / w.w13_global_scale, 1 / w.w2_global_scale
-    fi = nvfp4_cutlass.flashinfer_cutlass.convert(w).config
-    a13, a2 = w.w13_input_scale.max(), w.w2_input_scale.max()
-    exact = tolerance("exact")
-    torch.testing.assert_close(fi["g1_alphas"], a13 * ws13, **exact)
-    torch.testing.assert_close(fi["a2_gscale"], (1 / a2).expand(3), **exact)
-    vc = nvfp4_cutlass.vllm_cutlass.convert(w).config
-    torch.testing.assert_close(vc["g1_alphas"], w.w13_input_scale.amax(1) * ws13, **exact)
-    torch.testing.assert_close(vc["g2_alphas"], w.w2_input_scale * ws2, **exact)
-    tr = trtllm.nvfp4.convert(w.pad(128, 64)).config
-    torch.testing.assert_close(tr["g1_scale_c"], a13 * ws13 / a2, **exact)
-
-
-def test_swiglu_constants_per_expert():
-    w = random_layer("mxfp4", experts=4, hidden=128, inter=128)
-    config = trtllm.mxfp4.convert(w).config
-    assert config["swiglu_alpha"].shape == (4,) and config["swiglu_alpha"].dtype == torch.float32
-    assert (config["swiglu_alpha"] == 1.702).all() and (config["swiglu_beta"] == 1.0).all()
-    assert (config["swiglu_limit"] == 7.0).all()
+# The quant values (NVFP4 alphas and global scales, SwiGLU constants) come from the rules' kinds, not from the
+# layouts: tests/test_quant_config_rules.py checks them through build_quant_config.
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -373,12 +352,9 @@ def test_errors_name_the_layout_the_value_and_the_fix():
         deepgemm.mxfp4.invert(bad)
 
 
-def test_w4a4_layouts_need_input_scales():
-    w = random_layer("nvfp4", experts=2, hidden=48, inter=64).replace(w13_input_scale=None)
-    with pytest.raises(ValueError, match="needs the checkpoint's input scales"):
-        nvfp4_cutlass.vllm_cutlass.convert(w)
+def test_w4a16_layouts_need_no_input_scales():  # W4A4 kinds need them: tests/test_quant_config_rules.py
     assert marlin.nvfp4.convert(random_layer("nvfp4", experts=2, hidden=128, inter=128, finite_scales=True)
-                                .replace(w13_input_scale=None)) is not None  # W4A16 does not
+                                .replace(w13_input_scale=None)) is not None
 
 
 def test_marlin_refuses_signed_nvfp4_scales():

@@ -32,11 +32,14 @@ SCHEMES = {
     "w_mxfp4_a_mxfp4": ("fp4", "fp4", True),
     "w_mxfp4_a_fp8": ("fp4", "fp8_e4m3", False),
     "w_mxfp4_a_mxfp6_e3m2": ("fp4", "fp6_e3m2", True),
+    "w_mxfp4_a_mxfp6_e2m3": ("fp4", "fp6_e2m3", True),
     "w_mxfp6_e3m2": ("fp6_e3m2", None, None),
     "w_mxfp6_e2m3": ("fp6_e2m3", None, None),
     "w_mxfp6_e2m3_a_mxfp6_e2m3": ("fp6_e2m3", "fp6_e2m3", True),
+    "w_mxfp6_e3m2_a_mxfp6_e3m2": ("fp6_e3m2", "fp6_e3m2", True),
     "w_mxfp6_e3m2_a_fp8": ("fp6_e3m2", "fp8_e4m3", False),
-}
+    "w_mxfp6_e2m3_a_fp8": ("fp6_e2m3", "fp8_e4m3", False),
+}  # every OCP_MX_Scheme (vllm-oracle reference §6.1)
 
 
 def quant_config(weight, inp=None, is_dynamic=None, qscheme="per_group"):
@@ -300,10 +303,11 @@ def _reference(ckpt, weight_format, act, x, logits, activation, gate_up):
     ("w_mxfp6_e2m3", "swigluoai", "interleaved", False),
     ("w_mxfp6_e2m3_a_mxfp6_e2m3", "silu", "contiguous", False),
 ])
-def test_forward_matches_the_fp32_reference(scheme, activation, gate_up, has_bias):
+@pytest.mark.parametrize("profile", ["vllm-0.20", "moe-oracle"])
+def test_forward_matches_the_fp32_reference(scheme, activation, gate_up, has_bias, profile):
     gen = torch.Generator().manual_seed(sum(map(ord, scheme + activation)))
     weight_format, act = scheme_formats(scheme)
-    layer = make(scheme, has_bias=has_bias, activation=activation, gate_up=gate_up)
+    layer = make(scheme, has_bias=has_bias, activation=activation, gate_up=gate_up, profile=profile)
     assert (layer.weight_format, layer.activation_scheme) == (weight_format, act)
     ckpt = _random_checkpoint(weight_format, gen, has_bias)
     load = dict(ckpt)

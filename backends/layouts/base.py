@@ -27,7 +27,8 @@ class Converter(Protocol):
     layout: str
 
     def convert(self, weights: MoEWeights, *, hidden_size: int | None = None,
-                intermediate_size: int | None = None) -> KernelWeights: ...
+                intermediate_size: int | None = None,
+                quant_config: Mapping[str, Any] | None = None) -> KernelWeights: ...
 
     def invert(self, kw: KernelWeights) -> MoEWeights: ...
 
@@ -113,8 +114,16 @@ class Layout:
     def _check_sizes(self, w: MoEWeights) -> None:
         """Hook: tile constraints on the padded sizes (raise with require_multiple)."""
 
+    def _quant_values(self, quant_config: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Hook: the built quant config in the form this kernel takes it (default: as built)."""
+        return quant_config
+
     def convert(self, weights: MoEWeights, *, hidden_size: int | None = None,
-                intermediate_size: int | None = None) -> KernelWeights:
+                intermediate_size: int | None = None,
+                quant_config: Mapping[str, Any] | None = None) -> KernelWeights:
+        """The kernel layout at the padded sizes. quant_config: what `backends.layouts.quant_config.
+        build_quant_config` built from the rules' kind (alphas, global scales, gemm1 constants); it lands in
+        KernelWeights.config, reshaped by `_quant_values`. A layout holds no quant value of its own."""
         if not isinstance(weights, MoEWeights):
             raise TypeError(f"layout {self.layout!r}: convert takes a backends.weights.MoEWeights, got "
                             f"{type(weights).__name__}; build one from the checkpoint tensors first")
@@ -124,6 +133,8 @@ class Layout:
         padded = weights.pad(hidden_size, intermediate_size)
         self._check_sizes(padded)
         tensors, config = self._to_kernel(padded)
+        if quant_config is not None:
+            config = {**config, **self._quant_values(quant_config)}
         return KernelWeights(layout=self.layout, format=weights.format, tensors=tensors, hidden_size=weights.H,
                              intermediate_size=weights.I, padded_hidden_size=padded.H,
                              padded_intermediate_size=padded.I, gate_up=weights.gate_up, config=config)

@@ -3,7 +3,8 @@
 Both (vLLM 0.20.0 / 0.33.0): w13 rows -> ``[up; gate]`` (= [w3; w1]; gpt-oss rows are de-interleaved
 first), the same for the w13 scales and bias; biases are passed as **bf16** (vLLM casts fp32 -> bf16:
 the round trip is exact for bf16-representable biases, e.g. every gpt-oss checkpoint, and rounds to
-nearest otherwise); per-expert gpt-oss SwiGLU constants in the config. Then, per variant:
+nearest otherwise); the config is what `convert(..., quant_config=...)` passes from the rules' kind (the
+per-expert gpt-oss SwiGLU constants). Then, per variant:
 
 * ``mxfp4_mxfp8`` (SM100, MXFP8 activations): weights as they are, both scale tensors in the 128x4
   interleave (flashinfer ``block_scale_interleave``, same [E, rows, K/32] shape; needs rows % 128
@@ -34,7 +35,6 @@ from backends.layouts.base import (
     tile_unpermute,
 )
 from backends.layouts.gate_up import invert_permutation, permute_rows, row_permutation
-from backends.layouts.quant_config import GPT_OSS_SWIGLU, swiglu_config
 from backends.layouts.scales import deinterleave_128x4, interleave_128x4
 from backends.weights import KernelWeights, MoEWeights
 
@@ -139,12 +139,11 @@ def sm90_deinterleave_weights(w: torch.Tensor) -> torch.Tensor:
 class CutlassMxfp4Layout(Layout):
     formats = ("mxfp4",)
 
-    def __init__(self, layout: str, variant: str, swiglu: dict | None = None):
+    def __init__(self, layout: str, variant: str):
         if variant not in VARIANTS:
             raise ValueError(f"CutlassMxfp4Layout: variant={variant!r} must be one of {VARIANTS}")
         self.layout = layout
         self.variant = variant
-        self.swiglu = dict(GPT_OSS_SWIGLU if swiglu is None else swiglu)
 
     def _check_sizes(self, w: MoEWeights) -> None:
         tile = 64 if self.variant == "sm90_bf16" else 128
@@ -181,7 +180,7 @@ class CutlassMxfp4Layout(Layout):
             tensors["w13_bias"] = permute_rows(w.w13_bias, perm).to(torch.bfloat16)
         if w.w2_bias is not None:
             tensors["w2_bias"] = w.w2_bias.to(torch.bfloat16)
-        return tensors, swiglu_config(w, **{k.removeprefix("swiglu_"): v for k, v in self.swiglu.items()})
+        return tensors, {}
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
         e, hidden, inter = kw.E, kw.padded_hidden_size, kw.padded_intermediate_size

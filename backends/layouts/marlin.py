@@ -17,7 +17,8 @@ every 4 (``[0, 2, 1, 3]``). MXFP4 keeps the E8M0 bytes (viewed as float8_e8m0fnu
 E4M3 scale v into Marlin's unsigned FP8 S0E5M3 byte ``(bits(fp16(v) * 2^7) >> 7) & 0xFF`` (exact
 for every non-negative finite E4M3; negative or NaN scales are refused, vLLM only warns) and the
 per-expert global scale into ``(1 / global_scale).to(act) * 2^(bias - 7)``, bias 126 (bf16) or 14
-(fp16), kept in the config as g1/g2 alphas. Biases: cast to the activation dtype and permuted by
+(fp16), kept in the config as g1/g2 alphas (the weight-only alphas `convert(..., quant_config=...)` passes
+from the rules' kind). Biases: cast to the activation dtype and permuted by
 ``marlin_permute_bias`` (`SCALE_PERM_SINGLE` on runs of 32). The gate/up row order is the
 checkpoint's (Marlin's activation reads either convention). Not covered: FP8-activation Marlin.
 The layout needs N % 64 and K % 16 for both GEMMs (N = 2I, K = H for w13; N = H, K = I for w2);
@@ -169,13 +170,14 @@ class MarlinLayout(Layout):
         for name in ("w13_bias", "w2_bias"):
             if getattr(w, name) is not None:
                 tensors[name] = _permute_bias(getattr(w, name).to(self.act_dtype))
-        config = {}
-        if w.format == "nvfp4":
-            exponent_bias = 126 if self.act_dtype == torch.bfloat16 else 14
-            for alpha, name in (("g1_alphas", "w13_global_scale"), ("g2_alphas", "w2_global_scale")):
-                config[alpha] = (1.0 / getattr(w, name)).to(self.act_dtype) * 2.0 ** (exponent_bias - 7)
-            config.update(source_config(w))
-        return tensors, config
+        return tensors, source_config(w) if w.format == "nvfp4" else {}
+
+    def _quant_values(self, quant_config):
+        """The kind's g1/g2 alphas (weight-only NVFP4: 1 / global scale) in Marlin's form: activation dtype
+        times 2^(bias - 7), bias 126 (bf16) or 14 (fp16)."""
+        exponent_bias = 126 if self.act_dtype == torch.bfloat16 else 14
+        return {k: v.to(self.act_dtype) * 2.0 ** (exponent_bias - 7) if k in ("g1_alphas", "g2_alphas") else v
+                for k, v in quant_config.items()}
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
         e, hidden, inter = kw.E, kw.padded_hidden_size, kw.padded_intermediate_size

@@ -16,7 +16,8 @@ Weights are otherwise unchanged; both block-scale tensors are stored in the 128x
 (`scales.interleave_128x4`, = vLLM ``swizzle_blockscale``: rows padded to 128, columns to 4, shape
 [E, Mp, Kp]; CuteDSL's ``convert_sf_to_mma_layout`` is a 6-D *view* of these same bytes). As in
 vLLM, a gated w13 whose 2I is not a multiple of 128 is refused (the scale padding would need weight
-rows it cannot pad). Config: g1/g2 alphas and a1/a2 global scales (`quant_config`).
+rows it cannot pad). Config: the g1/g2 alphas and a1/a2 global scales that `convert(..., quant_config=...)`
+passes, built from the rules' kind (shared or per-expert input scale), plus the checkpoint scalars.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from backends.layouts.base import (
     source_config,
 )
 from backends.layouts.gate_up import invert_permutation, permute_rows, row_permutation
-from backends.layouts.quant_config import nvfp4_w4a4_config
 from backends.layouts.scales import deinterleave_128x4, interleave_128x4, padded_128x4
 from backends.weights import KernelWeights, MoEWeights
 
@@ -40,8 +40,8 @@ __all__ = ["Nvfp4SwizzledLayout", "cutedsl", "cutedsl_v015", "flashinfer_cutlass
 class Nvfp4SwizzledLayout(Layout):
     formats = ("nvfp4",)
 
-    def __init__(self, layout: str, order: str, reduce: str):
-        self.layout, self.order, self.reduce = layout, order, reduce
+    def __init__(self, layout: str, order: str):
+        self.layout, self.order = layout, order
 
     def _check_sizes(self, w: MoEWeights) -> None:
         require_multiple(self.layout, "2 * intermediate_size", 2 * w.I, 128,
@@ -58,7 +58,7 @@ class Nvfp4SwizzledLayout(Layout):
             tensors["w13_bias"] = permute_rows(w.w13_bias, perm)
         if w.w2_bias is not None:
             tensors["w2_bias"] = w.w2_bias
-        return tensors, {**nvfp4_w4a4_config(w, layout=self.layout, reduce=self.reduce), **source_config(w)}
+        return tensors, source_config(w)  # the alphas and global scales come with quant_config (from the rules)
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
         e, hidden, inter = kw.E, kw.padded_hidden_size, kw.padded_intermediate_size
@@ -77,10 +77,10 @@ class Nvfp4SwizzledLayout(Layout):
 
 
 #: NVFP4 backend FLASHINFER_CUTLASS (vllm-0.15 and vllm-0.20)
-flashinfer_cutlass = Nvfp4SwizzledLayout("flashinfer_cutlass_nvfp4", "up_gate", "experts")
+flashinfer_cutlass = Nvfp4SwizzledLayout("flashinfer_cutlass_nvfp4", "up_gate")
 #: NVFP4 backends FLASHINFER_CUTEDSL and FLASHINFER_CUTEDSL_BATCHED of vllm-0.20
-cutedsl = Nvfp4SwizzledLayout("flashinfer_cutedsl_nvfp4", "up_gate_groups64", "experts")
+cutedsl = Nvfp4SwizzledLayout("flashinfer_cutedsl_nvfp4", "up_gate_groups64")
 #: NVFP4 backend FLASHINFER_CUTEDSL of vllm-0.15 (no w1/w3 swap, no 64-row grouping in 0.15.1)
-cutedsl_v015 = Nvfp4SwizzledLayout("flashinfer_cutedsl_nvfp4_v0.15", "contiguous", "experts")
+cutedsl_v015 = Nvfp4SwizzledLayout("flashinfer_cutedsl_nvfp4_v0.15", "contiguous")
 #: NVFP4 backend VLLM_CUTLASS
-vllm_cutlass = Nvfp4SwizzledLayout("vllm_cutlass_nvfp4", "contiguous", "pair")
+vllm_cutlass = Nvfp4SwizzledLayout("vllm_cutlass_nvfp4", "contiguous")

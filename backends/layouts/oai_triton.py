@@ -7,8 +7,9 @@ default MX value/scale layouts (``HopperMXValueLayout`` / ``HopperMXScaleLayout`
 ROCm before gfx950, ...). Those swizzles are defined by the triton_kernels release the runner imports,
 so this converter stops before them: it writes the K-major views, w13 rows in gpt-oss order
 (``swiglu_fn`` reads gate = even, up = odd columns; a ``[w1; w3]`` checkpoint is interleaved here)
-and fp32 biases, and the runner calls ``convert_layout`` with its own triton_kernels. Config: the
-scalar ``swiglu_alpha`` (1.702) and ``swiglu_limit`` (7.0) that ``FusedActivation`` takes.
+and fp32 biases, and the runner calls ``convert_layout`` with its own triton_kernels. Config: the scalar
+``swiglu_alpha`` and ``swiglu_limit`` that ``FusedActivation`` takes, from the per-expert values
+`convert(..., quant_config=...)` passes (the rules' gemm1 constants; no beta).
 Not replicated: the last-dimension ``shuffle_weight`` of vLLM's non-gpt-oss TRITON path.
 Unpadded tensors are views of the checkpoint (no copy); nothing is modified.
 """
@@ -41,7 +42,20 @@ class OaiTritonLayout(Layout):
             tensors["w13_bias"] = b13
         if w.w2_bias is not None:
             tensors["w2_bias"] = w.w2_bias
-        return tensors, {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+        return tensors, {}
+
+    def _quant_values(self, quant_config):
+        """FusedActivation takes scalar swiglu_alpha and swiglu_limit (one value for all experts)."""
+        out = {k: v for k, v in quant_config.items() if k not in ("swiglu_alpha", "swiglu_beta", "swiglu_limit")}
+        for name in ("swiglu_alpha", "swiglu_limit"):
+            if name in quant_config:
+                values = torch.as_tensor(quant_config[name]).reshape(-1)
+                if values.numel() and not bool((values == values[0]).all()):
+                    raise ValueError(f"layout {self.layout!r}: quant_config[{name!r}] differs across experts, but "
+                                     f"FusedActivation takes one value; give the kind one gemm1 constant")
+                if values.numel():
+                    out[name] = float(values[0])
+        return out
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
         e, hidden, inter = kw.E, kw.padded_hidden_size, kw.padded_intermediate_size

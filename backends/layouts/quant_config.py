@@ -10,12 +10,13 @@ with ``ws = 1 / global_scale`` (the checkpoint's ``weight_scale_2``) and ``a = i
   ``a2_gscale = 1 / a2``; TRT-LLM additionally ``g1_scale_c = g1_alphas / a2`` (and vLLM passes it
   no quant config: the values travel as layer attributes).
 
-MXFP4 gated backends with the gpt-oss activation take per-expert fp32 ``swiglu_alpha`` (1.702),
-``swiglu_beta`` (1.0) and ``swiglu_limit`` (7.0) tensors (TRT-LLM's gemm1_alpha/beta/clamp_limit,
-FlashInfer CUTLASS's swiglu_alpha/beta/limit).
+MXFP4 gated backends with the gpt-oss activation take per-expert fp32 ``swiglu_alpha``,
+``swiglu_beta`` and ``swiglu_limit`` tensors (TRT-LLM's gemm1_alpha/beta/clamp_limit, FlashInfer
+CUTLASS's swiglu_alpha/beta/limit): the kind's `gemm1` constants (1.702, 1.0, 7.0 for gpt-oss).
 
-Which of these a backend builds is data: the backend's `quant_config:` kind in the rules
-(a family's `quant_configs:`), carried as `Decision.quant_config`; `build_quant_config` reads it.
+Which of these a backend builds, and every constant, is data: the backend's `quant_config:` kind in the
+rules (a family's `quant_configs:`), carried as `Decision.quant_config`; `build_quant_config` reads it
+and the converters take its result (`convert(..., quant_config=...)`): no layout holds a value of its own.
 """
 
 from __future__ import annotations
@@ -27,17 +28,34 @@ import torch
 
 from backends.weights import MoEWeights
 
-__all__ = ["INPUT_SCALE_REDUCTIONS", "build_quant_config", "nvfp4_w4a4_config", "swiglu_config"]
+__all__ = ["INPUT_SCALE_REDUCTIONS", "build_quant_config", "gemm1_constants", "nvfp4_w4a4_config", "swiglu_config"]
 
 INPUT_SCALE_REDUCTIONS = ("experts", "pair")
 
-GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_beta": 1.0, "swiglu_limit": 7.0}
+#: a kind's gemm1 field -> the keyword runners and kernels take it as
+_GEMM1_NAMES = {"alpha": "swiglu_alpha", "beta": "swiglu_beta", "clamp": "swiglu_limit"}
 
 
-def swiglu_config(w: MoEWeights, *, alpha: float, beta: float, limit: float) -> dict:
-    """Per-expert fp32 [E] tensors of the gpt-oss SwiGLU constants, on the weights' device."""
+def _kind(decision: Any) -> Mapping[str, Any] | None:
+    """The quant-config kind of a Decision (its `quant_config`), or a kind mapping given as it is."""
+    if isinstance(decision, Mapping):
+        return decision
+    spec: Mapping[str, Any] | None = getattr(decision, "quant_config", None)
+    return spec
+
+
+def gemm1_constants(decision: Any) -> dict[str, float]:
+    """The kind's gemm1 constants as runner keywords (swiglu_alpha / swiglu_beta / swiglu_limit), only those
+    the rules give; {} when the decision has no kind or the kind no gemm1."""
+    spec = _kind(decision)
+    gemm1 = (spec or {}).get("gemm1") or {}
+    return {_GEMM1_NAMES[k]: float(v) for k, v in gemm1.items()}
+
+
+def swiglu_config(w: MoEWeights, constants: Mapping[str, float]) -> dict:
+    """Per-expert fp32 [E] tensors of the given SwiGLU constants (gemm1_constants), on the weights' device."""
     return {name: torch.full((w.E,), float(value), dtype=torch.float32, device=w.w13.device)
-            for name, value in (("swiglu_alpha", alpha), ("swiglu_beta", beta), ("swiglu_limit", limit))}
+            for name, value in constants.items()}
 
 
 def _broadcast_max(t: torch.Tensor, experts: int) -> torch.Tensor:
@@ -72,11 +90,13 @@ _GLOBAL_SCALE_REDUCE = {"shared": "experts", "per_expert": "pair"}
 
 
 def build_quant_config(decision: Any, w: MoEWeights, *, activation: str = "silu") -> dict:
-    """The selected backend's quant config, built from the kind the rules give it (`decision.quant_config`).
+    """The selected backend's quant config, built from the kind the rules give it (`decision.quant_config`,
+    or that kind mapping itself).
 
     Always kind/weight/activation; the kind's gemm1 constants as per-expert swiglu tensors when the
-    layer's activation is gpt-oss's `swigluoai`; NVFP4 alphas and global scales per its `global_scale`."""
-    spec: Mapping[str, Any] | None = getattr(decision, "quant_config", None)
+    layer's activation is gpt-oss's `swigluoai`; NVFP4 alphas and global scales per its `global_scale`.
+    A converter takes the result (`convert(weights, ..., quant_config=...)`)."""
+    spec = _kind(decision)
     if spec is None:
         raise ValueError(f"build_quant_config: the decision for backend {getattr(decision, 'backend', None)!r} carries "
                          "no quant_config kind; add `quant_config: <kind>` to the backend's entry in the rules "
@@ -85,13 +105,12 @@ def build_quant_config(decision: Any, w: MoEWeights, *, activation: str = "silu"
         raise ValueError(f"build_quant_config: kind {spec['kind']!r} is for {spec['weight']} weights but the layer's "
                          f"weights are {w.format}; select with the layer's weight format")
     config: dict[str, Any] = {"kind": spec["kind"], "weight": spec["weight"], "activation": spec["activation"]}
-    gemm1 = spec.get("gemm1")
-    if gemm1 is not None and activation == "swigluoai":
-        config.update(swiglu_config(w, alpha=gemm1["alpha"], beta=gemm1["beta"], limit=gemm1["clamp"]))
+    if activation == "swigluoai":
+        config.update(swiglu_config(w, gemm1_constants(spec)))
     scale = spec.get("global_scale")
     if scale == "weight_only":
         config.update(g1_alphas=1.0 / w.w13_global_scale, g2_alphas=1.0 / w.w2_global_scale)
     elif scale is not None:
-        config.update(nvfp4_w4a4_config(w, layout=str(decision.backend), reduce=_GLOBAL_SCALE_REDUCE[scale],
-                                        trtllm=bool(spec.get("g1_scale_c"))))
+        config.update(nvfp4_w4a4_config(w, layout=str(getattr(decision, "backend", spec["kind"])),
+                                        reduce=_GLOBAL_SCALE_REDUCE[scale], trtllm=bool(spec.get("g1_scale_c"))))
     return config

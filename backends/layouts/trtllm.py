@@ -14,8 +14,10 @@ flashinfer 0.6.x-0.7.2 (`get_shuffle_matrix_a_row_indices`, `get_shuffle_matrix_
    (`scales.interleave_128x4`, = ``nvfp4_block_scale_interleave``); MXFP4's E8M0 bytes are
    re-viewed as float8_e4m3fn, as vLLM does (same bytes).
 
-Steps 1 and 2 compose into one gather per tensor. Biases stay fp32. Config: MXFP4 gets the gpt-oss
-SwiGLU constants per expert; NVFP4 gets the global-SF quant values (`quant_config`).
+Steps 1 and 2 compose into one gather per tensor. Biases stay fp32. Config: what
+`convert(..., quant_config=build_quant_config(decision, weights))` passes, from the rules' kind (MXFP4:
+the gpt-oss SwiGLU constants per expert; NVFP4: the global-SF values and g1_scale_c); NVFP4 also keeps
+the checkpoint scalars so that invert is exact.
 Sizes: 2I and H multiples of 128 (scale rows), H/B and I/B multiples of 4 (scale columns).
 """
 
@@ -34,11 +36,6 @@ from backends.layouts.gate_up import (
     invert_permutation,
     permute_rows,
     row_permutation,
-)
-from backends.layouts.quant_config import (
-    GPT_OSS_SWIGLU,
-    nvfp4_w4a4_config,
-    swiglu_config,
 )
 from backends.layouts.scales import deinterleave_128x4, interleave_128x4
 from backends.weights import BLOCK_SIZE, KernelWeights, MoEWeights
@@ -65,10 +62,9 @@ def epilogue_row_shuffle(rows: int, epilogue_tile_m: int = EPILOGUE_TILE_M) -> t
 class TrtllmLayout(Layout):
     """One class for both formats: they differ in the scale dtype and in the config."""
 
-    def __init__(self, fmt: str, swiglu: dict | None = None):
+    def __init__(self, fmt: str):
         self.formats = (fmt,)
         self.layout = f"flashinfer_trtllm_{fmt}"
-        self.swiglu = dict(GPT_OSS_SWIGLU if swiglu is None else swiglu)
 
     def _check_sizes(self, w: MoEWeights) -> None:
         block = BLOCK_SIZE[w.format]
@@ -94,11 +90,7 @@ class TrtllmLayout(Layout):
             tensors["w13_bias"] = permute_rows(w.w13_bias, p13)
         if w.w2_bias is not None:
             tensors["w2_bias"] = permute_rows(w.w2_bias, p2)
-        if w.format == "mxfp4":
-            config = swiglu_config(w, **{k.removeprefix("swiglu_"): v for k, v in self.swiglu.items()})
-        else:
-            config = {**nvfp4_w4a4_config(w, layout=self.layout, reduce="experts", trtllm=True), **source_config(w)}
-        return tensors, config
+        return tensors, source_config(w)
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
         e, hidden, inter = kw.E, kw.padded_hidden_size, kw.padded_intermediate_size

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from backends import formats
+from backends.assembly import KernelAssembly, kernel_assembly
 from backends.emulation import GATED_ACTIVATIONS, moe_forward
 from backends.layer import (
     _DEVICE_KINDS,
@@ -29,11 +30,13 @@ from backends.layer import (
     LayerUnavailableError,
     MoELayer,
     check_input,
+    convert_with_quant_config,
     platform_for_device,
     question_for,
     require_runnable,
     resolve_named,
     select_logged,
+    swiglu_for,
 )
 from backends.weights import MoEWeights
 from oracle import default_oracle
@@ -94,8 +97,10 @@ class QuarkOCPMXMoE:
 
     def __init__(self, *, decision, scenario: dict, num_experts: int, hidden_size: int, intermediate_size: int,
                  top_k: int, activation: str, gate_up: str, has_bias: bool, renormalize: bool,
-                 swiglu: Mapping[str, float], device: torch.device, oracle):
+                 swiglu: Mapping[str, float], device: torch.device, oracle,
+                 assembly: KernelAssembly | None = None):
         self.decision, self.scenario = decision, scenario
+        self.assembly = assembly  # how the rules assemble the selected kernel, runnable here or not
         if "ocp_mx_scheme" not in decision.extras:
             _fail(LayerUnavailableError, f"the decision names no OCP MX scheme (outcome {decision.outcome}, backend "
                   f"{decision.backend}); the profile's ocp-mx policy must emit ocp_mx_scheme")
@@ -127,8 +132,9 @@ class QuarkOCPMXMoE:
                top_k: int, activation: str = "silu", gate_up: str = "contiguous", has_bias: bool = False,
                renormalize: bool = True, profile: str = DEFAULT_PROFILE, platform: Mapping[str, Any] | None = None,
                packages: Mapping[str, bool] | None = None, env: Mapping[str, str] | None = None,
-               device: Any = "cpu", swiglu_alpha: float = 1.702, swiglu_beta: float = 1.0,
-               swiglu_limit: float = 7.0, oracle=None) -> QuarkOCPMXMoE:
+               device: Any = "cpu", swiglu_alpha: float | None = None, swiglu_beta: float | None = None,
+               swiglu_limit: float | None = None, max_num_batched_tokens: int | None = None,
+               oracle=None) -> QuarkOCPMXMoE:
         """Ask the oracle (policy ocp-mx) and allocate the scheme's parameters at its rounded sizes.
 
         quant_config: the Quark layer config: {"weight": {"dtype": "fp4", "qscheme": "per_group", ...},
@@ -136,6 +142,10 @@ class QuarkOCPMXMoE:
         gate_up: row order of w13 ("contiguous" [w1; w3], or "interleaved" as gpt-oss).
         The seed's errors: ValueError for a non per-group weight qscheme or an unknown dtype pair,
         NotImplementedError for an unusable input dtype or static/dynamic input-scale combination.
+        swiglu_alpha / swiglu_beta / swiglu_limit: override the gemm1 constants of the rules' quant-config kind.
+        max_num_batched_tokens: the batched format's max tokens per rank (default: the rules').
+        A backend this project cannot run still gives a layer with its decision and `assembly`; post-processing
+        then raises LayerUnavailableError.
         """
         sizes = {"num_experts": num_experts, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
                  "top_k": top_k}
@@ -168,10 +178,13 @@ class QuarkOCPMXMoE:
         if decision.outcome in _OUTCOME_ERRORS:
             _fail(_OUTCOME_ERRORS[decision.outcome], f"{decision.error} (profile {profile}, decided at "
                   f"{decision.decided_by.at if decision.decided_by else '?'})")
-        swiglu = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
-        return cls(decision=decision, scenario=question, num_experts=num_experts, hidden_size=hidden_size,
-                   intermediate_size=intermediate_size, top_k=top_k, activation=activation, gate_up=gate_up,
-                   has_bias=has_bias, renormalize=renormalize, swiglu=swiglu, device=device, oracle=oracle)
+        given = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
+        swiglu = swiglu_for(decision, activation, **given) if decision.outcome == "selected" else {}
+        assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
+        return cls(assembly=assembly, decision=decision, scenario=question, num_experts=num_experts,
+                   hidden_size=hidden_size, intermediate_size=intermediate_size, top_k=top_k, activation=activation,
+                   gate_up=gate_up, has_bias=has_bias, renormalize=renormalize, swiglu=swiglu, device=device,
+                   oracle=oracle)
 
     def param_specs(self, has_bias: bool) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """name -> (shape, dtype) of every parameter at the decision's rounded sizes (vLLM's names)."""
@@ -229,7 +242,7 @@ class QuarkOCPMXMoE:
             return
         if self.static_input_scales:
             self._reduce_static_input_scales()
-        require_runnable(self._oracle, self.decision, self.scenario)
+        require_runnable(self._oracle, self.decision, self.scenario, assembly=self.assembly)
         if self.decision.converter is not None:
             self._kernel_layer = self._kernel_layer_from_decision()
         self._processed = True
@@ -265,23 +278,20 @@ class QuarkOCPMXMoE:
                              w2_scale=p["w2_weight_scale"], gate_up=self.gate_up, w13_bias=p.get("w13_bias"),
                              w2_bias=p.get("w2_bias"))
         runner = resolve_named(d.runner, "runner", d)
-        kernel_weights = resolve_named(d.converter, "converter", d).convert(
-            weights, hidden_size=weights.H, intermediate_size=weights.I)
+        kernel_weights = convert_with_quant_config(d, weights, self.activation, weights.H, weights.I)
         return MoELayer(decision=d, scenario=self.scenario, weights=weights, kernel_weights=kernel_weights,
                         runner=runner, top_k=self.top_k, renormalize=self.renormalize, activation=self.activation,
                         swiglu=self.swiglu, deterministic=False, device=weights.w13.device)
 
     def kernel_variants(self) -> dict[str, Any]:
-        """The decision's kernel and how it assembles, from the rules' kernel table: whether it is monolithic
-        (routing inside the kernel) or modular (prepare -> experts -> finalize), and the backend's variants in
-        the rules' order. None for kernel and variants when no backend was selected."""
-        d = self.decision
-        family = self._oracle.table(d.profile).policies[POLICY].family
-        backend = family.backends.get(d.backend) if d.backend else None
-        variants = list(backend.kernels) if backend is not None else []
-        chosen = next((k for k in variants if k.name == d.kernel), None)
-        return {"backend": d.backend, "kernel": d.kernel, "monolithic": chosen.monolithic if chosen else None,
-                "variants": [{"kernel": k.name, "monolithic": k.monolithic} for k in variants] or None}
+        """The decision's kernel and how it assembles (see `assembly`): monolithic (routing inside the kernel) or
+        modular (prepare -> experts -> finalize), and the backend's variants in the rules' order."""
+        a = self.assembly
+        if a is None:
+            return {"backend": self.decision.backend, "kernel": self.decision.kernel, "monolithic": None,
+                    "variants": None}
+        return {"backend": a.backend, "kernel": a.kernel, "monolithic": a.monolithic,
+                "variants": [{"kernel": k, "monolithic": m} for k, m in a.variants] or None}
 
     # ------------------------------------------------------------------ apply
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None, *,
