@@ -1,10 +1,15 @@
 """lint: an edit that makes a backend unreachable is named with its file:line; the shipped profile is clean of it."""
 from __future__ import annotations
 
+import random
+
+import pytest
 from test_tools_space import _only_profile
 
+from oracle.facts import FACTS
 from oracle.tools.lint import lint_source
 from oracle.tools.sources import load_source
+from oracle.tools.space import OTHER
 
 
 def _unreachable(findings):
@@ -43,3 +48,72 @@ def test_unused_env_var_and_always_false_step(tmp_path):
     found = lint_source(load_source(str(root)))
     assert any(f["rule"] == "unused-env-var" and "MOE_ORACLE_NEVER_READ" in f["message"] for f in found)
     assert any(f["rule"] == "always-false" and "step 'explicit-backend'" in f["message"] for f in found)
+
+
+def _coarse_leaves(profile: str):
+    """lint's coarse exploration of each policy: (policy, the groups each leaf allows, what the run answered)."""
+    from oracle.errors import EnvValueError
+    from oracle.interpreter import run
+    from oracle.tools.explore import call_hook, fixed_facts, nullable_facts
+    from oracle.tools.refine import Coarse, explore_coarse
+    from oracle.tools.space import Space
+
+    p = load_source(profile).profiles[profile]
+    space = Space.of([(p.rs, p.table)])
+    coarse = Coarse(p.table)
+    hook = call_hook(coarse.table)
+    for name, policy in coarse.table.policies.items():
+        nullable, fixed = nullable_facts(policy), fixed_facts(space, policy)
+
+        def one(r, policy=policy, nullable=nullable, fixed=fixed):
+            try:
+                res = run(policy, coarse.ctx(r, nullable, fixed), None, hook)
+            except EnvValueError:
+                return dict(r.groups), None
+            kernel = res.kernel.name if res.outcome == "selected" and res.kernel and res.report_kernel else None
+            backend = res.backend.value if res.outcome == "selected" and res.backend else None
+            return dict(r.groups), (res.outcome, backend, kernel, res.decided_by.id if res.decided_by else None)
+
+        for _, (groups, answer) in explore_coarse(space, coarse, one):
+            yield name, groups, answer
+    yield space, None, None
+
+
+@pytest.mark.parametrize("profile,every", [("moe-oracle", 1), ("vllm-0.20", 7), ("vllm-0.33", 29)])
+def test_every_input_of_a_coarse_class_gets_its_answer(profile, every):
+    """lint's classes are exact: inputs drawn at random inside a class (any class of each variable the class
+    leaves open) get the class's answer from Oracle.select."""
+    from oracle import Oracle
+    from oracle.tools.explore import nullable_facts, scenario_of
+
+    rows = list(_coarse_leaves(profile))
+    space = rows.pop()[0]
+    policies = load_source(profile).profiles[profile].table.policies
+    oracle, rng, checked = Oracle(), random.Random(14), 0
+    for name, groups, answer in rows[::every]:
+        if answer is None:
+            continue
+        nullable = nullable_facts(policies[name])
+        variables = {"platform": space.platform}
+        variables.update({f"fact:{f}": space.fact(f, f in nullable) for f in sorted(space.varied) if f in FACTS})
+        variables.update({f"env:{e}": space.env(e) for e in sorted(space.c.env_specs)})
+        variables.update({f"package:{k}": space.package(k) for k in sorted(space.c.packages)})
+        for _ in range(3):
+            leaf = {}
+            for var, domain in variables.items():
+                # the API refuses a bad env string even where no rule reads it: unread env vars stay unset;
+                # a string no rule names is not a valid choice for a choice fact
+                if len(domain.classes) > 1 and (var in groups or not var.startswith("env:")):
+                    group = [i for i in groups.get(var, range(len(domain.classes)))
+                             if domain.classes[i].value != OTHER or not var.startswith("fact:")]
+                    if not group and var in groups:
+                        break  # the class needs a string no rule names: the API cannot be asked
+                    if group:
+                        leaf[var] = domain.classes[rng.choice(group)]
+            else:
+                d = oracle.select(scenario_of(leaf, name, profile))
+                got = (d.outcome, d.backend if d.outcome == "selected" else None,
+                       d.kernel if answer[2] else None, d.decided_by.step if d.decided_by else None)
+                assert got == answer, (name, {v: c.label for v, c in leaf.items()})
+                checked += 1
+    assert checked > 100

@@ -20,25 +20,35 @@ from .space import PLATFORM, PLATFORM_FACTS, Cls, Domain, Space
 class Explorer:
     """Depth-first enumeration by replay: each run is one leaf; choices before the fork point replay."""
 
+    __slots__ = ("space", "stack", "pos", "assigned", "log")
+
     def __init__(self, space: Space):
         self.space = space
         self.stack: list[list[Any]] = []  # [domain, chosen index]
         self.pos = 0
         self.assigned: dict[str, int] = {}
+        self.log: list[tuple[Domain, int]] | None = None  # a Memo's recording: every forking read, in order
 
-    def choose(self, domain: Domain) -> Cls:
+    def index(self, domain: Domain) -> int:
+        """The class of `domain` in this run: replayed, or a new fork point (first class first)."""
         idx = self.assigned.get(domain.var)
         if idx is None:
             if len(domain.classes) == 1:
-                return domain.classes[0]
-            if self.pos < len(self.stack):
-                idx = self.stack[self.pos][1]
+                return 0
+            pos = self.pos
+            if pos < len(self.stack):
+                idx = self.stack[pos][1]
             else:
                 self.stack.append([domain, 0])
                 idx = 0
-            self.pos += 1
+            self.pos = pos + 1
             self.assigned[domain.var] = idx
-        return domain.classes[idx]
+        if self.log is not None:
+            self.log.append((domain, idx))
+        return idx
+
+    def choose(self, domain: Domain) -> Cls:
+        return domain.classes[self.index(domain)]
 
     def leaf(self) -> dict[str, Cls]:
         return {d.var: d.classes[i] for d, i in self.stack[:self.pos]}
@@ -57,25 +67,27 @@ class Explorer:
         return bool(self.stack)
 
 
-class _Facts(Mapping[str, Any]):
-    __slots__ = ("x", "nullable", "fixed")
+class _Facts(dict[str, Any]):
+    """The facts of one run: fixed ones given, forked ones filled in on first read (later reads are plain
+    dict hits, so a run pays the explorer once per fact, not once per read). One per run and context."""
+
+    __slots__ = ("x", "nullable")
 
     def __init__(self, x: Explorer, nullable: frozenset[str], fixed: Mapping[str, Any]):
-        self.x, self.nullable, self.fixed = x, nullable, fixed
+        super().__init__(fixed)
+        self.x, self.nullable = x, nullable
 
-    def __getitem__(self, key: str) -> Any:
-        fixed = self.fixed
-        if key in fixed:
-            return fixed[key]
+    def __missing__(self, key: str) -> Any:
+        x = self.x
         if key in PLATFORM_FACTS:
-            return self.x.choose(self.x.space.platform).value[key]
-        return self.x.choose(self.x.space.fact(key, key in self.nullable)).value
+            platform = x.choose(x.space.platform).value
+            self.update(platform)
+            return platform[key]
+        value = self[key] = x.choose(x.space.fact(key, key in self.nullable)).value
+        return value
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(FACTS)
-
-    def __len__(self) -> int:
-        return len(FACTS)
+    def get(self, key: str, default: Any = None) -> Any:  # reads fork, as [] does
+        return self[key]
 
 
 class _Env(Mapping[str, str]):
@@ -89,6 +101,10 @@ class _Env(Mapping[str, str]):
         if v is None:
             raise KeyError(key)
         return str(v)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.x.choose(self.x.space.env(key)).value
+        return default if v is None else str(v)
 
     def __contains__(self, key: object) -> bool:
         return self.x.choose(self.x.space.env(str(key))).value is not None
@@ -125,13 +141,82 @@ class Reader:
         `nullable`: facts that may be null (see nullable_facts); one set for every policy compared."""
         fixed = self._fixed.get(policy.name)
         if fixed is None or self._fixed_of.get(policy.name) is not policy:
-            varied = self.x.space.varied
-            fixed = {f: policy.defaults.get(f, d) for f, (_, d) in FACTS.items() if f not in varied
-                     and f not in PLATFORM_FACTS}
+            fixed = fixed_facts(self.x.space, policy)
             self._fixed[policy.name], self._fixed_of[policy.name] = fixed, policy
         if platform is not None:  # a sweep column: the platform is given, not forked
             fixed = {**fixed, **platform}
         return Ctx(_Facts(self.x, nullable, fixed), self.env, self.packages)  # type: ignore[arg-type]
+
+
+class Memo:
+    """One decision as a function of the forking reads it makes: a trie over (variable, class) in read order.
+
+    The decision is deterministic given the classes it reads (everything else is fixed by the context the
+    caller builds the same way every time), so once a path is recorded, later runs that reach the same
+    classes get the recorded answer by walking the trie. The walk asks the explorer for each variable in the
+    order the decision read it, so the explorer forks exactly as a real run would: leaves and their order
+    stay the same. A miss runs the decision with the explorer logging its reads and records the path."""
+
+    __slots__ = ("root", "runs", "hits")
+
+    def __init__(self) -> None:
+        self.root: Any = None  # None (empty), _Done(value) or [domain, {class index: node}]
+        self.runs = self.hits = 0
+
+    def __call__(self, x: Explorer, compute: Callable[[], Any]) -> Any:
+        node = self.root
+        while node is not None:
+            if type(node) is _Done:
+                self.hits += 1
+                return node.value
+            node = node[1].get(x.index(node[0]))
+        outer, x.log = x.log, []
+        try:
+            value = compute()
+            path = x.log
+        finally:
+            x.log = outer
+        if outer is not None:
+            outer.extend(path)
+        self._record(path, value)
+        self.runs += 1
+        return value
+
+    def _record(self, path: list[tuple[Domain, int]], value: Any) -> None:
+        seen: set[str] = set()
+        steps = []
+        for domain, idx in path:  # a variable read again (another context of the same run) adds no branch
+            if domain.var not in seen:
+                seen.add(domain.var)
+                steps.append((domain, idx))
+        if not steps:
+            self.root = _Done(value)
+            return
+        if self.root is None:
+            self.root = [steps[0][0], {}]
+        node = self.root
+        for k, (domain, idx) in enumerate(steps):
+            if type(node) is _Done or node[0].var != domain.var:
+                raise RuntimeError(f"decision read {domain.var} where an earlier run read "
+                                   f"{'nothing more' if type(node) is _Done else node[0].var}: it is not "
+                                   "deterministic in the classes it reads; report this")
+            children = node[1]
+            if k + 1 == len(steps):
+                children[idx] = _Done(value)
+            else:
+                node = children.get(idx)
+                if node is None:
+                    node = children[idx] = [steps[k + 1][0], {}]
+
+
+class _Done(NamedTuple):
+    value: Any
+
+
+def fixed_facts(space: Space, policy: Policy) -> dict[str, Any]:
+    """The facts an exploration does not vary: the policy's defaults (the platform always varies)."""
+    return {f: policy.defaults.get(f, d) for f, (_, d) in FACTS.items() if f not in space.varied
+            and f not in PLATFORM_FACTS}
 
 
 def nullable_facts(*policies: Policy) -> frozenset[str]:
@@ -205,9 +290,11 @@ def decide(table: Table, policy: Policy, ctx: Ctx, hook: Callable[..., Result] |
     step = res.decided_by
     where = (step.id, step.at) if step is not None else (None, None)
     if res.outcome == "selected" and res.backend is not None and res.family is not None:
-        # sizes of 1 round up to the alignment itself: the rounding rule, without forking on every size class
-        unit = Ctx(_Facts(ctx.facts.x, ctx.facts.nullable, _UNIT_SIZES), ctx.env, ctx.packages) \
-            if isinstance(ctx.facts, _Facts) else Ctx({**ctx.facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
+        # sizes of 1 round up to the alignment itself: the rounding rule, without forking on every size class;
+        # every other fact is the question's own (a sweep column's platform, a policy's default activation)
+        facts = ctx.facts
+        unit = Ctx(_Facts(facts.x, facts.nullable, {**facts, **_UNIT_SIZES}), ctx.env, ctx.packages) \
+            if isinstance(facts, _Facts) else Ctx({**facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
         h, i = round_sizes(res.family.round_up, res.backend.name, unit)
         kernel = res.kernel.name if res.kernel and res.report_kernel else None
         ak = res.activation_key

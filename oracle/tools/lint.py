@@ -16,9 +16,10 @@ from ..compiler import Compiler
 from ..errors import EnvValueError
 from ..interpreter import run
 from ..model import Ctx, Policy, Step, Table
-from .explore import call_hook, describe, explore, nullable_facts, scenario_of
+from .explore import call_hook, describe, explore, fixed_facts, nullable_facts, scenario_of
+from .refine import Coarse, Refiner, explore_coarse
 from .sources import Profiled, Source
-from .space import Space
+from .space import Space, members
 
 Finding = dict[str, Any]
 
@@ -58,34 +59,35 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
     table, rs = p.table, p.rs
     space = Space.of([(rs, table)], vary)
     counts = _Counts()
-    inst = _instrument(table, counts)
+    coarse = Coarse(table)
+    inst = _instrument(coarse.table, counts)
     hook = call_hook(inst)
     selected: set[tuple[str, str]] = set()  # (family, backend name)
     kernels_chosen: set[int] = set()
-    env_read: set[str] = set()
     errors: dict[tuple[str, str], list[Any]] = {}
     leaves = 0
     for name in table.policies:
         policy = inst.policies[name]
         nullable = nullable_facts(policy)
+        fixed = fixed_facts(space, policy)
 
-        def one(reader: Any, policy: Policy = policy, nullable: frozenset[str] = nullable) -> Any:
+        def one(r: Refiner, policy: Policy = policy, nullable: frozenset[str] = nullable,
+                fixed: dict[str, Any] = fixed) -> Any:
             try:
-                res = run(policy, reader.ctx(policy, nullable), None, hook)
+                res = run(policy, coarse.ctx(r, nullable, fixed), None, hook)
             except EnvValueError:
                 res = None
             counts.end_run()
             return res
 
-        for leaf, res in explore(space, one):
+        for leaf, res in explore_coarse(space, coarse, one):
             leaves += 1
-            env_read.update(v[4:] for v in leaf if v.startswith("env:"))
             if res is None:
                 continue
             if res.outcome == "selected" and res.backend is not None and res.family is not None:
                 selected.add((res.family.name, res.backend.name))
                 if res.kernel is not None:
-                    kernels_chosen.add(id(res.kernel))
+                    kernels_chosen.add(id(coarse.kernel_of.get(id(res.kernel), res.kernel)))
             elif res.outcome == "error":
                 errors.setdefault((name, str(res.error)), []).append(leaf)
     found: list[Finding] = []
@@ -121,10 +123,11 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
                                 "never run"))
     for (pol_name, message), err_leaves in errors.items():
         pol = table.policies[pol_name]
-        platforms = sorted({leaf["platform"].label for leaf in err_leaves if "platform" in leaf})
+        platforms = sorted({m for leaf in err_leaves if "platform" in leaf for m in members(leaf["platform"].label)})
         found.append(_f("undeclared-error", pol.at, f"profile {p.name}: policy {pol_name} answers error for "
                         f"{len(err_leaves)} input class(es) (platforms: {', '.join(platforms) or 'any'}): {message}; "
                         f"e.g. {describe(err_leaves[0])}", example=scenario_of(err_leaves[0], pol_name, p.name)))
+    env_read = {v[4:] for v in coarse.read if v.startswith("env:")}
     for name, e in rs.sections["env_vars"].items():
         if name not in env_read:
             found.append(_f("unused-env-var", e.at(), f"profile {p.name}: env var {name} is declared but no "

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .explore import Answer, call_hook, decide, describe, explore, nullable_facts
+from .explore import Answer, Memo, call_hook, decide, describe, explore, nullable_facts
 from .sources import Profiled
 from .space import Space, members
 
@@ -47,8 +47,16 @@ def sweep_policy(p: Profiled, policy_name: str, vary: tuple[str, ...] = ()) -> M
     nullable = nullable_facts(policy)
     hook = call_hook(p.table)
 
+    memos = [Memo() for _ in platforms]  # one decision per platform class, as a function of what it reads
+
     def every_platform(reader: Any) -> list[Answer]:
-        return [decide(p.table, policy, reader.ctx(policy, nullable, cl.value), hook) for cl in platforms]
+        x = reader.x
+        out: list[Answer] = []
+        for memo, cl in zip(memos, platforms, strict=True):
+            def one(plat: Any = cl.value) -> Answer:
+                return decide(p.table, policy, reader.ctx(policy, nullable, plat), hook)
+            out.append(memo(x, one))
+        return out
 
     rows = [(describe(leaf), answers) for leaf, answers in explore(space, every_platform)]
     columns, column_class = [], []
