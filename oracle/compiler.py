@@ -15,6 +15,8 @@ from .loader import RuleSet
 from .model import Cond, Ctx, Template, parse_capability, show
 from .semantics import PLACEHOLDER
 
+INLINE_DERIVED = 320  # characters of generated code up to which a derived fact is inlined where it is used
+
 
 def _literal(fact: str, value: Any) -> Any:
     if FACTS.get(fact, ("",))[0] == "capability" and isinstance(value, str):
@@ -138,14 +140,18 @@ class Compiler:
         return self.cond(head.code.format(k=self.k(arg)), head.text.format(name=arg))
 
     def derived(self, name: str) -> Cond:
-        """A named fact, evaluated at most once per question (memoized in ctx.memo)."""
+        """A named fact, evaluated at most once per question (memoized in ctx.memo). A short one is written into
+        the code that uses it instead: evaluating a few comparisons again costs less than a call and a memo lookup
+        (what it calls is memoized itself, and it is pure, so the answer is the same). Called alone (a step's
+        `when: {ref: ...}`), it is the memoized bool."""
         if name not in self._derived:
             entry = self.rs.sections["derived"][name]
             inner_cond = self.condition(entry.data["when"])
             assert inner_cond is not None
-            inner = inner_cond.fn
-            fn = memoized("ref:" + name, inner, as_bool=True)
-            self._derived[name] = Cond(f"{self.k(fn)}(ctx)", name, self.function, fn)
+            fn = memoized("ref:" + name, inner_cond.fn, as_bool=True)
+            inline = len(inner_cond.code) <= INLINE_DERIVED
+            code = f"({inner_cond.code})" if inline else f"{self.k(fn)}(ctx)"
+            self._derived[name] = Cond(code, name, self.function, fn)
         return self._derived[name]
 
     def operand_code(self, spec: dict[str, Any]) -> str:
