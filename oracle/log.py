@@ -1,8 +1,9 @@
 """Decision logging for servers: one INFO line per distinct decision, and an optional JSON-lines audit log.
 
 A server asks once per MoE layer; the same answer for layer 0 and layer 47 is one line, not 48.
-"Distinct" is what an operator reads: policy, profile and platform -> outcome, backend, kernel,
-the step that decided and the override that forced it (sizes and layer numbers are not part of it).
+"Distinct" is what an operator reads: who asked (an optional caller label, e.g. the vLLM plugin's
+"vLLM's select_mxfp4_moe_backend"), policy, profile and platform -> outcome, backend, kernel, the step
+that decided and the override that forced it (sizes and layer numbers are not part of it).
 The audit log (`DecisionLog(path)`) gets one JSON object per distinct question answered by each
 rules version: time, scenario, decision, and the rule files with the sha256 of the content loaded.
 """
@@ -53,16 +54,17 @@ def rejected_short(trace: tuple[Entry, ...] | list[Entry]) -> str:
     return ", ".join(f"{backend}({check})" for backend, check in last.items())
 
 
-def decision_key(sc: Scenario, d: Decision, override: str | None) -> tuple[Any, ...]:
+def decision_key(sc: Scenario, d: Decision, override: str | None, caller: str | None = None) -> tuple[Any, ...]:
     """What makes two decisions 'the same' for the log: never layer numbers or sizes."""
     by = d.decided_by
-    return (d.policy or sc.policy, d.profile or sc.profile, platform_text(sc), d.outcome, d.backend, d.kernel,
-            by.at if by is not None else None, override)
+    return (caller, d.policy or sc.policy, d.profile or sc.profile, platform_text(sc), d.outcome, d.backend,
+            d.kernel, by.at if by is not None else None, override)
 
 
-def summary_line(sc: Scenario, d: Decision, override: str | None) -> str:
-    """The INFO line: question -> answer, who decided, what was refused on the way."""
-    head = f"{d.policy or sc.policy} [{d.profile or sc.profile or 'default'}] on {platform_text(sc)}"
+def summary_line(sc: Scenario, d: Decision, override: str | None, caller: str | None = None) -> str:
+    """The INFO line: (caller:) question -> answer, who decided, what was refused on the way."""
+    head = f"{caller + ': ' if caller else ''}{d.policy or sc.policy} [{d.profile or sc.profile or 'default'}] " \
+           f"on {platform_text(sc)}"
     if d.outcome == "selected":
         answer = f"{d.backend} (kernel {d.kernel or '-'}, activations {d.activation_key or 'bf16'})"
     elif d.outcome == "none":
@@ -101,18 +103,20 @@ class DecisionLog:
         self._audit: IO[str] | None = None
 
     def record(self, sc: Scenario, d: Decision, *, override: str | None = None,
-               context: Mapping[str, Any] | None = None, rules: Mapping[str, Any] | None = None) -> bool:
-        """Log `d` if it is new; append the audit line if an audit file is set. True when the INFO line was written."""
-        key = decision_key(sc, d, override)
+               context: Mapping[str, Any] | None = None, rules: Mapping[str, Any] | None = None,
+               caller: str | None = None) -> bool:
+        """Log `d` if it is new; append the audit line if an audit file is set. True when the INFO line was written.
+        `caller`: who asked (a label the line starts with and that keeps callers apart), e.g. a vLLM selector."""
+        key = decision_key(sc, d, override, caller)
         with self._lock:
             first = key not in self._seen
             if first:
                 self._seen.add(key)
         if first and self.logger.isEnabledFor(logging.INFO):
-            self.logger.info("moe-oracle: %s", summary_line(sc, d, override))
+            self.logger.info("moe-oracle: %s", summary_line(sc, d, override, caller))
         if self.audit_path is not None:
             line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "scenario": scenario_dict(sc),
-                               "context": dict(context or {}), "override": override,
+                               "caller": caller, "context": dict(context or {}), "override": override,
                                "decision": d.to_dict(with_trace=False), "rules": dict(rules or {})},
                               sort_keys=False, default=str)
             with self._lock:

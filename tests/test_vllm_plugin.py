@@ -144,20 +144,28 @@ def test_a_selector_whose_name_or_signature_changed_is_refused(monkeypatch):
 
 
 def test_each_distinct_decision_is_logged_once_with_its_rule_file_and_step(oracle, caplog):
+    """Through oracle.log.DecisionLog (the servers' log), labelled with the vLLM selector that asked."""
     active = plugin._Active(oracle, "vllm-0.20", "the shipped rules", RELEASE)
-    sel = BY_POLICY["mxfp4-gpt-oss"]
+    sel, other = BY_POLICY["mxfp4-gpt-oss"], BY_POLICY["mxfp4"]
     hopper = {"policy": sel.policy, "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [9, 0]},
               "packages": {"triton_kernels": True}}
     forced = {**hopper, "env": {"VLLM_MXFP4_USE_MARLIN": "1"}}
-    plugin._logged.clear()
     with caplog.at_level(logging.INFO, logger="moe_oracle"):
         for question in (hopper, hopper, forced, hopper, forced):  # five MoE layers, two distinct decisions
-            plugin._log_once(sel, active, question, oracle.select(question))
+            assert plugin._select_logged(sel, active, question) is oracle.select(question)
+        plugin._select_logged(other, active, {**hopper, "policy": other.policy})  # another selector: its own line
+        plugin._select_logged(other, active, {**hopper, "policy": other.policy})
+        reinstalled = plugin._Active(oracle, "vllm-0.20", "the shipped rules", RELEASE)
+        plugin._select_logged(sel, reinstalled, hopper)  # a new install logs anew
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2
-    assert ("on cuda 9.0 -> TRITON / OAITritonMxfp4ExpertsMonolithic; decided by step 'auto' "
-            "at rules/common/mxfp4.yaml:") in lines[0]
-    assert "-> MARLIN / MarlinExperts; decided by step 'marlin-forced'" in lines[1]
+    assert len(lines) == 4 and lines[3] == lines[0]
+    assert lines[0].startswith(f"moe-oracle: vLLM's {sel.name}: mxfp4-gpt-oss [vllm-0.20] on cuda 9.0 -> TRITON "
+                               "(kernel OAITritonMxfp4ExpertsMonolithic, activations bf16); decided by step 'auto' "
+                               "at rules/common/mxfp4.yaml:")
+    assert "; rejected " in lines[0] and "FLASHINFER_TRTLLM_MXFP4_BF16(" in lines[0]
+    assert f"vLLM's {sel.name}: " in lines[1] and "-> MARLIN (kernel MarlinExperts" in lines[1]
+    assert "decided by step 'marlin-forced'" in lines[1]
+    assert lines[2].startswith(f"moe-oracle: vLLM's {other.name}: mxfp4 [vllm-0.20] on cuda 9.0 -> ")
 
 
 def test_float32_router_logits_are_warned_about_where_vllm_reads_them(caplog):
@@ -230,7 +238,7 @@ def test_shipped_rules_answer_every_golden_question_as_unpatched_vllm(machine, o
             assert message == oracle.select(q["scenario"]).error
     decisions = [r.getMessage() for r in caplog.records if "decided by step" in r.getMessage()]
     assert len(decisions) == len(set(decisions)) > 10, "one provenance line per distinct decision"
-    assert any("rules/common/mxfp4.yaml:" in line and "-> TRITON / OAITritonMxfp4ExpertsMonolithic" in line
+    assert any("rules/common/mxfp4.yaml:" in line and "-> TRITON (kernel OAITritonMxfp4ExpertsMonolithic" in line
                for line in decisions)
 
 

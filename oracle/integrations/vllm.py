@@ -18,7 +18,8 @@ else the moment vLLM does), by a wrapper with vLLM's signature that builds the
 oracle's scenario from vLLM's own objects (FusedMoEConfig, current_platform, the package
 probes, the VLLM_* environment), asks the oracle and returns vLLM's enum member and experts
 class; a refusal raises vLLM's exception type with the oracle's message. Each distinct
-decision is logged once under the `moe_oracle` logger with the rule file and step that made it.
+decision is logged once under the `moe_oracle` logger with the rule file and step that made it,
+by oracle.log.DecisionLog (the servers' log) with the selector as the caller label.
 
 vLLM is imported only inside these functions: importing `oracle` never needs it.
 Known gaps (warned once at run time): the scenario has one `flashinfer` package where vLLM's
@@ -36,10 +37,13 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import OracleError
+from ..log import DecisionLog
+from ..log import logger as log
 from .vllm_releases import RELEASES, RULES_ENV, Release, Selector, release_for
 from .vllm_scenario import (
     build_scenario,
@@ -53,7 +57,6 @@ __all__ = ["RELEASES", "RULES_ENV", "PROFILE_ENV", "Release", "Selector", "insta
            "uninstall"]
 
 PROFILE_ENV = "MOE_ORACLE_PROFILE"
-log = logging.getLogger("moe_oracle")
 
 
 @dataclass
@@ -62,11 +65,11 @@ class _Active:
     profile: str
     source: str
     release: Release
+    decisions: DecisionLog = field(default_factory=DecisionLog)  # one per install: a new install logs anew
 
 
 _active: _Active | None = None
 _lock = threading.RLock()
-_logged: set = set()
 
 
 # ------------------------------------------------------------------ entry point, install, uninstall
@@ -89,7 +92,6 @@ def install(rules: str | Path, profile: str | None = None) -> _Active:
         loaded = [sel for sel in release.selectors if sel.module in sys.modules]
         targets = [(sel, *_target(sel)) for sel in loaded]  # refuses before anything is patched
         _active = _Active(oracle, chosen, source, release)
-        _logged.clear()
         patched = [where for target in targets for where in _patch(*target)]
         for sel in release.selectors:
             if sel not in loaded:  # not imported yet: patched the moment vLLM imports it, so opting in costs no import
@@ -282,8 +284,7 @@ def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, argument
     scenario = build_scenario(policy=sel.policy, profile=active.profile, platform=platform,
                               packages=package_probes(release), env=env_of(os.environ), config=config,
                               quant_keys=quant_keys)
-    decision = active.oracle.select(scenario)
-    _log_once(sel, active, scenario, decision)
+    decision = _select_logged(sel, active, scenario)
     return to_vllm_answer(decision, backend_enum, kernel_classes, dict(release.refusals))
 
 
@@ -387,23 +388,15 @@ def _quant_key_names() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ provenance
-def _log_once(sel: Selector, active: _Active, scenario: dict, decision: Any) -> None:
-    """One line per distinct decision: what was chosen, by which rule file and step."""
-    answer = decision.to_dict(with_trace=False)
-    step = answer.get("decided_by") or {}
-    key = (sel.name, active.source, active.profile, answer.get("outcome"), answer.get("backend"),
-           answer.get("kernel"), step.get("step"), step.get("at"))
-    if key in _logged:
-        return
-    _logged.add(key)
-    chosen = {"selected": f"{answer.get('backend')} / {answer.get('kernel')}",
-              "none": "no fused-MoE backend (NONE, None)"}.get(answer["outcome"],
-                                                              f"{answer['outcome']}: {answer.get('error')}")
-    plat = scenario["platform"]
-    where = ".".join(map(str, plat["capability"])) if "capability" in plat else plat.get("gcn_arch", "")
-    log.info("moe-oracle: vLLM's %s on %s%s -> %s; decided by step %r at %s (%s) [profile %s, rules %s]",
-             sel.name, plat["kind"], f" {where}" if where else "", chosen, step.get("step"), step.get("at"),
-             step.get("why"), active.profile, active.source)
+def _select_logged(sel: Selector, active: _Active, scenario: dict) -> Any:
+    """The oracle's answer, each distinct decision logged once with the selector that asked."""
+    try:
+        prepared = active.oracle.prepare(scenario)
+    except OracleError:
+        return active.oracle.select(scenario)  # the `error` answer; vLLM gets it as its exception, nothing to log
+    decision = active.oracle.select(prepared)
+    active.decisions.record(prepared, decision, caller=f"vLLM's {sel.name}")
+    return decision
 
 
 def _ensure_log_output() -> None:
