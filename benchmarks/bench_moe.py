@@ -155,18 +155,31 @@ def time_layer(fn, flush, iters):
 
 
 def sweep_candidates(tokens):
-    """Launch configs worth timing at this T (decode: swap-AB and narrow tiles; prefill: big tiles)."""
+    """Launch configs worth timing at this T. Decode: swap-AB 16-token tiles (2 warps use mma.sync, 4-8
+    wgmma; BLOCK_K 128+ halves the per-step overhead) with split-K; middle: swap-AB and 32-64-row tiles;
+    prefill: 64-128-row tiles, deeper pipelines."""
     L = tuning.LaunchConfig
-    if tokens <= 64:  # the earlier sweep's winners, each with split-K (GEMM1 slices, GEMM2 slices)
-        bases = (L(16, 32, 128, 1, False, 4, 3), L(16, 64, 128, 1, True, 4, 4), L(16, 64, 64, 1, True, 4, 6))
-        splits = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)) if tokens <= 16 else ((1, 1), (2, 1), (2, 2))
+    if tokens <= 64:
+        bases = (L(16, 64, 64, 1, True, 2, 4), L(16, 64, 128, 1, True, 2, 4), L(16, 64, 128, 1, True, 4, 3),
+                 L(16, 64, 128, 1, True, 4, 4), L(16, 64, 256, 1, True, 4, 3), L(16, 128, 128, 1, True, 8, 3))
+        splits = ((1, 1), (2, 1), (2, 2), (4, 2)) if tokens <= 4 else ((1, 1), (2, 1), (2, 2)) if tokens <= 16 \
+            else ((1, 1), (2, 1))
         return [(dataclasses.replace(c, split_k=s1), dataclasses.replace(c, split_k=s2))
                 for c in bases for s1, s2 in splits]
     if tokens <= 1024:
-        return [(L(bm, bn, 128, 8, swap, w, 3), L(bm, 128, 128, 8, swap, w, 3))
-                for bm, swap in ((16, True), (32, False), (64, False)) for bn in (64, 128) for w in (4, 8)]
-    return [(L(bm, bn, bk, 8, False, 8, st), L(bm, 128, bk, 8, False, 8, st))
-            for bm in (64, 128) for bn in (64, 128) for bk, st in ((64, 3), (64, 4), (128, 3))]
+        return [(L(16, 64, 128, 8, True, 4, 3), L(16, 64, 128, 8, True, 4, 3)),
+                (L(16, 64, 128, 8, True, 2, 4), L(16, 64, 128, 8, True, 2, 4)),
+                (L(16, 128, 128, 8, True, 8, 3), L(16, 128, 128, 8, True, 8, 3)),
+                (L(32, 64, 128, 8, False, 4, 3), L(32, 128, 128, 8, False, 4, 3)),
+                (L(64, 64, 128, 8, False, 4, 3), L(64, 128, 128, 8, False, 4, 3)),
+                (L(64, 128, 128, 8, False, 8, 3), L(64, 128, 128, 8, False, 8, 3)),
+                (L(64, 128, 64, 8, False, 4, 4), L(64, 128, 64, 8, False, 4, 4)),
+                (L(128, 128, 64, 8, False, 8, 3), L(128, 128, 64, 8, False, 8, 3))]
+    return [(L(bm, bn, bk, 8, False, w, st), L(bm, bn2, bk, 8, False, w, st))
+            for bm, bn, bn2, bk, w, st in ((128, 128, 128, 64, 8, 3), (128, 128, 128, 64, 8, 4),
+                                           (128, 128, 128, 128, 8, 3), (128, 256, 128, 64, 8, 3),
+                                           (128, 128, 256, 64, 8, 3), (64, 128, 128, 64, 4, 4),
+                                           (128, 64, 128, 128, 4, 3), (64, 256, 256, 64, 8, 3))]
 
 
 def tuned_table(gpu: str, sweep_rows: list, tokens_list: list) -> dict:

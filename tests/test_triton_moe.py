@@ -151,3 +151,31 @@ def test_cuda_split_k_matches_emulation_and_is_bit_identical(name, tokens):
     assert_matches_emulation(out, ref)
     again, _ = run_both(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)
     assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "split-K runs must be bit-identical"
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [3, 300])
+def test_cuda_folded_and_unfolded_scales_give_the_same_bits(monkeypatch, tokens):
+    """The one-FMA dequantization (2^126 folded into the E8M0 scale) and the two-FMA one agree bit for bit,
+    and MXFP4 scales above 2 (exponent > 128), which take the two-FMA path, still match the emulation."""
+    from backends.triton_moe import forward
+
+    shape = SHAPES["gpt-oss-20b"]
+    out_folded, ref = run_both(shape, tokens, device="cuda", seed=tokens)
+    monkeypatch.setattr(forward, "_scales_fold", lambda weights: False)
+    out_unfolded, _ = run_both(shape, tokens, device="cuda", seed=tokens)
+    assert_matches_emulation(out_folded, ref)
+    assert torch.equal(out_folded.view(torch.int16), out_unfolded.view(torch.int16))
+    monkeypatch.undo()
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
+    ckpt["w13_scale"] = ckpt["w13_scale"] + 9  # exponents 127..131: block scales up to 16
+    ckpt["w2_scale"] = ckpt["w2_scale"] + 9
+    weights = to_kernel_layout(**ckpt)
+    assert not forward._scales_fold(weights)
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+    logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
+    act = activation_kwargs(shape)
+    ref = emulation.moe_forward(x, **ckpt, router_logits=logits, top_k=shape.top_k, **act)
+    assert_matches_emulation(moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **act), ref)

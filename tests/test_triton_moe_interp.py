@@ -4,7 +4,8 @@ Triton fixes compiled-vs-interpreted when it is first imported, and other tests 
 import it compiled, so the cases run in one `TRITON_INTERPRET=1` subprocess (this file run as a
 script) that prints one JSON line per case; each test below checks its case's line. Shapes are tiny
 (the interpreter runs numpy per tile) but cover both formats, both activations, biases, both gate/up
-layouts, both routings, the K tail, swap-AB and plain tiles, split-K (empty slices too), one expert taking every token, and
+layouts, both routings, the K tail, swap-AB and plain tiles, split-K (empty slices too), one expert taking every token,
+folded and unfolded scales (same bits; MXFP4 block scales above 2), and
 bit-identical repeated runs.
 """
 
@@ -104,6 +105,47 @@ def _check_fused_alignment() -> dict:
     return {"mismatches": mismatches}
 
 
+def _check_scale_folding() -> dict:
+    """Folded (one FMA) and unfolded (two FMAs) dequantization give the same bits; MXFP4 exponents above 128
+    (block scales > 2) take the unfolded path and still match the emulation; NVFP4 always folds."""
+    import torch
+
+    from backends import emulation
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe import forward, moe_forward, tuning
+    from backends.triton_moe.testing import Shape, activation_kwargs, compare, random_checkpoint
+
+    shape = Shape("fold", "mxfp4", 4, 2, 64, 64, "swigluoai", True)
+    gen = torch.Generator().manual_seed(11)
+    ckpt = random_checkpoint(shape, generator=gen)
+    x = torch.randn(5, 64, generator=gen).bfloat16()
+    route = {"router_logits": torch.randn(5, 4, generator=gen), "top_k": 2}
+    act = activation_kwargs(shape)
+    swap = tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2)
+    config = tuning.MoEConfig(swap, swap, "test")
+    weights = to_kernel_layout(**ckpt)
+    folded_verdict = forward._scales_fold(weights)
+    folded = moe_forward(x, weights, **route, **act, config=config)
+    real_fold = forward._scales_fold
+    forward._scales_fold = lambda w: False
+    try:
+        unfolded = moe_forward(x, weights, **route, **act, config=config)
+    finally:
+        forward._scales_fold = real_fold
+    ckpt["w13_scale"] = ckpt["w13_scale"] + 9  # exponents 127..131: block scales up to 16
+    ckpt["w2_scale"] = ckpt["w2_scale"] + 9
+    large = to_kernel_layout(**ckpt)
+    ref = emulation.moe_forward(x, **ckpt, **route, **act)
+    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
+    stats = compare(moe_forward(x, large, **route, **act, config=config), ref,
+                    rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
+                    atol_rms_units=elementwise["atol"])
+    nv = to_kernel_layout(**random_checkpoint(Shape("nv", "nvfp4", 4, 2, 64, 64, "silu", False), generator=gen))
+    return {"folded_verdict": folded_verdict, "large_verdict": forward._scales_fold(large),
+            "nvfp4_verdict": forward._scales_fold(nv),
+            "same_bits": torch.equal(folded.view(torch.int16), unfolded.view(torch.int16)), **stats}
+
+
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
     path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -129,12 +171,22 @@ def test_interpreter_fused_alignment_matches_torch_path(interpreter_results):
     assert row["mismatches"] == [], f"(T, E, k, BLOCK_M) cases that differ: {row['mismatches']}"
 
 
+def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_results):
+    row = interpreter_results["scale-folding"]
+    assert "error" not in row, row.get("error")
+    assert row["folded_verdict"] and row["nvfp4_verdict"] and not row["large_verdict"], row
+    assert row["same_bits"], "folded and unfolded dequantization must give the same bits"
+    assert row["finite"] and row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
+
+
+CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding}
+
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
     import traceback
 
-    for case_name, case_spec in [*CASES.items(), ("fused-alignment", None)]:
+    for case_name, case_spec in [*CASES.items(), *((name, None) for name in CHECKS)]:
         try:
-            row = _check_fused_alignment() if case_spec is None else _run_case(case_name, case_spec)
+            row = CHECKS[case_name]() if case_spec is None else _run_case(case_name, case_spec)
         except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
             row = {"error": traceback.format_exc()[-3000:]}
         print(json.dumps({"case": case_name, **row}), flush=True)

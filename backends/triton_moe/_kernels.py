@@ -11,9 +11,11 @@ There are no atomics anywhere, so the result is bit-identical from run to run.
 
 Weights stay packed E2M1 until the K loop (layout: backends.layouts.triton_moe; a byte holds
 values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile are two K halves
-that meet the matching activation columns in two MMAs - no interleaving shuffle). On the GPU
-an inline-PTX routine turns 4 bytes into 8 scaled bf16 values with bf16x2 FMAs (~3 instructions
-per value); the CPU interpreter computes the same values in fp32. Products FP4 x block scale
+that meet the matching activation columns in two MMAs - no interleaving shuffle). The K loop walks
+chunks of one scale block (32 MXFP4 / 16 NVFP4 bytes per row: one 16-byte-aligned copy per row, one
+scale word per row, broadcast in registers). On the GPU an inline-PTX routine turns 4 bytes into 8
+scaled bf16 values with one bf16x2 FMA per pair (~2 SASS per value; the scale carries the 2^126 of
+the bit trick); the CPU interpreter computes the same values in fp32. Products FP4 x block scale
 are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
 so nothing is rounded that the format did not round.
 """
@@ -27,98 +29,144 @@ ACT_SILU = 0
 ACT_SWIGLUOAI = 1
 
 
-# E2M1 pairs -> bf16x2 with a scale, 4 bytes (8 values) per asm instance, ~3 instructions per value:
-# spread bytes into 16-bit lanes (prmt), move sign to bit 15 and the 3 magnitude bits to bits 6..8
-# (a bf16 whose value is the E2M1 value * 2^-126, subnormal for 0.5), multiply by 2^126 and by the
-# block scale with bf16x2 FMAs (exact: <= 6 significant bits). $0,$1: low nibbles of bytes 0-1, 2-3;
-# $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8: the scales of the low / high values.
+# E2M1 -> bf16x2, 4 bytes (8 values) per asm instance. prmt moves byte j into the high byte of a 16-bit lane;
+# there a high nibble has its sign on bit 15 and its magnitude on bits 12..14, so (t | t >> 6) & 0x81C081C0 is
+# the bf16 pattern of value * 2^-126 (subnormal for 0.5; 2 SASS ops: SHF + LOP3); a low nibble needs its sign
+# moved up 4 and its magnitude down 2 (3 ops). One bf16x2 FMA then applies a "folded" scale, 2^126 * block
+# scale (exact: <= 6 significant bits), built by _scale_bf16. $0,$1: low nibbles of bytes 0-1, 2-3; $2,$3:
+# high nibbles; $4: the 4 bytes; $5,$6 / $7,$8: the folded scales of the low / high values. ~2 SASS per value.
 _E2M1_BF16X2_ASM = tl.constexpr("""
 {
-.reg .b32 t01, t23, a, b, v, k126, nz, z;
-mov.b32 k126, 0x7E807E80;
-mov.b32 nz, 0x80008000;
+.reg .b32 t01, t23, a, b, z, nz;
 mov.b32 z, 0;
-prmt.b32 t01, $4, z, 0x4140;
-prmt.b32 t23, $4, z, 0x4342;
-shl.b32 a, t01, 12; and.b32 a, a, 0x80008000; shl.b32 b, t01, 6; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
-fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $0, v, $5, nz;
-shl.b32 a, t23, 12; and.b32 a, a, 0x80008000; shl.b32 b, t23, 6; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
-fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $1, v, $6, nz;
-shl.b32 a, t01, 8; and.b32 a, a, 0x80008000; shl.b32 b, t01, 2; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
-fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $2, v, $7, nz;
-shl.b32 a, t23, 8; and.b32 a, a, 0x80008000; shl.b32 b, t23, 2; and.b32 b, b, 0x01C001C0; or.b32 v, a, b;
-fma.rn.bf16x2 v, v, k126, nz; fma.rn.bf16x2 $3, v, $8, nz;
+mov.b32 nz, 0x80008000;
+prmt.b32 t01, $4, z, 0x1404;
+prmt.b32 t23, $4, z, 0x3424;
+shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $0, a, $5, nz;
+shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $1, a, $6, nz;
+shr.b32 a, t01, 6; or.b32 a, a, t01; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $2, a, $7, nz;
+shr.b32 a, t23, 6; or.b32 a, a, t23; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $3, a, $8, nz;
 }
 """)
+# Unfolded variant (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first
+# multiply by 2^126, then by the block scale itself (two exact FMAs).
+_E2M1_BF16X2_UNFOLDED_ASM = tl.constexpr("""
+{
+.reg .b32 t01, t23, a, b, z, nz, k126;
+mov.b32 z, 0;
+mov.b32 nz, 0x80008000;
+mov.b32 k126, 0x7E807E80;
+prmt.b32 t01, $4, z, 0x1404;
+prmt.b32 t23, $4, z, 0x3424;
+shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $0, a, $5, nz;
+shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $1, a, $6, nz;
+shr.b32 a, t01, 6; or.b32 a, a, t01; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $2, a, $7, nz;
+shr.b32 a, t23, 6; or.b32 a, a, t23; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $3, a, $8, nz;
+}
+""")
+
+#: NVFP4 scales are folded with an extra 2^-NVFP4_FOLD_SHIFT = 2^-16 (E4M3 up to 448 * 2^126 would overflow
+#: bf16): the dequantized weights are W * 2^-16 (all normal: |W| in [2^-10, 2688]) and the GEMM epilogues
+#: multiply by 2^16 = 65536.0 (exact).
+NVFP4_FOLD_SHIFT = 16
 
 
 @triton.jit
 def _e2m1_value_f32(codes):
-    """4-bit E2M1 codes (int32) -> fp32 values, through an fp16 bit pattern (value * 2^-14, exact)."""
+    """4-bit E2M1 codes (int32) -> fp32 values * 2^-126 (the asm's bf16 pattern), through fp16 (exact)."""
     bits = (((codes & 8) << 12) | ((codes & 7) << 9)).to(tl.int16)
-    return bits.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+    return bits.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0 * 1.1754943508222875e-38  # * 2^14 * 2^-126
 
 
 @triton.jit
-def _dequant_pairs(packed, scale_lo, scale_hi, USE_ASM: tl.constexpr):
+def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
     """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r,r,r,r",
-                                           [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
-                                           is_pure=True, pack=4)
-    else:  # the CPU interpreter cannot run PTX: same values through fp32 (products are exact)
+        if FOLDED:
+            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r,r,r,r",
+                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
+                                               is_pure=True, pack=4)
+        else:
+            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_UNFOLDED_ASM, "=r,=r,=r,=r,r,r,r,r,r",
+                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
+                                               is_pure=True, pack=4)
+    else:  # the CPU interpreter cannot run PTX: the same products in fp32 (each exact), rounded once
         b = packed.to(tl.int32)
-        lo = (_e2m1_value_f32(b & 15) * scale_lo.to(tl.float32)).to(tl.bfloat16)
-        hi = (_e2m1_value_f32(b >> 4) * scale_hi.to(tl.float32)).to(tl.bfloat16)
+        lo = _e2m1_value_f32(b & 15)
+        hi = _e2m1_value_f32(b >> 4)
+        if not FOLDED:
+            lo = lo * 8.507059173023462e37  # 2^126
+            hi = hi * 8.507059173023462e37
+        lo = (lo * scale_lo.to(tl.float32)).to(tl.bfloat16)
+        hi = (hi * scale_hi.to(tl.float32)).to(tl.bfloat16)
     return lo, hi
 
 
 @triton.jit
-def _scale_values(words, idx, NVFP4: tl.constexpr):
-    """Scale words [ROWS, G] and byte indices [G, H2] -> bf16 block scales [ROWS, G, H2] (exact)."""
-    s = (words[:, :, None] >> (8 * idx)[None, :, :]) & 0xFF
-    if NVFP4:  # E4M3 -> fp16 pattern (value * 2^-8) -> fp32 * 2^8
+def _scale_bf16(s, NVFP4: tl.constexpr, FOLDED: tl.constexpr):
+    """Scale bytes (int32 0..255) -> the bf16 factor _dequant_pairs applies (exact).
+
+    MXFP4 (E8M0 e, scale 2^(e-127)): folded 2^126 * scale = 2^(e-1), valid for e <= 128 (forward.py checks);
+    unfolded 2^(e-127) (e = 0: the bf16 subnormal 2^-127; both give the same products).
+    NVFP4 (E4M3, always folded): 2^(126 - NVFP4_FOLD_SHIFT) * scale = 2^110 * scale.
+    """
+    if NVFP4:  # E4M3 -> fp16 pattern (value * 2^-8) -> fp32 * 2^(8 + 110)
         sbits = (((s & 0x80) << 8) | ((s & 0x7F) << 7)).to(tl.int16)
-        return (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 256.0).to(tl.bfloat16)
-    return (s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)  # E8M0 e -> 2^(e-127) (e = 0 reads as 0)
+        return (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 3.3230699894622794e35).to(tl.bfloat16)
+    if FOLDED:
+        return ((s + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.where(s == 0, 0x40, s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
-def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, USE_ASM: tl.constexpr):
-    """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: columns b of both match the
-    activation columns of _act_halves (value k = k0 + 64*(b//32) + b%32, and k + 32)."""
-    G: tl.constexpr = BLOCK_K // 64
-    H2: tl.constexpr = 32 // SCALE_BLOCK  # scale blocks per run of 32 low values: 1 (MXFP4) or 2 (NVFP4)
-    J: tl.constexpr = 32 // H2
-    g = tl.arange(0, G)
-    h = tl.arange(0, H2)
-    byte = g[:, None, None] * 32 + h[None, :, None] * J + tl.arange(0, J)[None, None, :]
-    k_ok = (k0 + 64 * g) < K
-    packed = tl.load(w_rows[:, None, None, None] + (k0 // 2 + byte)[None, :, :, :],
-                     mask=row_ok[:, None, None, None] & k_ok[None, :, None, None], other=0)
-    CHUNK: tl.constexpr = 4 * SCALE_BLOCK  # K values per 32-bit scale word: 128 (MXFP4), 64 (NVFP4)
-    kg = k0 + 64 * g  # first K value of each 64-wide group
-    words = tl.load(words_ptr[:, None] + (kg // CHUNK)[None, :] * stride_sc, mask=row_ok[:, None] & k_ok[None, :],
-                    other=0)
-    idx_lo = ((kg % CHUNK) // SCALE_BLOCK)[:, None] + h[None, :]
-    scale_lo = _scale_values(words, idx_lo, NVFP4)
-    scale_hi = _scale_values(words, idx_lo + 32 // SCALE_BLOCK, NVFP4)
+def _weight_chunk(w_rows, words_ptr, stride_sc, k0, c: tl.constexpr, row_ok, K: tl.constexpr,
+                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
+                  USE_ASM: tl.constexpr):
+    """Chunk c (SCALE_BLOCK bytes) of the K step at k0 -> (low, high) bf16 [ROWS, SCALE_BLOCK]: values kc + j
+    and kc + 32 + j, kc = _chunk_k(k0, c) (byte 32g + j holds values 64g + j and 64g + 32 + j).
+
+    Each half is one scale block, so each row has one scale per half: the bytes load as one contiguous
+    SCALE_BLOCK-byte vector per row, the scales as one word per row, broadcast in registers.
+    """
+    kc = _chunk_k(k0, c, SCALE_BLOCK)
+    col = k0 // 2 + c * SCALE_BLOCK + tl.arange(0, SCALE_BLOCK)  # written from k0 so its alignment stays visible
+    block_lo = kc // SCALE_BLOCK  # the low values' scale block; the high values' is 32 // SCALE_BLOCK further
+    s_ptrs = words_ptr + (block_lo // 4) * stride_sc
+    if EVEN_K:
+        packed = tl.load(w_rows[:, None] + col[None, :], mask=row_ok[:, None], other=0)
+        words = tl.load(s_ptrs, mask=row_ok, other=0)
+    else:
+        packed = tl.load(w_rows[:, None] + col[None, :], mask=row_ok[:, None] & (col < K // 2)[None, :], other=0)
+        words = tl.load(s_ptrs, mask=row_ok & (tl.full(row_ok.shape, kc, tl.int32) < K), other=0)
+    shift_lo = 8 * (block_lo % 4)
+    scale_lo = _scale_bf16((words >> shift_lo) & 0xFF, NVFP4, FOLDED)
+    scale_hi = _scale_bf16((words >> (shift_lo + 8 * (32 // SCALE_BLOCK))) & 0xFF, NVFP4, FOLDED)
     ROWS: tl.constexpr = packed.shape[0]
-    lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, :, None], (ROWS, G, H2, J)),
-                            tl.broadcast_to(scale_hi[:, :, :, None], (ROWS, G, H2, J)), USE_ASM)
-    return tl.reshape(lo, (ROWS, BLOCK_K // 2)), tl.reshape(hi, (ROWS, BLOCK_K // 2))
+    return _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, None], (ROWS, SCALE_BLOCK)),
+                          tl.broadcast_to(scale_hi[:, None], (ROWS, SCALE_BLOCK)), FOLDED, USE_ASM)
 
 
 @triton.jit
-def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each."""
-    b = tl.arange(0, BLOCK_K // 2)
-    col = k0 + 64 * (b // 32) + b % 32
-    mask = row_ok[:, None] & (col < K)[None, :]
+def _act_chunk(a_rows, kc, row_ok, K: tl.constexpr, WIDTH: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation columns matching _weight_chunk's halves: [ROWS, WIDTH] at kc and at kc + 32."""
+    col = kc + tl.arange(0, WIDTH)
+    if EVEN_K:
+        mask = row_ok[:, None]
+    else:
+        mask = row_ok[:, None] & (col < K)[None, :]
     lo = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
     hi = tl.load(a_rows[:, None] + (col + 32)[None, :], mask=mask, other=0.0)
     return lo, hi
+
+
+@triton.jit
+def _chunk_k(k0, c: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+    """First low K value of chunk c of the K step at k0 (chunks of SCALE_BLOCK low values, 32 per 64-group)."""
+    return k0 + 64 * ((c * SCALE_BLOCK) // 32) + (c * SCALE_BLOCK) % 32
 
 
 @triton.jit
@@ -149,10 +197,10 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
     """GEMM1's epilogue on full-K sums [rows, cols]: global scale, bias, activation, bf16 store to h."""
-    if NVFP4:
+    if NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_bf16): undo it, exactly
         global_scale = tl.load(gs_ptr + expert)
-        acc_g = acc_g / global_scale
-        acc_u = acc_u / global_scale
+        acc_g = acc_g * 65536.0 / global_scale
+        acc_u = acc_u * 65536.0 / global_scale
     if HAS_BIAS:
         b_ptrs = bias_ptr + expert * stride_be + offs_n
         acc_g += tl.load(b_ptrs, mask=col_ok, other=0.0)[None, :]
@@ -182,15 +230,39 @@ def _tile_ids(num_m_blocks, n_size, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr
 
 
 @triton.jit
+def _block_rows(pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N: tl.constexpr, K_SPLIT: tl.constexpr,
+                SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The GEMMs' shared prologue: expert, row indices and pairs, columns, and the K slice's start."""
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_pair_ptr + offs_m)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_base = 0  # split-K: slice program_id(1), K_SPLIT wide (see _k_split in forward.py)
+    if SPLIT_K > 1:
+        k_base = tl.program_id(1) * K_SPLIT
+    return expert, offs_m, pair, pair < num_pairs, offs_n, offs_n < N, k_base
+
+
+@triton.jit
+def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    if SWAP_AB:  # weights on the MMA's M side: the accumulator is [columns, rows] until the epilogue
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:  # one return (see _mma)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
 def gemm1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
     stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm,
-    alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
+    alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
+    GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
@@ -200,36 +272,25 @@ def gemm1_act_kernel(
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
         return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pair_ptr + offs_m)
-    row_ok = pair < num_pairs
-    token = (pair // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = offs_n < N
-    x_rows = x_ptr + token * stride_xm
+    expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
+        pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
+    x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     wg_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
     wu_rows = wg_rows + N * stride_wn
     sg_ptrs = s_ptr + expert * stride_se + offs_n
     su_ptrs = sg_ptrs + N
-    if SWAP_AB:
-        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_base = 0  # split-K: slice program_id(1), K_SPLIT wide (see _k_split in forward.py)
-    if SPLIT_K > 1:
-        k_base = tl.program_id(1) * K_SPLIT
+    acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
-        k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K)
-        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, USE_ASM)
-        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, USE_ASM)
-        acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
-        acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
+        for c in tl.static_range(BLOCK_K // (2 * SCALE_BLOCK)):
+            k0 = k_base + k_step
+            a_lo, a_hi = _act_chunk(x_rows, _chunk_k(k0, c, SCALE_BLOCK), row_ok, K, SCALE_BLOCK, EVEN_K)
+            g_lo, g_hi = _weight_chunk(wg_rows, sg_ptrs, stride_sc, k0, c, col_ok, K, SCALE_BLOCK, NVFP4, FOLDED,
+                                       EVEN_K, USE_ASM)
+            u_lo, u_hi = _weight_chunk(wu_rows, su_ptrs, stride_sc, k0, c, col_ok, K, SCALE_BLOCK, NVFP4, FOLDED,
+                                       EVEN_K, USE_ASM)
+            acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
+            acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -277,10 +338,10 @@ def gemm2_kernel(
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
     stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os,
-    SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
+    SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr,
-    DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
 
@@ -290,32 +351,23 @@ def gemm2_kernel(
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
         return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pair_ptr + offs_m)
-    row_ok = pair < num_pairs
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = offs_n < N
+    expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
+        pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
     s_ptrs = s_ptr + expert * stride_se + offs_n
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_base = 0  # split-K: slice program_id(1), K_SPLIT wide (see _k_split in forward.py)
-    if SPLIT_K > 1:
-        k_base = tl.program_id(1) * K_SPLIT
+    acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
-        k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K)
-        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, USE_ASM)
-        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
+        for c in tl.static_range(BLOCK_K // (2 * SCALE_BLOCK)):
+            k0 = k_base + k_step
+            a_lo, a_hi = _act_chunk(a_rows, _chunk_k(k0, c, SCALE_BLOCK), row_ok, K, SCALE_BLOCK, EVEN_K)
+            w_lo, w_hi = _weight_chunk(w_rows, s_ptrs, stride_sc, k0, c, col_ok, K, SCALE_BLOCK, NVFP4, FOLDED,
+                                       EVEN_K, USE_ASM)
+            acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)
-    if NVFP4:
-        acc = acc / tl.load(gs_ptr + expert)
+    if NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
+        acc = acc * 65536.0 / tl.load(gs_ptr + expert)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert * stride_be + offs_n, mask=col_ok, other=0.0)
         if SPLIT_K > 1:  # the bias belongs to slice 0 only

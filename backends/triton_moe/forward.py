@@ -13,6 +13,7 @@ same bits (`deterministic=True` is therefore always honoured). CUDA-graph captur
 
 from __future__ import annotations
 
+import weakref
 from importlib.metadata import version
 
 import torch
@@ -137,11 +138,39 @@ def moe_forward(
     kernels = _kernels_for(x.device)
     al = align(ids, experts, config.gemm1.block_m, kernels)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
-            (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED)
+            (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
+            _scales_fold(weights))
     return out
 
 
-def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted):
+#: id(w13_scale) -> (weakref to it, w13/w2 scale versions, verdict) of _scales_fold's one-time check.
+_FOLD_VERDICTS: dict = {}
+
+
+def _scales_fold(w: TritonMoEWeights) -> bool:
+    """Whether the dequantization may fold 2^126 into the block scale (one FMA per value pair, not two).
+
+    Always for NVFP4 (E4M3 <= 448, folded with a 2^-16 the epilogues undo). MXFP4: when no E8M0 exponent
+    exceeds 128 (block scales <= 2, so 2^126 * scale fits bf16; real checkpoints sit far below). Checked
+    once per scale tensor (one device sync, outside graph capture; inside a capture an unchecked tensor runs
+    the unfolded path, which gives the same bits).
+    """
+    if w.format == "nvfp4":
+        return True
+    key = id(w.w13_scale)
+    versions = (w.w13_scale._version, w.w2_scale._version)
+    cached = _FOLD_VERDICTS.get(key)
+    if cached is not None and cached[0]() is w.w13_scale and cached[1] == versions:
+        return cached[2]
+    if w.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    verdict = max(int(w.w13_scale.view(torch.uint8).max()), int(w.w2_scale.view(torch.uint8).max())) <= 128
+    _FOLD_VERDICTS[key] = (weakref.ref(w.w13_scale, lambda _ref, k=key: _FOLD_VERDICTS.pop(k, None)), versions,
+                           verdict)
+    return verdict
+
+
+def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids (four with
     split-K GEMM1, whose activation runs in a separate epilogue after the fixed-order slice sum)."""
     tokens, hidden = x.shape
@@ -168,9 +197,9 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         num_pairs, al.num_blocks, hidden, inter,
         x.stride(0), weights.w13.stride(0), weights.w13.stride(1), weights.w13_scale.stride(0),
         weights.w13_scale.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), *swiglu,
-        SPLIT_K=c1.split_k, K_SPLIT=_k_split(hidden, c1), TOP_K=k,
+        SPLIT_K=c1.split_k, K_SPLIT=_k_split(hidden, c1), EVEN_K=_even_k(hidden, c1), TOP_K=k,
         BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
-        SCALE_BLOCK=scale_block, NVFP4=nvfp4,
+        SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
         ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages,
     )
@@ -189,9 +218,9 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         num_pairs, al.num_blocks, inter, hidden,
         h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
         weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
-        SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2),
+        SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2), EVEN_K=_even_k(inter, c2),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
-        SCALE_BLOCK=scale_block, NVFP4=nvfp4, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
+        SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
         DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )
     sum_block = 1024
@@ -209,6 +238,11 @@ def _k_split(k_size: int, c) -> int:
     of K steps; steps past K are fully masked (the last slice may be short, or empty).
     """
     return _cdiv(_cdiv(k_size, c.split_k), c.block_k) * c.block_k
+
+
+def _even_k(k_size: int, c) -> bool:
+    """True when every K step of every slice lies inside K: the kernels then load without K masks."""
+    return _k_split(k_size, c) * c.split_k == k_size
 
 
 def _cdiv(a: int, b: int) -> int:
