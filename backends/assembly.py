@@ -21,7 +21,7 @@ from typing import Any
 
 from oracle.model import Ctx
 
-__all__ = ["KernelAssembly", "kernel_assembly"]
+__all__ = ["KernelAssembly", "describe_assembly", "kernel_assembly"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,18 @@ class KernelAssembly:
                 "inplace": self.inplace, "shared_experts": self.shared_experts, "why": list(self.why)}
 
 
+def describe_assembly(a: KernelAssembly) -> str:
+    """One line for explain: stages, variants in order, format, in place, shared experts."""
+    def word(flag: bool | None, yes: str, no: str) -> str:
+        return "unknown" if flag is None else yes if flag else no
+
+    variants = ", ".join(f"{k}{' (monolithic)' if m else ''}" for k, m in a.variants) or "none"
+    tokens = f", max {a.max_tokens_per_rank} tokens per rank" if a.max_tokens_per_rank is not None else ""
+    return (f"assembly {' -> '.join(a.stages) or 'none'}; variants in order: {variants}; {a.activation_format} "
+            f"format{tokens}; {word(a.inplace, 'may run in place', 'never in place')}; shared experts "
+            f"{word(a.shared_experts, 'in the kernel', 'outside the kernel')}")
+
+
 def kernel_assembly(oracle, decision, question: Mapping[str, Any], *,
                     max_num_batched_tokens: int | None = None) -> KernelAssembly:
     """The assembly of `decision` (answered for `question` by `oracle`) from the rules of its profile.
@@ -64,7 +76,9 @@ def kernel_assembly(oracle, decision, question: Mapping[str, Any], *,
         raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens!r} must be a positive int (the "
                          f"scheduler's max_num_batched_tokens) or None for the rules' default")
     table = oracle.table(decision.profile or question["profile"])
-    policy = table.policies[decision.policy or question["policy"]]
+    policy = table.policies.get(decision.policy or question["policy"])
+    if policy is None:  # the question names a policy this profile lacks: its answer is an error, nothing assembles
+        return KernelAssembly(decision.backend, decision.kernel, None, (), "standard", None, None, None)
     family = policy.family
     scenario = oracle.prepare(question)
     batched = bool(family.batched(Ctx(scenario.facts, scenario.env, scenario.packages))) if family.batched else False

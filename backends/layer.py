@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backends.assembly import KernelAssembly, kernel_assembly
+from backends.assembly import KernelAssembly, describe_assembly, kernel_assembly
 from backends.emulation import GATED_ACTIVATIONS
 from backends.layouts.quant_config import build_quant_config, gemm1_constants
 from backends.weights import MoEWeights
@@ -263,6 +263,11 @@ class MoELayer:
             lines.append(f"decided by step '{d.decided_by.step}' at {d.decided_by.at}: {d.decided_by.why}")
         if d.converter is None and d.missing_why:
             lines.append(f"converter none ({d.missing_why})")
+        if d.quant_config is not None:
+            lines.append(f"quant_config {d.quant_config['kind']} (weight {d.quant_config['weight']}, activation "
+                         f"{d.quant_config['activation']})")
+        if self.assembly is not None:
+            lines.append(describe_assembly(self.assembly))
         lines.append("")
         render_lines(d.trace, lines)
         return "\n".join(lines)
@@ -363,7 +368,8 @@ def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssemb
         problem = (f"{where} selects no backend: {decision.outcome}" +
                    (f": {decision.error}" if decision.error else ""))
     elif decision.runner is None:
-        problem = (f"{where} selects {decision.backend} (kernel {decision.kernel}), which this project cannot run: "
+        problem = (f"{where} selects {decision.backend} (kernel {decision.kernel}), which this project cannot run "
+                   f"(not runnable here): "
                    f"{decision.missing_why or 'no runner'}")
     elif decision.activation_key is not None:
         problem = (f"{where} selects {decision.backend}, which quantizes activations ({decision.activation_key}); "

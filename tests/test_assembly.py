@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backends import MoELayer
-from backends.assembly import kernel_assembly
+from backends.assembly import describe_assembly, kernel_assembly
 from backends.layer import LayerUnavailableError
 from backends.quark import QuarkOCPMXMoE
 from oracle import Oracle
@@ -62,6 +62,9 @@ def test_the_batched_format_gives_max_tokens_per_rank_and_the_shared_experts(ora
     assert (a.backend, a.activation_format, a.max_tokens_per_rank, a.shared_experts) == (
         "BATCHED_MARLIN", "batched", 256, True)
     assert (a.monolithic, a.stages) == (False, ("prepare", "experts", "finalize"))
+    assert describe_assembly(a) == ("assembly prepare -> experts -> finalize; variants in order: BatchedMarlinExperts; "
+                                    "batched format, max 256 tokens per rank; may run in place; shared experts in "
+                                    "the kernel")
     assert _assembly(oracle, sc, max_num_batched_tokens=1024).max_tokens_per_rank == 1024
     # the standard format ignores the budget: no max tokens per rank
     assert _assembly(oracle, scenario("mxfp4-gpt-oss", "cuda:9.0"), max_num_batched_tokens=1024
@@ -122,9 +125,21 @@ def test_a_layer_this_project_cannot_run_answers_with_the_decision_and_its_assem
                                  platform={"kind": "cuda", "capability": [10, 0]}, packages={"flashinfer": True},
                                  env={}, device="cpu")
     err = info.value
+    assert "not runnable here" in str(err)
     assert (err.decision.backend, err.decision.quant_config["kind"]) == ("FLASHINFER_TRTLLM_MXFP4_BF16", "w4a16")
     assert (err.assembly.kernel, err.assembly.monolithic, err.assembly.inplace) == (
         "TrtLlmMxfp4ExpertsMonolithic", True, False)
+
+
+def test_nothing_selected_is_still_the_layers_clear_error():
+    """vLLM 0.33 on a CPU without AMX selects nothing (unsupported): the error carries an empty assembly."""
+    w = random_layer("mxfp4", experts=4, hidden=128, inter=128, seed=1, gate_up="contiguous")
+    with pytest.raises(LayerUnavailableError, match="selects no backend: unsupported") as info:
+        MoELayer.from_checkpoint(w, activation="silu", top_k=2, profile="vllm-0.33", platform={"kind": "cpu"},
+                                 packages={}, env={}, device="cpu")
+    assert info.value.decision.outcome == "unsupported"
+    assert (info.value.assembly.backend, info.value.assembly.monolithic, info.value.assembly.variants) == (
+        None, None, ())
 
 
 def test_a_runnable_layer_carries_its_assembly():
@@ -134,6 +149,9 @@ def test_a_runnable_layer_carries_its_assembly():
     a = layer.assembly
     assert (a.backend, a.kernel, a.inplace, a.shared_experts, a.activation_format) == (
         "EMULATION", "EmulationMoe", False, False, "standard")
+    text = layer.explain()
+    assert "quant_config ocp-mx (weight mxfp4, activation None)" in text
+    assert "standard format; never in place; shared experts outside the kernel" in text
     assert layer.forward(torch.zeros(1, 64), torch.zeros(1, 4)).shape == (1, 64)
 
 
