@@ -16,6 +16,7 @@ in the order the data flows through them:
     interpreter  Table x Scenario -> Result (fast path, or with a typed trace)
     leaves     a failed check's false leaves, actual values and rule locations (traces only)
     decision   -> immutable Decision (to_dict / from_dict); trace: its typed entries
+    snapshot   one version of the rules: every profile checked, tables compiled once, caches keyed by content
     api        Oracle: one Snapshot (index, tables, caches) swapped by reload(); select()
     registry   converter/runner paths (backends.* or entry points), resolved lazily
     vocabulary formats under all their names, and the activation list
