@@ -117,3 +117,21 @@ def test_every_input_of_a_coarse_class_gets_its_answer(profile, every):
                 assert got == answer, (name, {v: c.label for v, c in leaf.items()})
                 checked += 1
     assert checked > 100
+
+
+def test_always_true_step_shadows_the_steps_after_it(tmp_path):
+    root = _only_profile(tmp_path, "moe-oracle")
+    path = root / "moe-oracle" / "w4a16.yaml"
+    text = path.read_text()
+    old = "      - id: explicit-backend\n        when: {fact: moe.moe_backend, ne: auto}"
+    assert old in text
+    path.write_text(text.replace(old, "      - id: explicit-backend\n        when: {fact: platform.kind, in: "
+                                 "[cuda, rocm, xpu, cpu]}", 1))
+    found = lint_source(load_source(str(root)))
+    lines = path.read_text().splitlines()
+    at = {f["rule"]: [] for f in found}
+    for f in found:
+        at[f["rule"]].append(lines[int(f["at"].rsplit(":", 1)[1]) - 1].strip())
+    assert "- id: explicit-backend" in at.get("always-true", [])
+    assert {"- id: auto", "- id: nothing-fits"} <= set(at.get("unreachable-step", []))
+

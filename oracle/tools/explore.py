@@ -135,6 +135,7 @@ class Reader:
         self.packages = _Packages(x)
         self._fixed: dict[str, dict[str, Any]] = {}
         self._fixed_of: dict[str, Policy] = {}
+        self._with_platform: dict[tuple[str, int], tuple[Mapping[str, Any], dict[str, Any], dict[str, Any]]] = {}
 
     def ctx(self, policy: Policy, nullable: frozenset[str], platform: Mapping[str, Any] | None = None) -> Ctx:
         """A context for `policy`: varied facts fork, the others hold the policy's defaults.
@@ -144,7 +145,11 @@ class Reader:
             fixed = fixed_facts(self.x.space, policy)
             self._fixed[policy.name], self._fixed_of[policy.name] = fixed, policy
         if platform is not None:  # a sweep column: the platform is given, not forked
-            fixed = {**fixed, **platform}
+            key = (policy.name, id(platform))
+            merged = self._with_platform.get(key)
+            if merged is None or merged[0] is not platform or merged[1] is not fixed:
+                merged = self._with_platform[key] = (platform, fixed, {**fixed, **platform})
+            fixed = merged[2]
         return Ctx(_Facts(self.x, nullable, fixed), self.env, self.packages)  # type: ignore[arg-type]
 
 
@@ -165,11 +170,19 @@ class Memo:
 
     def __call__(self, x: Explorer, compute: Callable[[], Any]) -> Any:
         node = self.root
+        assigned = x.assigned
+        children: dict[int, Any] | None = None  # where the walk fell off the trie
+        at = depth = 0
         while node is not None:
             if type(node) is _Done:
                 self.hits += 1
                 return node.value
-            node = node[1].get(x.index(node[0]))
+            idx = assigned.get(node[0].var)  # mostly chosen already by an earlier column of the row
+            if idx is None or x.log is not None:
+                idx = x.index(node[0])
+            children, at = node[1], idx
+            node = children.get(idx)
+            depth += 1
         outer, x.log = x.log, []
         try:
             value = compute()
@@ -178,35 +191,28 @@ class Memo:
             x.log = outer
         if outer is not None:
             outer.extend(path)
-        self._record(path, value)
         self.runs += 1
-        return value
-
-    def _record(self, path: list[tuple[Domain, int]], value: Any) -> None:
         seen: set[str] = set()
         steps = []
         for domain, idx in path:  # a variable read again (another context of the same run) adds no branch
             if domain.var not in seen:
                 seen.add(domain.var)
                 steps.append((domain, idx))
-        if not steps:
-            self.root = _Done(value)
-            return
-        if self.root is None:
-            self.root = [steps[0][0], {}]
-        node = self.root
-        for k, (domain, idx) in enumerate(steps):
-            if type(node) is _Done or node[0].var != domain.var:
-                raise RuntimeError(f"decision read {domain.var} where an earlier run read "
-                                   f"{'nothing more' if type(node) is _Done else node[0].var}: it is not "
-                                   "deterministic in the classes it reads; report this")
-            children = node[1]
-            if k + 1 == len(steps):
-                children[idx] = _Done(value)
-            else:
-                node = children.get(idx)
-                if node is None:
-                    node = children[idx] = [steps[k + 1][0], {}]
+        if children is None:
+            self.root = self._chain(steps, value)
+        elif len(steps) < depth or steps[depth - 1][1] != at:
+            raise RuntimeError("a decision read other classes than the memo walked: it is not deterministic in "
+                               "the classes it reads; report this")
+        else:
+            children[at] = self._chain(steps[depth:], value)
+        return value
+
+    @staticmethod
+    def _chain(steps: list[tuple[Domain, int]], value: Any) -> Any:
+        node: Any = _Done(value)
+        for k in range(len(steps) - 1, -1, -1):
+            node = [steps[k][0], {steps[k][1]: node}]
+        return node
 
 
 class _Done(NamedTuple):
@@ -293,8 +299,12 @@ def decide(table: Table, policy: Policy, ctx: Ctx, hook: Callable[..., Result] |
         # sizes of 1 round up to the alignment itself: the rounding rule, without forking on every size class;
         # every other fact is the question's own (a sweep column's platform, a policy's default activation)
         facts = ctx.facts
-        unit = Ctx(_Facts(facts.x, facts.nullable, {**facts, **_UNIT_SIZES}), ctx.env, ctx.packages) \
-            if isinstance(facts, _Facts) else Ctx({**facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
+        if isinstance(facts, _Facts):
+            unit_facts = _Facts(facts.x, facts.nullable, facts)
+            unit_facts.update(_UNIT_SIZES)
+            unit = Ctx(unit_facts, ctx.env, ctx.packages)
+        else:
+            unit = Ctx({**facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
         h, i = round_sizes(res.family.round_up, res.backend.name, unit)
         kernel = res.kernel.name if res.kernel and res.report_kernel else None
         ak = res.activation_key

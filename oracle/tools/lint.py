@@ -80,7 +80,7 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
             counts.end_run()
             return res
 
-        for leaf, res in explore_coarse(space, coarse, one):
+        for refiner, res in explore_coarse(space, coarse, one):
             leaves += 1
             if res is None:
                 continue
@@ -89,7 +89,7 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
                 if res.kernel is not None:
                     kernels_chosen.add(id(coarse.kernel_of.get(id(res.kernel), res.kernel)))
             elif res.outcome == "error":
-                errors.setdefault((name, str(res.error)), []).append(leaf)
+                errors.setdefault((name, str(res.error)), []).append(refiner.leaf())
     found: list[Finding] = []
     used = {pol.family.name for pol in table.policies.values()}
     for fam in table.families.values():

@@ -39,20 +39,21 @@ class Refiner:
         self._domains: dict[str, Domain] = {}
 
     # ---------------------------------------------------------- forks
-    def split(self, domain: Domain, options: list[Group]) -> Group:
+    def split(self, domain: Domain, options: tuple[Group, ...]) -> int:
+        """Which of `options` (groups covering what the leaf left open) this run takes: replayed, or a new fork."""
         pos = self.pos
         if pos < len(self.stack):
             entry = self.stack[pos]
             if entry[0].var != domain.var:
                 raise RuntimeError(f"replay read {domain.var} where the first run split {entry[0].var}: "
                                    "a decision is not deterministic in its inputs; report this")
-            chosen: Group = entry[1][entry[2]]
+            k: int = entry[2]
         else:
             self.stack.append([domain, options, 0])
-            chosen = options[0]
+            k = 0
         self.pos = pos + 1
-        self.groups[domain.var] = chosen
-        return chosen
+        self.groups[domain.var] = options[k]
+        return k
 
     def value(self, domain: Domain) -> Any:
         """A plain read: the variable's class, splitting what the leaf leaves open into single classes."""
@@ -62,9 +63,9 @@ class Refiner:
         group = self.groups.get(domain.var)
         if group is None:
             self.read.add(domain.var)
-            group = self.split(domain, [(i,) for i in range(len(classes))])
-        elif len(group) > 1:
-            group = self.split(domain, [(i,) for i in group])
+            group = tuple(range(len(classes)))
+        if len(group) > 1:
+            return classes[group[self.split(domain, tuple((i,) for i in group))]].value
         return classes[group[0]].value
 
     def leaf(self) -> dict[str, Cls]:
@@ -91,18 +92,14 @@ class Refiner:
     def decide(self, fn: Fn, ctx: Ctx) -> Any:
         """fn(ctx) (truth value) on this leaf, splitting the leaf where the answer differs."""
         state = (fn, ctx.weight_key, ctx.activation_key, ctx.requested_key, ctx.call_backend)
-        node = self._plans.get(state)
+        plan = self._plans.get(state)
         groups = self.groups
-        while type(node) is list:  # [var, {group or None: node}]
-            node = node[1].get(groups.get(node[0]), _MISSING)
-        if node is None or node is _MISSING:
-            node = self._probe(fn, ctx, state)
-        return self._apply(node)
-
-    def _apply(self, plan: tuple[Any, ...]) -> Any:
-        while plan[0] == "N":
-            _, var, options, children = plan
-            plan = children[options.index(self.split(self._domains[var], list(options)))]
+        while type(plan) is list:  # [var, {group or None: node}]
+            plan = plan[1].get(groups.get(plan[0]), _MISSING)
+        if plan is None or plan is _MISSING:
+            plan = self._probe(fn, ctx, state)
+        while plan[0] == "N":  # ("N", var, options, plans): split the leaf
+            plan = plan[3][self.split(self._domains[plan[1]], plan[2])]
         if plan[0] == "E":
             raise EnvValueError(plan[1])
         return plan[1]
@@ -324,7 +321,7 @@ class Coarse:
         def wrap(fn: Fn) -> Fn:
             def coarse(ctx: Ctx) -> Any:
                 r = self.refiner
-                return fn(ctx) if r is None or not isinstance(ctx.facts, _Facts) else r.decide(fn, ctx)
+                return fn(ctx) if r is None else r.decide(fn, ctx)
             return coarse
 
         def check(c: Check) -> Check:
@@ -339,7 +336,10 @@ class Coarse:
                 tests = tuple(c.cond.fn for c in checks)
 
                 def accepts(ctx: Ctx, tests: tuple[Fn, ...] = tests) -> bool:  # k.accepts, one check at a time
-                    return all(test(ctx) for test in tests)
+                    for test in tests:
+                        if not test(ctx):
+                            return False
+                    return True
                 copy = copies[id(k)] = replace(k, checks=checks, accepts=accepts)
                 self.kernel_of[id(copy)] = k
             return copy
@@ -364,14 +364,15 @@ class Coarse:
 
 
 def explore_coarse(space: Space, coarse: Coarse, fn: Callable[[Refiner], Any], limit: int = 2_000_000
-                   ) -> Iterator[tuple[dict[str, Cls], Any]]:
-    """Every coarse leaf (the classes it fixed, fn's result); `limit` guards a runaway space."""
+                   ) -> Iterator[tuple[Refiner, Any]]:
+    """Every coarse leaf: the refiner standing on it (r.leaf() names its classes, until the next leaf) and fn's
+    result; `limit` guards a runaway space."""
     r = Refiner(space, coarse.read)
     coarse.refiner = r
     try:
         for _ in range(limit):
             result = fn(r)
-            yield r.leaf(), result
+            yield r, result
             if not r.advance():
                 return
     finally:

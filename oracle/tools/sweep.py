@@ -3,6 +3,8 @@
 Rows are the configuration classes (everything but the platform) of the exhaustive partition, fine
 enough for every platform at once: each exploration run decides the policy on every platform class,
 so a row's cells are exact for all inputs of the row. Columns are concrete platforms.
+Speed: each platform class's decision is memoized on the classes it reads (explore.Memo), so a row runs
+the engine only for the columns whose reads it has not seen yet; the other cells are walks of the memo.
 Renderings: Markdown, CSV, JSON and one self-contained HTML page (no network) with a colour per
 backend and a hover that shows the decision and the step that decided it.
 """
@@ -29,7 +31,13 @@ class Matrix:
     columns: list[str]  # concrete platforms
     column_class: list[int]  # the platform class of each column
     rows: list[tuple[str, list[Answer]]]  # (configuration, answer per platform class)
-    decisions: int  # decisions computed (rows x platform classes)
+    decisions: int  # answers of (row, platform class): rows x platform classes
+    runs: int = 0  # of those, decisions the engine ran; the others came from the memo (same reads, same answer)
+
+    @property
+    def cells(self) -> int:
+        """Answers in the matrix as rendered: rows x concrete platforms (platforms of one class share an answer)."""
+        return len(self.rows) * len(self.columns)
 
     def cell(self, row: int, col: int) -> Answer:
         return self.rows[row][1][self.column_class[col]]
@@ -40,9 +48,24 @@ class Matrix:
 SWEEP_VARIED = ("moe.moe_backend",)
 
 
+_SPACES: dict[tuple[int, int, tuple[str, ...]], tuple[Profiled, Space]] = {}
+
+
+def _space(p: Profiled, vary: tuple[str, ...]) -> Space:
+    """The space of one profile, built once for all its policies (the Profiled is kept, so its id stays its own)."""
+    key = (id(p.rs), id(p.table), vary)
+    hit = _SPACES.get(key)
+    if hit is None or hit[0] is not p:
+        if len(_SPACES) > 16:
+            _SPACES.clear()
+        space = Space.of([(p.rs, p.table)], vary) if "all" in vary else Space.of([(p.rs, p.table)], vary, SWEEP_VARIED)
+        hit = _SPACES[key] = (p, space)
+    return hit[1]
+
+
 def sweep_policy(p: Profiled, policy_name: str, vary: tuple[str, ...] = ()) -> Matrix:
     policy = p.table.policies[policy_name]
-    space = Space.of([(p.rs, p.table)], vary) if "all" in vary else Space.of([(p.rs, p.table)], vary, SWEEP_VARIED)
+    space = _space(p, vary)
     platforms = space.platform.classes
     nullable = nullable_facts(policy)
     hook = call_hook(p.table)
@@ -64,7 +87,8 @@ def sweep_policy(p: Profiled, policy_name: str, vary: tuple[str, ...] = ()) -> M
         for m in members(cl.label):
             columns.append(m)
             column_class.append(i)
-    return Matrix(p.name, policy_name, columns, column_class, rows, len(rows) * len(platforms))
+    return Matrix(p.name, policy_name, columns, column_class, rows, len(rows) * len(platforms),
+                  sum(memo.runs for memo in memos))
 
 
 def _cell_text(a: Answer) -> str:
