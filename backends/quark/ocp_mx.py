@@ -179,7 +179,8 @@ class QuarkOCPMXMoE:
             _fail(_OUTCOME_ERRORS[decision.outcome], f"{decision.error} (profile {profile}, decided at "
                   f"{decision.decided_by.at if decision.decided_by else '?'})")
         given = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
-        swiglu = swiglu_for(decision, activation, **given) if decision.outcome == "selected" else {}
+        runnable = decision.outcome == "selected" and decision.runner is not None  # else processing says why not
+        swiglu = swiglu_for(decision, activation, **given) if runnable else {}
         assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
         return cls(assembly=assembly, decision=decision, scenario=question, num_experts=num_experts,
                    hidden_size=hidden_size, intermediate_size=intermediate_size, top_k=top_k, activation=activation,
