@@ -155,31 +155,49 @@ def time_layer(fn, flush, iters):
 
 
 def sweep_candidates(tokens):
-    """Launch configs worth timing at this T. Decode: swap-AB 16-token tiles (2 warps use mma.sync, 4-8
-    wgmma; BLOCK_K 128+ halves the per-step overhead) with split-K; middle: swap-AB and 32-64-row tiles;
+    """Launch configs worth timing at this T. Decode: swap-AB 16-token tiles; 1-2 warps (mma.sync) beat
+    4-8 (wgmma) there, with split-K for the few-token sizes; middle: swap-AB and 32-64-row tiles;
     prefill: 64-128-row tiles, deeper pipelines."""
     L = tuning.LaunchConfig
     if tokens <= 64:
-        bases = (L(16, 64, 64, 1, True, 2, 4), L(16, 64, 128, 1, True, 2, 4), L(16, 64, 128, 1, True, 4, 3),
-                 L(16, 64, 128, 1, True, 4, 4), L(16, 64, 256, 1, True, 4, 3), L(16, 128, 128, 1, True, 8, 3))
-        splits = ((1, 1), (2, 1), (2, 2), (4, 2)) if tokens <= 4 else ((1, 1), (2, 1), (2, 2)) if tokens <= 16 \
-            else ((1, 1), (2, 1))
+        bases = (L(16, 64, 64, 1, True, 2, 4), L(16, 64, 128, 1, True, 2, 4), L(16, 64, 64, 1, True, 2, 6),
+                 L(16, 64, 128, 1, True, 2, 3), L(16, 64, 64, 1, True, 1, 4), L(16, 32, 64, 1, True, 1, 4),
+                 L(16, 32, 128, 1, True, 1, 4))
+        splits = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4)) if tokens <= 4 else ((1, 1), (2, 1), (2, 2)) \
+            if tokens <= 16 else ((1, 1), (2, 1))
         return [(dataclasses.replace(c, split_k=s1), dataclasses.replace(c, split_k=s2))
                 for c in bases for s1, s2 in splits]
     if tokens <= 1024:
-        return [(L(16, 64, 128, 8, True, 4, 3), L(16, 64, 128, 8, True, 4, 3)),
-                (L(16, 64, 128, 8, True, 2, 4), L(16, 64, 128, 8, True, 2, 4)),
-                (L(16, 128, 128, 8, True, 8, 3), L(16, 128, 128, 8, True, 8, 3)),
-                (L(32, 64, 128, 8, False, 4, 3), L(32, 128, 128, 8, False, 4, 3)),
-                (L(64, 64, 128, 8, False, 4, 3), L(64, 128, 128, 8, False, 4, 3)),
-                (L(64, 128, 128, 8, False, 8, 3), L(64, 128, 128, 8, False, 8, 3)),
-                (L(64, 128, 64, 8, False, 4, 4), L(64, 128, 64, 8, False, 4, 4)),
-                (L(128, 128, 64, 8, False, 8, 3), L(128, 128, 64, 8, False, 8, 3))]
+        tiles = (L(16, 64, 64, 8, True, 2, 4), L(16, 64, 128, 8, True, 2, 4), L(16, 64, 64, 8, True, 1, 4),
+                 L(32, 64, 64, 8, True, 2, 4), L(32, 64, 128, 8, False, 4, 3), L(64, 64, 128, 8, False, 4, 3),
+                 L(64, 128, 64, 8, False, 4, 4), L(64, 128, 128, 8, False, 8, 3), L(128, 128, 64, 8, False, 8, 3))
+        return [(c, c) for c in tiles]
     return [(L(bm, bn, bk, 8, False, w, st), L(bm, bn2, bk, 8, False, w, st))
             for bm, bn, bn2, bk, w, st in ((128, 128, 128, 64, 8, 3), (128, 128, 128, 64, 8, 4),
                                            (128, 128, 128, 128, 8, 3), (128, 256, 128, 64, 8, 3),
                                            (128, 128, 256, 64, 8, 3), (64, 128, 128, 64, 4, 4),
-                                           (128, 64, 128, 128, 4, 3), (64, 256, 256, 64, 8, 3))]
+                                           (128, 64, 128, 128, 4, 3), (64, 256, 256, 64, 8, 3),
+                                           (128, 128, 128, 64, 4, 4), (64, 128, 128, 128, 4, 3))]
+
+
+def profile_kernels(layer, flush, iters=10) -> list:
+    """(kernel name, mean µs per layer call) of the eager layer under torch.profiler, L2 flushed before each
+    call; the graph's time minus their sum is what launches and gaps cost."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layer()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush()
+            layer()
+        torch.cuda.synchronize()
+    totals: dict = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in event.name \
+                and "fill" not in event.name.lower():
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / iters
+    return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
 def tuned_table(gpu: str, sweep_rows: list, tokens_list: list) -> dict:
@@ -240,6 +258,7 @@ def main():
     p.add_argument("--budget-s", type=float, default=1e9, help="sweep: stop starting candidates after this")
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
     p.add_argument("--report", metavar="JSON", help="print the markdown tables of a saved run (no GPU needed)")
+    p.add_argument("--profile", action="store_true", help="also list each kernel's µs per layer call (eager)")
     args = p.parse_args()
     if args.report:
         report(args.report)
@@ -311,6 +330,11 @@ def main():
                                                         max(5, args.iters // 3))
                 except Exception as exc:  # noqa: BLE001  recorded in the row: the baseline is optional
                     row["grouped_bf16_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            if args.profile:
+                row["kernels_us"] = profile_kernels(layer, flush)
+                print(f"#   T={tokens} kernels (eager, µs): " + ", ".join(
+                    f"{name[:40]} {us:.1f}" for name, us in row["kernels_us"]) + f"; sum "
+                    f"{sum(us for _, us in row['kernels_us']):.1f} vs graph {us:.1f}", flush=True)
             rows.append(row)
             emu = f"{row['emulation_us'] / us:.1f}x" if "emulation_us" in row else "-"
             grp = f"{row['grouped_bf16_us'] / us:.2f}x" if "grouped_bf16_us" in row else "-"

@@ -11,10 +11,10 @@ There are no atomics anywhere, so the result is bit-identical from run to run.
 
 Weights stay packed E2M1 until the K loop (layout: backends.layouts.triton_moe; a byte holds
 values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile are two K halves
-that meet the matching activation columns in two MMAs - no interleaving shuffle). The K loop walks
-chunks of one scale block (32 MXFP4 / 16 NVFP4 bytes per row: one 16-byte-aligned copy per row, one
-scale word per row, broadcast in registers). On the GPU an inline-PTX routine turns 4 bytes into 8
-scaled bf16 values with one bf16x2 FMA per pair (~2 SASS per value; the scale carries the 2^126 of
+that meet the matching activation columns in two MMAs - no interleaving shuffle). A K step loads
+its bytes as [rows, scale blocks, bytes per block] (16-byte row copies) and one scale word per
+(row, block), broadcast in registers. On the GPU an inline-PTX routine turns 4 bytes into 8 scaled
+bf16 values with one bf16x2 FMA per pair (~2.25 SASS per value: the block scale carries the 2^126 of
 the bit trick); the CPU interpreter computes the same values in fp32. Products FP4 x block scale
 are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
 so nothing is rounded that the format did not round.
@@ -29,12 +29,13 @@ ACT_SILU = 0
 ACT_SWIGLUOAI = 1
 
 
-# E2M1 -> bf16x2, 4 bytes (8 values) per asm instance. prmt moves byte j into the high byte of a 16-bit lane;
-# there a high nibble has its sign on bit 15 and its magnitude on bits 12..14, so (t | t >> 6) & 0x81C081C0 is
-# the bf16 pattern of value * 2^-126 (subnormal for 0.5; 2 SASS ops: SHF + LOP3); a low nibble needs its sign
-# moved up 4 and its magnitude down 2 (3 ops). One bf16x2 FMA then applies a "folded" scale, 2^126 * block
-# scale (exact: <= 6 significant bits), built by _scale_bf16. $0,$1: low nibbles of bytes 0-1, 2-3; $2,$3:
-# high nibbles; $4: the 4 bytes; $5,$6 / $7,$8: the folded scales of the low / high values. ~2 SASS per value.
+# E2M1 -> bf16x2, 4 bytes (8 values) per asm instance. prmt moves byte j into the high byte of a 16-bit lane
+# (t = b << 8). A low nibble (bits 8..11) becomes the bf16 pattern of value * 2^-126 (subnormal for 0.5) as
+# ((t << 4) | (t >> 2)) & 0x81C081C0 (sign to bit 15, magnitude to bits 6..8; 3 SASS ops); a high nibble (bits
+# 12..15) as (t & 0x80008000) | ((t >> 6) & 0x01C001C0) (3 ops; bit 8 of t belongs to the low nibble). One
+# bf16x2 FMA then applies a "folded" scale, 2^126 * block scale (exact: <= 6 significant bits), built by
+# _scale_bf16. $0,$1: low nibbles of bytes 0-1, 2-3; $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8:
+# the folded scales of the low / high values. ~2.25 SASS per value.
 _E2M1_BF16X2_ASM = tl.constexpr("""
 {
 .reg .b32 t01, t23, a, b, z, nz;
@@ -44,8 +45,10 @@ prmt.b32 t01, $4, z, 0x1404;
 prmt.b32 t23, $4, z, 0x3424;
 shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $0, a, $5, nz;
 shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $1, a, $6, nz;
-shr.b32 a, t01, 6; or.b32 a, a, t01; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $2, a, $7, nz;
-shr.b32 a, t23, 6; or.b32 a, a, t23; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $3, a, $8, nz;
+shr.b32 a, t01, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t01, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 $2, a, $7, nz;
+shr.b32 a, t23, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t23, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 $3, a, $8, nz;
 }
 """)
 # Unfolded variant (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first
@@ -62,10 +65,10 @@ shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; 
 fma.rn.bf16x2 $0, a, $5, nz;
 shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
 fma.rn.bf16x2 $1, a, $6, nz;
-shr.b32 a, t01, 6; or.b32 a, a, t01; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
-fma.rn.bf16x2 $2, a, $7, nz;
-shr.b32 a, t23, 6; or.b32 a, a, t23; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
-fma.rn.bf16x2 $3, a, $8, nz;
+shr.b32 a, t01, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t01, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 $2, a, $7, nz;
+shr.b32 a, t23, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t23, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 $3, a, $8, nz;
 }
 """)
 
@@ -123,37 +126,43 @@ def _scale_bf16(s, NVFP4: tl.constexpr, FOLDED: tl.constexpr):
 
 
 @triton.jit
-def _weight_chunk(w_rows, words_ptr, stride_sc, k0, c: tl.constexpr, row_ok, K: tl.constexpr,
-                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
-                  USE_ASM: tl.constexpr):
-    """Chunk c (SCALE_BLOCK bytes) of the K step at k0 -> (low, high) bf16 [ROWS, SCALE_BLOCK]: values kc + j
-    and kc + 32 + j, kc = _chunk_k(k0, c) (byte 32g + j holds values 64g + j and 64g + 32 + j).
+def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
+    activation columns of _act_halves (value k = k0 + 64*(b//32) + b%32, and k + 32).
 
-    Each half is one scale block, so each row has one scale per half: the bytes load as one contiguous
-    SCALE_BLOCK-byte vector per row, the scales as one word per row, broadcast in registers.
+    The bytes load as one 2-D tile (each row's BLOCK_K/2 bytes contiguous: 16-byte copies); the scales as
+    one word per (row, scale block of the low values), broadcast over its SCALE_BLOCK columns in registers.
     """
-    kc = _chunk_k(k0, c, SCALE_BLOCK)
-    col = k0 // 2 + c * SCALE_BLOCK + tl.arange(0, SCALE_BLOCK)  # written from k0 so its alignment stays visible
-    block_lo = kc // SCALE_BLOCK  # the low values' scale block; the high values' is 32 // SCALE_BLOCK further
-    s_ptrs = words_ptr + (block_lo // 4) * stride_sc
+    HALF: tl.constexpr = BLOCK_K // 2
+    NSUB: tl.constexpr = HALF // SCALE_BLOCK  # scale blocks among a step's low values
+    j = tl.arange(0, NSUB)
+    col = (k0 // 2 + j * SCALE_BLOCK)[:, None] + tl.arange(0, SCALE_BLOCK)[None, :]  # [NSUB, SCALE_BLOCK] bytes
+    k_first = k0 + 64 * ((j * SCALE_BLOCK) // 32) + (j * SCALE_BLOCK) % 32  # first low value of sub-block j
+    block_lo = k_first // SCALE_BLOCK  # its scale block; the high values' block is 32 // SCALE_BLOCK further
+    w_ptrs = w_rows[:, None, None] + col[None, :, :]
+    s_ptrs = words_ptr[:, None] + (block_lo // 4)[None, :] * stride_sc
     if EVEN_K:
-        packed = tl.load(w_rows[:, None] + col[None, :], mask=row_ok[:, None], other=0)
-        words = tl.load(s_ptrs, mask=row_ok, other=0)
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None], other=0)
+        words = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
     else:
-        packed = tl.load(w_rows[:, None] + col[None, :], mask=row_ok[:, None] & (col < K // 2)[None, :], other=0)
-        words = tl.load(s_ptrs, mask=row_ok & (tl.full(row_ok.shape, kc, tl.int32) < K), other=0)
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None] & (col < K // 2)[None, :, :], other=0)
+        words = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
     shift_lo = 8 * (block_lo % 4)
-    scale_lo = _scale_bf16((words >> shift_lo) & 0xFF, NVFP4, FOLDED)
-    scale_hi = _scale_bf16((words >> (shift_lo + 8 * (32 // SCALE_BLOCK))) & 0xFF, NVFP4, FOLDED)
+    scale_lo = _scale_bf16((words >> shift_lo[None, :]) & 0xFF, NVFP4, FOLDED)
+    scale_hi = _scale_bf16((words >> (shift_lo + 8 * (32 // SCALE_BLOCK))[None, :]) & 0xFF, NVFP4, FOLDED)
     ROWS: tl.constexpr = packed.shape[0]
-    return _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, None], (ROWS, SCALE_BLOCK)),
-                          tl.broadcast_to(scale_hi[:, None], (ROWS, SCALE_BLOCK)), FOLDED, USE_ASM)
+    lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, None], (ROWS, NSUB, SCALE_BLOCK)),
+                            tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM)
+    return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
 
 
 @triton.jit
-def _act_chunk(a_rows, kc, row_ok, K: tl.constexpr, WIDTH: tl.constexpr, EVEN_K: tl.constexpr):
-    """Activation columns matching _weight_chunk's halves: [ROWS, WIDTH] at kc and at kc + 32."""
-    col = kc + tl.arange(0, WIDTH)
+def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each."""
+    b = tl.arange(0, BLOCK_K // 2)
+    col = k0 + 64 * (b // 32) + b % 32
     if EVEN_K:
         mask = row_ok[:, None]
     else:
@@ -161,12 +170,6 @@ def _act_chunk(a_rows, kc, row_ok, K: tl.constexpr, WIDTH: tl.constexpr, EVEN_K:
     lo = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
     hi = tl.load(a_rows[:, None] + (col + 32)[None, :], mask=mask, other=0.0)
     return lo, hi
-
-
-@triton.jit
-def _chunk_k(k0, c: tl.constexpr, SCALE_BLOCK: tl.constexpr):
-    """First low K value of chunk c of the K step at k0 (chunks of SCALE_BLOCK low values, 32 per 64-group)."""
-    return k0 + 64 * ((c * SCALE_BLOCK) // 32) + (c * SCALE_BLOCK) % 32
 
 
 @triton.jit
@@ -282,15 +285,14 @@ def gemm1_act_kernel(
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
-        for c in tl.static_range(BLOCK_K // (2 * SCALE_BLOCK)):
-            k0 = k_base + k_step
-            a_lo, a_hi = _act_chunk(x_rows, _chunk_k(k0, c, SCALE_BLOCK), row_ok, K, SCALE_BLOCK, EVEN_K)
-            g_lo, g_hi = _weight_chunk(wg_rows, sg_ptrs, stride_sc, k0, c, col_ok, K, SCALE_BLOCK, NVFP4, FOLDED,
-                                       EVEN_K, USE_ASM)
-            u_lo, u_hi = _weight_chunk(wu_rows, su_ptrs, stride_sc, k0, c, col_ok, K, SCALE_BLOCK, NVFP4, FOLDED,
-                                       EVEN_K, USE_ASM)
-            acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
-            acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
+        k0 = k_base + k_step
+        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+        acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
+        acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -358,12 +360,11 @@ def gemm2_kernel(
     s_ptrs = s_ptr + expert * stride_se + offs_n
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
-        for c in tl.static_range(BLOCK_K // (2 * SCALE_BLOCK)):
-            k0 = k_base + k_step
-            a_lo, a_hi = _act_chunk(a_rows, _chunk_k(k0, c, SCALE_BLOCK), row_ok, K, SCALE_BLOCK, EVEN_K)
-            w_lo, w_hi = _weight_chunk(w_rows, s_ptrs, stride_sc, k0, c, col_ok, K, SCALE_BLOCK, NVFP4, FOLDED,
-                                       EVEN_K, USE_ASM)
-            acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
+        k0 = k_base + k_step
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)
     if NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
