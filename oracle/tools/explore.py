@@ -91,23 +91,34 @@ class _Facts(dict[str, Any]):
 
 
 class _Env(Mapping[str, str]):
-    __slots__ = ("x",)
+    """The env of one context: a variable's class is asked of the explorer once, then kept (like _Facts)."""
+
+    __slots__ = ("x", "seen")
 
     def __init__(self, x: Explorer):
         self.x = x
+        self.seen: dict[str, str | None] = {}
+
+    def _raw(self, key: str) -> str | None:
+        try:
+            return self.seen[key]
+        except KeyError:
+            v = self.x.choose(self.x.space.env(key)).value
+            raw = self.seen[key] = None if v is None else str(v)
+            return raw
 
     def __getitem__(self, key: str) -> str:
-        v = self.x.choose(self.x.space.env(key)).value
+        v = self._raw(key)
         if v is None:
             raise KeyError(key)
-        return str(v)
+        return v
 
     def get(self, key: str, default: Any = None) -> Any:
-        v = self.x.choose(self.x.space.env(key)).value
-        return default if v is None else str(v)
+        v = self._raw(key)
+        return default if v is None else v
 
     def __contains__(self, key: object) -> bool:
-        return self.x.choose(self.x.space.env(str(key))).value is not None
+        return self._raw(str(key)) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
@@ -117,13 +128,18 @@ class _Env(Mapping[str, str]):
 
 
 class _Packages:
-    __slots__ = ("x",)
+    __slots__ = ("x", "seen")
 
     def __init__(self, x: Explorer):
         self.x = x
+        self.seen: dict[str, bool] = {}
 
     def __contains__(self, name: object) -> bool:
-        return bool(self.x.choose(self.x.space.package(str(name))).value)
+        try:
+            return self.seen[str(name)]
+        except KeyError:
+            v = self.seen[str(name)] = bool(self.x.choose(self.x.space.package(str(name))).value)
+            return v
 
 
 class Reader:
@@ -131,8 +147,6 @@ class Reader:
 
     def __init__(self, x: Explorer):
         self.x = x
-        self.env = _Env(x)
-        self.packages = _Packages(x)
         self._fixed: dict[str, dict[str, Any]] = {}
         self._fixed_of: dict[str, Policy] = {}
         self._with_platform: dict[tuple[str, int], tuple[Mapping[str, Any], dict[str, Any], dict[str, Any]]] = {}
@@ -150,7 +164,8 @@ class Reader:
             if merged is None or merged[0] is not platform or merged[1] is not fixed:
                 merged = self._with_platform[key] = (platform, fixed, {**fixed, **platform})
             fixed = merged[2]
-        return Ctx(_Facts(self.x, nullable, fixed), self.env, self.packages)  # type: ignore[arg-type]
+        x = self.x  # views per context: a context keeps what it read; a new one asks the explorer again
+        return Ctx(_Facts(x, nullable, fixed), _Env(x), _Packages(x))  # type: ignore[arg-type]
 
 
 class Memo:

@@ -227,6 +227,12 @@ def _group(candidates: list[tuple[str, Any]], sig: Callable[[Any], tuple[Any, ..
     return tuple(Cls("|".join(lbl for lbl, _ in members), members[0][1]) for members in groups.values())
 
 
+def _stable(pred: tuple[str, Any]) -> str:
+    """A sort key for (test, constant) that is the same in every process (a frozenset's repr is not)."""
+    op, k = pred
+    return repr((op, sorted(map(repr, k)) if isinstance(k, frozenset) else k))
+
+
 def _show(v: Any) -> str:
     if v is None:
         return "null"
@@ -255,7 +261,7 @@ class Space:
         return cls(c, vary, base)
 
     def _platform(self) -> Domain:
-        preds = [(f, op, k) for f in PLATFORM_FACTS for op, k in sorted(self.c.facts.get(f, ()), key=repr)]
+        preds = [(f, op, k) for f in PLATFORM_FACTS for op, k in sorted(self.c.facts.get(f, ()), key=_stable)]
         cands: list[tuple[str, Any]] = []
         for cap in CUDA_CAPABILITIES:
             cands.append((f"cuda {_show(cap)}", {"platform.kind": "cuda", "platform.capability": cap,
@@ -291,7 +297,7 @@ class Space:
 
     def _fact_classes(self, name: str, nullable: bool) -> tuple[Cls, ...]:
         kind = FACTS.get(name, ("str?", None))[0]
-        preds = sorted(self.c.facts.get(name, ()), key=repr)
+        preds = sorted(self.c.facts.get(name, ()), key=_stable)
         values: list[Any] = []
         if kind.startswith("bool"):
             values = [False, True]
@@ -309,7 +315,7 @@ class Space:
         else:
             consts: list[Any] = []
             for _op, k in preds:
-                for x in (k if isinstance(k, frozenset) else [k]):
+                for x in (sorted(k, key=repr) if isinstance(k, frozenset) else [k]):  # one order in every process
                     if isinstance(x, str) and x not in consts:
                         consts.append(x)
             if name == "moe.activation":
