@@ -140,9 +140,9 @@ class Oracle:
                 close = did_you_mean(policy_name, table.policies)
                 raise ScenarioError(f"policy: unknown policy {policy_name!r}{close}; "
                                     f"profile {table.name} has {', '.join(table.policies)}")
-            call = snap.plans.get(table.name)
+            call = snap.calls.get(table.name)
             if call is None:
-                call = snap.plans[table.name] = _call_hook(table)
+                call = snap.calls[table.name] = _call_hook(table)
             found = snap.plans[key] = (table, policy, call, _first_step(table, policy))
         return found
 

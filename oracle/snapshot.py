@@ -16,6 +16,7 @@ from typing import Any
 from . import registry
 from .decision import Decision
 from .errors import Diagnostic, RuleError
+from .interpreter import CallPolicy
 from .loader import (
     FileCache,
     FileKey,
@@ -79,7 +80,8 @@ class Snapshot:
     index: ProfileIndex
     tables: dict[str, Table] = field(default_factory=dict)
     answers: dict[Hashable, Decision] = field(default_factory=dict)  # Scenario, or (Scenario, PolicyRewrite)
-    plans: dict[Any, Any] = field(default_factory=dict)  # (profile, policy) -> what answers it (oracle.api)
+    plans: dict[tuple[str | None, str], Any] = field(default_factory=dict)  # (profile, policy) -> oracle.api.Plan
+    calls: dict[str, CallPolicy] = field(default_factory=dict)  # table name -> its `call` step hook
     files: FileCache = field(default_factory=dict)  # parsed rule files shared by the profiles listing them
     sources: dict[Path, Source] = field(default_factory=dict)
     valid: dict[ProfileKey, frozenset[str]] = field(default_factory=dict)
