@@ -20,14 +20,23 @@ from .space import PLATFORM, PLATFORM_FACTS, Cls, Domain, Space
 class Explorer:
     """Depth-first enumeration by replay: each run is one leaf; choices before the fork point replay."""
 
-    __slots__ = ("space", "stack", "pos", "assigned", "log")
+    __slots__ = ("space", "stack", "pos", "assigned", "log", "column")
 
     def __init__(self, space: Space):
         self.space = space
         self.stack: list[list[Any]] = []  # [domain, chosen index]
         self.pos = 0
         self.assigned: dict[str, int] = {}
-        self.log: list[tuple[Domain, int]] | None = None  # a Memo's recording: every forking read, in order
+        self.log: list[tuple[Any, Any]] | None = None  # a Memo's recording: (Domain, class) or (_PlatformFact, value)
+        self.column: int | None = None  # a sweep column: this platform class is given, never forked
+
+    def platform_fact(self, key: str) -> Any:
+        """One platform fact of the sweep column (no fork), logged for a Memo as a variable of its own, so a
+        decision that reads only platform.kind is shared by every column of that kind."""
+        value = self.space.platform.classes[self.column].value[key]  # type: ignore[index]
+        if self.log is not None:
+            self.log.append((_PLATFORM_FACTS[key], value))
+        return value
 
     def index(self, domain: Domain) -> int:
         """The class of `domain` in this run: replayed, or a new fork point (first class first)."""
@@ -80,6 +89,9 @@ class _Facts(dict[str, Any]):
     def __missing__(self, key: str) -> Any:
         x = self.x
         if key in PLATFORM_FACTS:
+            if x.column is not None:
+                v = self[key] = x.platform_fact(key)
+                return v
             platform = x.choose(x.space.platform).value
             self.update(platform)
             return platform[key]
@@ -180,23 +192,30 @@ class Memo:
     __slots__ = ("root", "runs", "hits")
 
     def __init__(self) -> None:
-        self.root: Any = None  # None (empty), _Done(value) or [domain, {class index: node}]
+        # None (empty), _Done(value) or [is a platform fact, var, Domain or _PlatformFact, {class or value: node}]
+        self.root: Any = None
         self.runs = self.hits = 0
 
     def __call__(self, x: Explorer, compute: Callable[[], Any]) -> Any:
         node = self.root
         assigned = x.assigned
-        children: dict[int, Any] | None = None  # where the walk fell off the trie
-        at = depth = 0
+        plain = x.log is None  # no enclosing memo is recording
+        platform = x.space.platform.classes[x.column].value if x.column is not None else None
+        children: dict[Any, Any] | None = None  # where the walk fell off the trie
+        at: Any = None
+        depth = 0
         while node is not None:
             if type(node) is _Done:
                 self.hits += 1
                 return node.value
-            idx = assigned.get(node[0].var)  # mostly chosen already by an earlier column of the row
-            if idx is None or x.log is not None:
-                idx = x.index(node[0])
-            children, at = node[1], idx
-            node = children.get(idx)
+            fact, var, read, children = node
+            if fact:  # a fact of the column's platform
+                at = platform[var] if plain else x.platform_fact(var)  # type: ignore[index]
+            else:
+                at = assigned.get(var)  # mostly chosen already by an earlier column of the row
+                if at is None or not plain:
+                    at = x.index(read)
+            node = children.get(at)
             depth += 1
         outer, x.log = x.log, []
         try:
@@ -209,10 +228,10 @@ class Memo:
         self.runs += 1
         seen: set[str] = set()
         steps = []
-        for domain, idx in path:  # a variable read again (another context of the same run) adds no branch
-            if domain.var not in seen:
-                seen.add(domain.var)
-                steps.append((domain, idx))
+        for read, idx in path:  # a variable read again (another context of the same run) adds no branch
+            if read.var not in seen:
+                seen.add(read.var)
+                steps.append((read, idx))
         if children is None:
             self.root = self._chain(steps, value)
         elif len(steps) < depth or steps[depth - 1][1] != at:
@@ -223,11 +242,21 @@ class Memo:
         return value
 
     @staticmethod
-    def _chain(steps: list[tuple[Domain, int]], value: Any) -> Any:
+    def _chain(steps: list[tuple[Any, Any]], value: Any) -> Any:
         node: Any = _Done(value)
-        for k in range(len(steps) - 1, -1, -1):
-            node = [steps[k][0], {steps[k][1]: node}]
+        for read, idx in reversed(steps):
+            node = [type(read) is _PlatformFact, read.var, read, {idx: node}]
         return node
+
+
+class _PlatformFact(NamedTuple):
+    """A platform fact as a Memo variable (sweep columns): its value is the trie key."""
+
+    var: str
+    key: str
+
+
+_PLATFORM_FACTS = {f: _PlatformFact(f, f) for f in PLATFORM_FACTS}
 
 
 class _Done(NamedTuple):

@@ -70,15 +70,22 @@ def sweep_policy(p: Profiled, policy_name: str, vary: tuple[str, ...] = ()) -> M
     nullable = nullable_facts(policy)
     hook = call_hook(p.table)
 
-    memos = [Memo() for _ in platforms]  # one decision per platform class, as a function of what it reads
+    # the decision as a function of the classes it reads, the column's platform class among them: a row whose
+    # answer does not depend on the platform (or on part of it) runs the engine once for all those columns
+    memo = Memo()
 
     def every_platform(reader: Any) -> list[Answer]:
         x = reader.x
+
+        def one() -> Answer:
+            return decide(p.table, policy, reader.ctx(policy, nullable), hook)
         out: list[Answer] = []
-        for memo, cl in zip(memos, platforms, strict=True):
-            def one(plat: Any = cl.value) -> Answer:
-                return decide(p.table, policy, reader.ctx(policy, nullable, plat), hook)
-            out.append(memo(x, one))
+        try:
+            for column in range(len(platforms)):
+                x.column = column
+                out.append(memo(x, one))
+        finally:
+            x.column = None
         return out
 
     rows = [(describe(leaf), answers) for leaf, answers in explore(space, every_platform)]
@@ -87,8 +94,7 @@ def sweep_policy(p: Profiled, policy_name: str, vary: tuple[str, ...] = ()) -> M
         for m in members(cl.label):
             columns.append(m)
             column_class.append(i)
-    return Matrix(p.name, policy_name, columns, column_class, rows, len(rows) * len(platforms),
-                  sum(memo.runs for memo in memos))
+    return Matrix(p.name, policy_name, columns, column_class, rows, len(rows) * len(platforms), memo.runs)
 
 
 def _cell_text(a: Answer) -> str:
