@@ -191,6 +191,10 @@ class MoEWeights:
         gate = (slice(0, inter), slice(0, inter))
         return [gate, (slice(inter, 2 * inter), slice(padded_inter, padded_inter + inter))]
 
+    def padded_sizes(self, hidden_size: int | None = None, intermediate_size: int | None = None) -> tuple:
+        """(H, I) after `pad(hidden_size, intermediate_size)`, checked the same way (None keeps a size)."""
+        return self._check_padded_sizes("pad", hidden_size, intermediate_size, growing=True)
+
     def pad(self, hidden_size: int | None = None, intermediate_size: int | None = None) -> MoEWeights:
         """Zero-pad to the decision's rounded sizes; padded weights and scales dequantize to exactly 0.
 
@@ -267,15 +271,17 @@ class MoEWeights:
 
 
 def _as_words(small: torch.Tensor, large: torch.Tensor) -> tuple:
-    """Views of two tensors' rows as the widest word (8/4/2 bytes) that divides both row lengths.
+    """Views of two tensors' rows as the widest word (16/8/4/2 bytes) that divides both row lengths.
 
     Padding copies rows of one pitch into rows of another; copied as 1-byte elements that strided copy
-    runs far below copy bandwidth, as int64 words (1440-byte rows into 1472-byte rows) near it. Same
-    bytes either way; tensors that cannot be viewed so (non-contiguous rows, 1-element rows) stay as they are.
+    runs far below copy bandwidth, as 16-byte words (1440-byte rows into 1472-byte rows) near it. Same
+    bytes either way (complex128 is only a 16-byte carrier: copy_ moves its bits untouched, as in
+    `backends.layouts.placement`); tensors that cannot be viewed so (non-contiguous rows, 1-element
+    rows) stay as they are.
     """
     size = small.element_size()
     row_bytes = (small.shape[-1] * size, large.shape[-1] * size)
-    for dtype in (torch.int64, torch.int32, torch.int16):
+    for dtype in (torch.complex128, torch.int64, torch.int32, torch.int16):
         width = torch.empty((), dtype=dtype).element_size()
         if width <= size or any(b % width for b in row_bytes) or small.dtype != large.dtype:
             continue

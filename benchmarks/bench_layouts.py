@@ -32,6 +32,7 @@ from backends.layouts import (  # noqa: E402
     marlin,
     nvfp4_cutlass,
     oai_triton,
+    triton_moe,
     trtllm,
 )
 from backends.weights import KernelWeights, MoEWeights  # noqa: E402
@@ -57,6 +58,8 @@ ROWS = [
     (nvfp4_cutlass.cutedsl, "FLASHINFER_CUTEDSL(_BATCHED)", "nvfp4", (2880, 2880)),
     (nvfp4_cutlass.vllm_cutlass, "VLLM_CUTLASS", "nvfp4", (2880, 2880)),
     (marlin.nvfp4, "MARLIN (NVFP4)", "nvfp4", (2880, 2880)),
+    (triton_moe.converter, "TRITON_MOE (moe-oracle)", "mxfp4", (2880, 2880)),
+    (triton_moe.converter, "TRITON_MOE (moe-oracle, NVFP4)", "nvfp4", (2880, 2880)),
 ]
 
 
@@ -117,6 +120,65 @@ def copy_gbps(device: str, nbytes: int, warmup: int, repeats: int) -> float:
     return 2 * nbytes / ms / 1e6
 
 
+def primitives(device: str, experts: int, repeats: int) -> list:
+    """The copies a converter is made of, on the w13 of the same layer, against the plain copy of it.
+
+    Each row is one strided copy as `placement` issues it (or the gather it replaced), with the element
+    type it is moved as; "exact" says the bytes came out equal to the same copy done byte by byte."""
+    rows, row_bytes = 2 * GPT_OSS_120B["intermediate"], GPT_OSS_120B["hidden"] // 2
+    g = torch.Generator(device=device).manual_seed(0)
+    src = torch.randint(0, 256, (experts, rows, row_bytes), dtype=torch.uint8, device=device, generator=g)
+    plain = torch.empty_like(src)
+    copy_ms = median_ms(lambda: plain.copy_(src), device, 3, repeats)
+    nbytes = 2 * src.numel()
+    lines = ["| copy | moved as | GB/s | % of copy | exact |", "|---|---|---|---|---|",
+             f"| contiguous copy of w13 ({src.numel() / 1e9:.2f} GB) | uint8 | {nbytes / copy_ms / 1e6:.0f} "
+             f"| 100% | - |"]
+
+    def row(name, kind, fn, moved, check=None):
+        out = fn()
+        ms = median_ms(fn, device, 2, repeats)
+        exact = "-" if check is None else str(bool(torch.equal(out.view(torch.uint8), check.view(torch.uint8))))
+        lines.append(f"| {name} | {kind} | {moved / ms / 1e6:.0f} | {100 * copy_ms * moved / nbytes / ms:.0f}% "
+                     f"| {exact} |")
+        print(lines[-1], flush=True)
+
+    half = src.view(experts, rows // 2, 2, row_bytes)[:, :, 0]
+    padded = torch.empty((experts, rows + 384, row_bytes + 96), dtype=torch.uint8, device=device)
+    reference_half = half.contiguous()
+    words = {"uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64, "complex128": torch.complex128}
+    for kind, dtype in words.items():
+        out_half = torch.empty((experts, rows // 2, row_bytes), dtype=torch.uint8, device=device)
+        row("every other row (gate half of gpt-oss w13)", kind,
+            lambda o=out_half, d=dtype: (o.view(d).copy_(half.view(d)), o)[1], 2 * half.numel(), reference_half)
+    for kind, dtype in words.items():
+        def pad_copy(d=dtype):
+            padded.view(d)[:, :rows, : row_bytes * 1 // torch.empty((), dtype=d).element_size()].copy_(src.view(d))
+            return padded[:, :rows, :row_bytes]
+        row("rows into a wider padded buffer (1440 -> 1536 bytes)", kind, pad_copy, nbytes, src)
+    perm = torch.randperm(rows, device=device)
+    row("index_select of rows (the gather placement replaced)", "int64",
+        lambda: src.view(torch.int64).index_select(1, perm), nbytes)
+    from backends.layouts import cutlass, marlin
+    w = src[:, :, :].contiguous()
+    for name, fn in (("marlin.repack_weights", marlin.repack_weights),
+                     ("cutlass.sm90_interleave_weights", cutlass.sm90_interleave_weights)):
+        eager = fn(w)
+        row(f"{name} (eager)", "uint8 / int32", lambda f=fn: f(w), nbytes)
+        try:
+            compiled = torch.compile(fn, dynamic=False)
+            start = time.perf_counter()
+            compiled(w)
+            sync(device)
+            compile_s = time.perf_counter() - start
+            row(f"{name} under torch.compile (compile {compile_s:.0f} s)", "generated", lambda c=compiled: c(w), nbytes,
+                eager)
+        except Exception as error:  # noqa: BLE001 - a measurement that could not be taken is reported, not fatal
+            lines.append(f"| {name} under torch.compile | failed: {type(error).__name__}: {str(error)[:80]} | | | |")
+        del eager
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -124,8 +186,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--loop-repeats", type=int, default=3)
     parser.add_argument("--out", help="also write the table (markdown) to this file")
+    parser.add_argument("--primitives", help="also time the copies the converters are made of; table to this file")
     args = parser.parse_args()
     device = args.device
+    if args.primitives:
+        table = "\n".join(primitives(device, args.experts, args.repeats))
+        print(table)
+        with open(args.primitives, "w") as f:
+            f.write(table + "\n")
+        if device == "cuda":
+            torch.cuda.empty_cache()
     hidden, inter = GPT_OSS_120B["hidden"], GPT_OSS_120B["intermediate"]
     layers = {fmt: random_layer(fmt, experts=args.experts, hidden=hidden, inter=inter, device=device, seed=1,
                                 finite_scales=True) for fmt in ("mxfp4", "nvfp4")}

@@ -12,15 +12,19 @@
    K_Lane = 4, K_Pack = N_Pack = 2, K1 = (K/32)/8, N1 = rows/32:
    w13: ``view(E, 2, N1, 16, K1, 2, 4).permute(0, 2, 4, 6, 3, 5, 1)``,
    w2: ``view(E, N1, 2, 16, K1, 2, 4).permute(0, 1, 4, 6, 3, 5, 2)``.
+Padding, step 1 and the shuffles are one strided copy per tensor (`placement`).
 Needs H and I multiples of 256 (the ROCm round-up rule already pads to 256). Biases stay fp32.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from backends.layouts.base import Layout, require_multiple, tile_permute, tile_unpermute
-from backends.layouts.gate_up import invert_permutation, permute_rows, row_permutation
+from backends.layouts.base import Layout, require_multiple, tile_unpermute
+from backends.layouts.gate_up import gate_up_runs, invert_permutation, permute_rows, row_permutation, rows_runs
+from backends.layouts.placement import RowCol, build, pad_matrix
 from backends.weights import KernelWeights, MoEWeights
 
 __all__ = ["AiterMxfp4Layout", "mxfp4"]
@@ -41,27 +45,46 @@ def _views(e: int, hidden: int, inter: int) -> dict:
     }
 
 
+_DIMS = {"w13": _W13_DIMS, "w2": _W2_DIMS, "w13_scale": _S13_DIMS, "w2_scale": _S2_DIMS}
+#: how many digits of each view (after E) split the rows; the rest split the columns
+_ROW_DIGITS = {"w13": 3, "w2": 2, "w13_scale": 3, "w2_scale": 3}
+
+
+def _shuffled(name: str, view: tuple, t: torch.Tensor, runs: list) -> torch.Tensor:
+    """aiter's shuffle of the padded matrix `view` describes, written from t's rows by `runs` in one pass."""
+    dims, row_digits = _DIMS[name], _ROW_DIGITS[name]
+    inverse = tuple(sorted(range(len(dims)), key=lambda d: dims[d]))  # the shuffled position of view digit d
+    stored = tuple(view[d] for d in dims)
+    shape = (view[0], math.prod(view[1:1 + row_digits]), math.prod(view[1 + row_digits:]))
+    return build(t, shape, lambda out: RowCol.of(out, stored[1:], tuple(i - 1 for i in inverse[1:]), row_digits),
+                 runs, t.shape[-1])
+
+
 class AiterMxfp4Layout(Layout):
     layout = "aiter_a16w4"
     formats = ("mxfp4",)
 
-    def _check_sizes(self, w: MoEWeights) -> None:
-        for name, value in (("hidden_size", w.H), ("intermediate_size", w.I)):
+    def _check_sizes(self, w: MoEWeights, hidden: int, inter: int) -> None:
+        for name, value in (("hidden_size", hidden), ("intermediate_size", inter)):
             require_multiple(self.layout, name, value, 256, "aiter's a16w4 tiles: 64-byte K lanes, K_Tile 256")
 
-    def _to_kernel(self, w: MoEWeights):
-        perm = row_permutation(w.gate_up, "contiguous", w.I)
-        views = _views(w.E, w.H, w.I)
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        views = _views(w.E, hidden, inter)
+
+        def gate_up(t):
+            return gate_up_runs(t, w.gate_up, "contiguous", inter)
+
         tensors = {
-            "w13": tile_permute(permute_rows(w.w13, perm), views["w13"], _W13_DIMS).view(_FP4X2),
-            "w2": tile_permute(w.w2, views["w2"], _W2_DIMS).view(_FP4X2),
-            "w13_scale": tile_permute(permute_rows(w.w13_scale, perm), views["w13_scale"], _S13_DIMS),
-            "w2_scale": tile_permute(w.w2_scale, views["w2_scale"], _S2_DIMS),
+            "w13": _shuffled("w13", views["w13"], w.w13, gate_up(w.w13)).view(_FP4X2),
+            "w2": _shuffled("w2", views["w2"], w.w2, rows_runs(w.w2, hidden)).view(_FP4X2),
+            "w13_scale": _shuffled("w13_scale", views["w13_scale"], w.w13_scale, gate_up(w.w13_scale)),
+            "w2_scale": _shuffled("w2_scale", views["w2_scale"], w.w2_scale, rows_runs(w.w2_scale, hidden)),
         }
         if w.w13_bias is not None:
-            tensors["w13_bias"] = permute_rows(w.w13_bias, perm)
+            tensors["w13_bias"] = build(w.w13_bias, (w.E, 2 * inter), lambda out: RowCol.plain(out[..., None]),
+                                        gate_up(w.w13_bias), 1)
         if w.w2_bias is not None:
-            tensors["w2_bias"] = w.w2_bias
+            tensors["w2_bias"] = pad_matrix(w.w2_bias[..., None], hidden, 1)[..., 0]
         return tensors, {}
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:

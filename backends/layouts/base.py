@@ -1,12 +1,14 @@
-"""The converter protocol and the one place that pads, validates and builds a `KernelWeights`.
+"""The converter protocol and the one place that validates sizes and builds a `KernelWeights`.
 
-    MoEWeights ──pad(decision sizes)──> padded MoEWeights ──Layout._to_kernel──> KernelWeights
+    MoEWeights + decision sizes ──Layout._to_kernel──> KernelWeights   (padding included)
     KernelWeights ──Layout._from_kernel──> padded MoEWeights ──unpad──> MoEWeights
 
 A converter is any object with ``layout`` (its name), ``convert`` and ``invert``; the rules name
 one per backend as ``backends.layouts.<module>:<object>``. Concrete layouts subclass `Layout` and
 write only the two middle arrows, as batched torch on whatever device the weights are on (CPU,
-CUDA, meta), never modifying their input.
+CUDA, meta), never modifying their input. `_to_kernel` gets the checkpoint's own (logical) tensors
+and the padded sizes: layouts whose steps are strided copies write padding, row order and tiles in
+one pass (`placement`); the others call ``w.pad(hidden, inter)`` first.
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ class Layout:
     def __repr__(self) -> str:
         return f"<layout {self.layout} for {'/'.join(self.formats)}>"
 
-    # subclasses implement these two on already padded weights
-    def _to_kernel(self, w: MoEWeights) -> tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]:
+    # subclasses implement these two: w is the checkpoint (logical sizes), hidden/inter the padded sizes
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int) -> tuple[Mapping[str, torch.Tensor],
+                                                                            Mapping[str, Any]]:
         raise NotImplementedError
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
@@ -111,8 +114,8 @@ class Layout:
         kept = {name: kw.config[name] for name in SOURCE_KEYS if name in kw.config}
         return MoEWeights(format=kw.format, gate_up=kw.gate_up, **kept, **tensors)
 
-    def _check_sizes(self, w: MoEWeights) -> None:
-        """Hook: tile constraints on the padded sizes (raise with require_multiple)."""
+    def _check_sizes(self, w: MoEWeights, hidden: int, inter: int) -> None:
+        """Hook: tile constraints on the padded sizes hidden/inter (raise with require_multiple)."""
 
     def _quant_values(self, quant_config: Mapping[str, Any]) -> Mapping[str, Any]:
         """Hook: the built quant config in the form this kernel takes it (default: as built)."""
@@ -130,14 +133,14 @@ class Layout:
         if weights.format not in self.formats:
             raise ValueError(f"layout {self.layout!r} converts {self.formats} weights, got format={weights.format!r}; "
                              f"pick the converter the decision names for this format")
-        padded = weights.pad(hidden_size, intermediate_size)
-        self._check_sizes(padded)
-        tensors, config = self._to_kernel(padded)
+        hidden, inter = weights.padded_sizes(hidden_size, intermediate_size)
+        self._check_sizes(weights, hidden, inter)
+        tensors, config = self._to_kernel(weights, hidden, inter)
         if quant_config is not None:
             config = {**config, **self._quant_values(quant_config)}
         return KernelWeights(layout=self.layout, format=weights.format, tensors=tensors, hidden_size=weights.H,
-                             intermediate_size=weights.I, padded_hidden_size=padded.H,
-                             padded_intermediate_size=padded.I, gate_up=weights.gate_up, config=config)
+                             intermediate_size=weights.I, padded_hidden_size=hidden,
+                             padded_intermediate_size=inter, gate_up=weights.gate_up, config=config)
 
     def invert(self, kw: KernelWeights) -> MoEWeights:
         if not isinstance(kw, KernelWeights):

@@ -6,6 +6,9 @@ the round trip is exact for bf16-representable biases, e.g. every gpt-oss checkp
 nearest otherwise); the config is what `convert(..., quant_config=...)` passes from the rules' kind (the
 per-expert gpt-oss SwiGLU constants). Then, per variant:
 
+Padding, the row order and the scale layouts are one strided copy per tensor (`placement`); the
+SM90 weight interleave is a bit-level permutation done in further passes.
+
 * ``mxfp4_mxfp8`` (SM100, MXFP8 activations): weights as they are, both scale tensors in the 128x4
   interleave (flashinfer ``block_scale_interleave``, same [E, rows, K/32] shape; needs rows % 128
   and K % 128). Matches vLLM 0.20.0 with flashinfer 0.6.x-0.7.2.
@@ -34,8 +37,9 @@ from backends.layouts.base import (
     tile_permute,
     tile_unpermute,
 )
-from backends.layouts.gate_up import invert_permutation, permute_rows, row_permutation
-from backends.layouts.scales import deinterleave_128x4, interleave_128x4
+from backends.layouts.gate_up import gate_up_runs, invert_permutation, permute_rows, row_permutation, rows_runs
+from backends.layouts.placement import RowCol, build, pad_matrix
+from backends.layouts.scales import build_128x4, deinterleave_128x4
 from backends.weights import KernelWeights, MoEWeights
 
 __all__ = ["CutlassMxfp4Layout", "mxfp4_bf16_sm90", "mxfp4_bf16_sm90_legacy", "mxfp4_mxfp8",
@@ -145,21 +149,25 @@ class CutlassMxfp4Layout(Layout):
         self.layout = layout
         self.variant = variant
 
-    def _check_sizes(self, w: MoEWeights) -> None:
+    def _check_sizes(self, w: MoEWeights, hidden: int, inter: int) -> None:
         tile = 64 if self.variant == "sm90_bf16" else 128
         if self.variant != "sm90_bf16_legacy":
-            require_multiple(self.layout, "2 * intermediate_size", 2 * w.I, tile, f"scale rows fill {tile}-row tiles")
-            require_multiple(self.layout, "hidden_size (w2 rows)", w.H, tile, f"scale rows fill {tile}-row tiles")
-        require_multiple(self.layout, "hidden_size", w.H, 128, "4 scale groups of 32 per 128-wide K tile")
-        require_multiple(self.layout, "intermediate_size", w.I, 128, "4 scale groups of 32 per 128-wide K tile")
+            require_multiple(self.layout, "2 * intermediate_size", 2 * inter, tile, f"scale rows fill {tile}-row tiles")
+            require_multiple(self.layout, "hidden_size (w2 rows)", hidden, tile, f"scale rows fill {tile}-row tiles")
+        require_multiple(self.layout, "hidden_size", hidden, 128, "4 scale groups of 32 per 128-wide K tile")
+        require_multiple(self.layout, "intermediate_size", inter, 128, "4 scale groups of 32 per 128-wide K tile")
 
-    def _scales(self, s: torch.Tensor) -> torch.Tensor:
+    def _scales(self, s: torch.Tensor, rows: int, groups: int, runs) -> torch.Tensor:
+        """The variant's scale layout of [E, rows, groups] (padded) scales, written by `runs(s)` (`placement.build`)."""
         if self.variant == "sm100_mxfp8":
-            return interleave_128x4(s)
-        if self.variant == "sm90_bf16_legacy":
-            e, rows, groups = s.shape
-            return tile_permute(s, (e, rows, groups // 4, 4), _LEGACY_DIMS).reshape(e, groups // 4, rows * 4)
-        return sm90_fold_scales(s)
+            return build_128x4(s, rows, groups, runs)
+        e, logical = s.shape[0], s.shape[-1]
+        if self.variant == "sm90_bf16_legacy":  # [E, groups/4, rows * 4]: (group tile, row, group % 4)
+            return build(s, (e, groups // 4, rows * 4),
+                         lambda out: RowCol.of(out, (groups // 4, rows, 4), (1, 0, 2), 1), runs, logical)
+        # [E, rows/64, groups/4, 16, 16]: (row tile, group tile, row % 16, row // 16 % 4, group % 4)
+        return build(s, (e, rows // 64, groups // 4, 16, 16),
+                     lambda out: RowCol.of(out, (rows // 64, groups // 4, 16, 4, 4), (0, 3, 2, 1, 4), 3), runs, logical)
 
     def _unscales(self, s: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
         if self.variant == "sm100_mxfp8":
@@ -169,17 +177,25 @@ class CutlassMxfp4Layout(Layout):
             return tile_unpermute(s.reshape(e, rows, groups), (e, rows, groups // 4, 4), _LEGACY_DIMS)
         return sm90_unfold_scales(s, rows, groups)
 
-    def _to_kernel(self, w: MoEWeights):
-        perm = row_permutation(w.gate_up, "up_gate", w.I)
-        w13, w2 = permute_rows(w.w13, perm), w.w2
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        e = w.E
+
+        def up_gate(t):
+            return gate_up_runs(t, w.gate_up, "up_gate", inter)
+
+        w13 = build(w.w13, (e, 2 * inter, hidden // 2), RowCol.plain, up_gate(w.w13), w.H // 2)
+        w2 = pad_matrix(w.w2, hidden, inter // 2)
         if self.variant == "sm90_bf16":
             w13, w2 = sm90_interleave_weights(w13), sm90_interleave_weights(w2)
-        tensors = {"w13": w13, "w2": w2, "w13_scale": self._scales(permute_rows(w.w13_scale, perm)),
-                   "w2_scale": self._scales(w.w2_scale)}
+        tensors = {"w13": w13, "w2": w2,
+                   "w13_scale": self._scales(w.w13_scale, 2 * inter, hidden // 32, up_gate),
+                   "w2_scale": self._scales(w.w2_scale, hidden, inter // 32, lambda t: rows_runs(t, hidden))}
         if w.w13_bias is not None:
-            tensors["w13_bias"] = permute_rows(w.w13_bias, perm).to(torch.bfloat16)
+            tensors["w13_bias"] = build(w.w13_bias, (e, 2 * inter), lambda out: RowCol.plain(out[..., None]),
+                                        up_gate(w.w13_bias), 1, dtype=torch.bfloat16)
         if w.w2_bias is not None:
-            tensors["w2_bias"] = w.w2_bias.to(torch.bfloat16)
+            tensors["w2_bias"] = build(w.w2_bias, (e, hidden), lambda out: RowCol.plain(out[..., None]),
+                                       rows_runs(w.w2_bias, hidden), 1, dtype=torch.bfloat16)
         return tensors, {}
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:

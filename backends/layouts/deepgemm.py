@@ -23,7 +23,8 @@ class DeepGemmMxfp4Layout(Layout):
     layout = "deepgemm_mxfp4"
     formats = ("mxfp4",)
 
-    def _to_kernel(self, w: MoEWeights):
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        w = w.pad(hidden, inter)
         tensors = {"w13": w.w13, "w2": w.w2, "w13_scale": e8m0_to_fp32(w.w13_scale),
                    "w2_scale": e8m0_to_fp32(w.w2_scale)}
         tensors.update({name: getattr(w, name) for name in ("w13_bias", "w2_bias") if getattr(w, name) is not None})

@@ -24,7 +24,10 @@ import functools
 
 import torch
 
-__all__ = ["ROW_ORDERS", "compose", "invert_permutation", "permute_rows", "row_permutation"]
+from backends.layouts.placement import Run
+
+__all__ = ["LINEAR_ORDERS", "ROW_ORDERS", "compose", "gate_up_runs", "gate_up_sources", "invert_permutation",
+           "permute_rows", "row_permutation", "rows_runs"]
 
 ROW_ORDERS = ("interleaved", "contiguous", "up_gate", "up_gate_interleaved", "up_gate_groups64")
 
@@ -96,3 +99,55 @@ def permute_rows(t: torch.Tensor, perm: torch.Tensor, dim: int = 1) -> torch.Ten
             out = as_words.index_select(dim, perm)
             return out.view(torch.uint8).view(t.dtype).reshape(*t.shape[:dim], perm.numel(), *t.shape[dim + 1:])
     return t.index_select(dim, perm)
+
+
+# ---------------------------------------------------------------------------- runs for `placement.place`
+#: (gate slot, up slot): the half (linear orders) or the value of the gate/up row digit (the others)
+_SLOTS = {"interleaved": (0, 1), "contiguous": (0, 1), "up_gate": (1, 0), "up_gate_interleaved": (1, 0),
+          "up_gate_groups64": (1, 0)}
+#: orders whose gate and up rows are two halves [0, I) and [I, 2I) (the rest alternate on a row digit)
+LINEAR_ORDERS = ("contiguous", "up_gate")
+
+
+def _matrix(t: torch.Tensor) -> torch.Tensor:
+    """[E, R, ...] as [E, R, C] (a view; C = 1 for [E, R])."""
+    cols = 1
+    for size in t.shape[2:]:
+        cols *= size
+    return t.reshape(t.shape[0], t.shape[1], cols)
+
+
+def gate_up_sources(t: torch.Tensor, convention: str) -> tuple:
+    """(gate, up) rows of a checkpoint w13-like tensor [E, 2I, ...] as [E, I, C] views (a bias gets C = 1)."""
+    matrix = _matrix(t)
+    experts, rows = matrix.shape[:2]
+    if convention == "interleaved":
+        pairs = matrix.view(experts, rows // 2, 2, matrix.shape[-1])
+        return pairs[:, :, 0], pairs[:, :, 1]
+    return matrix[:, : rows // 2], matrix[:, rows // 2:]
+
+
+def gate_up_runs(t: torch.Tensor, convention: str, order: str, padded_inter: int, digit: int | None = None) -> list:
+    """`placement.Run`s writing checkpoint rows (`convention`) into a view whose rows are in `order`, padded to
+    `padded_inter` per half with zero rows. Linear orders fill row ranges; the others select `digit`, the
+    view's gate/up row digit, and fill the other digits' range."""
+    if order not in _SLOTS:
+        raise ValueError(f"row order {order!r} must be one of {tuple(_SLOTS)}")
+    linear = order in LINEAR_ORDERS
+    if not linear and digit is None:
+        raise ValueError(f"row order {order!r} selects a gate/up row digit; pass digit=")
+    runs = []
+    for src, slot in zip(gate_up_sources(t, convention), _SLOTS[order], strict=True):
+        inter = src.shape[1]
+        if linear:
+            runs += [Run(slot * padded_inter, src), Run(slot * padded_inter + inter, rows=padded_inter - inter)]
+        else:
+            select = ((digit, slot),)
+            runs += [Run(0, src, select=select), Run(inter, rows=padded_inter - inter, select=select)]
+    return runs
+
+
+def rows_runs(t: torch.Tensor, padded_rows: int) -> list:
+    """`placement.Run`s writing all rows of [E, R, ...] (a bias: C = 1) into rows [0, R), zeros up to padded_rows."""
+    matrix = _matrix(t)
+    return [Run(0, matrix), Run(matrix.shape[1], rows=padded_rows - matrix.shape[1])]

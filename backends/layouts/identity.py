@@ -21,7 +21,8 @@ class IdentityLayout(Layout):
         self.layout = layout
         self.formats = formats
 
-    def _to_kernel(self, w: MoEWeights):
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        w = w.pad(hidden, inter)
         tensors = {name: getattr(w, name) for name in _TENSORS if getattr(w, name) is not None}
         return tensors, {"gate_up_layout": w.gate_up, **source_config(w)}
 

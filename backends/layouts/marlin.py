@@ -145,8 +145,8 @@ class MarlinLayout(Layout):
         self.act_dtype = act_dtype
         self.layout = f"marlin_{fmt}_{str(act_dtype).removeprefix('torch.')}"
 
-    def _check_sizes(self, w: MoEWeights) -> None:
-        for what, n, k in (("w13", 2 * w.I, w.H), ("w2", w.H, w.I)):
+    def _check_sizes(self, w: MoEWeights, hidden: int, inter: int) -> None:
+        for what, n, k in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
             require_multiple(self.layout, f"{what} output rows", n, 64, "Marlin's 64-wide thread tiles and permutation")
             require_multiple(self.layout, f"{what} reduction size", k, 16, "Marlin's 16x16 weight tiles")
         if w.format == "nvfp4" and w.w13.device.type != "meta":
@@ -159,7 +159,8 @@ class MarlinLayout(Layout):
                                      f"expert {expert}, row {row}); Marlin stores NVFP4 scales unsigned (S0E5M3), so "
                                      f"requantize with non-negative scales")
 
-    def _to_kernel(self, w: MoEWeights):
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        w = w.pad(hidden, inter)
         tensors = {"w13": repack_weights(w.w13), "w2": repack_weights(w.w2)}
         for name in ("w13_scale", "w2_scale"):
             s = _permute_scales(getattr(w, name).view(torch.uint8))

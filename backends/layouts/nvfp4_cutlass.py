@@ -16,8 +16,10 @@ Weights are otherwise unchanged; both block-scale tensors are stored in the 128x
 (`scales.interleave_128x4`, = vLLM ``swizzle_blockscale``: rows padded to 128, columns to 4, shape
 [E, Mp, Kp]; CuteDSL's ``convert_sf_to_mma_layout`` is a 6-D *view* of these same bytes). As in
 vLLM, a gated w13 whose 2I is not a multiple of 128 is refused (the scale padding would need weight
-rows it cannot pad). Config: the g1/g2 alphas and a1/a2 global scales that `convert(..., quant_config=...)`
-passes, built from the rules' kind (shared or per-expert input scale), plus the checkpoint scalars.
+rows it cannot pad). Padding, the row order and the 128x4 tiles are one strided copy per tensor
+(`placement`); an unpadded w2 is passed through. Config: the g1/g2 alphas and a1/a2 global scales
+that `convert(..., quant_config=...)` passes, built from the rules' kind (shared or per-expert input
+scale), plus the checkpoint scalars.
 """
 
 from __future__ import annotations
@@ -30,8 +32,16 @@ from backends.layouts.base import (
     require_tensor,
     source_config,
 )
-from backends.layouts.gate_up import invert_permutation, permute_rows, row_permutation
-from backends.layouts.scales import deinterleave_128x4, interleave_128x4, padded_128x4
+from backends.layouts.gate_up import (
+    LINEAR_ORDERS,
+    gate_up_runs,
+    invert_permutation,
+    permute_rows,
+    row_permutation,
+    rows_runs,
+)
+from backends.layouts.placement import RowCol, build, pad_matrix
+from backends.layouts.scales import build_128x4, deinterleave_128x4, padded_128x4
 from backends.weights import KernelWeights, MoEWeights
 
 __all__ = ["Nvfp4SwizzledLayout", "cutedsl", "cutedsl_v015", "flashinfer_cutlass", "vllm_cutlass"]
@@ -43,21 +53,41 @@ class Nvfp4SwizzledLayout(Layout):
     def __init__(self, layout: str, order: str):
         self.layout, self.order = layout, order
 
-    def _check_sizes(self, w: MoEWeights) -> None:
-        require_multiple(self.layout, "2 * intermediate_size", 2 * w.I, 128,
+    def _check_sizes(self, w: MoEWeights, hidden: int, inter: int) -> None:
+        require_multiple(self.layout, "2 * intermediate_size", 2 * inter, 128,
                          "gated w13 scale rows fill 128-row tiles and vLLM does not pad gated weight rows")
         if self.order == "up_gate_groups64":
-            require_multiple(self.layout, "intermediate_size", w.I, 64, "CuteDSL interleaves gate/up in 64-row groups")
+            require_multiple(self.layout, "intermediate_size", inter, 64,
+                             "CuteDSL interleaves gate/up in 64-row groups")
 
-    def _to_kernel(self, w: MoEWeights):
-        perm = row_permutation(w.gate_up, self.order, w.I)
-        tensors = {"w13": permute_rows(w.w13, perm), "w2": w.w2,
-                   "w13_scale": interleave_128x4(permute_rows(w.w13_scale, perm)),
-                   "w2_scale": interleave_128x4(w.w2_scale)}
+    def _rows(self, rc: RowCol) -> RowCol:
+        """The w13 view's rows in `order`: CuteDSL's row 128 g + 64 h + i (h = 0 up) gets digits (g, i, h)."""
+        if self.order != "up_gate_groups64":
+            return rc
+        if rc.row_dims == 1:
+            return rc.split(0, (rc.view.shape[1] // 128, 2, 64)).order((0, 2, 1))
+        return rc.split(1, (2, 2)).order((0, 2, 3, 1))  # 128x4 digits (t, q, r): q = 2 h + q'
+
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        e = w.E
+        digit = None if self.order in LINEAR_ORDERS else -1
+
+        def w13_runs(t):
+            return gate_up_runs(t, w.gate_up, self.order, inter, digit)
+
+        s13, s2 = w.w13_scale.view(torch.uint8), w.w2_scale.view(torch.uint8)
+        tensors = {"w13": build(w.w13, (e, 2 * inter, hidden // 2), lambda out: self._rows(RowCol.plain(out)),
+                                w13_runs(w.w13), w.H // 2),
+                   "w2": pad_matrix(w.w2, hidden, inter // 2),
+                   "w13_scale": build_128x4(s13, 2 * inter, hidden // 16, w13_runs,
+                                            self._rows).view(torch.float8_e4m3fn),
+                   "w2_scale": build_128x4(s2, hidden, inter // 16,
+                                           lambda t: rows_runs(t, hidden)).view(torch.float8_e4m3fn)}
         if w.w13_bias is not None:
-            tensors["w13_bias"] = permute_rows(w.w13_bias, perm)
+            tensors["w13_bias"] = build(w.w13_bias, (e, 2 * inter),
+                                        lambda out: self._rows(RowCol.plain(out[..., None])), w13_runs(w.w13_bias), 1)
         if w.w2_bias is not None:
-            tensors["w2_bias"] = w.w2_bias
+            tensors["w2_bias"] = pad_matrix(w.w2_bias[..., None], hidden, 1)[..., 0]
         return tensors, source_config(w)  # the alphas and global scales come with quant_config (from the rules)
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:

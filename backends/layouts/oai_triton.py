@@ -29,7 +29,8 @@ class OaiTritonLayout(Layout):
     layout = "oai_triton_kmajor"
     formats = ("mxfp4",)
 
-    def _to_kernel(self, w: MoEWeights):
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        w = w.pad(hidden, inter)
         if w.gate_up == "interleaved":
             w13, s13, b13 = w.w13, w.w13_scale, w.w13_bias
         else:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 
 from backends.layouts.base import tile_permute, tile_unpermute
+from backends.layouts.placement import RowCol, Run, build
 
-__all__ = ["deinterleave_128x4", "e8m0_to_fp32", "fp32_to_e8m0", "interleave_128x4", "padded_128x4"]
+__all__ = ["build_128x4", "deinterleave_128x4", "e8m0_to_fp32", "fp32_to_e8m0", "interleave_128x4", "padded_128x4",
+           "view_128x4"]
 
 
 def e8m0_to_fp32(codes: torch.Tensor) -> torch.Tensor:
@@ -65,3 +67,24 @@ def deinterleave_128x4(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Te
                          f"for rows={rows}, cols={cols}; pass the sizes it was interleaved from")
     linear = tile_unpermute(swizzled, _TILES(swizzled.shape[0], prow, pcol), _TILE_DIMS)
     return linear if (prow, pcol) == (rows, cols) else linear[:, :rows, :cols].contiguous()
+
+
+def view_128x4(out: torch.Tensor) -> RowCol:
+    """A [E, Mp, Kp] buffer in the 128x4 layout seen row-major: [E, M/128, 4, 32, K/4, 4] (row = 128 t + 32 q + r)."""
+    experts, prow, pcol = out.shape
+    return RowCol.of(out, (prow // 128, pcol // 4, 32, 4, 4), (0, 3, 2, 1, 4), row_dims=3)
+
+
+def build_128x4(scales: torch.Tensor, rows: int, cols: int, runs_of, rows_view=None) -> torch.Tensor:
+    """The [E, Mp, Kp] 128x4 buffer (Mp, Kp = `padded_128x4(rows, cols)`) of 1-byte `scales` [E, R, C], written
+    by the runs `runs_of(source)` returns (see `placement.build`); rows_view refines the row-major view's rows."""
+    prow, pcol = padded_128x4(rows, cols)
+    if prow != rows and rows_view is not None:
+        raise ValueError(f"build_128x4: rows={rows} is not a multiple of 128 and a row order is given; pad "
+                         f"the rows to a multiple of 128 first")
+
+    def runs(source):  # the tile padding: zero rows after the last of `rows` in the row-major view
+        return [*runs_of(source), *([Run(rows, rows=prow - rows)] if prow != rows else [])]
+
+    view = view_128x4 if rows_view is None else (lambda out: rows_view(view_128x4(out)))
+    return build(scales, (scales.shape[0], prow, pcol), view, runs, scales.shape[-1])

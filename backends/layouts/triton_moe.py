@@ -195,11 +195,12 @@ class TritonMoELayout(Layout):
     layout = "triton_moe"
     formats = FORMATS
 
-    def _check_sizes(self, w: MoEWeights) -> None:
-        for what, value in (("hidden_size", w.H), ("intermediate_size", w.I)):
+    def _check_sizes(self, w: MoEWeights, hidden: int, inter: int) -> None:
+        for what, value in (("hidden_size", hidden), ("intermediate_size", inter)):
             require_multiple(self.layout, what, value, SIZE_ALIGNMENT, "the kernels read K in 64-wide nibble groups")
 
-    def _to_kernel(self, w: MoEWeights):
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        w = w.pad(hidden, inter)
         kernel = to_kernel_layout(**w.emulation_kwargs())
         tensors = {name: getattr(kernel, name) for name in _KERNEL_TENSORS if getattr(kernel, name) is not None}
         return tensors, source_config(w)  # the checkpoint's NVFP4 scalars, kept so that invert is exact

@@ -14,7 +14,9 @@ flashinfer 0.6.x-0.7.2 (`get_shuffle_matrix_a_row_indices`, `get_shuffle_matrix_
    (`scales.interleave_128x4`, = ``nvfp4_block_scale_interleave``); MXFP4's E8M0 bytes are
    re-viewed as float8_e4m3fn, as vLLM does (same bytes).
 
-Steps 1 and 2 compose into one gather per tensor. Biases stay fp32. Config: what
+Padding, steps 1 and 2 (and 3's 128x4 tiles) are one strided copy per tensor (`placement`): the output
+is viewed with rows in checkpoint order, so each half (gate, up) is written once, as wide words where
+the row pitch allows, and only the padding is zeroed. Biases stay fp32. Config: what
 `convert(..., quant_config=build_quant_config(decision, weights))` passes, from the rules' kind (MXFP4:
 the gpt-oss SwiGLU constants per expert; NVFP4: the global-SF values and g1_scale_c); NVFP4 also keeps
 the checkpoint scalars so that invert is exact.
@@ -33,11 +35,14 @@ from backends.layouts.base import (
 )
 from backends.layouts.gate_up import (
     compose,
+    gate_up_runs,
     invert_permutation,
     permute_rows,
     row_permutation,
+    rows_runs,
 )
-from backends.layouts.scales import deinterleave_128x4, interleave_128x4
+from backends.layouts.placement import RowCol, build
+from backends.layouts.scales import build_128x4, deinterleave_128x4
 from backends.weights import BLOCK_SIZE, KernelWeights, MoEWeights
 
 __all__ = ["EPILOGUE_TILE_M", "TrtllmLayout", "epilogue_row_shuffle", "mxfp4", "nvfp4"]
@@ -59,6 +64,20 @@ def epilogue_row_shuffle(rows: int, epilogue_tile_m: int = EPILOGUE_TILE_M) -> t
     return idx
 
 
+def epilogue_rows(rc: RowCol) -> RowCol:
+    """A view whose last row digit is memory rows in 32-row blocks, seen in the order before the epilogue
+    shuffle: memory row 8 b + a of a block holds row 4 a + b (`epilogue_row_shuffle`)."""
+    last = rc.row_dims - 1
+    rc = rc.split(last, (rc.view.shape[1 + last] // 32, 4, 8))
+    return rc.order((*range(last + 1), last + 2, last + 1))
+
+
+def _w13_rows(rc: RowCol) -> RowCol:
+    """w13 rows: before the shuffle, row 2 i + h holds up_i (h = 0) and gate_i (h = 1); h is the last digit."""
+    rc = epilogue_rows(rc)
+    return rc.split(rc.row_dims - 1, (2, 2))
+
+
 class TrtllmLayout(Layout):
     """One class for both formats: they differ in the scale dtype and in the config."""
 
@@ -66,30 +85,45 @@ class TrtllmLayout(Layout):
         self.formats = (fmt,)
         self.layout = f"flashinfer_trtllm_{fmt}"
 
-    def _check_sizes(self, w: MoEWeights) -> None:
+    def _check_sizes(self, w: MoEWeights, hidden: int, inter: int) -> None:
         block = BLOCK_SIZE[w.format]
-        require_multiple(self.layout, "2 * intermediate_size", 2 * w.I, 128, "w13 scale rows fill 128-row tiles")
-        require_multiple(self.layout, "hidden_size", w.H, 128, "w2 scale rows fill 128-row tiles")
-        require_multiple(self.layout, f"hidden_size / {block}", w.H // block, 4, "scale columns fill 4-column tiles")
-        require_multiple(self.layout, f"intermediate_size / {block}", w.I // block, 4,
+        require_multiple(self.layout, "2 * intermediate_size", 2 * inter, 128, "w13 scale rows fill 128-row tiles")
+        require_multiple(self.layout, "hidden_size", hidden, 128, "w2 scale rows fill 128-row tiles")
+        require_multiple(self.layout, f"hidden_size / {block}", hidden // block, 4, "scale columns fill 4-column tiles")
+        require_multiple(self.layout, f"intermediate_size / {block}", inter // block, 4,
                          "scale columns fill 4-column tiles")
 
     def _perms(self, gate_up: str, inter: int, hidden: int):
         p13 = compose(row_permutation(gate_up, "up_gate_interleaved", inter), epilogue_row_shuffle(2 * inter))
         return p13, epilogue_row_shuffle(hidden)
 
-    def _to_kernel(self, w: MoEWeights):
-        p13, p2 = self._perms(w.gate_up, w.I, w.H)
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        e, block = w.E, BLOCK_SIZE[w.format]
 
-        def scales(s, perm):
-            return interleave_128x4(permute_rows(s.view(torch.uint8), perm)).view(torch.float8_e4m3fn)
+        def w13_runs(t):
+            return gate_up_runs(t, w.gate_up, "up_gate_interleaved", inter, digit=-1)
 
-        tensors = {"w13": permute_rows(w.w13, p13), "w13_scale": scales(w.w13_scale, p13),
-                   "w2": permute_rows(w.w2, p2), "w2_scale": scales(w.w2_scale, p2)}
+        def w2_runs(t):
+            return rows_runs(t, hidden)
+
+        def scales(s, rows, cols, runs_of, rows_view):
+            return build_128x4(s, rows, cols, runs_of, rows_view).view(torch.float8_e4m3fn)
+
+        s13, s2 = w.w13_scale.view(torch.uint8), w.w2_scale.view(torch.uint8)
+        tensors = {
+            "w13": build(w.w13, (e, 2 * inter, hidden // 2), lambda out: _w13_rows(RowCol.plain(out)),
+                         w13_runs(w.w13), w.H // 2),
+            "w2": build(w.w2, (e, hidden, inter // 2), lambda out: epilogue_rows(RowCol.plain(out)),
+                        rows_runs(w.w2, hidden), w.I // 2),
+            "w13_scale": scales(s13, 2 * inter, hidden // block, w13_runs, _w13_rows),
+            "w2_scale": scales(s2, hidden, inter // block, w2_runs, epilogue_rows),
+        }
         if w.w13_bias is not None:
-            tensors["w13_bias"] = permute_rows(w.w13_bias, p13)
+            tensors["w13_bias"] = build(w.w13_bias, (e, 2 * inter), lambda out: _w13_rows(RowCol.plain(out[..., None])),
+                                        w13_runs(w.w13_bias), 1)
         if w.w2_bias is not None:
-            tensors["w2_bias"] = permute_rows(w.w2_bias, p2)
+            tensors["w2_bias"] = build(w.w2_bias, (e, hidden), lambda out: epilogue_rows(RowCol.plain(out[..., None])),
+                                       rows_runs(w.w2_bias, hidden), 1)
         return tensors, source_config(w)
 
     def _from_kernel(self, kw: KernelWeights) -> MoEWeights:
