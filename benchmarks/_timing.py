@@ -1,7 +1,9 @@
 """Timing helpers shared by the CPU benchmarks (bench_select.py, bench_runtime.py).
 
-Per-call times are the mean of n calls, repeated for several rounds: report the best round (as timeit advises:
-on a shared machine the slower rounds measure the neighbours) and, where the spread matters, the median.
+Times are CPU time of this process (time.process_time): on the shared 2-core development VM the wall clock also
+counts the time slices other jobs take (2x at a load average of 4-5), CPU time only what this code costs (it still
+pays for the caches others evict). `each` also gives the wall time. Per-call times are the mean of n calls,
+repeated for several rounds: report the best round (as timeit advises) and, where the spread matters, the median.
 """
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ def rounds(fn: Callable[[], Any], n: int, count: int = 7) -> list[float]:
     """Mean seconds per call of `n` calls, for each of `count` rounds."""
     out = []
     for _ in range(count):
-        t = time.perf_counter()
+        t = time.process_time()
         for _ in range(n):
             fn()
-        out.append((time.perf_counter() - t) / n)
+        out.append((time.process_time() - t) / n)
     return out
 
 
@@ -26,11 +28,12 @@ def best(fn: Callable[[], Any], n: int, count: int = 7) -> float:
     return min(rounds(fn, n, count))
 
 
-def each(fn: Callable[[], Any], repeat: int) -> list[float]:
-    """Seconds of each of `repeat` single calls (for things that take milliseconds: loads, reloads)."""
-    out = []
+def each(fn: Callable[[], Any], repeat: int) -> tuple[list[float], list[float]]:
+    """CPU seconds and wall seconds of each of `repeat` single calls (things that take milliseconds: loads)."""
+    cpu, wall = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         fn()
-        out.append(time.perf_counter() - t)
-    return out
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - t)
+    return cpu, wall
