@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from ..errors import EnvValueError
 from ..facts import FACTS
 from ..interpreter import UNSET, Result, Trace, round_sizes, run
-from ..model import Ctx, Policy, Table
+from ..model import Ctx, Policy, RoundRow, Table
 from .space import PLATFORM, PLATFORM_FACTS, Cls, Domain, Space
 
 # ------------------------------------------------------------------ exploration
@@ -320,6 +320,17 @@ class Answer(NamedTuple):
 
 
 _UNIT_SIZES = {"moe.hidden_size": 1, "moe.intermediate_size": 1}
+_UNIT_CTX = Ctx(_UNIT_SIZES, {}, frozenset())
+_STATIC_ROUNDING: dict[tuple[int, str], tuple[tuple[RoundRow, ...], bool]] = {}
+
+
+def _reads_only_sizes(rows: tuple[RoundRow, ...], backend: str) -> bool:
+    """round_sizes stops for `backend` at a row without a condition (it reads nothing but the sizes)."""
+    hit = _STATIC_ROUNDING.get((id(rows), backend))
+    if hit is None or hit[0] is not rows:
+        first = next((r for r in rows if r.backends is None or backend in r.backends), None)
+        hit = _STATIC_ROUNDING[(id(rows), backend)] = (rows, first is None or first.when is None)
+    return hit[1]
 
 
 def call_hook(table: Table) -> Callable[..., Result]:
@@ -342,14 +353,17 @@ def decide(table: Table, policy: Policy, ctx: Ctx, hook: Callable[..., Result] |
     if res.outcome == "selected" and res.backend is not None and res.family is not None:
         # sizes of 1 round up to the alignment itself: the rounding rule, without forking on every size class;
         # every other fact is the question's own (a sweep column's platform, a policy's default activation)
-        facts = ctx.facts
-        if isinstance(facts, _Facts):
+        rows, name = res.family.round_up, res.backend.name
+        if _reads_only_sizes(rows, name):  # the backend's rounding row has no condition: no context to build
+            unit = _UNIT_CTX
+        elif isinstance(ctx.facts, _Facts):
+            facts = ctx.facts
             unit_facts = _Facts(facts.x, facts.nullable, facts)
             unit_facts.update(_UNIT_SIZES)
             unit = Ctx(unit_facts, ctx.env, ctx.packages)
         else:
-            unit = Ctx({**facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
-        h, i = round_sizes(res.family.round_up, res.backend.name, unit)
+            unit = Ctx({**ctx.facts, **_UNIT_SIZES}, ctx.env, ctx.packages)
+        h, i = round_sizes(rows, name, unit)
         kernel = res.kernel.name if res.kernel and res.report_kernel else None
         ak = res.activation_key
         return Answer("selected", res.backend.value, kernel, ak if isinstance(ak, str) else None, h, i, *where)
