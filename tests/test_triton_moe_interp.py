@@ -105,6 +105,29 @@ def _check_fused_alignment() -> dict:
     return {"mismatches": mismatches}
 
 
+ROUTE_CASES = [(1, 128, 4, True), (7, 6, 1, True), (5, 256, 8, False), (33, 32, 3, False), (16, 20, 5, True)]
+
+
+def _check_fused_routing() -> dict:
+    """topk_route_kernel selects the same experts (same order) as the torch route and gives the same weights
+    up to fp32 rounding, for both routings, non-power-of-2 E and k, bf16 and fp32 logits."""
+    import torch
+
+    from backends.triton_moe import _kernels, _routing
+
+    gen = torch.Generator().manual_seed(9)
+    mismatches, max_weight_error = [], 0.0
+    for tokens, experts, k, renormalize in ROUTE_CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = (torch.randn(tokens, experts, generator=gen) * 3).to(dtype)
+            ref_ids, ref_w = _routing.route(logits, k, renormalize)
+            ids, w = _routing.route(logits, k, renormalize, _kernels)
+            if not torch.equal(ids.long(), ref_ids):
+                mismatches.append([tokens, experts, k, renormalize, str(dtype)])
+            max_weight_error = max(max_weight_error, (w - ref_w).abs().max().item())
+    return {"mismatches": mismatches, "max_weight_error": max_weight_error}
+
+
 def _check_scale_folding() -> dict:
     """Folded (one FMA) and unfolded (two FMAs) dequantization give the same bits; MXFP4 exponents above 128
     (block scales > 2) take the unfolded path and still match the emulation; NVFP4 always folds."""
@@ -171,6 +194,13 @@ def test_interpreter_fused_alignment_matches_torch_path(interpreter_results):
     assert row["mismatches"] == [], f"(T, E, k, BLOCK_M) cases that differ: {row['mismatches']}"
 
 
+def test_interpreter_fused_routing_matches_torch_route(interpreter_results):
+    row = interpreter_results["fused-routing"]
+    assert "error" not in row, row.get("error")
+    assert row["mismatches"] == [], f"(T, E, k, renormalize, dtype) cases selecting other experts: {row['mismatches']}"
+    assert row["max_weight_error"] <= tolerance("fp32_reordered")["atol"]  # same fp32 softmax, other exp and sum order, row
+
+
 def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_results):
     row = interpreter_results["scale-folding"]
     assert "error" not in row, row.get("error")
@@ -179,7 +209,8 @@ def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_result
     assert row["finite"] and row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
 
 
-CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding}
+CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding,
+          "fused-routing": _check_fused_routing}
 
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
     import traceback

@@ -401,37 +401,8 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om
 INTERPRETED = not isinstance(topk_sum_kernel, triton.runtime.jit.JITFunction)
 
 
-@triton.jit
-def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr, scratch_ptr, num_pairs,
-                       num_blocks: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,
-                       BLOCK_M: tl.constexpr, ROWS_CHUNK: tl.constexpr, BLOCKS_CHUNK: tl.constexpr):
-    """_routing.align in one program (decode sizes: num_pairs <= P_BLOCK): one launch instead of ~20.
+# The routing and alignment kernels live in _routing_kernels.py; re-exported so that `kernels` (this module)
+# is the one namespace forward.py and _routing.py launch from.
+from backends.triton_moe._routing_kernels import align_small_kernel, topk_route_kernel  # noqa: E402
 
-    Sorts keys expert * P_BLOCK + pair (unique, so the order inside an expert is the pair order),
-    histograms the experts, and scatters each pair to padded_start[e] + its rank inside e.
-    """
-    offs = tl.arange(0, P_BLOCK)
-    expert = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E).to(tl.int32)
-    bins = tl.arange(0, E_BLOCK)
-    counts = tl.where(bins < E, tl.histogram(expert, E_BLOCK), 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    padded_end = tl.cumsum(padded, 0)
-    delta = padded_end - padded - (tl.cumsum(counts, 0) - counts)  # padded start - unpadded start
-    tl.store(scratch_ptr + bins, delta)
-    tl.store(scratch_ptr + E_BLOCK + bins, padded_end)
-    total = tl.sum(padded, 0)
-    tl.store(padded_total_ptr, total)
-    for r0 in range(0, num_blocks * BLOCK_M, ROWS_CHUNK):  # sentinel everywhere first
-        rows = r0 + tl.arange(0, ROWS_CHUNK)
-        tl.store(sorted_pairs_ptr + rows, num_pairs, mask=rows < num_blocks * BLOCK_M)
-    tl.debug_barrier()
-    key = tl.sort(expert * P_BLOCK + offs)
-    sorted_expert = key // P_BLOCK
-    real = sorted_expert < E
-    dest = offs + tl.load(scratch_ptr + sorted_expert, mask=real, other=0)
-    tl.store(sorted_pairs_ptr + dest, key % P_BLOCK, mask=real)
-    for b0 in range(0, num_blocks, BLOCKS_CHUNK):  # expert of block b = #experts whose padded end <= b*BM
-        blocks = b0 + tl.arange(0, BLOCKS_CHUNK)
-        ends = tl.load(scratch_ptr + E_BLOCK + bins, mask=bins < E, other=2147483647)
-        owner = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), 1)
-        tl.store(block_expert_ptr + blocks, tl.minimum(owner, E - 1), mask=blocks < num_blocks)
+__all__ = ["align_small_kernel", "topk_route_kernel"]

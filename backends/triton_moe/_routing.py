@@ -13,17 +13,33 @@ from dataclasses import dataclass
 import torch
 
 
-def route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
-    """(topk_ids int64 [T, k], topk_weights fp32 [T, k]) exactly as the emulation backend routes.
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool, kernels=None):
+    """(topk_ids [T, k], topk_weights fp32 [T, k]), selected as the emulation backend routes.
 
     renormalize=True: top-k on the logits, then softmax over the k selected (gpt-oss, Renormalize);
-    False: softmax over all experts, then the top-k probabilities as they are.
+    False: softmax over all experts, then the top-k probabilities as they are. With `kernels` (the Triton
+    module): one launch of topk_route_kernel (int32 ids; torch's top-k + softmax take three at decode
+    sizes); without: torch ops (int64 ids).
     """
+    if kernels is not None and router_logits.shape[0] > 0:
+        return _route_fused(router_logits, top_k, renormalize, kernels)
     logits = router_logits.float()
     if renormalize:
         top_logits, ids = torch.topk(logits, top_k, dim=-1)
         return ids, torch.softmax(top_logits, dim=-1)  # ids stay int64: no conversion launch
     weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    return ids, weights
+
+
+def _route_fused(router_logits, top_k, renormalize, kernels):
+    tokens, experts = router_logits.shape
+    logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
+    ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    e_block = _pow2(experts)
+    kernels.topk_route_kernel[(tokens,)](logits, ids, weights, logits.stride(0), E=experts, E_BLOCK=e_block,
+                                         TOP_K=top_k, K_BLOCK=_pow2(top_k), RENORMALIZE=bool(renormalize),
+                                         num_warps=1 if e_block <= 256 else 4)
     return ids, weights
 
 
@@ -82,7 +98,8 @@ def _align_fused(topk_ids, num_experts, block_m, kernels) -> Alignment:
     kernels.align_small_kernel[(1,)](
         topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch, num_pairs, num_blocks,
         E=num_experts, E_BLOCK=e_block, P_BLOCK=max(16, _pow2(num_pairs)), BLOCK_M=block_m,
-        ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)), num_warps=4,
+        ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
+        num_warps=4 if num_pairs <= 512 else 8 if num_pairs <= 1024 else 16,  # one program sorts all pairs
     )
     return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m)
 

@@ -80,7 +80,9 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
             _fail(ValueError, f"router_logits is on {router_logits.device} but x is on {x.device}")
         if not isinstance(top_k, int) or not 1 <= top_k <= experts:
             _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {experts}] when routing from router_logits")
-        return route(router_logits, top_k, renormalize)
+        if not router_logits.dtype.is_floating_point:
+            _fail(TypeError, f"router_logits.dtype={router_logits.dtype} must be floating point (logits)")
+        return route(router_logits, top_k, renormalize, _kernels_for(x.device))
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype.is_floating_point or topk_ids.dim() != 2 \
             or topk_ids.shape[0] != tokens:
         _fail(ValueError, f"topk_ids must be an integer tensor [T={tokens}, k]")
