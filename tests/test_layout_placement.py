@@ -100,3 +100,95 @@ def test_copy_words_moves_bytes_as_wide_words_and_keeps_nan_payloads(device, off
     assert int(dst.sum()) == int(src.sum(dtype=torch.int64))
     if offset == 16:  # the widest carrier really was used
         assert _as_words(target, torch.complex128) is not None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The one-pass converters against the step-by-step composition they replaced (pad, row gather, tile permute),
+# built here from the helpers that were checked against flashinfer's own (docs/flashinfer-agreement.log).
+def step_by_step(name, w, hidden, inter):
+    from backends.layouts import aiter, cutlass, nvfp4_cutlass, trtllm
+    from backends.layouts.gate_up import permute_rows, row_permutation
+    from backends.layouts.scales import interleave_128x4
+
+    p = w.pad(hidden, inter)
+    e = w.E
+
+    def rows(t, perm):
+        return permute_rows(t, perm)
+
+    if name.startswith("trtllm"):
+        layout = trtllm.mxfp4 if name == "trtllm-mxfp4" else trtllm.nvfp4
+        p13, p2 = layout._perms(w.gate_up, inter, hidden)
+        swz = [interleave_128x4(rows(s.view(torch.uint8), q)).view(torch.float8_e4m3fn)
+               for s, q in ((p.w13_scale, p13), (p.w2_scale, p2))]
+        return {"w13": rows(p.w13, p13), "w2": rows(p.w2, p2), "w13_scale": swz[0], "w2_scale": swz[1],
+                "w13_bias": rows(p.w13_bias, p13), "w2_bias": rows(p.w2_bias, p2)}
+    if name.startswith("cutlass"):
+        perm = row_permutation(w.gate_up, "up_gate", inter)
+        w13, w2 = rows(p.w13, perm), p.w2
+        s13, s2 = rows(p.w13_scale, perm), p.w2_scale
+        if name == "cutlass-sm90":
+            w13, w2 = cutlass.sm90_interleave_weights(w13), cutlass.sm90_interleave_weights(w2)
+            s13, s2 = cutlass.sm90_fold_scales(s13), cutlass.sm90_fold_scales(s2)
+        elif name == "cutlass-sm90-legacy":
+            def legacy(s):
+                n, groups = s.shape[1:]
+                return tile_permute(s, (e, n, groups // 4, 4), (0, 2, 1, 3)).reshape(e, groups // 4, n * 4)
+            s13, s2 = legacy(s13), legacy(s2)
+        else:
+            s13, s2 = interleave_128x4(s13), interleave_128x4(s2)
+        return {"w13": w13, "w2": w2, "w13_scale": s13, "w2_scale": s2,
+                "w13_bias": rows(p.w13_bias, perm).bfloat16(), "w2_bias": p.w2_bias.bfloat16()}
+    if name == "aiter":
+        perm = row_permutation(w.gate_up, "contiguous", inter)
+        views = aiter._views(e, hidden, inter)
+        fp4 = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
+        return {"w13": tile_permute(rows(p.w13, perm), views["w13"], aiter._W13_DIMS).view(fp4),
+                "w2": tile_permute(p.w2, views["w2"], aiter._W2_DIMS).view(fp4),
+                "w13_scale": tile_permute(rows(p.w13_scale, perm), views["w13_scale"], aiter._S13_DIMS),
+                "w2_scale": tile_permute(p.w2_scale, views["w2_scale"], aiter._S2_DIMS),
+                "w13_bias": rows(p.w13_bias, perm), "w2_bias": p.w2_bias}
+    layout = {"fi-cutlass-nvfp4": nvfp4_cutlass.flashinfer_cutlass, "cutedsl": nvfp4_cutlass.cutedsl,
+              "cutedsl-0.15": nvfp4_cutlass.cutedsl_v015, "vllm-cutlass": nvfp4_cutlass.vllm_cutlass}[name]
+    perm = row_permutation(w.gate_up, layout.order, inter)
+    return {"w13": rows(p.w13, perm), "w2": p.w2,
+            "w13_scale": interleave_128x4(rows(p.w13_scale.view(torch.uint8), perm)).view(torch.float8_e4m3fn),
+            "w2_scale": interleave_128x4(p.w2_scale.view(torch.uint8)).view(torch.float8_e4m3fn),
+            "w13_bias": rows(p.w13_bias, perm), "w2_bias": p.w2_bias}
+
+
+ONE_PASS = {  # name: (converter path, format, [(logical H, I), (padded H, I)] pairs, aligned and not)
+    "trtllm-mxfp4": ("trtllm:mxfp4", "mxfp4", [((64, 32), (128, 128)), ((128, 192), (256, 256)), ((256, 128), (256, 128))]),
+    "trtllm-nvfp4": ("trtllm:nvfp4", "nvfp4", [((48, 32), (128, 64)), ((128, 80), (256, 128))]),
+    "cutlass-sm100": ("cutlass:mxfp4_mxfp8", "mxfp4", [((64, 32), (128, 128)), ((128, 96), (256, 384))]),
+    "cutlass-sm90": ("cutlass:mxfp4_bf16_sm90", "mxfp4", [((64, 32), (128, 128)), ((128, 96), (256, 384))]),
+    "cutlass-sm90-legacy": ("cutlass:mxfp4_bf16_sm90_legacy", "mxfp4", [((64, 32), (128, 128)),
+                                                                         ((128, 96), (256, 384))]),
+    "aiter": ("aiter:mxfp4", "mxfp4", [((64, 32), (256, 256)), ((256, 224), (512, 256))]),
+    "fi-cutlass-nvfp4": ("nvfp4_cutlass:flashinfer_cutlass", "nvfp4", [((48, 32), (48, 64)), ((144, 192), (160, 192))]),
+    "cutedsl": ("nvfp4_cutlass:cutedsl", "nvfp4", [((48, 32), (48, 64)), ((144, 192), (160, 192))]),
+    "cutedsl-0.15": ("nvfp4_cutlass:cutedsl_v015", "nvfp4", [((48, 32), (48, 64))]),
+    "vllm-cutlass": ("nvfp4_cutlass:vllm_cutlass", "nvfp4", [((48, 32), (48, 64)), ((144, 192), (160, 192))]),
+}
+
+
+@pytest.mark.parametrize("gate_up", ["interleaved", "contiguous"])
+@pytest.mark.parametrize("name", sorted(ONE_PASS))
+def test_one_pass_converters_equal_pad_gather_and_tile_step_by_step(name, gate_up):
+    import importlib
+
+    from layout_cases import random_layer
+
+    path, fmt, sizes = ONE_PASS[name]
+    module, attr = path.split(":")
+    converter = getattr(importlib.import_module(f"backends.layouts.{module}"), attr)
+    for seed, ((hidden, inter), (padded_h, padded_i)) in enumerate(sizes):
+        w = random_layer(fmt, experts=3, hidden=hidden, inter=inter, gate_up=gate_up, seed=seed,
+                         bf16_bias=name.startswith("cutlass"))
+        kw = converter.convert(w, hidden_size=padded_h, intermediate_size=padded_i)
+        expected = step_by_step(name, w, padded_h, padded_i)
+        assert sorted(kw.tensors) == sorted(expected), name
+        for key, want in expected.items():
+            got = kw[key]
+            assert (got.shape, got.dtype) == (want.shape, want.dtype), (key, got.shape, want.shape)
+            assert torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)), (key, sizes)
