@@ -159,9 +159,9 @@ def place(rc: RowCol, runs: list, cols: int) -> None:
     pad_boxes = boxes(cols, math.prod(col_radices), col_radices)
     for run in runs:
         target = view
-        selected = sorted(run.select, key=lambda sel: sel[0] if sel[0] >= 0 else rc.row_dims + sel[0], reverse=True)
-        for dim, value in selected:
-            target = target.select(1 + (dim if dim >= 0 else rc.row_dims + dim), value)
+        selected = sorted(((dim if dim >= 0 else rc.row_dims + dim), value) for dim, value in run.select)
+        for dim, value in reversed(selected):  # the last digit first, so the earlier dims keep their place
+            target = target.select(1 + dim, value)
         n_rows = run.rows if run.src is None else run.src.shape[1]
         radices = tuple(target.shape[1:1 + rc.row_dims - len(selected)])
         col_dim = 1 + len(radices)
