@@ -9,6 +9,8 @@ Why lazy forking (explore.py): the cross product of all classes is astronomicall
 a few of them. `explore` runs a decision with views over the facts, env and packages that fork on
 first read (depth-first, replaying earlier choices), so every leaf is one class of the *whole* input
 space (variables it never read are free) and the leaves partition the space: exhaustive, not sampled.
+Lint explores coarser leaves of the same space (refine.py: a variable is split only where a condition's
+answer differs); sweep and diff keep these fine ones.
 """
 from __future__ import annotations
 
