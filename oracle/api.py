@@ -211,7 +211,8 @@ class Oracle:
             return Decision.build_selected(b.value, kernel, res.activation_key, h, i, extras, table.name,
                                            policy.name, table.files, b.converter, b.runner,
                                            b.missing_why, res.decided_by.decided_by if res.decided_by else None,
-                                           trace, b.quant_config)
+                                           trace, b.quant_config if policy.quant_config is None
+                                           else policy.quant_config.kind_for(b, extras))
         meta: dict[str, Any] = {"profile": table.name, "policy": policy.name, "rule_files": table.files}
         if res.decided_by is not None:
             meta["decided_by"] = res.decided_by.decided_by

@@ -193,6 +193,27 @@ class Step:
 
 
 @dataclass(frozen=True)
+class PolicyQuantConfig:
+    """A policy's quant-config kind by answer field (its `quant_config:`), replacing the kind of the listed backends:
+    e.g. vLLM's Quark OCP-MX method builds its config by scheme for some backends (rules/*/ocp-mx.yaml)."""
+
+    by: str  # the answer field (emitted by the policy) whose value picks the kind, e.g. ocp_mx_scheme
+    backends: frozenset[str]  # backend names whose own kind is replaced
+    kinds: Mapping[Any, Mapping[str, Any]]  # field value -> {"kind": name, **the family's quant_configs[name]}
+    at: str
+    why: str
+
+    def kind_for(self, backend: Backend, emits: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """The kind the answer carries: the one for the field's value when `backend` is listed, else the backend's
+        own (also when the value is not listed)."""
+        if backend.name in self.backends and emits:
+            chosen = self.kinds.get(emits.get(self.by))
+            if chosen is not None:
+                return chosen
+        return backend.quant_config
+
+
+@dataclass(frozen=True)
 class Policy:
     name: str
     description: str
@@ -203,6 +224,7 @@ class Policy:
     defaults: Mapping[str, Any]  # fact defaults of this policy (the table's, then its own)
     at: str
     activation_key: Fn | None = None  # the activation key the policy requests (None: none requested)
+    quant_config: PolicyQuantConfig | None = None  # kinds by answer field, over some backends' own
 
 
 @dataclass(frozen=True)

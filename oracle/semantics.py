@@ -240,7 +240,23 @@ class Semantics:
             self.known(e, "value", spec.get("value"), self.s["values"], "queries", q, "value")
         for fact in d.get("defaults") or {}:
             self.known(e, "fact", fact, FACTS, "defaults", fact)
+        self.policy_quant_config(e, d, fam)
         self.operand(e, d.get("activation_key"), "activation_key")
+
+    def policy_quant_config(self, e: Entry, d: dict[str, Any], fam: dict[str, Any]) -> None:
+        """`quant_config:` of a policy: listed backends and kinds exist in its family; `by` is a field it emits."""
+        spec = d.get("quant_config")
+        if not isinstance(spec, dict):
+            return
+        for i, b in enumerate(spec.get("backends") or []):
+            self.known(e, "backend", b, fam.get("backends", {}), "quant_config", "backends", i)
+        for value, kind in (spec.get("kinds") or {}).items():
+            self.known(e, "quant config kind", kind, fam.get("quant_configs") or {}, "quant_config", "kinds", value)
+        emitted = {k for st in d.get("steps") or [] for k in (st.get("emit") or {})}
+        if "by" in spec and spec["by"] not in emitted:
+            self.err(e, f"quant_config.by names answer field '{spec['by']}', which no emit step of this policy "
+                        f"gives; emit it (emit: {{{spec['by']}: ...}}) or name one of {sorted(emitted)}",
+                     "quant_config", "by")
 
     def step(self, e: Entry, d: dict[str, Any], fam: dict[str, Any], backends: dict[str, Any], st: dict[str, Any],
              i: int, seen: dict[str, int]) -> None:

@@ -16,6 +16,7 @@ from .model import (
     Family,
     Kernel,
     Policy,
+    PolicyQuantConfig,
     RoundRow,
     Step,
     Table,
@@ -35,6 +36,20 @@ def _quant_config(fd: Mapping[str, Any], kind: str | None) -> Mapping[str, Any] 
         return None
     fields = {k: dict(v) if isinstance(v, dict) else v for k, v in fd["quant_configs"][kind].items() if k != "why"}
     return MappingProxyType({"kind": kind, **fields})
+
+
+def _policy_quant_config(fd: Mapping[str, Any], pd: Mapping[str, Any], pe: Entry) -> PolicyQuantConfig | None:
+    """The policy's kinds by answer field (validated by semantics), each with the family's fields."""
+    spec = pd.get("quant_config")
+    if spec is None:
+        return None
+    kinds: dict[Any, Mapping[str, Any]] = {}
+    for value, kind in spec["kinds"].items():
+        built = _quant_config(fd, kind)
+        assert built is not None  # a kind name always builds
+        kinds[value] = built
+    return PolicyQuantConfig(spec["by"], frozenset(spec["backends"]), MappingProxyType(kinds),
+                             pe.at("quant_config"), spec["why"])
 
 
 def _assembly(fd: Mapping[str, Any], b: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -122,7 +137,8 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
         policies[pname] = Policy(pname, pd["description"], families[pd["family"]], tuple(pd.get("candidates") or ()),
                                  steps, MappingProxyType(pq),
                                  MappingProxyType({**table_defaults, **(pd.get("defaults") or {})}), pe.at(),
-                                 c.operand(pd["activation_key"]) if "activation_key" in pd else None)
+                                 c.operand(pd["activation_key"]) if "activation_key" in pd else None,
+                                 _policy_quant_config(s["families"][pd["family"]].data, pd, pe))
     archs = {k: parse_capability(v.data) for k, v in s["rocm_archs"].items()}
     return Table(rs.name, rs.description, tuple(rs.files), MappingProxyType(policies), MappingProxyType(families),
                  frozenset(packages), frozenset(c.env), MappingProxyType(archs),

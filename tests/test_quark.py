@@ -293,7 +293,7 @@ def _reference(ckpt, weight_format, act, x, logits, activation, gate_up):
     return out
 
 
-@pytest.mark.parametrize("scheme, activation, gate_up, has_bias", [
+_FORWARD_CASES = [
     ("w_mxfp4", "swigluoai", "interleaved", True),
     ("w_mxfp4", "silu", "contiguous", False),
     ("w_mxfp4_a_mxfp4", "silu", "contiguous", True),
@@ -302,8 +302,15 @@ def _reference(ckpt, weight_format, act, x, logits, activation, gate_up):
     ("w_mxfp6_e3m2", "silu", "contiguous", True),
     ("w_mxfp6_e2m3", "swigluoai", "interleaved", False),
     ("w_mxfp6_e2m3_a_mxfp6_e2m3", "silu", "contiguous", False),
-])
-@pytest.mark.parametrize("profile", ["vllm-0.20", "moe-oracle"])
+]
+#: vLLM 0.20.0 builds no quant config for weight-only MXFP6 (an assertion fails in ocp_mx_moe_quant_config): its
+#: profile refuses them at post-processing (tests/test_quark_quant_config.py); this project's profile runs them
+_VLLM_020_BUILDS_NONE = ("w_mxfp6_e3m2", "w_mxfp6_e2m3")
+
+
+@pytest.mark.parametrize("scheme, activation, gate_up, has_bias, profile", [
+    (*case, profile) for profile in ("vllm-0.20", "moe-oracle") for case in _FORWARD_CASES
+    if not (profile == "vllm-0.20" and case[0] in _VLLM_020_BUILDS_NONE)])
 def test_forward_matches_the_fp32_reference(scheme, activation, gate_up, has_bias, profile):
     gen = torch.Generator().manual_seed(sum(map(ord, scheme + activation)))
     weight_format, act = scheme_formats(scheme)

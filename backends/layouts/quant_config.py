@@ -17,6 +17,9 @@ CUTLASS's swiglu_alpha/beta/limit): the kind's `gemm1` constants (1.702, 1.0, 7.
 Which of these a backend builds, and every constant, is data: the backend's `quant_config:` kind in the
 rules (a family's `quant_configs:`), carried as `Decision.quant_config`; `build_quant_config` reads it
 and the converters take its result (`convert(..., quant_config=...)`): no layout holds a value of its own.
+A policy may choose the kind by an answer field instead (the `ocp-mx` policy by OCP MX scheme on
+NONE/EMULATION, as vLLM's Quark method does); such a kind may take the layer's static input scales as
+a1/a2 (`input_scales: static`) or say that vLLM builds none (`not_implemented`: NotImplementedError here).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import torch
 
 from backends.weights import MoEWeights
 
-__all__ = ["INPUT_SCALE_REDUCTIONS", "build_quant_config", "gemm1_constants", "nvfp4_w4a4_config", "swiglu_config"]
+__all__ = ["INPUT_SCALE_REDUCTIONS", "build_layer_quant_config", "build_quant_config", "gemm1_constants",
+           "nvfp4_w4a4_config", "swiglu_config"]
 
 INPUT_SCALE_REDUCTIONS = ("experts", "pair")
 
@@ -54,7 +58,11 @@ def gemm1_constants(decision: Any) -> dict[str, float]:
 
 def swiglu_config(w: MoEWeights, constants: Mapping[str, float]) -> dict:
     """Per-expert fp32 [E] tensors of the given SwiGLU constants (gemm1_constants), on the weights' device."""
-    return {name: torch.full((w.E,), float(value), dtype=torch.float32, device=w.w13.device)
+    return _swiglu_tensors(w.E, w.w13.device, constants)
+
+
+def _swiglu_tensors(experts: int, device: torch.device, constants: Mapping[str, float]) -> dict:
+    return {name: torch.full((experts,), float(value), dtype=torch.float32, device=device)
             for name, value in constants.items()}
 
 
@@ -89,24 +97,51 @@ def nvfp4_w4a4_config(w: MoEWeights, *, layout: str, reduce: str, trtllm: bool =
 _GLOBAL_SCALE_REDUCE = {"shared": "experts", "per_expert": "pair"}
 
 
-def build_quant_config(decision: Any, w: MoEWeights, *, activation: str = "silu") -> dict:
+def _required_kind(decision: Any, weight_format: str, caller: str) -> Mapping[str, Any]:
+    """The decision's kind, for weights of `weight_format`; NotImplementedError when the rules say vLLM builds none."""
+    spec = _kind(decision)
+    backend = getattr(decision, "backend", None)
+    if spec is None:
+        raise ValueError(f"{caller}: the decision for backend {backend!r} carries "
+                         "no quant_config kind; add `quant_config: <kind>` to the backend's entry in the rules "
+                         "(a kind declared in its family's quant_configs)")
+    if spec.get("not_implemented"):
+        raise NotImplementedError(f"quant-config kind {spec['kind']!r} of backend {backend} (profile "
+                                  f"{getattr(decision, 'profile', None)}): {spec['not_implemented']}")
+    if spec["weight"] != weight_format:
+        raise ValueError(f"{caller}: kind {spec['kind']!r} is for {spec['weight']} weights but the layer's "
+                         f"weights are {weight_format}; select with the layer's weight format")
+    return spec
+
+
+def _base_config(spec: Mapping[str, Any], *, experts: int, device: torch.device, activation: str,
+                 input_scales: tuple[torch.Tensor, torch.Tensor] | None, caller: str) -> dict[str, Any]:
+    """kind/weight/activation, gemm1 tensors for swigluoai, and the static a1/a2 scales of `input_scales: static`."""
+    config: dict[str, Any] = {"kind": spec["kind"], "weight": spec["weight"], "activation": spec["activation"]}
+    if activation == "swigluoai":
+        config.update(_swiglu_tensors(experts, device, gemm1_constants(spec)))
+    if spec.get("input_scales") == "static":
+        if input_scales is None or len(input_scales) != 2 or not all(isinstance(s, torch.Tensor)
+                                                                    for s in input_scales):
+            raise ValueError(f"{caller}: kind {spec['kind']!r} takes the layer's static input scales as a1/a2; pass "
+                             f"input_scales=(w13_input_scale, w2_input_scale) as fp32 tensors (after the max over "
+                             f"experts), got {input_scales!r}")
+        config.update(a1_scale=input_scales[0], a2_scale=input_scales[1])
+    return config
+
+
+def build_quant_config(decision: Any, w: MoEWeights, *, activation: str = "silu",
+                       input_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """The selected backend's quant config, built from the kind the rules give it (`decision.quant_config`,
     or that kind mapping itself).
 
     Always kind/weight/activation; the kind's gemm1 constants as per-expert swiglu tensors when the
-    layer's activation is gpt-oss's `swigluoai`; NVFP4 alphas and global scales per its `global_scale`.
-    A converter takes the result (`convert(weights, ..., quant_config=...)`)."""
-    spec = _kind(decision)
-    if spec is None:
-        raise ValueError(f"build_quant_config: the decision for backend {getattr(decision, 'backend', None)!r} carries "
-                         "no quant_config kind; add `quant_config: <kind>` to the backend's entry in the rules "
-                         "(a kind declared in its family's quant_configs)")
-    if spec["weight"] != w.format:
-        raise ValueError(f"build_quant_config: kind {spec['kind']!r} is for {spec['weight']} weights but the layer's "
-                         f"weights are {w.format}; select with the layer's weight format")
-    config: dict[str, Any] = {"kind": spec["kind"], "weight": spec["weight"], "activation": spec["activation"]}
-    if activation == "swigluoai":
-        config.update(swiglu_config(w, gemm1_constants(spec)))
+    layer's activation is gpt-oss's `swigluoai`; NVFP4 alphas and global scales per its `global_scale`;
+    a1_scale / a2_scale = `input_scales` for a kind with `input_scales: static`. NotImplementedError for a
+    kind the rules mark `not_implemented`. A converter takes the result (`convert(weights, ..., quant_config=...)`)."""
+    spec = _required_kind(decision, w.format, "build_quant_config")
+    config = _base_config(spec, experts=w.E, device=w.w13.device, activation=activation, input_scales=input_scales,
+                          caller="build_quant_config")
     scale = spec.get("global_scale")
     if scale == "weight_only":
         config.update(g1_alphas=1.0 / w.w13_global_scale, g2_alphas=1.0 / w.w2_global_scale)
@@ -114,3 +149,17 @@ def build_quant_config(decision: Any, w: MoEWeights, *, activation: str = "silu"
         config.update(nvfp4_w4a4_config(w, layout=str(getattr(decision, "backend", spec["kind"])),
                                         reduce=_GLOBAL_SCALE_REDUCE[scale], trtllm=bool(spec.get("g1_scale_c"))))
     return config
+
+
+def build_layer_quant_config(decision: Any, *, weight_format: str, experts: int, device: Any = "cpu",
+                             activation: str = "silu",
+                             input_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+    """build_quant_config for a layer whose weights are no MoEWeights (the Quark layer's MXFP4/MXFP6 checkpoint
+    kept for the emulation): the same kind, gemm1 and static-scale rules; a kind with NVFP4 global scales needs
+    MoEWeights (use build_quant_config)."""
+    spec = _required_kind(decision, weight_format, "build_layer_quant_config")
+    if spec.get("global_scale") is not None:
+        raise ValueError(f"build_layer_quant_config: kind {spec['kind']!r} derives NVFP4 global scales from the "
+                         f"weights; build it with build_quant_config(decision, MoEWeights(...))")
+    return _base_config(spec, experts=experts, device=torch.device(device), activation=activation,
+                        input_scales=input_scales, caller="build_layer_quant_config")

@@ -8,8 +8,12 @@
       converter null (EMULATION)         -> the checkpoint layout kept, dequantized on every forward
     forward(x, router_logits) ─> y [T, H]
 
-Which scheme, whether it emulates and which backend runs are the rules' answers; this module only maps
-a scheme name to the weight format and activation fake-quantization it implies (`scheme_formats`).
+Which scheme, whether it emulates, which backend runs and which quant config it builds are the rules' answers:
+on NONE/EMULATION the `ocp-mx` policy's `quant_config` picks the kind by scheme (vLLM's
+`get_fused_moe_quant_config`): its formats drive the emulation, `input_scales: static` puts the processed static
+input scales in the config as a1/a2, and a `not_implemented` kind (vLLM builds none, e.g. w_mxfp6_*_a_fp8) makes
+post-processing raise NotImplementedError, as vLLM does. This module only maps a scheme name to the weight
+format and activation fake-quantization it implies (`scheme_formats`) and checks the kind against it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from backends.layer import (
     select_logged,
     swiglu_for,
 )
+from backends.layouts.quant_config import build_layer_quant_config, gemm1_constants
 from backends.weights import MoEWeights
 from oracle import default_oracle
 from oracle.log import LOGGER_NAME
@@ -108,6 +113,10 @@ class QuarkOCPMXMoE:
         self.emulate = bool(decision.extras.get("emulate"))
         self.static_input_scales = bool(decision.extras.get("static_input_scales"))
         self.weight_format, self.activation_scheme = scheme_formats(self.scheme)
+        self.quant_config_kind = decision.quant_config  # the rules' kind (by scheme on NONE/EMULATION)
+        if decision.converter is None and decision.runner is not None:  # the emulation runs the kind's formats
+            self.activation_scheme = _emulated_activation(self.quant_config_kind, self.scheme, self.weight_format)
+        self.quant_config: dict[str, Any] | None = None  # built by process_weights_after_loading
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.padded_hidden_size = decision.hidden_size or hidden_size
         self.padded_intermediate_size = decision.intermediate_size or intermediate_size
@@ -142,7 +151,9 @@ class QuarkOCPMXMoE:
         gate_up: row order of w13 ("contiguous" [w1; w3], or "interleaved" as gpt-oss).
         The seed's errors: ValueError for a non per-group weight qscheme or an unknown dtype pair,
         NotImplementedError for an unusable input dtype or static/dynamic input-scale combination.
-        swiglu_alpha / swiglu_beta / swiglu_limit: override the gemm1 constants of the rules' quant-config kind.
+        swiglu_alpha / swiglu_beta / swiglu_limit: override the gemm1 constants of the rules' quant-config kind (the
+        layer's own constants, as vLLM 0.33 reads them from the layer). On the emulation a kind without gemm1 (vLLM's
+        Quark method passes none) leaves the swigluoai op's own constants: backends.emulation's 1.702, 1.0, 7.0.
         max_num_batched_tokens: the batched format's max tokens per rank (default: the rules').
         A backend this project cannot run still gives a layer with its decision and `assembly`; post-processing
         then raises LayerUnavailableError.
@@ -180,7 +191,12 @@ class QuarkOCPMXMoE:
                   f"{decision.decided_by.at if decision.decided_by else '?'})")
         given = {"swiglu_alpha": swiglu_alpha, "swiglu_beta": swiglu_beta, "swiglu_limit": swiglu_limit}
         runnable = decision.outcome == "selected" and decision.runner is not None  # else processing says why not
-        swiglu = swiglu_for(decision, activation, **given) if runnable else {}
+        if runnable and decision.converter is not None:  # a kernel layer: every constant from the kind or given
+            swiglu = swiglu_for(decision, activation, **given)
+        elif runnable:  # the emulation: a kind without gemm1 (vLLM passes none) leaves the swigluoai op's own
+            swiglu = {**gemm1_constants(decision), **{k: float(v) for k, v in given.items() if v is not None}}
+        else:
+            swiglu = {}
         assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
         return cls(assembly=assembly, decision=decision, scenario=question, num_experts=num_experts,
                    hidden_size=hidden_size, intermediate_size=intermediate_size, top_k=top_k, activation=activation,
@@ -246,7 +262,43 @@ class QuarkOCPMXMoE:
         require_runnable(self._oracle, self.decision, self.scenario, assembly=self.assembly)
         if self.decision.converter is not None:
             self._kernel_layer = self._kernel_layer_from_decision()
+        elif self.quant_config_kind is not None:
+            self.quant_config = self._emulated_quant_config()
         self._processed = True
+
+    def _emulated_quant_config(self) -> dict[str, Any]:
+        """vLLM's get_fused_moe_quant_config on EMULATION: the rules' kind for the scheme, with the processed static
+        input scales as a1/a2 where the kind takes them; NotImplementedError where the rules say vLLM builds none."""
+        scales = ((self.params["w13_input_scale"], self.params["w2_input_scale"]) if self.static_input_scales
+                  else None)
+        try:
+            return build_layer_quant_config(self.decision, weight_format=self.weight_format,
+                                            experts=self.num_experts, device=self.device, activation=self.activation,
+                                            input_scales=scales)
+        except NotImplementedError as exc:
+            _fail(NotImplementedError, f"OCP MX scheme {self.scheme} has no fused-MoE quant config under profile "
+                  f"{self.decision.profile!r}: {exc} (rules: {self._quant_config_rule()}). "
+                  f"{self._profile_that_builds_it()}")
+        raise AssertionError("unreachable")  # _fail raises
+
+    def _quant_config_rule(self) -> str:
+        """file:line of the policy's `quant_config` selection that chose the kind (or of the backend's kind)."""
+        policy = self._oracle.table(self.decision.profile).policies.get(self.decision.policy)
+        if policy is not None and policy.quant_config is not None:
+            return policy.quant_config.at
+        backend = policy.family.by_value.get(self.decision.backend) if policy is not None else None
+        return backend.at if backend is not None else "?"
+
+    def _profile_that_builds_it(self) -> str:
+        """Advice: the default profile, when its rules build a kind for this layer."""
+        if self.decision.profile == DEFAULT_PROFILE:
+            return "Give the scheme a buildable kind in this profile's rules to run it."
+        other = self._oracle.select({**self.scenario, "profile": DEFAULT_PROFILE})
+        kind = other.quant_config
+        if other.outcome == "selected" and other.runner is not None and kind and not kind.get("not_implemented"):
+            return (f"Profile {DEFAULT_PROFILE!r} builds it (kind {kind['kind']!r} on {other.backend}): create the "
+                    f"layer with profile={DEFAULT_PROFILE!r}.")
+        return "No quant config is built for it by the default profile either."
 
     def _reduce_static_input_scales(self) -> None:
         fnuz = (self.scenario["platform"].get("kind") == "rocm"
@@ -319,9 +371,25 @@ class QuarkOCPMXMoE:
 
     def __repr__(self) -> str:
         d = self.decision
+        kind = self.quant_config_kind["kind"] if self.quant_config_kind else None
         return (f"<QuarkOCPMXMoE {self.scheme} E={self.num_experts} H {self.hidden_size}->{self.padded_hidden_size} "
                 f"I {self.intermediate_size}->{self.padded_intermediate_size}: profile {d.profile} -> {d.backend} "
-                f"(emulate={self.emulate}, static_input_scales={self.static_input_scales})>")
+                f"(emulate={self.emulate}, static_input_scales={self.static_input_scales}, quant_config={kind})>")
+
+
+def _emulated_activation(kind: Mapping[str, Any] | None, scheme: str, weight_format: str) -> str | None:
+    """The emulation's activation fake-quantization: the kind's activation format, its weights checked against the
+    scheme's; without a kind (rules that give EMULATION none), the scheme's own input format."""
+    if kind is None:
+        return scheme_formats(scheme)[1]
+    if kind["weight"] != weight_format:
+        _fail(ValueError, f"the rules' quant-config kind {kind['kind']!r} is for {kind['weight']} weights but scheme "
+              f"{scheme} has {weight_format} weights; fix the ocp-mx policy's quant_config kinds for {scheme}")
+    if kind["activation"] not in formats.ACTIVATION_SCHEMES:
+        _fail(ValueError, f"the rules' quant-config kind {kind['kind']!r} quantizes activations to "
+              f"{kind['activation']!r}, which the emulation cannot fake-quantize (it does "
+              f"{formats.ACTIVATION_SCHEMES}); give {scheme} an emulated kind in the ocp-mx policy's quant_config")
+    return kind["activation"]
 
 
 def _question(oracle, quant_config, *, profile, platform, packages, env, num_experts, hidden_size, intermediate_size,
