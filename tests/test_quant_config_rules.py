@@ -198,12 +198,18 @@ def test_vllm_033_decisions_carry_their_kind(oracle, sc, backend, kind):
 
 
 def test_a_partial_gemm1_builds_only_what_the_kind_gives(oracle):
-    """AITER W4A8 passes only the clamp: the built config has swiglu_limit and no alpha/beta."""
+    """AITER W4A8 passes only the clamp: the built config has swiglu_limit and no alpha/beta; its a1/a2 are the
+    layer's static input scales (`input_scales: static`), which it cannot be built without."""
     spec = oracle.table("vllm-0.33").families["mxfp4"].backends["AITER_MXFP4_FP8"].quant_config
-    config = build_quant_config(spec, random_layer("mxfp4", experts=2, seed=2), activation="swigluoai")
+    w = random_layer("mxfp4", experts=2, seed=2)
+    a13, a2 = torch.tensor(0.5), torch.tensor(0.25)
+    config = build_quant_config(spec, w, activation="swigluoai", input_scales=(a13, a2))
     assert (config["kind"], config["activation"]) == ("mxfp4-w4a8", "fp8")
-    assert set(config) == {"kind", "weight", "activation", "swiglu_limit"}
+    assert set(config) == {"kind", "weight", "activation", "swiglu_limit", "a1_scale", "a2_scale"}
     assert torch.equal(config["swiglu_limit"], torch.full((2,), 7.0))
+    assert (config["a1_scale"], config["a2_scale"]) == (a13, a2)
+    with pytest.raises(ValueError, match="takes the layer's static input scales as a1/a2; pass input_scales="):
+        build_quant_config(spec, w)
 
 
 # ------------------------------------------------------------------------ converters take the rules' values
