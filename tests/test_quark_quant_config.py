@@ -1,7 +1,7 @@
 """Quark OCP-MX quant config by scheme (the ocp-mx policy's `quant_config` in the rules), per profile.
 
 The facts, from the installed vLLM sources (QuarkOCP_MX_MoEMethod.get_fused_moe_quant_config, vLLM 0.20.0
-quark_moe.py:1351-1406 and 0.33.0 quark_moe.py:1881-1947): with the backend NONE or EMULATION the config is chosen
+quark_moe.py:1351-1406 and 0.33.0 quark_moe.py:1881-1948): with the backend NONE or EMULATION the config is chosen
 by scheme: w_mxfp4 -> mxfp4_w4a16 (BF16 activations), w_mxfp4_a_fp8 -> mxfp4_w4a8 with the layer's static input
 scales as a1/a2, w_mxfp6_*_a_fp8 -> NotImplementedError, else ocp_mx_moe_quant_config(quant_dtype=input dtype,
 weight_dtype) - which fails an assertion for weight-only MXFP6 (no input dtype) in both versions. Profile
