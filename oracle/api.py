@@ -253,7 +253,7 @@ def _call_hook(table: Table) -> CallPolicy:
 
 def _first_step(table: Table, policy: Policy) -> Fn | None:
     """The policy's step_chain, compiled once per table; None for a policy the table does not hold (a
-    deployment override's rewrite: one unconditional step, nothing to skip)."""
+    deployment override's rewrite: the policy's emit steps then the forcing step, too few to skip)."""
     if table.policies.get(policy.name) is not policy:
         return None
     key = "first_step:" + policy.name
