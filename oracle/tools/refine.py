@@ -77,16 +77,9 @@ class Refiner:
         return out
 
     def advance(self) -> bool:
-        del self.stack[self.pos:]
-        while self.stack:
-            top = self.stack[-1]
-            if top[2] + 1 < len(top[1]):
-                top[2] += 1
-                break
-            self.stack.pop()
-        self.pos = 0
-        self.groups = {}
-        return bool(self.stack)
+        more = _bump(self.stack, self.pos)
+        self.pos, self.groups = 0, {}
+        return more
 
     # ---------------------------------------------------------- conditions
     def decide(self, fn: Fn, ctx: Ctx) -> Any:
@@ -212,16 +205,22 @@ class _Probe:
         return [(var, group[k]) for var, group, k in self.stack[:self.pos]]
 
     def advance(self) -> bool:
-        del self.stack[self.pos:]
-        while self.stack:
-            top = self.stack[-1]
-            if top[2] + 1 < len(top[1]):
-                top[2] += 1
-                break
-            self.stack.pop()
-        self.pos = 0
-        self.chosen = {}
-        return bool(self.stack)
+        more = _bump(self.stack, self.pos)
+        self.pos, self.chosen = 0, {}
+        return more
+
+
+def _bump(stack: list[Any], depth: int) -> bool:
+    """Next leaf of a depth-first walk whose entries are [variable, group, k]: drop the choices below
+    `depth`, bump the deepest that has members left; False when the space is done."""
+    del stack[depth:]
+    while stack:
+        top = stack[-1]
+        if top[2] + 1 < len(top[1]):
+            top[2] += 1
+            return True
+        stack.pop()
+    return False
 
 
 def _joined(domain: Domain, group: Group) -> Cls:
