@@ -1,7 +1,7 @@
 """This project's fused W4A16 MoE on Triton: MXFP4 / NVFP4 weights, BF16 activations.
 
     moe_forward(x, weights, router_logits=... | topk_ids=..., topk_weights=...)
-      1. route      torch top-k (+ softmax), identical to the emulation backend     _routing.route
+      1. route      top-k (+ softmax) as the emulation selects, one launch          _routing.route
       2. align      pairs sorted by expert, padded to BLOCK_M, no host sync         _routing.align
       3. GEMM1      gate/up tiles, FP4 dequantized in registers, bias, activation   _kernels.gemm1_act_kernel
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
