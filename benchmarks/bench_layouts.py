@@ -9,6 +9,11 @@ measured in the same run. Bytes counted: checkpoint tensors read once + kernel t
 once (the floor); copy bandwidth counts read + write likewise.
 
     python benchmarks/bench_layouts.py --device cuda --out benchmarks/README-layouts-table.md
+
+`--only marlin,sm90,triton_moe` times only the converters whose layout name contains one of the words (the
+copy baseline is always measured); `--torch-path` adds, for the layouts with a Triton fast path
+(`backends.layouts._nibble_kernels`), a row timing their pure-torch path (MOE_ORACLE_LAYOUT_KERNELS=torch) in
+the same run.
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ from backends.layouts import (  # noqa: E402
     triton_moe,
     trtllm,
 )
+from backends.layouts._nibble_kernels import ENV as KERNELS_ENV  # noqa: E402
 from backends.weights import KernelWeights, MoEWeights  # noqa: E402
 
 from layout_cases import random_layer  # noqa: E402
 
 GPT_OSS_120B = {"experts": 128, "hidden": 2880, "intermediate": 2880}
+#: layouts whose weights go through the Triton word gather on CUDA (pure torch elsewhere)
+KERNEL_LAYOUTS = ("flashinfer_cutlass_mxfp4_sm90", "marlin_mxfp4_bfloat16", "marlin_nvfp4_bfloat16", "triton_moe")
 
 # (converter, backends it serves, format, padded (H, I)): MXFP4 sizes are the rules' round_up for the
 # backend; NVFP4 has no round_up, so those layers are padded to the least each layout accepts.
@@ -179,6 +187,30 @@ def primitives(device: str, experts: int, repeats: int) -> list:
     return lines
 
 
+def time_row(converter, label, backends, fmt, padded, w, copy, device, args, loop=True) -> str:
+    """One table row: the batched conversion (and, with `loop`, the per-expert loop, checked to write the same
+    bytes) against the same-run copy bandwidth `copy`."""
+    kw = converter.convert(w, hidden_size=padded[0], intermediate_size=padded[1])
+    if loop:
+        looped_out = per_expert_loop(converter, w, padded)
+        for key, t in kw.tensors.items():  # the loop does the same work: same bytes (NVFP4 config aside)
+            assert torch.equal(looped_out[key].contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), key
+        del looped_out
+    moved = moved_bytes(w, kw)
+    del kw
+
+    def batched():
+        return converter.convert(w, hidden_size=padded[0], intermediate_size=padded[1])
+
+    ms = median_ms(batched, device, 2, args.repeats)
+    loop_ms = median_ms(lambda: per_expert_loop(converter, w, padded), device, 1, args.loop_repeats) if loop else None
+    gbps = moved / ms / 1e6
+    share = f"{100 * gbps / copy:.0f}%" if moved else "no copy"
+    loop_cells = f"{loop_ms:.1f} | {loop_ms / ms:.1f}x" if loop else "- | -"
+    return (f"| {label} | {backends} | {fmt} | {padded[0]} x {padded[1]} | {moved / 1e9:.2f} "
+            f"| {ms:.2f} | {gbps:.0f} | {share} | {loop_cells} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -187,6 +219,9 @@ def main() -> None:
     parser.add_argument("--loop-repeats", type=int, default=3)
     parser.add_argument("--out", help="also write the table (markdown) to this file")
     parser.add_argument("--primitives", help="also time the copies the converters are made of; table to this file")
+    parser.add_argument("--only", help="comma-separated words: time only converters whose layout contains one")
+    parser.add_argument("--torch-path", action="store_true",
+                        help="also time the pure-torch path of the layouts that have a Triton fast path")
     args = parser.parse_args()
     device = args.device
     if args.primitives:
@@ -206,29 +241,23 @@ def main() -> None:
              "| converter | backends | format | padded H x I | GB moved | batched ms | GB/s | % of copy "
              "| per-expert loop ms | loop / batched |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    words = args.only.split(",") if args.only else None
     for converter, backends, fmt, padded in ROWS:
-        w = layers[fmt]
-        kw = converter.convert(w, hidden_size=padded[0], intermediate_size=padded[1])
-        loop = per_expert_loop(converter, w, padded)
-        for key, t in kw.tensors.items():  # the loop does the same work: same bytes (NVFP4 config aside)
-            assert torch.equal(loop[key].contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), key
-        moved = moved_bytes(w, kw)
-        del kw, loop
-        def batched(converter=converter, w=w, padded=padded):
-            return converter.convert(w, hidden_size=padded[0], intermediate_size=padded[1])
-
-        def looped(converter=converter, w=w, padded=padded):
-            return per_expert_loop(converter, w, padded)
-
-        ms = median_ms(batched, device, 2, args.repeats)
-        loop_ms = median_ms(looped, device, 1, args.loop_repeats)
-        gbps = moved / ms / 1e6
-        share = f"{100 * gbps / copy:.0f}%" if moved else "no copy"
-        lines.append(f"| `{converter.layout}` | {backends} | {fmt} | {padded[0]} x {padded[1]} | {moved / 1e9:.2f} "
-                     f"| {ms:.2f} | {gbps:.0f} | {share} | {loop_ms:.1f} | {loop_ms / ms:.1f}x |")
-        print(lines[-1], flush=True)
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        if words and not any(word in converter.layout for word in words):
+            continue
+        paths = [False, True] if args.torch_path and converter.layout in KERNEL_LAYOUTS else [False]
+        for torch_path in paths:
+            label = f"`{converter.layout}`" + (" (pure torch)" if torch_path else "")
+            if torch_path:
+                os.environ[KERNELS_ENV] = "torch"
+            try:
+                lines.append(time_row(converter, label, backends, fmt, padded, layers[fmt], copy, device, args,
+                                      loop=not torch_path))
+            finally:
+                os.environ.pop(KERNELS_ENV, None)
+            print(lines[-1], flush=True)
+            if device == "cuda":
+                torch.cuda.empty_cache()
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -24,12 +24,19 @@ SM90 weight interleave is a bit-level permutation done in further passes.
   ``_interleave_mxfp4_cutlass_sm90``): weights as they are, scales
   ``[E, rows, K/32] -> reshape(E, rows, K/128, 4).permute(0, 2, 1, 3) -> [E, K/128, rows * 4]``.
   Do not pair it with flashinfer >= 0.6.10 (wrong weights) or >= 0.6.16 (wrong scales too).
+
+On CUDA the SM90 weight interleave, with padding and the [up; gate] row order, is one Triton word gather
+(`_nibble_kernels`) derived from `sm90_interleave_weights_torch`, which stays the definition and the CPU/meta
+path; the inverse is pure torch.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from backends.layouts import _nibble_kernels as kernels
 from backends.layouts.base import (
     Layout,
     require_multiple,
@@ -120,7 +127,29 @@ def _permute_words(words: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
 
 
 def sm90_interleave_weights(w: torch.Tensor) -> torch.Tensor:
-    """[E, N, K/2] packed FP4 -> the same shape in the SM90 mixed-GEMM order (N % 16, K % 64)."""
+    """[E, N, K/2] packed FP4 -> the same shape in the SM90 mixed-GEMM order (N % 16, K % 64); the Triton
+    kernel (`_nibble_kernels`) on CUDA."""
+    if kernels.enabled(w):
+        return _sm90_interleave_fast(w, w.shape[1], 2 * w.shape[2], kernels.plain_rows(w.shape[1], w.shape[1]))
+    return sm90_interleave_weights_torch(w)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm90_spec(half_k: int) -> kernels.WordGather:
+    """The SM90 interleave as a word gather: each 16-row slab writes its own 16 rows, in 8-word tiles."""
+    return kernels.derive(sm90_interleave_weights_torch, (16, half_k), (16, 8))
+
+
+def _sm90_interleave_fast(src: torch.Tensor, n: int, k: int, rows: kernels.RowMap) -> torch.Tensor:
+    """sm90_interleave_weights of the padded [E, n, k/2] matrix whose rows `rows` maps to the checkpoint's `src`."""
+    out = src.new_empty((src.shape[0], n, k // 2))
+    kernels.gather_words(_sm90_spec(k // 2), src, out, n_slabs=n // 16, slab_src=(16, 0), dst_slab_stride=2 * k,
+                         dst_row_stride=k // 8, block=(16, k // 8), rows=rows, logical_cols=src.shape[-1])
+    return out
+
+
+def sm90_interleave_weights_torch(w: torch.Tensor) -> torch.Tensor:
+    """The definition of sm90_interleave_weights in pure torch (CPU, meta, and the reference of the kernel)."""
     e, n, half_k = w.shape
     words = w.reshape(e, n // 16, *_SM90_SRC_VIEW[:2], half_k // 32, *_SM90_SRC_VIEW[2:])
     words = words.permute(_SM90_TO_WORDS).reshape(e, n // 16, 8, half_k // 32, 4, 4, 4)
@@ -183,10 +212,14 @@ class CutlassMxfp4Layout(Layout):
         def up_gate(t):
             return gate_up_runs(t, w.gate_up, "up_gate", inter)
 
-        w13 = build(w.w13, (e, 2 * inter, hidden // 2), RowCol.plain, up_gate(w.w13), w.H // 2)
-        w2 = pad_matrix(w.w2, hidden, inter // 2)
-        if self.variant == "sm90_bf16":
-            w13, w2 = sm90_interleave_weights(w13), sm90_interleave_weights(w2)
+        if self.variant == "sm90_bf16" and kernels.enabled(w.w13):  # pad, row order and interleave: one kernel
+            w13 = _sm90_interleave_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "up_gate", w.I, inter))
+            w2 = _sm90_interleave_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden))
+        else:
+            w13 = build(w.w13, (e, 2 * inter, hidden // 2), RowCol.plain, up_gate(w.w13), w.H // 2)
+            w2 = pad_matrix(w.w2, hidden, inter // 2)
+            if self.variant == "sm90_bf16":
+                w13, w2 = sm90_interleave_weights_torch(w13), sm90_interleave_weights_torch(w2)
         tensors = {"w13": w13, "w2": w2,
                    "w13_scale": self._scales(w.w13_scale, 2 * inter, hidden // 32, up_gate),
                    "w2_scale": self._scales(w.w2_scale, hidden, inter // 32, lambda t: rows_runs(t, hidden))}

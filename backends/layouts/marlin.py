@@ -23,12 +23,18 @@ from the rules' kind). Biases: cast to the activation dtype and permuted by
 checkpoint's (Marlin's activation reads either convention). Not covered: FP8-activation Marlin.
 The layout needs N % 64 and K % 16 for both GEMMs (N = 2I, K = H for w13; N = H, K = I for w2);
 the kernel's own tile limits are the rules' support checks and round-up sizes.
+
+On CUDA the weight repack (padding included) is one Triton word gather (`_nibble_kernels`), derived from
+`repack_weights_torch`, which stays the definition and the CPU/meta path; the inverse is pure torch.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from backends.layouts import _nibble_kernels as kernels
 from backends.layouts.base import (
     Layout,
     require_multiple,
@@ -72,7 +78,15 @@ def _w_view(e: int, n: int, k: int) -> tuple:
 
 
 def repack_weights(w: torch.Tensor) -> torch.Tensor:
-    """[E, N, K/2] packed FP4 -> int32 [E, K/16, 2N] in Marlin's layout."""
+    """[E, N, K/2] packed FP4 -> int32 [E, K/16, 2N] in Marlin's layout (the Triton kernel on CUDA)."""
+    e, n, half_k = w.shape
+    if kernels.enabled(w):
+        return _repack_fast(w, n, 2 * half_k, kernels.plain_rows(n, n))
+    return repack_weights_torch(w)
+
+
+def repack_weights_torch(w: torch.Tensor) -> torch.Tensor:
+    """The definition of repack_weights in pure torch (CPU, meta, and the reference of the kernel)."""
     e, n, half_k = w.shape
     k = 2 * half_k
     a = w.reshape(_w_view(e, n, k)).permute(_W_VIEW_DIMS).contiguous()
@@ -81,6 +95,20 @@ def repack_weights(w: torch.Tensor) -> torch.Tensor:
     r0_is_1 = (lo >> 4) | (hi & 0xF0)
     out = torch.stack((r0_is_0, r0_is_1), dim=-2)  # [..., r0, block]
     return out.reshape(e, k // 16, 8 * n).view(torch.int32)
+
+
+@functools.lru_cache(maxsize=16)
+def _repack_spec(k: int) -> kernels.WordGather:
+    """repack_weights as a word gather: one 64-row slab writes a [K/16, 128]-word column block of the output."""
+    return kernels.derive(repack_weights_torch, (64, k // 2), (1, 128))
+
+
+def _repack_fast(src: torch.Tensor, n: int, k: int, rows: kernels.RowMap) -> torch.Tensor:
+    """repack_weights of the padded [E, n, k/2] matrix whose rows `rows` maps to the checkpoint's `src`."""
+    out = src.new_empty((src.shape[0], k // 16, 2 * n), dtype=torch.int32)
+    kernels.gather_words(_repack_spec(k), src, out, n_slabs=n // 64, slab_src=(64, 0), dst_slab_stride=128,
+                         dst_row_stride=2 * n, block=(k // 16, 128), rows=rows, logical_cols=src.shape[-1])
+    return out
 
 
 def unpack_weights(q: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -160,17 +188,24 @@ class MarlinLayout(Layout):
                                      f"requantize with non-negative scales")
 
     def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
-        w = w.pad(hidden, inter)
-        tensors = {"w13": repack_weights(w.w13), "w2": repack_weights(w.w2)}
+        if kernels.enabled(w.w13):  # padding read in place by the kernel; scales and biases padded alone
+            tensors = {"w13": _repack_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "checkpoint", w.I,
+                                                                                        inter)),
+                       "w2": _repack_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden))}
+            side = kernels.padded_side_tensors(w, hidden, inter, "checkpoint")
+        else:
+            padded = w.pad(hidden, inter)
+            tensors = {"w13": repack_weights_torch(padded.w13), "w2": repack_weights_torch(padded.w2)}
+            side = {name: getattr(padded, name) for name in ("w13_scale", "w2_scale", "w13_bias", "w2_bias")}
         for name in ("w13_scale", "w2_scale"):
-            s = _permute_scales(getattr(w, name).view(torch.uint8))
+            s = _permute_scales(side[name].view(torch.uint8))
             if w.format == "mxfp4":
                 tensors[name] = s.view(_E8M0)
             else:
                 tensors[name] = e4m3_to_s0e5m3(s.view(torch.float8_e4m3fn)).view(torch.float8_e4m3fn)
         for name in ("w13_bias", "w2_bias"):
-            if getattr(w, name) is not None:
-                tensors[name] = _permute_bias(getattr(w, name).to(self.act_dtype))
+            if side[name] is not None:
+                tensors[name] = _permute_bias(side[name].to(self.act_dtype))
         return tensors, source_config(w) if w.format == "nvfp4" else {}
 
     def _quant_values(self, quant_config):

@@ -15,14 +15,18 @@ values 2i, 2i+1):
                kernels divide the fp32 accumulator by them, as the format defines); None for MXFP4
 The checkpoint's gpt-oss interleaving (even rows gate, odd rows up) is undone once here, with the
 same permutation on scales and biases, so the kernel loads a gate tile and an up tile at rows n and I+n.
+On CUDA the split halves (with padding and the [gate; up] order, in `TritonMoELayout`) are one Triton word
+gather (`_nibble_kernels`) derived from `_split_halves_torch`, the definition and the CPU/meta path.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
+from backends.layouts import _nibble_kernels as kernels
 from backends.layouts.base import Layout, require_multiple, source_config
 from backends.weights import KernelWeights, MoEWeights
 
@@ -92,15 +96,39 @@ def _scale_bytes(scale: torch.Tensor, fmt: str, name: str) -> torch.Tensor:
 
 
 def _split_halves(packed: torch.Tensor) -> torch.Tensor:
-    """Checkpoint bytes (values 2i | 2i+1 << 4) -> kernel bytes (64-wide groups: value j | value j+32 << 4)."""
-    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1, 2, 32)
+    """Checkpoint bytes (values 2i | 2i+1 << 4) -> kernel bytes (64-wide groups: value j | value j+32 << 4);
+    the Triton kernel (`_nibble_kernels`) on CUDA."""
+    if kernels.enabled(packed) and packed.dim() == 3:
+        rows = packed.shape[1]
+        return _split_halves_fast(packed, rows, 2 * packed.shape[2], kernels.plain_rows(rows, rows))
+    return _split_halves_torch(packed)
+
+
+@functools.lru_cache(maxsize=16)
+def _split_spec(half_k: int) -> kernels.WordGather:
+    """_split_halves as a word gather: rows stay, every 8 output words read one 32-byte group of their row."""
+    return kernels.derive(_split_halves_torch, (2, half_k), (1, 8))
+
+
+def _split_halves_fast(src: torch.Tensor, rows: int, k: int, row_map: kernels.RowMap) -> torch.Tensor:
+    """_split_halves of the padded [E, rows, k/2] matrix whose rows `row_map` maps to the checkpoint's `src`."""
+    out = src.new_empty((src.shape[0], rows, k // 2))
+    kernels.gather_words(_split_spec(k // 2), src, out, n_slabs=1, slab_src=(0, 0), dst_slab_stride=0,
+                         dst_row_stride=k // 8, block=(rows, k // 8), rows=row_map, logical_cols=src.shape[-1])
+    return out
+
+
+def _split_halves_torch(packed: torch.Tensor) -> torch.Tensor:
+    """The definition of _split_halves in pure torch (CPU, meta, and the reference of the kernel)."""
+    groups = packed.shape[-1] // 32  # explicit, so that zero experts reshape too
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], groups, 2, 32)
     return (codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(packed.shape).contiguous()
 
 
 def _join_halves(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of _split_halves."""
-    groups = packed.reshape(*packed.shape[:-1], -1, 32)
-    codes = torch.stack([groups & 15, groups >> 4], dim=-2).reshape(*packed.shape[:-1], -1, 2)
+    groups = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 32, 32)
+    codes = torch.stack([groups & 15, groups >> 4], dim=-2).reshape(*packed.shape[:-1], packed.shape[-1], 2)
     return (codes[..., 0] | (codes[..., 1] << 4)).reshape(packed.shape).contiguous()
 
 
@@ -200,6 +228,17 @@ class TritonMoELayout(Layout):
             require_multiple(self.layout, what, value, SIZE_ALIGNMENT, "the kernels read K in 64-wide nibble groups")
 
     def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        if kernels.enabled(w.w13):  # padding and the [gate; up] order read in place by the kernel
+            side = kernels.padded_side_tensors(w, hidden, inter, "gate_up")
+            tensors = {
+                "w13": _split_halves_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "gate_up", w.I, inter)),
+                "w13_scale": _to_words(_scale_bytes(side["w13_scale"], w.format, "w13_scale"), w.format),
+                "w2": _split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden)),
+                "w2_scale": _to_words(_scale_bytes(side["w2_scale"], w.format, "w2_scale"), w.format),
+                "w13_bias": side["w13_bias"], "w2_bias": side["w2_bias"],
+                "w13_global_scale": None if w.w13_global_scale is None else w.w13_global_scale.float().contiguous(),
+                "w2_global_scale": None if w.w2_global_scale is None else w.w2_global_scale.float().contiguous()}
+            return {name: t for name, t in tensors.items() if t is not None}, source_config(w)
         w = w.pad(hidden, inter)
         kernel = to_kernel_layout(**w.emulation_kwargs())
         tensors = {name: getattr(kernel, name) for name in _KERNEL_TENSORS if getattr(kernel, name) is not None}

@@ -1,0 +1,190 @@
+"""The Triton word-gather fast path of the nibble/bit layouts (Marlin, SM90 MXFP4 x BF16, triton_moe) writes
+the same bytes as their pure-torch definitions.
+
+On CPU the kernel runs under Triton's interpreter: TRITON_INTERPRET=1 is fixed when triton is first imported,
+so the cases run in one subprocess (this file as a script, MOE_ORACLE_LAYOUT_KERNELS switched per call
+between 'torch' and 'triton') that prints one JSON line per case. On a GPU the same cases run compiled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends.layouts import _nibble_kernels as kernels
+
+from conftest import requires_cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (module:converter, format, logical (H, I), padded (H, I)): odd, padded and unpadded sizes
+CASES = {
+    "marlin-mxfp4-padded": ("marlin:mxfp4", "mxfp4", (128, 64), (192, 128)),
+    "marlin-mxfp4-unpadded": ("marlin:mxfp4", "mxfp4", (128, 64), (128, 64)),
+    "marlin-nvfp4-odd": ("marlin:nvfp4", "nvfp4", (80, 48), (192, 64)),
+    "sm90-padded": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (96, 32), (128, 128)),
+    "sm90-unpadded": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (128, 128), (128, 128)),
+    "sm90-wide": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (320, 160), (384, 256)),
+    "triton-moe-mxfp4-padded": ("triton_moe:converter", "mxfp4", (96, 32), (192, 64)),
+    "triton-moe-nvfp4-odd": ("triton_moe:converter", "nvfp4", (48, 80), (64, 128)),
+    "triton-moe-mxfp4-unpadded": ("triton_moe:converter", "mxfp4", (64, 64), (64, 64)),
+}
+EXPERTS = (0, 1, 3)
+GATE_UP = ("interleaved", "contiguous")
+
+
+def _converter(path: str):
+    import importlib
+
+    module, attr = path.split(":")
+    return getattr(importlib.import_module(f"backends.layouts.{module}"), attr)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _differences(a, b) -> list:
+    """Names of the tensors of two KernelWeights that differ in name, shape, dtype or any byte."""
+    if sorted(a.tensors) != sorted(b.tensors):
+        return [f"tensor names {sorted(a.tensors)} != {sorted(b.tensors)}"]
+    return [name for name in a.tensors
+            if (a[name].shape, a[name].dtype) != (b[name].shape, b[name].dtype)
+            or not torch.equal(_bytes(a[name]), _bytes(b[name]))]
+
+
+def _convert(path, w, padded, mode: str):
+    os.environ[kernels.ENV] = mode
+    try:
+        return _converter(path).convert(w, hidden_size=padded[0], intermediate_size=padded[1])
+    finally:
+        del os.environ[kernels.ENV]
+
+
+def _check_case(spec, device: str, kernel_mode: str) -> dict:
+    from layout_cases import random_layer
+
+    path, fmt, logical, padded = spec
+    mismatches = []
+    for experts in EXPERTS:
+        for gate_up in GATE_UP:
+            w = random_layer(fmt, experts=experts, hidden=logical[0], inter=logical[1], gate_up=gate_up,
+                             seed=experts, finite_scales=True, bf16_bias=True)
+            reference = _convert(path, w, padded, "torch")
+            fast = _convert(path, random_layer(fmt, experts=experts, hidden=logical[0], inter=logical[1],
+                                               gate_up=gate_up, seed=experts, finite_scales=True, bf16_bias=True,
+                                               device=device), padded, kernel_mode)
+            bad = _differences(reference, fast)
+            if bad:
+                mismatches.append([experts, gate_up, bad])
+    return {"mismatches": mismatches}
+
+
+def _poisoned_outputs(device: str) -> dict:
+    """Each kernel writes every word of a poisoned output buffer, padding included (zeros read for it)."""
+    from backends.layouts import cutlass, marlin, triton_moe
+
+    g = torch.Generator().manual_seed(7)
+    src = torch.randint(0, 256, (2, 100, 40), dtype=torch.uint8, generator=g)  # 100 x 80 logical, padded below
+    padded = torch.zeros((2, 128, 64), dtype=torch.uint8)
+    padded[:, :100, :40] = src
+    src = src.to(device)
+    rows = kernels.plain_rows(100, 128)
+    results = {}
+    for name, spec, reference, out, geometry in (
+        ("marlin", marlin._repack_spec(128), marlin.repack_weights_torch,
+         torch.empty((2, 8, 256), dtype=torch.int32),
+         {"n_slabs": 2, "slab_src": (64, 0), "dst_slab_stride": 128, "dst_row_stride": 256, "block": (8, 128)}),
+        ("sm90", cutlass._sm90_spec(64), cutlass.sm90_interleave_weights_torch,
+         torch.empty((2, 128, 64), dtype=torch.uint8),
+         {"n_slabs": 8, "slab_src": (16, 0), "dst_slab_stride": 256, "dst_row_stride": 16, "block": (16, 16)}),
+        ("triton_moe", triton_moe._split_spec(64), triton_moe._split_halves_torch,
+         torch.empty((2, 128, 64), dtype=torch.uint8),
+         {"n_slabs": 1, "slab_src": (0, 0), "dst_slab_stride": 0, "dst_row_stride": 16, "block": (128, 16)}),
+    ):
+        out = out.view(torch.uint8).fill_(0xA5).view(out.dtype).to(device)
+        kernels.gather_words(spec, src, out, rows=rows, logical_cols=40, **geometry)
+        results[name] = bool(torch.equal(_bytes(out), _bytes(reference(padded))))
+    return results
+
+
+# ------------------------------------------------------------------------------------ CPU, through the interpreter
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict:
+    pytest.importorskip("triton", reason="triton is not installed; the layout kernels cannot run")
+    path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {k: v for k, v in os.environ.items() if k != kernels.ENV}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path))
+    proc = subprocess.run([sys.executable, __file__], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
+    return {row["case"]: row for row in map(json.loads, proc.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interpreted_kernel_writes_the_torch_converters_bytes(interpreter_results, case):
+    row = interpreter_results[case]
+    assert "error" not in row, row.get("error")
+    assert row["mismatches"] == [], f"(experts, gate_up, tensors) that differ: {row['mismatches']}"
+
+
+def test_interpreted_kernel_writes_every_word_of_a_poisoned_buffer(interpreter_results):
+    row = interpreter_results["poisoned"]
+    assert "error" not in row, row.get("error")
+    assert row == {"case": "poisoned", "marlin": True, "sm90": True, "triton_moe": True}
+
+
+# ------------------------------------------------------------------------------------ CPU, no triton needed
+def test_dispatch_uses_the_kernel_on_cuda_only_and_obeys_the_env(monkeypatch):
+    cpu = torch.empty(1, dtype=torch.uint8)
+    meta = torch.empty(1, dtype=torch.uint8, device="meta")
+    monkeypatch.delenv(kernels.ENV, raising=False)
+    assert not kernels.enabled(cpu) and not kernels.enabled(meta)
+    monkeypatch.setenv(kernels.ENV, "torch")
+    assert not kernels.enabled(cpu)
+    monkeypatch.setenv(kernels.ENV, "fast")
+    with pytest.raises(ValueError, match="MOE_ORACLE_LAYOUT_KERNELS='fast' must be one of"):
+        kernels.enabled(cpu)
+
+
+def test_derive_finds_the_structure_and_refuses_what_is_not_a_word_gather():
+    from backends.layouts import cutlass
+
+    spec = cutlass._sm90_spec(32)
+    assert spec.tile == (16, 8) and spec.out_shape == (16, 8) and spec.moves.shape[0] > 4
+    with pytest.raises(AssertionError, match="zeros or ones"):
+        kernels.derive(lambda b: b + 1, (2, 32), (1, 8))
+    with pytest.raises(AssertionError, match="4 source bytes"):  # nibbles of 8 bytes per word
+        kernels.derive(lambda b: torch.cat([b[..., ::2] & 15 | b[..., 1::2] << 4,
+                                            b[..., ::2] >> 4 | b[..., 1::2] & 0xF0], -1), (2, 32), (1, 8))
+
+
+# ------------------------------------------------------------------------------------ GPU, compiled
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cuda_kernel_writes_the_torch_converters_bytes(case):
+    assert _check_case(CASES[case], "cuda", "auto")["mismatches"] == []
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_kernel_writes_every_word_of_a_poisoned_buffer():
+    assert _poisoned_outputs("cuda") == {"marlin": True, "sm90": True, "triton_moe": True}
+
+
+if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
+    import traceback
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    for case_name, case_spec in [*CASES.items(), ("poisoned", None)]:
+        try:
+            result = _poisoned_outputs("cpu") if case_spec is None else _check_case(case_spec, "cpu", "triton")
+        except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
+            result = {"error": traceback.format_exc()[-3000:]}
+        print(json.dumps({"case": case_name, **result}), flush=True)
