@@ -17,11 +17,16 @@ from backends import formats
 from oracle import vocabulary
 from oracle.vocabulary import GATED_ACTIVATIONS, UNGATED_ACTIVATIONS  # the one activation list (torch-free)
 
-__all__ = ["moe_forward", "WEIGHT_FORMATS", "ACTIVATIONS", "GATE_UP_LAYOUTS"]
+__all__ = ["moe_forward", "WEIGHT_FORMATS", "ACTIVATIONS", "GATE_UP_LAYOUTS", "GEMM_INPUT_SCHEMES"]
 
 WEIGHT_FORMATS = (*vocabulary.WEIGHT_CODECS, "bf16")  # quantized codecs from oracle.vocabulary, or plain
 ACTIVATIONS = GATED_ACTIVATIONS + UNGATED_ACTIVATIONS
 GATE_UP_LAYOUTS = ("interleaved", "contiguous")
+#: fake quantization of one GEMM input (`gemm_input_schemes`): formats.qdq_activation's schemes, "mxfp8" (its
+#: "fp8"), and FP8 E4M3 with one scale per tensor, static (the a1/a2 scale given) or dynamic (amax of the whole
+#: GEMM input over all routed tokens, as vLLM's scaled_fp8_quant(A, None))
+GEMM_INPUT_SCHEMES = (*formats.ACTIVATION_SCHEMES, "mxfp8", "fp8_per_tensor_dynamic", "fp8_per_tensor_static")
+_PER_TENSOR = ("fp8_per_tensor_dynamic", "fp8_per_tensor_static")
 
 _FN = "moe_forward"
 
@@ -103,6 +108,38 @@ def _dequantize_expert(fmt, weight, scale, global_scale, expert):
     if fmt == "nvfp4":
         return formats.dequantize_nvfp4(weight[expert], scale[expert], global_scale[expert].float())
     return formats.dequantize_mxfp6(weight[expert], scale[expert], kind=fmt.split("_")[1])
+
+
+def _input_schemes(activation_scheme, gemm_input_schemes, a1_scale, a2_scale, fp8_dtype):
+    """(gemm1 scheme, gemm2 scheme) after checking the per-GEMM schemes and the static scales they need."""
+    if gemm_input_schemes is None:
+        if activation_scheme not in formats.ACTIVATION_SCHEMES:
+            _fail(ValueError, f"activation_scheme={activation_scheme!r} must be one of {formats.ACTIVATION_SCHEMES}")
+        schemes = (activation_scheme, activation_scheme)
+    else:
+        if activation_scheme is not None:
+            _fail(ValueError, "pass activation_scheme (both GEMM inputs) or gemm_input_schemes (one each), not both")
+        if not isinstance(gemm_input_schemes, (tuple, list)) or len(gemm_input_schemes) != 2:
+            _fail(ValueError, f"gemm_input_schemes={gemm_input_schemes!r} must be a pair (gemm1 input, gemm2 input)")
+        schemes = tuple(gemm_input_schemes)
+        for which, scheme in zip(("gemm1", "gemm2"), schemes, strict=True):
+            if scheme not in GEMM_INPUT_SCHEMES:
+                _fail(ValueError, f"gemm_input_schemes {which} input {scheme!r} must be one of {GEMM_INPUT_SCHEMES}")
+    for which, scheme, name, scale in (("gemm1", schemes[0], "a1_scale", a1_scale),
+                                       ("gemm2", schemes[1], "a2_scale", a2_scale)):
+        if scheme == "fp8_per_tensor_static" and (not isinstance(scale, torch.Tensor) or scale.numel() != 1):
+            _fail(ValueError, f"{name} must be a one-element fp32 tensor (the static per-tensor input scale) for the "
+                  f"{which} input's 'fp8_per_tensor_static', got {scale!r}")
+    if any(s in _PER_TENSOR for s in schemes) and fp8_dtype not in formats.FP8_PER_TENSOR_MAX:
+        _fail(ValueError, f"fp8_dtype={fp8_dtype!r} must be torch.float8_e4m3fn or torch.float8_e4m3fnuz")
+    return schemes
+
+
+def _qdq_input(x, scheme, scale, fp8_dtype):
+    """Fake-quantize one GEMM input (fp32 [n, K]); `scale`: the per-tensor scale (None: dynamic, from this x)."""
+    if scheme in _PER_TENSOR:
+        return formats.qdq_fp8_per_tensor(x, scale, fp8_dtype=fp8_dtype)
+    return formats.qdq_activation(x, "fp8" if scheme == "mxfp8" else scheme)
 
 
 def _route(router_logits, topk_ids, topk_weights, top_k, renormalize, tokens, experts, device):
@@ -195,6 +232,10 @@ def moe_forward(
     swiglu_limit: float = 7.0,
     gate_up_layout: str = "interleaved",
     activation_scheme: Optional[str] = None,
+    gemm_input_schemes: Optional[tuple] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
 ) -> torch.Tensor:
     """Mixture-of-Experts MLP: out[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]).
 
@@ -205,7 +246,9 @@ def moe_forward(
       w13_global_scale / w2_global_scale: NVFP4 per-expert fp32 [E] *quantization* multipliers (= 1/weight_scale_2).
     Routing: either router_logits [T, E] with top_k (renormalize=True: top-k on logits then softmax over the k;
     False: softmax over all E, then top-k weights as is), or topk_ids [T, k] with topk_weights [T, k].
-    activation_scheme fake-quantizes both GEMM inputs (see formats.qdq_activation). Returns [T, H] in x.dtype.
+    activation_scheme fake-quantizes both GEMM inputs (see formats.qdq_activation); gemm_input_schemes instead
+    gives each its own (GEMM_INPUT_SCHEMES), with a1_scale / a2_scale for 'fp8_per_tensor_static' and fp8_dtype
+    (e4m3fn, or e4m3fnuz with vLLM's 224 bound) for the per-tensor FP8 ones. Returns [T, H] in x.dtype.
     """
     if not isinstance(x, torch.Tensor):
         _fail(TypeError, f"x must be a torch.Tensor [T, H], got {type(x).__name__}")
@@ -219,8 +262,7 @@ def moe_forward(
         _fail(ValueError, f"activation={activation!r} must be one of {ACTIVATIONS}")
     if gate_up_layout not in GATE_UP_LAYOUTS:
         _fail(ValueError, f"gate_up_layout={gate_up_layout!r} must be one of {GATE_UP_LAYOUTS}")
-    if activation_scheme not in formats.ACTIVATION_SCHEMES:
-        _fail(ValueError, f"activation_scheme={activation_scheme!r} must be one of {formats.ACTIVATION_SCHEMES}")
+    schemes = _input_schemes(activation_scheme, gemm_input_schemes, a1_scale, a2_scale, fp8_dtype)
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3:
         _fail(ValueError, "w13 must be a 3-D tensor [E, 2I (or I for *_no_mul), H stored in the format]")
     if not isinstance(w2, torch.Tensor) or w2.dim() != 3:
@@ -244,37 +286,44 @@ def moe_forward(
             _fail(ValueError, f"{bias_name}.shape={tuple(bias.shape)} must be ({experts}, {rows}) = (E, rows of the "
                   f"matching weight)")
 
-    if activation_scheme is not None:
-        act_block = formats.NVFP4_BLOCK_SIZE if activation_scheme == "nvfp4" else formats.MX_BLOCK_SIZE
-        for dim_name, size in (("hidden size H", hidden_size), ("intermediate size I", intermediate)):
-            if size % act_block != 0:
-                _fail(ValueError, f"{dim_name}={size} must be a multiple of {act_block} to fake-quantize GEMM "
-                      f"inputs with activation_scheme={activation_scheme!r}; use activation_scheme=None")
+    for scheme, dim_name, size in zip(schemes, ("hidden size H", "intermediate size I"), (hidden_size, intermediate),
+                                      strict=True):
+        act_block = formats.NVFP4_BLOCK_SIZE if scheme == "nvfp4" else formats.MX_BLOCK_SIZE
+        if scheme is not None and scheme not in _PER_TENSOR and size % act_block != 0:
+            _fail(ValueError, f"{dim_name}={size} must be a multiple of {act_block} to fake-quantize that GEMM's "
+                  f"input as {scheme!r}; use no activation scheme")
 
     ids, weights = _route(router_logits, topk_ids, topk_weights, top_k, renormalize, tokens, experts, x.device)
     out = torch.zeros(tokens, hidden_size, dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out.to(x.dtype)
 
-    gemm1_input = formats.qdq_activation(x.float(), activation_scheme)
+    gemm1_input = _qdq_input(x.float(), schemes[0], a1_scale if schemes[0] == "fp8_per_tensor_static" else None,
+                             fp8_dtype)
     k = ids.shape[1]
     flat_experts = ids.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     sorted_tokens = torch.div(order, k, rounding_mode="floor")
     sorted_weights = weights.reshape(-1)[order]
     active, counts = torch.unique_consecutive(flat_experts[order], return_counts=True)
-    start = 0
+    start, gemm2_inputs = 0, []
     for expert, count in zip(active.tolist(), counts.tolist(), strict=True):
         rows = sorted_tokens[start:start + count]
         route_weight = sorted_weights[start:start + count]
         start += count
         w13_e = _dequantize_expert(format, w13, w13_scale, w13_global_scale, expert)
-        w2_e = _dequantize_expert(format, w2, w2_scale, w2_global_scale, expert)
         hidden = gemm1_input[rows] @ w13_e.T
         if w13_bias is not None:
             hidden = hidden + w13_bias[expert].float()
         act = _activate(hidden, activation, gate_up_layout, swiglu_alpha, swiglu_beta, swiglu_limit)
-        expert_out = formats.qdq_activation(act, activation_scheme) @ w2_e.T
+        gemm2_inputs.append((expert, rows, route_weight, act))
+    if schemes[1] == "fp8_per_tensor_dynamic":  # one scale over the whole GEMM2 input (all routed rows)
+        a2_scale = formats.fp8_per_tensor_dynamic_scale(torch.cat([a for *_, a in gemm2_inputs]), fp8_dtype=fp8_dtype)
+    elif schemes[1] != "fp8_per_tensor_static":
+        a2_scale = None
+    for expert, rows, route_weight, act in gemm2_inputs:
+        w2_e = _dequantize_expert(format, w2, w2_scale, w2_global_scale, expert)
+        expert_out = _qdq_input(act, schemes[1], a2_scale, fp8_dtype) @ w2_e.T
         if w2_bias is not None:
             expert_out = expert_out + w2_bias[expert].float()
         out.index_add_(0, rows, expert_out * route_weight.unsqueeze(-1))

@@ -77,6 +77,11 @@ __all__ = [
     "dequantize_mxfp8",
     "quantize_fp8_per_token_group",
     "dequantize_fp8_per_token_group",
+    "FP8_PER_TENSOR_MAX",
+    "fp8_per_tensor_dynamic_scale",
+    "quantize_fp8_per_tensor",
+    "dequantize_fp8_per_tensor",
+    "qdq_fp8_per_tensor",
     "qdq_activation",
 ]
 
@@ -565,6 +570,78 @@ def dequantize_fp8_per_token_group(
     group_size = data.shape[-1] // scales.shape[-1]
     groups = data.float().reshape(*data.shape[:-1], scales.shape[-1], group_size)
     return (groups * scales.unsqueeze(-1)).reshape(data.shape).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 E4M3 per-tensor activation quantization (vLLM's scaled_fp8_quant, static or dynamic)
+# ----------------------------------------------------------------------------------------------
+
+#: FP8 dtype -> the saturation bound vLLM's per-tensor kernels clamp to (quant_type_max_v): 448 for
+#: e4m3fn; 224 (code 0x7E), not torch's 240, for the e4m3fnuz of ROCm MI300 ("accuracy issues" at 240).
+FP8_PER_TENSOR_MAX = {torch.float8_e4m3fn: FP8_E4M3_MAX, torch.float8_e4m3fnuz: 224.0}
+
+
+def _require_fp8_dtype(fn: str, fp8_dtype) -> float:
+    if fp8_dtype not in FP8_PER_TENSOR_MAX:
+        raise ValueError(f"{fn}: fp8_dtype={fp8_dtype!r} must be torch.float8_e4m3fn or torch.float8_e4m3fnuz "
+                         f"(the platform's FP8, vLLM current_platform.fp8_dtype())")
+    return FP8_PER_TENSOR_MAX[fp8_dtype]
+
+
+def _require_tensor_scale(fn: str, scale) -> torch.Tensor:
+    _require_tensor(fn, "scale", scale)
+    if scale.numel() != 1 or not scale.dtype.is_floating_point:
+        raise ValueError(f"{fn}: scale must be one floating value (per tensor), got {scale.dtype} of shape "
+                         f"{tuple(scale.shape)}; reduce per-expert input scales with .max() first")
+    return scale.float().reshape(1)
+
+
+def fp8_per_tensor_dynamic_scale(x: torch.Tensor, *, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """fp32 [1] scale = amax(|x|) / fp8 max (vLLM's dynamic_scaled_fp8_quant: no lower clamp, NaN ignored).
+
+    All-zero x gives scale 0 (quantize_fp8_per_tensor then stores +max codes that dequantize to 0, as the
+    kernel does). vLLM's torch-native QuantFP8 clamps the scale to >= 1/(448*512); its CUDA per-tensor
+    kernel, the one the MoE emulation calls, does not."""
+    fn = "fp8_per_tensor_dynamic_scale"
+    _require_floating(fn, "x", x)
+    fp8_max = _require_fp8_dtype(fn, fp8_dtype)
+    magnitude = x.float().abs()
+    amax = torch.where(torch.isnan(magnitude), 0.0, magnitude).amax() if x.numel() else magnitude.new_zeros(())
+    return (amax / fp8_max).reshape(1)
+
+
+def quantize_fp8_per_tensor(x: torch.Tensor, scale: Optional[torch.Tensor] = None, *,
+                            fp8_dtype: torch.dtype = torch.float8_e4m3fn):
+    """x [...] float -> (fp8 data [...], fp32 scale [1]); static with `scale`, dynamic (amax/max) without.
+
+    vLLM's scaled_fp8_quant(x, scale, use_per_token_if_dynamic=False): code = fp8(clamp(x * (1/scale), +-max))
+    in fp32, rounded to nearest even; the comparisons are fminf/fmaxf, so a NaN product (0 * inf for
+    scale 0) saturates to +max."""
+    fn = "quantize_fp8_per_tensor"
+    _require_floating(fn, "x", x)
+    fp8_max = _require_fp8_dtype(fn, fp8_dtype)
+    scale = fp8_per_tensor_dynamic_scale(x, fp8_dtype=fp8_dtype) if scale is None else _require_tensor_scale(fn, scale)
+    scaled = x.float() * (1.0 / scale)
+    scaled = torch.where(torch.isnan(scaled), fp8_max, scaled.clamp(-fp8_max, fp8_max))
+    return scaled.to(fp8_dtype), scale
+
+
+def dequantize_fp8_per_tensor(data: torch.Tensor, scale: torch.Tensor, *, dtype: torch.dtype = torch.float32):
+    """(fp8 data, fp32 scale [1]) -> data * scale in fp32, then dtype (vLLM's per_tensor_dequantize: the fp8
+    code goes through fp16 exactly and the product is fp32)."""
+    fn = "dequantize_fp8_per_tensor"
+    _require_tensor(fn, "data", data)
+    if data.dtype not in FP8_PER_TENSOR_MAX:
+        raise TypeError(f"{fn}: data.dtype={data.dtype} must be float8_e4m3fn or float8_e4m3fnuz; pass the tensor "
+                        f"returned by quantize_fp8_per_tensor")
+    _require_output_dtype(fn, dtype)
+    return (data.float() * _require_tensor_scale(fn, scale)).to(dtype)
+
+
+def qdq_fp8_per_tensor(x: torch.Tensor, scale: Optional[torch.Tensor] = None, *,
+                       fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """Quantize x to FP8 with one scale (given: static; None: dynamic from this x) and back, in x.dtype."""
+    return dequantize_fp8_per_tensor(*quantize_fp8_per_tensor(x, scale, fp8_dtype=fp8_dtype), dtype=x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -261,11 +261,22 @@ def _dequantize(weight_format, packed, scales):
     return formats.dequantize_mxfp6(packed, scales, kind=weight_format.split("_")[1])
 
 
-def _qdq(x, act):
-    """The scheme's activation fake-quantization, per 32 along the last dim (fp8 inputs emulate as MXFP8)."""
+def _fp8_per_tensor(x, scale):
+    """FP8 E4M3 with one scale (vLLM's scaled_fp8_quant): code = e4m3(clamp(x * (1/scale), +-448)), value = code
+    * scale."""
+    return (x * (1.0 / scale)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
+
+
+def _qdq(x, act, scale=None):
+    """One GEMM input's fake quantization: MX formats per 32 along the last dim, FP8 per tensor with the given
+    (static) scale or amax/448 of this x (dynamic)."""
     if act is None:
         return x
-    if act == "fp8":
+    if act == "fp8_per_tensor_static":
+        return _fp8_per_tensor(x, scale)
+    if act == "fp8_per_tensor_dynamic":
+        return _fp8_per_tensor(x, x.abs().max() / 448.0)
+    if act == "mxfp8":
         return formats.dequantize_mxfp8(*formats.quantize_mxfp8(x))
     if act == "mxfp4":
         return formats.dequantize_mxfp4(*formats.quantize_mxfp4(x))
@@ -273,23 +284,35 @@ def _qdq(x, act):
     return formats.dequantize_mxfp6(*formats.quantize_mxfp6(x, kind=kind), kind=kind)
 
 
-def _reference(ckpt, weight_format, act, x, logits, activation, gate_up):
-    """Per-token fp32 MoE on the unpadded checkpoint: top-k of logits, softmax over the k, gated MLP."""
+def _reference(ckpt, weight_format, inputs, x, logits, activation, gate_up, scales=(None, None)):
+    """fp32 MoE on the unpadded checkpoint: top-k of logits, softmax over the k, gated MLP, token by token.
+
+    inputs: the (gemm1, gemm2) input fake quantization, or one scheme for both; scales: the static (a1, a2).
+    A per-tensor input is quantized as one tensor: x over all tokens, the GEMM2 input over all routed rows."""
+    gemm1, gemm2 = inputs if isinstance(inputs, tuple) else (inputs, inputs)
     w13 = _dequantize(weight_format, ckpt["w13_weight"], ckpt["w13_weight_scale"])
     w2 = _dequantize(weight_format, ckpt["w2_weight"], ckpt["w2_weight_scale"])
-    out = torch.zeros(x.shape[0], H)
+    xq = _qdq(x.float(), gemm1, scales[0])
+    routed = []  # (token, routing weight, expert, GEMM2 input)
     for t in range(x.shape[0]):
         top, ids = torch.topk(logits[t].float(), TOP_K)
         for weight, e in zip(torch.softmax(top, -1).tolist(), ids.tolist(), strict=True):
-            h = _qdq(x[t:t + 1].float(), act) @ w13[e].T + (ckpt["w13_bias"][e] if "w13_bias" in ckpt else 0)
+            h = xq[t:t + 1] @ w13[e].T + (ckpt["w13_bias"][e] if "w13_bias" in ckpt else 0)
             gate, up = (h[:, 0::2], h[:, 1::2]) if gate_up == "interleaved" else (h[:, :I], h[:, I:])
             if activation == "silu":
                 a = F.silu(gate) * up
             else:  # swigluoai, gpt-oss constants
                 gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
                 a = (up + 1.0) * gate * torch.sigmoid(1.702 * gate)
-            y = _qdq(a, act) @ w2[e].T + (ckpt["w2_bias"][e] if "w2_bias" in ckpt else 0)
-            out[t] += weight * y[0]
+            routed.append((t, weight, e, a))
+    a2 = scales[1]
+    if gemm2 == "fp8_per_tensor_dynamic":
+        a2 = max(a.abs().max() for *_, a in routed) / 448.0
+        gemm2 = "fp8_per_tensor_static"
+    out = torch.zeros(x.shape[0], H)
+    for t, weight, e, a in routed:
+        y = _qdq(a, gemm2, a2) @ w2[e].T + (ckpt["w2_bias"][e] if "w2_bias" in ckpt else 0)
+        out[t] += weight * y[0]
     return out
 
 
@@ -308,23 +331,46 @@ _FORWARD_CASES = [
 _VLLM_020_BUILDS_NONE = ("w_mxfp6_e3m2", "w_mxfp6_e2m3")
 
 
+#: vLLM 0.20.0's emulation of w_mxfp4_a_fp8 fails at forward (the second GEMM's input as 'mxfp8': NotImplementedError,
+#: tests below); 0.33 and this project's profile quantize both GEMM inputs to FP8 per tensor with the static scales
+_VLLM_020_FAILS_AT_FORWARD = ("w_mxfp4_a_fp8",)
+#: static FP8 input scales (a1, a2): powers of two, so x / s and x * (1/s) agree; a2 = 2^-6 saturates the GEMM2 input
+#: (|act| up to ~10 > 448 / 64 = 7) so the clamp is exercised
+STATIC_SCALES = (2.0**-5, 2.0**-6)
+
+
+def _expected_inputs(scheme):
+    """(gemm1, gemm2) input fake quantization of the emulation: the scheme's MX format on both, FP8 per tensor
+    with the static scales for a_fp8 (vLLM 0.33's TritonExperts.apply)."""
+    act = scheme_formats(scheme)[1]
+    return ("fp8_per_tensor_static",) * 2 if act == "fp8" else (act, act)
+
+
+def _load_and_process(layer, ckpt, scales=STATIC_SCALES):
+    load = dict(ckpt)
+    if layer.static_input_scales:  # per expert in the checkpoint: the layer keeps their max
+        load.update(w13_input_scale=torch.tensor([scales[0] / 2, scales[0], scales[0] / 4, scales[0]]),
+                    w2_input_scale=torch.full((E,), scales[1]))
+    layer.load_weights(load)
+    layer.process_weights_after_loading()
+    return layer
+
+
 @pytest.mark.parametrize("scheme, activation, gate_up, has_bias, profile", [
     (*case, profile) for profile in ("vllm-0.20", "moe-oracle") for case in _FORWARD_CASES
-    if not (profile == "vllm-0.20" and case[0] in _VLLM_020_BUILDS_NONE)])
+    if not (profile == "vllm-0.20" and case[0] in _VLLM_020_BUILDS_NONE + _VLLM_020_FAILS_AT_FORWARD)])
 def test_forward_matches_the_fp32_reference(scheme, activation, gate_up, has_bias, profile):
     gen = torch.Generator().manual_seed(sum(map(ord, scheme + activation)))
     weight_format, act = scheme_formats(scheme)
     layer = make(scheme, has_bias=has_bias, activation=activation, gate_up=gate_up, profile=profile)
+    inputs = _expected_inputs(scheme)
     assert (layer.weight_format, layer.activation_scheme) == (weight_format, act)
+    assert (layer.emulated_inputs.gemm1, layer.emulated_inputs.gemm2) == inputs
     ckpt = _random_checkpoint(weight_format, gen, has_bias)
-    load = dict(ckpt)
-    if layer.static_input_scales:
-        load.update(w13_input_scale=torch.full((E,), 0.05), w2_input_scale=torch.full((E,), 0.05))
-    layer.load_weights(load)
-    layer.process_weights_after_loading()
+    _load_and_process(layer, ckpt)
     x, logits = torch.randn(12, H, generator=gen), torch.randn(12, E, generator=gen)
     y = layer.forward(x, logits)
-    ref = _reference(ckpt, weight_format, act, x, logits, activation, gate_up)
+    ref = _reference(ckpt, weight_format, inputs, x, logits, activation, gate_up, STATIC_SCALES)
     assert y.shape == (12, H) and ref.abs().max() > 0.1
     torch.testing.assert_close(y, ref, **tolerance("fp32_reordered"))
     y_bf16 = layer.forward(x.bfloat16(), logits)
@@ -358,3 +404,62 @@ def test_this_projects_ocp_mx_checks_are_vllm_020s_word_for_word():
     seed, ours = steps("vllm-0.20/ocp-mx.yaml"), steps("moe-oracle/ocp-mx.yaml")
     checks = next(n for n, s in enumerate(seed) if s["id"] == "answer-fields") + 1
     assert ours[:checks] == seed[:checks]
+
+
+# ---------------------------------------------------------------------- FP8 inputs: what each vLLM version runs
+def _fp8_layer_and_inputs(profile, oracle=None, scales=STATIC_SCALES):
+    gen = torch.Generator().manual_seed(23)
+    layer = QuarkOCPMXMoE.create(quant_config(*SCHEMES["w_mxfp4_a_fp8"]), E, H, I, top_k=TOP_K, platform=CPU,
+                                 packages=NO_PACKAGES, env={}, profile=profile, oracle=oracle)
+    ckpt = _random_checkpoint("mxfp4", gen, False)
+    _load_and_process(layer, ckpt, scales)
+    return layer, ckpt, torch.randn(9, H, generator=gen), torch.randn(9, E, generator=gen)
+
+
+def test_fp8_inputs_take_the_static_scales_per_tensor():
+    """moe-oracle (vLLM 0.33's numerics): both GEMM inputs FP8 per tensor with the processed a1/a2; neither MXFP8
+    nor other scales give the same output."""
+    layer, ckpt, x, logits = _fp8_layer_and_inputs("moe-oracle")
+    y = layer.forward(x, logits)
+    per_tensor = ("fp8_per_tensor_static",) * 2
+    torch.testing.assert_close(y, _reference(ckpt, "mxfp4", per_tensor, x, logits, "silu", "contiguous",
+                                             STATIC_SCALES), **tolerance("fp32_reordered"))
+    for other in (_reference(ckpt, "mxfp4", "mxfp8", x, logits, "silu", "contiguous"),
+                  _reference(ckpt, "mxfp4", per_tensor, x, logits, "silu", "contiguous", (0.03, 0.03))):
+        assert (y - other).abs().max() > 1e-2
+
+
+def test_vllm_020_fp8_inputs_fail_at_forward_as_vllm_does():
+    """vLLM 0.20.0 builds the w4a8 config, then its emulation refuses the second GEMM's 'mxfp8' input."""
+    layer, _, x, logits = _fp8_layer_and_inputs("vllm-0.20")
+    assert (layer.quant_config["a1_scale"].item(), layer.quant_config["a2_scale"].item()) == STATIC_SCALES
+    with pytest.raises(NotImplementedError, match=r"w_mxfp4_a_fp8 under profile 'vllm-0.20'.*quant_dtype=mxfp8.*"
+                                                  r"Profile 'moe-oracle' builds it"):
+        layer.forward(x, logits)
+
+
+def test_vllm_020_first_gemm_input_is_fp8_per_tensor_dynamic(tmp_path):
+    """Give 0.20's kind a runnable second input (dynamic too): the first input is then FP8 per tensor with
+    amax/448 of the whole batch, and the checkpoint's static scales change nothing."""
+    import shutil
+
+    from oracle import Oracle
+
+    rules = tmp_path / "rules"
+    shutil.copytree(Path(__file__).parent.parent / "rules", rules)
+    path = rules / "common" / "mxfp4.yaml"
+    text = path.read_text()
+    start = text.index("gemm2: mxfp8, not_implemented: ")
+    end = text.index('"}', start) + 1
+    path.write_text(text[:start] + "gemm2: fp8_per_tensor_dynamic" + text[end:])
+    edited = Oracle(rules)
+    layer, ckpt, x, logits = _fp8_layer_and_inputs("vllm-0.20", edited)
+    other_scales, *_ = _fp8_layer_and_inputs("vllm-0.20", edited, scales=(0.5, 0.25))
+    y = layer.forward(x, logits)
+    dynamic = ("fp8_per_tensor_dynamic",) * 2
+    torch.testing.assert_close(y, _reference(ckpt, "mxfp4", dynamic, x, logits, "silu", "contiguous"),
+                               **tolerance("fp32_reordered"))
+    torch.testing.assert_close(other_scales.forward(x, logits), y, **tolerance("exact"))
+    static = _reference(ckpt, "mxfp4", ("fp8_per_tensor_static",) * 2, x, logits, "silu", "contiguous",
+                        STATIC_SCALES)
+    assert (y - static).abs().max() > 1e-2

@@ -144,6 +144,9 @@ def test_vllm_033_native_schemes_on_emulation_get_their_scheme_kinds(oracle):
         assert (kind["weight"], kind["activation"], kind.get("input_scales") == "static") == (weight, activation,
                                                                                               static)
         assert "gemm1" not in kind
+    # FP8 inputs: TritonExperts.apply quantizes both GEMM inputs per tensor with the static a1/a2 (0.33)
+    assert policy.quant_config.kinds["w_mxfp4_a_fp8"]["emulated_activation"] == {
+        "gemm1": "fp8_per_tensor_static", "gemm2": "fp8_per_tensor_static"}
 
 
 @pytest.mark.parametrize("scheme", sorted(DTYPES))
@@ -179,7 +182,8 @@ def test_the_answer_and_explain_carry_the_scheme_kind(capsys, oracle):
     assert main(["explain", "--profile", "vllm-0.20", "--policy", "ocp-mx", "--platform", "cpu",
                  "--quark", "weight.dtype=fp4", "--quark", "weight.qscheme=per_group",
                  "--quark", "input.dtype=fp8_e4m3", "--quark", "input.is_dynamic=false"]) == 0
-    assert "quant_config ocp-mx-w4a8 (weight=mxfp4, activation=fp8, input_scales=static)" in capsys.readouterr().out
+    assert ("quant_config ocp-mx-w4a8 (weight=mxfp4, activation=fp8, input_scales=static, emulated_activation="
+            "{'gemm1': 'fp8_per_tensor_dynamic', 'gemm2': 'mxfp8', 'not_implemented': ") in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------- the rules decide
@@ -251,3 +255,18 @@ def test_the_builder_names_what_a_static_kind_needs(oracle):
     nv = oracle.table("vllm-0.20").families["nvfp4"].backends["FLASHINFER_CUTLASS"].quant_config
     with pytest.raises(ValueError, match="derives NVFP4 global scales from the weights"):
         build_layer_quant_config(nv, weight_format="nvfp4", experts=E)
+
+
+def test_emulated_fp8_inputs_need_static_scales(tmp_path):
+    """A kind that quantizes with the static a1/a2 needs `input_scales: static` and a checkpoint that has them."""
+    no_scales = _edited(tmp_path / "a", ("moe-oracle/ocp-mx.yaml", "        w_mxfp4_a_mxfp4: ocp-mx-w4a4\n",
+                                         "        w_mxfp4_a_mxfp4: ocp-mx-w4a8\n"))
+    with pytest.raises(ValueError, match="ocp-mx-w4a8' quantizes with static input scales but the checkpoint of "
+                                         "w_mxfp4_a_mxfp4 has none"):
+        make("w_mxfp4_a_mxfp4", "moe-oracle", oracle=no_scales)
+    kind_line = next(x for x in (ROOT / "rules/moe-oracle/w4a16.yaml").read_text().splitlines()
+                     if x.strip().startswith("ocp-mx-w4a8:"))
+    unstatic = _edited(tmp_path / "b", ("moe-oracle/w4a16.yaml", kind_line,
+                                        kind_line.replace("input_scales: static, ", "")))
+    with pytest.raises(ValueError, match="fp8_per_tensor_static\\) but has no `input_scales: static`"):
+        make("w_mxfp4_a_fp8", "moe-oracle", oracle=unstatic)

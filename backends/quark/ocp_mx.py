@@ -10,10 +10,11 @@
 
 Which scheme, whether it emulates, which backend runs and which quant config it builds are the rules' answers:
 on NONE/EMULATION the `ocp-mx` policy's `quant_config` picks the kind by scheme (vLLM's
-`get_fused_moe_quant_config`): its formats drive the emulation, `input_scales: static` puts the processed static
-input scales in the config as a1/a2, and a `not_implemented` kind (vLLM builds none, e.g. w_mxfp6_*_a_fp8) makes
-post-processing raise NotImplementedError, as vLLM does. This module only maps a scheme name to the weight
-format and activation fake-quantization it implies (`scheme_formats`) and checks the kind against it.
+`get_fused_moe_quant_config`): its formats drive the emulation (`emulated_activation` says how each GEMM input is
+fake-quantized where vLLM's emulation differs from the format, e.g. FP8 per tensor; backends.quark.schemes reads
+it), `input_scales: static` puts the processed static input scales in the config as a1/a2, and a
+`not_implemented` kind (vLLM builds none, e.g. w_mxfp6_*_a_fp8) makes post-processing raise
+NotImplementedError, as vLLM does; an `emulated_activation.not_implemented` makes forward raise it.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ from backends.layer import (
     swiglu_for,
 )
 from backends.layouts.quant_config import build_layer_quant_config, gemm1_constants
+from backends.quark.schemes import EmulatedInputs, emulated_inputs, platform_fp8_dtype, scheme_formats
 from backends.weights import MoEWeights
 from oracle import default_oracle
 from oracle.log import LOGGER_NAME
 
-__all__ = ["DEFAULT_PROFILE", "QuarkOCPMXMoE", "normalize_e4m3fn_to_e4m3fnuz", "scheme_formats"]
+__all__ = ["DEFAULT_PROFILE", "QuarkOCPMXMoE", "normalize_e4m3fn_to_e4m3fnuz"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -56,29 +58,12 @@ POLICY = "ocp-mx"
 #: method, ch_axis, ...) do not change the selection and are ignored
 _WEIGHT_KEYS = ("dtype", "qscheme", "group_size", "scale_format")
 _INPUT_KEYS = ("dtype", "is_dynamic", "qscheme", "group_size", "scale_format", "symmetric")
-#: ROCm architectures whose FP8 is e4m3fnuz (vLLM `is_fp8_fnuz`: MI300 family)
-FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
 #: outcome of the decision -> the exception vLLM raises for it in QuarkOCP_MX_MoEMethod.__init__
 _OUTCOME_ERRORS = {"invalid": ValueError, "unsupported": NotImplementedError, "error": ValueError}
 
 
 def _fail(kind, message: str):
     raise kind(f"QuarkOCPMXMoE: {message}")
-
-
-def scheme_formats(scheme: str) -> tuple[str, str | None]:
-    """(weight format of backends.emulation, activation_scheme of formats.qdq_activation) of an OCP_MX_Scheme name.
-
-    ``w_mxfp4_a_fp8`` -> ("mxfp4", "fp8") (fp8 inputs are emulated as MXFP8, as vLLM 0.20 does);
-    ``w_mxfp6_e3m2`` -> ("mxfp6_e3m2", None).
-    """
-    if not isinstance(scheme, str) or not scheme.startswith("w_"):
-        _fail(ValueError, f"scheme={scheme!r} is not an OCP_MX_Scheme name (w_<weight>[_a_<input>])")
-    weight, _, act = scheme[2:].partition("_a_")
-    act_scheme = act or None
-    if weight not in ("mxfp4", "mxfp6_e3m2", "mxfp6_e2m3") or act_scheme not in formats.ACTIVATION_SCHEMES:
-        _fail(ValueError, f"scheme={scheme!r}: weight {weight!r} / input {act_scheme!r} has no emulation here")
-    return weight, act_scheme
 
 
 def _packed_cols(weight_format: str, k: int) -> int:
@@ -114,8 +99,15 @@ class QuarkOCPMXMoE:
         self.static_input_scales = bool(decision.extras.get("static_input_scales"))
         self.weight_format, self.activation_scheme = scheme_formats(self.scheme)
         self.quant_config_kind = decision.quant_config  # the rules' kind (by scheme on NONE/EMULATION)
+        act = self.activation_scheme
+        self.emulated_inputs = EmulatedInputs(act, act, act)
         if decision.converter is None and decision.runner is not None:  # the emulation runs the kind's formats
-            self.activation_scheme = _emulated_activation(self.quant_config_kind, self.scheme, self.weight_format)
+            self.emulated_inputs = emulated_inputs(self.quant_config_kind, self.scheme, self.weight_format)
+            self.activation_scheme = self.emulated_inputs.activation
+            if self.emulated_inputs.static_scales and not self.static_input_scales:
+                _fail(ValueError, f"the rules' kind {self.quant_config_kind['kind']!r} quantizes with static input "
+                      f"scales but the checkpoint of {self.scheme} has none; map {self.scheme} to a kind without "
+                      f"fp8_per_tensor_static in the ocp-mx policy's quant_config")
         self.quant_config: dict[str, Any] | None = None  # built by process_weights_after_loading
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.padded_hidden_size = decision.hidden_size or hidden_size
@@ -290,19 +282,20 @@ class QuarkOCPMXMoE:
         return backend.at if backend is not None else "?"
 
     def _profile_that_builds_it(self) -> str:
-        """Advice: the default profile, when its rules build a kind for this layer."""
+        """Advice: the default profile, when its rules build (and run) a kind for this layer."""
         if self.decision.profile == DEFAULT_PROFILE:
             return "Give the scheme a buildable kind in this profile's rules to run it."
         other = self._oracle.select({**self.scenario, "profile": DEFAULT_PROFILE})
         kind = other.quant_config
-        if other.outcome == "selected" and other.runner is not None and kind and not kind.get("not_implemented"):
+        refused = kind and (kind.get("not_implemented") or (kind.get("emulated_activation") or {}).get(
+            "not_implemented"))
+        if other.outcome == "selected" and other.runner is not None and kind and not refused:
             return (f"Profile {DEFAULT_PROFILE!r} builds it (kind {kind['kind']!r} on {other.backend}): create the "
                     f"layer with profile={DEFAULT_PROFILE!r}.")
         return "No quant config is built for it by the default profile either."
 
     def _reduce_static_input_scales(self) -> None:
-        fnuz = (self.scenario["platform"].get("kind") == "rocm"
-                and self.scenario["platform"].get("gcn_arch") in FNUZ_ARCHS)
+        fnuz = platform_fp8_dtype(self.scenario["platform"]) == torch.float8_e4m3fnuz
         for name in ("w13_input_scale", "w2_input_scale"):
             if name not in self._loaded:
                 _fail(ValueError, f"QuantConfig has static quantization, but found activation scales are None: "
@@ -358,13 +351,20 @@ class QuarkOCPMXMoE:
         if self._kernel_layer is not None:
             y = self._kernel_layer.forward(xp, router_logits, topk_ids=topk_ids, topk_weights=topk_weights)
         else:
-            p = self.params
+            ei, p = self.emulated_inputs, self.params
+            if ei.not_implemented:
+                _fail(NotImplementedError, f"OCP MX scheme {self.scheme} under profile {self.decision.profile!r}: "
+                      f"vLLM's emulation fails at forward: {ei.not_implemented} (rules: kind "
+                      f"{self.quant_config_kind['kind']!r}, {self._quant_config_rule()}). "
+                      f"{self._profile_that_builds_it()}")
             y = moe_forward(xp, w13=p["w13_weight"], w13_scale=p["w13_weight_scale"], w2=p["w2_weight"],
                             w2_scale=p["w2_weight_scale"], w13_bias=p.get("w13_bias"), w2_bias=p.get("w2_bias"),
                             router_logits=router_logits, topk_ids=topk_ids, topk_weights=topk_weights,
                             top_k=self.top_k, renormalize=self.renormalize, format=self.weight_format,
                             activation=self.activation, gate_up_layout=self.gate_up,
-                            activation_scheme=self.activation_scheme, **self.swiglu)
+                            gemm_input_schemes=(ei.gemm1, ei.gemm2), a1_scale=p.get("w13_input_scale"),
+                            a2_scale=p.get("w2_input_scale"), fp8_dtype=platform_fp8_dtype(self.scenario["platform"]),
+                            **self.swiglu)
         return y[:, :self.hidden_size].contiguous() if pad else y
 
     __call__ = forward
@@ -375,21 +375,6 @@ class QuarkOCPMXMoE:
         return (f"<QuarkOCPMXMoE {self.scheme} E={self.num_experts} H {self.hidden_size}->{self.padded_hidden_size} "
                 f"I {self.intermediate_size}->{self.padded_intermediate_size}: profile {d.profile} -> {d.backend} "
                 f"(emulate={self.emulate}, static_input_scales={self.static_input_scales}, quant_config={kind})>")
-
-
-def _emulated_activation(kind: Mapping[str, Any] | None, scheme: str, weight_format: str) -> str | None:
-    """The emulation's activation fake-quantization: the kind's activation format, its weights checked against the
-    scheme's; without a kind (rules that give EMULATION none), the scheme's own input format."""
-    if kind is None:
-        return scheme_formats(scheme)[1]
-    if kind["weight"] != weight_format:
-        _fail(ValueError, f"the rules' quant-config kind {kind['kind']!r} is for {kind['weight']} weights but scheme "
-              f"{scheme} has {weight_format} weights; fix the ocp-mx policy's quant_config kinds for {scheme}")
-    if kind["activation"] not in formats.ACTIVATION_SCHEMES:
-        _fail(ValueError, f"the rules' quant-config kind {kind['kind']!r} quantizes activations to "
-              f"{kind['activation']!r}, which the emulation cannot fake-quantize (it does "
-              f"{formats.ACTIVATION_SCHEMES}); give {scheme} an emulated kind in the ocp-mx policy's quant_config")
-    return kind["activation"]
 
 
 def _question(oracle, quant_config, *, profile, platform, packages, env, num_experts, hidden_size, intermediate_size,
