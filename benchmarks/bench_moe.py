@@ -251,6 +251,17 @@ def report(path: str) -> None:
             print("| " + " | ".join(map(str, cells)) + " |")
 
 
+def _save(out, tag, gpu, ceilings, rows) -> None:
+    """DIR/moe-<tag>.json: the run's ceilings and its rows so far (nothing without --out)."""
+    if not out:
+        return
+    bw, copy, read, mm = ceilings
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"moe-{tag}.json"), "w") as f:
+        json.dump({"gpu": gpu, "bandwidth_gbs": bw, "copy_gbs": copy, "read_gbs": read, "matmul_tflops": mm,
+                   "rows": rows}, f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="gpt-oss-120b,deepseek-nvfp4")
@@ -339,6 +350,7 @@ def main():
                     f"{name[:40]} {us:.1f}" for name, us in row["kernels_us"]) + f"; sum "
                     f"{sum(us for _, us in row['kernels_us']):.1f} vs graph {us:.1f}", flush=True)
             rows.append(row)
+            _save(args.out, "bench", gpu, (bw, copy, read, mm), rows)  # after every row: a cut-off run keeps its rows
             emu = f"{row['emulation_us'] / us:.1f}x" if "emulation_us" in row else "-"
             grp = f"{row['grouped_bf16_us'] / us:.2f}x" if "grouped_bf16_us" in row else "-"
             print(f"| {tokens} | {touched} | {us:.1f} | {row['floor_fraction']:.2f} | {row['tflops']:.1f} | "
@@ -346,11 +358,7 @@ def main():
         kw = ckpt = baseline = None
         torch.cuda.empty_cache()
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        tag = "sweep" if args.sweep else "bench"
-        with open(os.path.join(args.out, f"moe-{tag}.json"), "w") as f:
-            json.dump({"gpu": gpu, "bandwidth_gbs": bw, "copy_gbs": copy, "read_gbs": read, "matmul_tflops": mm,
-                       "rows": rows}, f, indent=1)
+        _save(args.out, "sweep" if args.sweep else "bench", gpu, (bw, copy, read, mm), rows)
         if args.sweep and rows:
             import yaml
 

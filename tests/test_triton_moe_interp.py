@@ -209,8 +209,21 @@ def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_result
     assert row["finite"] and row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
 
 
+def _check_e4m3_scale_decode() -> dict:
+    from triton_moe_scale_probe import e4m3_decode_mismatches, e8m0_folded_decode_mismatches
+
+    return {"mismatches": e4m3_decode_mismatches("cpu"), "e8m0_mismatches": e8m0_folded_decode_mismatches("cpu")}
+
+
+def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
+    row = interpreter_results["e4m3-scale-decode"]
+    assert "error" not in row, row.get("error")
+    assert row["mismatches"] == [], f"E4M3 codes decoded wrong: {row['mismatches']}"
+    assert row["e8m0_mismatches"] == [], f"E8M0 exponents decoded wrong (folded): {row['e8m0_mismatches']}"
+
+
 CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding,
-          "fused-routing": _check_fused_routing}
+          "fused-routing": _check_fused_routing, "e4m3-scale-decode": _check_e4m3_scale_decode}
 
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
     import traceback

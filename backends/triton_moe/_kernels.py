@@ -34,7 +34,7 @@ ACT_SWIGLUOAI = 1
 # ((t << 4) | (t >> 2)) & 0x81C081C0 (sign to bit 15, magnitude to bits 6..8; 3 SASS ops); a high nibble (bits
 # 12..15) as (t & 0x80008000) | ((t >> 6) & 0x01C001C0) (3 ops; bit 8 of t belongs to the low nibble). One
 # bf16x2 FMA then applies a "folded" scale, 2^126 * block scale (exact: <= 6 significant bits), built by
-# _scale_bf16. $0,$1: low nibbles of bytes 0-1, 2-3; $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8:
+# _scale_pair. $0,$1: low nibbles of bytes 0-1, 2-3; $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8:
 # the folded scales of the low / high values. ~2.25 SASS per value.
 _E2M1_BF16X2_ASM = tl.constexpr("""
 {
@@ -109,17 +109,78 @@ def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl
     return lo, hi
 
 
-@triton.jit
-def _scale_bf16(s, NVFP4: tl.constexpr, FOLDED: tl.constexpr):
-    """Scale bytes (int32 0..255) -> the bf16 factor _dequant_pairs applies (exact).
+# NVFP4 block scales, both of a dequantization step's pair at once: $1 holds the low values' E4M3 byte in bits
+# 0-7 and the high values' one in bits 16-23 (other bits ignored); $0 = bf16x2 (2^110 * low, 2^110 * high).
+# The bf16 pattern (s & 0x80) << 8 | (s & 0x7F) << 4 is scale * 2^-120 for every E4M3 code, subnormals
+# included (E4M3 and bf16 subnormals line up: both are m/8 of the smallest normal); two exact bf16x2 FMAs
+# by 2^115 fold it. ~6 SASS per pair (the fp16 -> fp32 -> bf16 route took ~12).
+_E4M3_PAIR_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 a, b, k, nz;
+mov.b32 nz, 0x80008000;
+mov.b32 k, 0x79007900;
+shl.b32 a, $1, 8; and.b32 a, a, 0x80008000;
+shl.b32 b, $1, 4; and.b32 b, b, 0x07F007F0;
+or.b32 a, a, b;
+fma.rn.bf16x2 a, a, k, nz;
+fma.rn.bf16x2 $0, a, k, nz;
+}
+""")
 
-    MXFP4 (E8M0 e, scale 2^(e-127)): folded 2^126 * scale = 2^(e-1), valid for e <= 128 (forward.py checks);
+
+# MXFP4 folded scales, both of a pair at once: $1 holds the low values' E8M0 exponent in bits 0-7 and the high
+# values' one in bits 8-15 (e <= 128, see _scale_bf16); $0 = bf16x2 (2^(e_lo - 1), 2^(e_hi - 1)): prmt moves
+# byte 1 to byte 2 (zeros elsewhere), then (e + 126) << 7 per 16-bit lane (no carry: e + 126 <= 254).
+_E8M0_PAIR_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 y, z;
+mov.b32 z, 0;
+prmt.b32 y, $1, z, 0x4140;
+shl.b32 y, y, 7;
+add.u32 $0, y, 0x3F003F00;
+}
+""")
+
+
+@triton.jit
+def _e4m3_folded_f32(s):
+    """E4M3 byte (int32, bits above the low byte ignored) -> fp32 2^(126 - NVFP4_FOLD_SHIFT) * scale, exact: the
+    asm's pattern as fp32 bits (the interpreter's bf16 -> fp32 loses subnormals), times 2^115 twice."""
+    bits = (((s & 0x80) << 24) | ((s & 0x7F) << 20)).to(tl.float32, bitcast=True)
+    return bits * 4.1538374868278621e34 * 4.1538374868278621e34
+
+
+@triton.jit
+def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+    """A scale word shifted so that its low byte is the low values' scale -> (low, high) bf16 factors that
+    _dequant_pairs applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1)."""
+    if NVFP4:
+        if USE_ASM:
+            pair = tl.inline_asm_elementwise(_E4M3_PAIR_BF16X2_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True,
+                                             pack=1)
+            lo = (pair & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            lo = _e4m3_folded_f32(x).to(tl.bfloat16)
+            hi = _e4m3_folded_f32(x >> 16).to(tl.bfloat16)
+    elif FOLDED and USE_ASM:
+        pair = tl.inline_asm_elementwise(_E8M0_PAIR_BF16X2_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+        lo = (pair & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        lo = _scale_bf16(x, FOLDED)
+        hi = _scale_bf16(x >> 8, FOLDED)
+    return lo, hi
+
+
+@triton.jit
+def _scale_bf16(s, FOLDED: tl.constexpr):
+    """MXFP4 scale byte (int32, bits above the low byte ignored) -> the bf16 factor _dequant_pairs applies (exact).
+
+    E8M0 e, scale 2^(e-127): folded 2^126 * scale = 2^(e-1), valid for e <= 128 (forward.py checks);
     unfolded 2^(e-127) (e = 0: the bf16 subnormal 2^-127; both give the same products).
-    NVFP4 (E4M3, always folded): 2^(126 - NVFP4_FOLD_SHIFT) * scale = 2^110 * scale.
     """
-    if NVFP4:  # E4M3 -> fp16 pattern (value * 2^-8) -> fp32 * 2^(8 + 110)
-        sbits = (((s & 0x80) << 8) | ((s & 0x7F) << 7)).to(tl.int16)
-        return (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 3.3230699894622794e35).to(tl.bfloat16)
+    s = s & 0xFF
     if FOLDED:
         return ((s + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     return tl.where(s == 0, 0x40, s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -149,9 +210,7 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     else:
         packed = tl.load(w_ptrs, mask=row_ok[:, None, None] & (col < K // 2)[None, :, :], other=0)
         words = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
-    shift_lo = 8 * (block_lo % 4)
-    scale_lo = _scale_bf16((words >> shift_lo[None, :]) & 0xFF, NVFP4, FOLDED)
-    scale_hi = _scale_bf16((words >> (shift_lo + 8 * (32 // SCALE_BLOCK))[None, :]) & 0xFF, NVFP4, FOLDED)
+    scale_lo, scale_hi = _scale_pair(words >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
     ROWS: tl.constexpr = packed.shape[0]
     lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, None], (ROWS, NSUB, SCALE_BLOCK)),
                             tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM)
@@ -200,7 +259,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
     """GEMM1's epilogue on full-K sums [rows, cols]: global scale, bias, activation, bf16 store to h."""
-    if NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_bf16): undo it, exactly
+    if NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_pair): undo it, exactly
         global_scale = tl.load(gs_ptr + expert)
         acc_g = acc_g * 65536.0 / global_scale
         acc_u = acc_u * 65536.0 / global_scale

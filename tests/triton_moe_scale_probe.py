@@ -1,0 +1,58 @@
+"""Probe of the block-scale decode of backends.triton_moe: every E4M3 code (NVFP4) and every E8M0 exponent that
+the folded MXFP4 path takes, through the kernels' routine.
+
+Used by test_triton_moe_interp.py (CPU interpreter: the fp32 path) and test_triton_moe.py (CUDA: the PTX path).
+Imported only where Triton's mode (compiled or interpreted) is already fixed for the process.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from backends.triton_moe import _kernels
+
+
+@triton.jit
+def _decode_kernel(codes_ptr, lo_ptr, hi_ptr, N: tl.constexpr, NVFP4: tl.constexpr, USE_ASM: tl.constexpr):
+    """Code c as the low scale and 255 - c (NVFP4) / 128 - c (MXFP4) as the high one of a scale word (bytes 0
+    and 2 / 0 and 1), junk in the other bytes."""
+    offs = tl.arange(0, N)
+    codes = tl.load(codes_ptr + offs)
+    if NVFP4:
+        word = codes | ((offs & 0x55) << 8) | ((255 - codes) << 16) | ((offs ^ 0x3C) << 24)
+    else:
+        word = codes | ((128 - codes) << 8) | ((offs & 0x55) << 16) | ((offs ^ 0x3C) << 24)
+    lo, hi = _kernels._scale_pair(word, NVFP4, True, USE_ASM)
+    tl.store(lo_ptr + offs, lo)
+    tl.store(hi_ptr + offs, hi)
+
+
+def e4m3_decode_mismatches(device: str) -> list[int]:
+    """E4M3 codes (all 254 non-NaN ones, subnormals and negatives included, as the low and as the high scale
+    of a word) whose decoded bf16 is not 2^(126 - NVFP4_FOLD_SHIFT) * scale exactly (torch's float8_e4m3fn is
+    the reference)."""
+    codes = torch.arange(256, dtype=torch.int32, device=device)
+    lo = torch.empty(256, dtype=torch.bfloat16, device=device)
+    hi = torch.empty_like(lo)
+    _decode_kernel[(1,)](codes, lo, hi, N=256, NVFP4=True, USE_ASM=device != "cpu")
+    fold = 2.0 ** (126 - _kernels.NVFP4_FOLD_SHIFT)
+    ref = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * fold).bfloat16()
+    real = ~torch.isnan(ref.float())
+    bad_lo = real & (lo.view(torch.int16) != ref.view(torch.int16))
+    bad_hi = real.flip(0) & (hi.view(torch.int16) != ref.flip(0).view(torch.int16))
+    return sorted(set(bad_lo.nonzero().flatten().tolist()) | set((255 - bad_hi.nonzero().flatten()).tolist()))
+
+
+def e8m0_folded_decode_mismatches(device: str) -> list[int]:
+    """E8M0 exponents e in [0, 128] (the folded path's range), as the low and as the high scale of a word, whose
+    decoded bf16 is not 2^126 * 2^(e - 127) = 2^(e - 1) exactly."""
+    codes = torch.arange(256, dtype=torch.int32, device=device).clamp(max=128)
+    lo = torch.empty(256, dtype=torch.bfloat16, device=device)
+    hi = torch.empty_like(lo)
+    _decode_kernel[(1,)](codes, lo, hi, N=256, NVFP4=False, USE_ASM=device != "cpu")
+    ref_lo = torch.exp2(codes.double() - 1).bfloat16()
+    ref_hi = torch.exp2(127 - codes.double()).bfloat16()
+    bad = (lo.view(torch.int16) != ref_lo.view(torch.int16)) | (hi.view(torch.int16) != ref_hi.view(torch.int16))
+    return sorted(set(codes[bad].tolist()))
