@@ -251,6 +251,36 @@ def report(path: str) -> None:
             print("| " + " | ".join(map(str, cells)) + " |")
 
 
+def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: float = 0.02, note: str = "") -> list:
+    """Rewrite a configs/*.yaml entry ('<shape> T=<t>: ...') with the fastest swept config at that T when it beats
+    the entry's own config, timed in the same sweep, by more than min_gain; other entries stay. Returns the changes."""
+    import yaml
+
+    rows = json.load(open(sweep_json))["rows"]
+    table = yaml.safe_load(open(table_path))
+    changes = []
+    for entry in table["entries"]:
+        head = entry["why"].split(":")[0]  # "<shape> T=<t>"
+        if " T=" not in head:
+            continue
+        name, tokens = head.split(" T=")[0], int(head.split(" T=")[1])
+        swept = [r for r in rows if r["shape"] == name and r["tokens"] == tokens]
+        current = [r for r in swept if r["gemm1"] == entry["gemm1"] and r["gemm2"] == entry["gemm2"]]
+        if not swept or not current:
+            continue
+        best = min(swept, key=lambda r: r["us"])
+        if best["us"] < current[0]["us"] * (1 - min_gain):
+            entry["gemm1"], entry["gemm2"] = best["gemm1"], best["gemm2"]
+            entry["why"] = (f"{head}: {best['us']:.1f} us on an NVIDIA H200 ({note}; {current[0]['us']:.1f} us with "
+                            f"the previous entry in the same sweep)")
+            changes.append((name, tokens, current[0]["us"], best["us"]))
+    tuning.validate_table(table, "merged sweep")
+    with open(out_path, "w") as f:
+        f.write("# yaml-language-server: $schema=../../../schemas/tuning.schema.json\n")
+        yaml.safe_dump(table, f, sort_keys=False, width=120)
+    return changes
+
+
 def _save(out, tag, gpu, ceilings, rows) -> None:
     """DIR/moe-<tag>.json: the run's ceilings and its rows so far (nothing without --out)."""
     if not out:
@@ -273,7 +303,14 @@ def main():
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
     p.add_argument("--report", metavar="JSON", help="print the markdown tables of a saved run (no GPU needed)")
     p.add_argument("--profile", action="store_true", help="also list each kernel's µs per layer call (eager)")
+    p.add_argument("--merge-sweep", nargs=3, metavar=("SWEEP_JSON", "TABLE_YAML", "OUT_YAML"),
+                   help="rewrite the table's entries that a sweep beat (same-run times), write OUT_YAML; no GPU")
+    p.add_argument("--merge-note", default="re-swept", help="--merge-sweep: what the new entries' why says")
     args = p.parse_args()
+    if args.merge_sweep:
+        for change in merge_sweep(*args.merge_sweep, note=args.merge_note):
+            print("%s T=%d: %.1f -> %.1f us" % change)
+        return
     if args.report:
         report(args.report)
         return
@@ -304,7 +341,12 @@ def main():
             flops = 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
             if args.sweep:
                 best = None
-                for c1, c2 in sweep_candidates(tokens):
+                table_cfg = tuning.select_config(device_name=gpu, format=shape.format, tokens=tokens,
+                                                 experts=shape.experts, top_k=shape.top_k,
+                                                 hidden_size=shape.hidden_size,
+                                                 intermediate_size=shape.intermediate_size)
+                # the committed entry first: merge_sweep compares every candidate against it in the same run
+                for c1, c2 in dict.fromkeys([(table_cfg.gemm1, table_cfg.gemm2), *sweep_candidates(tokens)]):
                     if time.perf_counter() - started > args.budget_s:
                         break
                     cfg = tuning.MoEConfig(c1, c2, "sweep")
