@@ -1,9 +1,27 @@
 """Shared fixtures: one Oracle over the shipped rules for the whole session."""
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from oracle import Oracle
+
+SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules"
+
+
+def edited_rules(tmp_path: Path, *edits: tuple[str, str, str]) -> Oracle:
+    """An Oracle over a copy of the shipped rules with each (file, old, new) edit made; `old` must occur
+    exactly once in that file, so a test never edits a line it did not mean to."""
+    rules = tmp_path / "rules"
+    shutil.copytree(SHIPPED_RULES, rules)
+    for rel, old, new in edits:
+        target = rules / rel
+        text = target.read_text()
+        assert text.count(old) == 1, f"{rel}: {old!r} occurs {text.count(old)} times"
+        target.write_text(text.replace(old, new))
+    return Oracle(rules)
 
 
 @pytest.fixture(scope="session")

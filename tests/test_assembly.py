@@ -4,7 +4,6 @@ rank, the in-place rule, shared experts only in the batched format; a layer this
 answers with the decision and its assembly."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,8 @@ from backends import MoELayer
 from backends.assembly import describe_assembly, kernel_assembly
 from backends.layer import LayerUnavailableError
 from backends.quark import QuarkOCPMXMoE
-from oracle import Oracle
 
-from conftest import scenario
+from conftest import edited_rules, scenario
 from layout_cases import random_layer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,14 +27,6 @@ def _assembly(oracle, sc, **kw):
     return kernel_assembly(oracle, d, sc, **kw)
 
 
-def _edited(tmp_path, path: str, old: str, new: str) -> Oracle:
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    target = rules / path
-    text = target.read_text()
-    assert text.count(old) == 1, old
-    target.write_text(text.replace(old, new))
-    return Oracle(rules)
 
 
 def test_trtllm_is_monolithic_first_and_never_in_place(oracle):
@@ -91,14 +81,14 @@ def test_the_in_place_rule_is_data(tmp_path, oracle):
     sc = scenario("mxfp4-gpt-oss", "cuda:10.0")
     entry = "      FLASHINFER_TRTLLM_MXFP4_BF16:\n"
     own = '        assembly: {inplace: false, why: "TRTLLM_BACKENDS: the TRT-LLM kernels never write in place"}\n'
-    edited = _edited(tmp_path, "common/mxfp4.yaml", entry + own, entry)
+    edited = edited_rules(tmp_path, ("common/mxfp4.yaml", entry + own, entry))
     assert (_assembly(oracle, sc).inplace, _assembly(edited, sc).inplace) == (False, True)
 
 
 def test_shared_experts_follow_the_rule(tmp_path, oracle):
     sc = scenario("mxfp4-gpt-oss", "cuda:10.0")
-    edited = _edited(tmp_path, "common/mxfp4.yaml", "inplace: true, shared_experts: batched,",
-                     "inplace: true, shared_experts: always,")
+    edited = edited_rules(tmp_path, ("common/mxfp4.yaml", "inplace: true, shared_experts: batched,",
+                                     "inplace: true, shared_experts: always,"))
     assert (_assembly(oracle, sc).shared_experts, _assembly(edited, sc).shared_experts) == (False, True)
 
 
@@ -109,9 +99,9 @@ def test_variant_order_is_the_rules(tmp_path, oracle):
            '        assembly: {inplace: false, why: "TRTLLM_BACKENDS: the TRT-LLM kernels never write in place"}\n'
            "        quant_config: w4a16\n"
            "        kernels: [TrtLlmMxfp4ExpertsMonolithic, TrtLlmMxfp4ExpertsModular]\n")
-    edited = _edited(tmp_path, "common/mxfp4.yaml", old,
-                     old.replace("[TrtLlmMxfp4ExpertsMonolithic, TrtLlmMxfp4ExpertsModular]",
-                                 "[TrtLlmMxfp4ExpertsModular, TrtLlmMxfp4ExpertsMonolithic]"))
+    edited = edited_rules(tmp_path, ("common/mxfp4.yaml", old,
+                                     old.replace("[TrtLlmMxfp4ExpertsMonolithic, TrtLlmMxfp4ExpertsModular]",
+                                                 "[TrtLlmMxfp4ExpertsModular, TrtLlmMxfp4ExpertsMonolithic]")))
     a = _assembly(edited, sc)
     assert (a.kernel, a.monolithic, a.stages) == ("TrtLlmMxfp4ExpertsModular", False, ("prepare", "experts",
                                                                                        "finalize"))

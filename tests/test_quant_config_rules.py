@@ -4,7 +4,6 @@ and make_nvfp4_moe_quant_config)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from backends.layouts.quant_config import build_quant_config
 from oracle import Decision, Oracle
 from oracle.cli import main
 
-from conftest import scenario
+from conftest import edited_rules, scenario
 from layout_cases import random_layer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,14 +102,9 @@ def test_the_builder_follows_the_rules(tmp_path):
     assert (shipped["kind"], "g1_scale_c" in shipped) == ("nvfp4-shared", False)
     _assert_values(shipped, _nvfp4_by_hand(w, shared=True))
 
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    path = rules / "vllm-0.20" / "nvfp4.yaml"
-    text = path.read_text()
     entry = "      FLASHINFER_CUTLASS:\n        quant_config: nvfp4-shared\n"
-    assert text.count(entry) == 1
-    path.write_text(text.replace(entry, entry.replace("nvfp4-shared", "nvfp4-per-expert")))
-    edited = build_quant_config(Oracle(rules).select(sc), w)
+    rules = edited_rules(tmp_path, ("vllm-0.20/nvfp4.yaml", entry, entry.replace("nvfp4-shared", "nvfp4-per-expert")))
+    edited = build_quant_config(rules.select(sc), w)
     assert edited["kind"] == "nvfp4-per-expert"
     _assert_values(edited, _nvfp4_by_hand(w, shared=False))
     assert not torch.equal(edited["g1_alphas"], shipped["g1_alphas"])
@@ -213,14 +207,6 @@ def test_a_partial_gemm1_builds_only_what_the_kind_gives(oracle):
 
 
 # ------------------------------------------------------------------------ converters take the rules' values
-def _edited_rules(tmp_path, path: str, old: str, new: str) -> Oracle:
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    target = rules / path
-    text = target.read_text()
-    assert text.count(old) == 1, old
-    target.write_text(text.replace(old, new))
-    return Oracle(rules)
 
 
 def test_converters_hold_no_quant_values_of_their_own():
@@ -278,7 +264,7 @@ def test_a_gemm1_edit_in_the_rules_reaches_the_converters(tmp_path, oracle):
     w = random_layer("mxfp4", experts=3, hidden=128, inter=128, seed=9)
     sc = scenario("mxfp4-gpt-oss", "cuda:10.0")
     old = 'w4a16: {weight: mxfp4, activation: null, gemm1: {alpha: 1.702,'
-    edited = _edited_rules(tmp_path, "common/mxfp4.yaml", old, old.replace("1.702", "1.25"))
+    edited = edited_rules(tmp_path, ("common/mxfp4.yaml", old, old.replace("1.702", "1.25")))
     for rules, alpha in ((oracle, 1.702), (edited, 1.25)):
         d = rules.select(sc)
         assert d.backend == "FLASHINFER_TRTLLM_MXFP4_BF16"
@@ -298,7 +284,7 @@ def test_a_gemm1_edit_in_the_rules_reaches_the_layer(tmp_path):
 
     w = random_layer("mxfp4", experts=4, hidden=64, inter=32, seed=10, finite_scales=True)
     old = 'ocp-mx: {weight: mxfp4, activation: null, gemm1: {alpha: 1.702, beta: 1.0, clamp: 7.0}'
-    edited = _edited_rules(tmp_path, "moe-oracle/w4a16.yaml", old, old.replace("clamp: 7.0", "clamp: 0.25"))
+    edited = edited_rules(tmp_path, ("moe-oracle/w4a16.yaml", old, old.replace("clamp: 7.0", "clamp: 0.25")))
     args = {"activation": "swigluoai", "top_k": 2, "platform": {"kind": "cpu"}, "packages": {}, "env": {}}
     g = torch.Generator().manual_seed(11)
     x, logits = torch.randn(5, 64, generator=g), torch.randn(5, 4, generator=g)
@@ -315,7 +301,7 @@ def test_swigluoai_without_gemm1_constants_is_one_clear_error(tmp_path):
 
     w = random_layer("mxfp4", experts=4, hidden=64, inter=32, seed=10, finite_scales=True)
     old = 'ocp-mx: {weight: mxfp4, activation: null, gemm1: {alpha: 1.702, beta: 1.0, clamp: 7.0}, '
-    edited = _edited_rules(tmp_path, "moe-oracle/w4a16.yaml", old, 'ocp-mx: {weight: mxfp4, activation: null, ')
+    edited = edited_rules(tmp_path, ("moe-oracle/w4a16.yaml", old, 'ocp-mx: {weight: mxfp4, activation: null, '))
     with pytest.raises(ValueError, match=r"needs swiglu_alpha, swiglu_beta, swiglu_limit: the quant-config kind "
                                          r"'ocp-mx' of EMULATION .* add `gemm1: "):
         MoELayer.from_checkpoint(w, activation="swigluoai", top_k=2, platform={"kind": "cpu"}, packages={}, env={},

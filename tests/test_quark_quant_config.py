@@ -10,7 +10,6 @@ moe-oracle builds every scheme on its emulation.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import jsonschema
@@ -20,8 +19,10 @@ import torch
 from backends import formats
 from backends.layouts.quant_config import build_layer_quant_config
 from backends.quark import QuarkOCPMXMoE
-from oracle import Oracle, RuleError
+from oracle import RuleError
 from oracle.cli import main
+
+from conftest import edited_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = {"kind": "cpu"}
@@ -187,15 +188,6 @@ def test_the_answer_and_explain_carry_the_scheme_kind(capsys, oracle):
 
 
 # ------------------------------------------------------------------------------- the rules decide
-def _edited(tmp_path, *edits: tuple[str, str, str]) -> Oracle:
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    for path, old, new in edits:
-        target = rules / path
-        text = target.read_text()
-        assert text.count(old) == 1, old
-        target.write_text(text.replace(old, new))
-    return Oracle(rules)
 
 
 def test_a_rule_edit_makes_vllm_020_build_a_refused_scheme(tmp_path):
@@ -204,7 +196,7 @@ def test_a_rule_edit_makes_vllm_020_build_a_refused_scheme(tmp_path):
                 if x.strip().startswith("ocp-mx-w6a8-e3m2:"))
     start = line.index(", not_implemented: ")
     end = line.index('", why: ', start) + 1
-    edited = _edited(tmp_path, ("common/mxfp4.yaml", line, line[:start] + line[end:]))
+    edited = edited_rules(tmp_path, ("common/mxfp4.yaml", line, line[:start] + line[end:]))
     layer = processed(make("w_mxfp6_e3m2_a_fp8", "vllm-0.20", oracle=edited))
     assert (layer.quant_config["kind"], layer.quant_config["activation"]) == ("ocp-mx-w6a8-e3m2", "fp8")
     y = layer.forward(torch.randn(3, H, generator=torch.Generator().manual_seed(1)), torch.randn(3, E))
@@ -216,7 +208,7 @@ def test_a_rule_edit_makes_vllm_020_build_a_refused_scheme(tmp_path):
 def test_a_rule_edit_changes_what_the_emulation_runs(tmp_path):
     """Map moe-oracle's w_mxfp4_a_mxfp4 to the weight-only kind: no activation fake-quantization any more, so the
     layer's output equals the w_mxfp4 layer's on the same checkpoint; and a `not_implemented` kind refuses."""
-    edited = _edited(tmp_path, ("moe-oracle/ocp-mx.yaml", "        w_mxfp4_a_mxfp4: ocp-mx-w4a4\n",
+    edited = edited_rules(tmp_path, ("moe-oracle/ocp-mx.yaml", "        w_mxfp4_a_mxfp4: ocp-mx-w4a4\n",
                                 "        w_mxfp4_a_mxfp4: ocp-mx-w4a16\n"),
                      ("moe-oracle/w4a16.yaml", 'ocp-mx-w6a6-e2m3: {weight: mxfp6_e2m3, activation: mxfp6_e2m3, ',
                       'ocp-mx-w6a6-e2m3: {weight: mxfp6_e2m3, activation: mxfp6_e2m3, not_implemented: "edited", '))
@@ -234,7 +226,7 @@ def test_a_rule_edit_changes_what_the_emulation_runs(tmp_path):
 
 def test_unknown_kinds_and_fields_are_validation_errors(tmp_path):
     with pytest.raises(RuleError) as err:
-        _edited(tmp_path, ("vllm-0.20/ocp-mx.yaml", "        w_mxfp4_a_fp8: ocp-mx-w4a8\n",
+        edited_rules(tmp_path, ("vllm-0.20/ocp-mx.yaml", "        w_mxfp4_a_fp8: ocp-mx-w4a8\n",
                            "        w_mxfp4_a_fp8: ocp-mx-w4a9\n"),
                 ("vllm-0.20/ocp-mx.yaml", "      by: ocp_mx_scheme\n      backends: [NONE, EMULATION]\n",
                  "      by: ocp_mx_schem\n      backends: [NONE, EMULATOR]\n"))
@@ -259,14 +251,14 @@ def test_the_builder_names_what_a_static_kind_needs(oracle):
 
 def test_emulated_fp8_inputs_need_static_scales(tmp_path):
     """A kind that quantizes with the static a1/a2 needs `input_scales: static` and a checkpoint that has them."""
-    no_scales = _edited(tmp_path / "a", ("moe-oracle/ocp-mx.yaml", "        w_mxfp4_a_mxfp4: ocp-mx-w4a4\n",
+    no_scales = edited_rules(tmp_path / "a", ("moe-oracle/ocp-mx.yaml", "        w_mxfp4_a_mxfp4: ocp-mx-w4a4\n",
                                          "        w_mxfp4_a_mxfp4: ocp-mx-w4a8\n"))
     with pytest.raises(ValueError, match="ocp-mx-w4a8' quantizes with static input scales but the checkpoint of "
                                          "w_mxfp4_a_mxfp4 has none"):
         make("w_mxfp4_a_mxfp4", "moe-oracle", oracle=no_scales)
     kind_line = next(x for x in (ROOT / "rules/moe-oracle/w4a16.yaml").read_text().splitlines()
                      if x.strip().startswith("ocp-mx-w4a8:"))
-    unstatic = _edited(tmp_path / "b", ("moe-oracle/w4a16.yaml", kind_line,
+    unstatic = edited_rules(tmp_path / "b", ("moe-oracle/w4a16.yaml", kind_line,
                                         kind_line.replace("input_scales: static, ", "")))
     with pytest.raises(ValueError, match="fp8_per_tensor_static\\) but has no `input_scales: static`"):
         make("w_mxfp4_a_fp8", "moe-oracle", oracle=unstatic)
