@@ -13,7 +13,8 @@ once (the floor); copy bandwidth counts read + write likewise.
 `--only marlin,sm90,triton_moe` times only the converters whose layout name contains one of the words (the
 copy baseline is always measured); `--torch-path` adds, for the layouts with a Triton fast path
 (`backends.layouts._nibble_kernels`), a row timing their pure-torch path (MOE_ORACLE_LAYOUT_KERNELS=torch) in
-the same run.
+the same run; `--word-loads` adds a row with the kernel reading whole int32 source words
+(MOE_ORACLE_LAYOUT_KERNEL_LOADS=words) for those layouts.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from backends.layouts import (  # noqa: E402
     trtllm,
 )
 from backends.layouts._nibble_kernels import ENV as KERNELS_ENV  # noqa: E402
+from backends.layouts._nibble_kernels import LOADS_ENV  # noqa: E402
 from backends.weights import KernelWeights, MoEWeights  # noqa: E402
 
 from layout_cases import random_layer  # noqa: E402
@@ -222,6 +224,8 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated words: time only converters whose layout contains one")
     parser.add_argument("--torch-path", action="store_true",
                         help="also time the pure-torch path of the layouts that have a Triton fast path")
+    parser.add_argument("--word-loads", action="store_true",
+                        help="also time the Triton fast path reading whole int32 source words")
     args = parser.parse_args()
     device = args.device
     if args.primitives:
@@ -245,16 +249,18 @@ def main() -> None:
     for converter, backends, fmt, padded in ROWS:
         if words and not any(word in converter.layout for word in words):
             continue
-        paths = [False, True] if args.torch_path and converter.layout in KERNEL_LAYOUTS else [False]
-        for torch_path in paths:
-            label = f"`{converter.layout}`" + (" (pure torch)" if torch_path else "")
-            if torch_path:
-                os.environ[KERNELS_ENV] = "torch"
+        variants = [("", {})]  # (label suffix, environment)
+        if converter.layout in KERNEL_LAYOUTS:
+            variants += [(" (int32 word loads)", {LOADS_ENV: "words"})] if args.word_loads else []
+            variants += [(" (pure torch)", {KERNELS_ENV: "torch"})] if args.torch_path else []
+        for suffix, environment in variants:
+            os.environ.update(environment)
             try:
-                lines.append(time_row(converter, label, backends, fmt, padded, layers[fmt], copy, device, args,
-                                      loop=not torch_path))
+                lines.append(time_row(converter, f"`{converter.layout}`{suffix}", backends, fmt, padded, layers[fmt],
+                                      copy, device, args, loop=not suffix))
             finally:
-                os.environ.pop(KERNELS_ENV, None)
+                for name in environment:
+                    os.environ.pop(name, None)
             print(lines[-1], flush=True)
             if device == "cuda":
                 torch.cuda.empty_cache()

@@ -1,9 +1,10 @@
 """The Triton word-gather fast path of the nibble/bit layouts (Marlin, SM90 MXFP4 x BF16, triton_moe) writes
-the same bytes as their pure-torch definitions.
+the same bytes as their pure-torch definitions, with both ways of reading the checkpoint (byte loads and
+int32 word loads, MOE_ORACLE_LAYOUT_KERNEL_LOADS).
 
 On CPU the kernel runs under Triton's interpreter: TRITON_INTERPRET=1 is fixed when triton is first imported,
-so the cases run in one subprocess (this file as a script, MOE_ORACLE_LAYOUT_KERNELS switched per call
-between 'torch' and 'triton') that prints one JSON line per case. On a GPU the same cases run compiled.
+so the cases run in subprocesses (this file as a script, one per loads variant, MOE_ORACLE_LAYOUT_KERNELS
+switched per call between 'torch' and 'triton') that print one JSON line per case. On a GPU the same cases run compiled.
 """
 from __future__ import annotations
 
@@ -29,13 +30,15 @@ CASES = {
     "marlin-nvfp4-odd": ("marlin:nvfp4", "nvfp4", (80, 48), (192, 64)),
     "sm90-padded": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (96, 32), (128, 128)),
     "sm90-unpadded": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (128, 128), (128, 128)),
-    "sm90-wide": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (320, 160), (384, 256)),
+    "sm90-wide": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (320, 96), (384, 128)),
     "triton-moe-mxfp4-padded": ("triton_moe:converter", "mxfp4", (96, 32), (192, 64)),
     "triton-moe-nvfp4-odd": ("triton_moe:converter", "nvfp4", (48, 80), (64, 128)),
     "triton-moe-mxfp4-unpadded": ("triton_moe:converter", "mxfp4", (64, 64), (64, 64)),
 }
 EXPERTS = (0, 1, 3)
 GATE_UP = ("interleaved", "contiguous")
+#: the kernel's two ways of reading the checkpoint (MOE_ORACLE_LAYOUT_KERNEL_LOADS): byte loads, int32 word loads
+LOADS = ("bytes", "words")
 
 
 def _converter(path: str):
@@ -58,15 +61,15 @@ def _differences(a, b) -> list:
             or not torch.equal(_bytes(a[name]), _bytes(b[name]))]
 
 
-def _convert(path, w, padded, mode: str):
-    os.environ[kernels.ENV] = mode
+def _convert(path, w, padded, mode: str, loads: str = "bytes"):
+    os.environ[kernels.ENV], os.environ[kernels.LOADS_ENV] = mode, loads
     try:
         return _converter(path).convert(w, hidden_size=padded[0], intermediate_size=padded[1])
     finally:
-        del os.environ[kernels.ENV]
+        del os.environ[kernels.ENV], os.environ[kernels.LOADS_ENV]
 
 
-def _check_case(spec, device: str, kernel_mode: str) -> dict:
+def _check_case(spec, device: str, kernel_mode: str, loads: str) -> dict:
     from layout_cases import random_layer
 
     path, fmt, logical, padded = spec
@@ -78,14 +81,14 @@ def _check_case(spec, device: str, kernel_mode: str) -> dict:
             reference = _convert(path, w, padded, "torch")
             fast = _convert(path, random_layer(fmt, experts=experts, hidden=logical[0], inter=logical[1],
                                                gate_up=gate_up, seed=experts, finite_scales=True, bf16_bias=True,
-                                               device=device), padded, kernel_mode)
+                                               device=device), padded, kernel_mode, loads)
             bad = _differences(reference, fast)
             if bad:
                 mismatches.append([experts, gate_up, bad])
     return {"mismatches": mismatches}
 
 
-def _poisoned_outputs(device: str) -> dict:
+def _poisoned_outputs(device: str, loads: str) -> dict:
     """Each kernel writes every word of a poisoned output buffer, padding included (zeros read for it)."""
     from backends.layouts import cutlass, marlin, triton_moe
 
@@ -108,7 +111,11 @@ def _poisoned_outputs(device: str) -> dict:
          {"n_slabs": 1, "slab_src": (0, 0), "dst_slab_stride": 0, "dst_row_stride": 16, "block": (128, 16)}),
     ):
         out = out.view(torch.uint8).fill_(0xA5).view(out.dtype).to(device)
-        kernels.gather_words(spec, src, out, rows=rows, logical_cols=40, **geometry)
+        os.environ[kernels.LOADS_ENV] = loads
+        try:
+            kernels.gather_words(spec, src, out, rows=rows, logical_cols=40, **geometry)
+        finally:
+            del os.environ[kernels.LOADS_ENV]
         results[name] = bool(torch.equal(_bytes(out), _bytes(reference(padded))))
     return results
 
@@ -120,23 +127,36 @@ def interpreter_results() -> dict:
     path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {k: v for k, v in os.environ.items() if k != kernels.ENV}
     env.update(TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path))
-    proc = subprocess.run([sys.executable, __file__], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return {row["case"]: row for row in map(json.loads, proc.stdout.splitlines())}
+    workers = [subprocess.Popen([sys.executable, __file__, loads], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for loads in LOADS]  # one per core
+    results = {}
+    for worker in workers:
+        out, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, f"interpreter worker failed:\n{err[-4000:]}"
+        results.update((row["case"], row) for row in map(json.loads, out.splitlines()))
+    return results
 
 
+@pytest.mark.parametrize("loads", LOADS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_interpreted_kernel_writes_the_torch_converters_bytes(interpreter_results, case):
-    row = interpreter_results[case]
+def test_interpreted_kernel_writes_the_torch_converters_bytes(interpreter_results, case, loads):
+    row = interpreter_results[f"{case}/{loads}"]
     assert "error" not in row, row.get("error")
     assert row["mismatches"] == [], f"(experts, gate_up, tensors) that differ: {row['mismatches']}"
 
 
-def test_interpreted_kernel_writes_every_word_of_a_poisoned_buffer(interpreter_results):
-    row = interpreter_results["poisoned"]
+@pytest.mark.parametrize("loads", LOADS)
+def test_interpreted_kernel_writes_every_word_of_a_poisoned_buffer(interpreter_results, loads):
+    row = interpreter_results[f"poisoned/{loads}"]
     assert "error" not in row, row.get("error")
-    assert row == {"case": "poisoned", "marlin": True, "sm90": True, "triton_moe": True}
+    assert row == {"case": f"poisoned/{loads}", "marlin": True, "sm90": True, "triton_moe": True}
+
+
+def test_every_layout_reads_whole_source_words_in_the_words_variant():
+    from backends.layouts import cutlass, marlin, triton_moe
+
+    for spec in (marlin._repack_spec(128), cutlass._sm90_spec(64), triton_moe._split_spec(64)):
+        assert spec.groups is not None and len(spec.groups.deltas) == 3
 
 
 # ------------------------------------------------------------------------------------ CPU, no triton needed
@@ -167,24 +187,28 @@ def test_derive_finds_the_structure_and_refuses_what_is_not_a_word_gather():
 # ------------------------------------------------------------------------------------ GPU, compiled
 @requires_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("loads", LOADS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_cuda_kernel_writes_the_torch_converters_bytes(case):
-    assert _check_case(CASES[case], "cuda", "auto")["mismatches"] == []
+def test_cuda_kernel_writes_the_torch_converters_bytes(case, loads):
+    assert _check_case(CASES[case], "cuda", "auto", loads)["mismatches"] == []
 
 
 @requires_cuda
 @pytest.mark.gpu
-def test_cuda_kernel_writes_every_word_of_a_poisoned_buffer():
-    assert _poisoned_outputs("cuda") == {"marlin": True, "sm90": True, "triton_moe": True}
+@pytest.mark.parametrize("loads", LOADS)
+def test_cuda_kernel_writes_every_word_of_a_poisoned_buffer(loads):
+    assert _poisoned_outputs("cuda", loads) == {"marlin": True, "sm90": True, "triton_moe": True}
 
 
-if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
+if __name__ == "__main__":  # the worker (argv: the loads variants to run): TRITON_INTERPRET=1 is set by the fixture
     import traceback
 
     sys.path.insert(0, str(ROOT / "tests"))
-    for case_name, case_spec in [*CASES.items(), ("poisoned", None)]:
-        try:
-            result = _poisoned_outputs("cpu") if case_spec is None else _check_case(case_spec, "cpu", "triton")
-        except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
-            result = {"error": traceback.format_exc()[-3000:]}
-        print(json.dumps({"case": case_name, **result}), flush=True)
+    for load_kind in sys.argv[1:]:
+        for case_name, case_spec in [*CASES.items(), ("poisoned", None)]:
+            try:
+                result = (_poisoned_outputs("cpu", load_kind) if case_spec is None
+                          else _check_case(case_spec, "cpu", "triton", load_kind))
+            except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
+                result = {"error": traceback.format_exc()[-3000:]}
+            print(json.dumps({"case": f"{case_name}/{load_kind}", **result}), flush=True)

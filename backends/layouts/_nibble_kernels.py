@@ -15,6 +15,12 @@ Dispatch (`enabled`): CUDA tensors use the kernel when triton is importable; CPU
 code. ``MOE_ORACLE_LAYOUT_KERNELS=torch`` forces the pure-torch path everywhere (debugging, bisecting);
 ``=triton`` forces the kernel on CPU too, which needs ``TRITON_INTERPRET=1`` set before triton is imported
 (the tests do this in a subprocess). The outputs are byte-identical either way (tests/test_layout_kernels.py).
+
+Two ways to read the checkpoint, same bytes out: one load per source byte (default; the variant timed on an
+H200, 14-21% of copy bandwidth, benchmarks/README-layouts.md), or ``MOE_ORACLE_LAYOUT_KERNEL_LOADS=words``:
+when four output words read exactly four aligned source int32 words (true of all three layouts,
+`WordGroups`), each int32 is loaded once and the bytes are picked in registers, with the bit moves as
+immediates (about half the instructions per word in the sm_90 SASS; not yet timed on a GPU).
 """
 
 from __future__ import annotations
@@ -29,6 +35,18 @@ __all__ = ["ENV", "RowMap", "WordGather", "derive", "enabled", "gather_words", "
 
 ENV = "MOE_ORACLE_LAYOUT_KERNELS"
 _MODES = ("auto", "torch", "triton")
+#: how the kernel reads the checkpoint: 'bytes' (one load per source byte, the variant timed on an H200) or
+#: 'words' (whole int32 source words shared by four output words; same bytes out, not yet timed on a GPU)
+LOADS_ENV = "MOE_ORACLE_LAYOUT_KERNEL_LOADS"
+_LOADS = ("bytes", "words")
+
+
+def _loads() -> str:
+    loads = os.environ.get(LOADS_ENV, "bytes")
+    if loads not in _LOADS:
+        raise ValueError(f"{LOADS_ENV}={loads!r} must be one of {_LOADS} (bytes: a load per source byte; words: "
+                         f"whole int32 source words)")
+    return loads
 #: output words per kernel program
 _BLOCK_WORDS = 2048
 
@@ -100,7 +118,24 @@ class WordGather:
     moves: torch.Tensor
     left_moves: int
     out_shape: tuple  # the probe's output block, [rows, words]
+    groups: WordGroups | None = None  # set when 4 consecutive words read 4 whole source int32 words
     _copies: dict = field(default_factory=dict, repr=False)
+
+    def packed_moves(self) -> tuple:
+        """The left and the right moves as one int each, (mask | shift << 32) in 38-bit slots (kernel immediates)."""
+        packed = [0, 0]
+        slots = [0, 0]
+        for index, (mask, shift) in enumerate(self.moves.tolist()):
+            side = 0 if index < self.left_moves else 1
+            packed[side] |= ((mask & 0xFFFFFFFF) | shift << 32) << (38 * slots[side])
+            slots[side] += 1
+        return packed[0], packed[1]
+
+    def group_table_on(self, device: torch.device) -> torch.Tensor:
+        key = f"groups:{device}"
+        if key not in self._copies:
+            self._copies[key] = self.groups.table.to(device)
+        return self._copies[key]
 
     def on(self, device: torch.device) -> tuple:
         """(table, moves) on `device`, copied there once."""
@@ -174,8 +209,72 @@ def derive(fn, src_shape: tuple, tile: tuple) -> WordGather:
         _fail("a tile's base (row, col) does not fit the packed table")
     table = (t_row * (1 << 16) + t_col).to(torch.int32).reshape(-1).contiguous()
     deltas = tuple((int(d_row[0, b]), int(d_col[0, b])) for b in range(1, 4))
+    groups = _word_groups(row.view(block_rows, words, 4), col.view(block_rows, words, 4), cols, tile, step_r, step_c)
     return WordGather(table, tile, step_r, step_c, deltas, torch.tensor(moves, dtype=torch.int32), left_moves,
-                      (block_rows, words))
+                      (block_rows, words), groups)
+
+
+@dataclass(frozen=True, eq=False)
+class WordGroups:
+    """Four consecutive output words whose 16 source bytes are four aligned source int32 words: table
+    [TR * TC/4] int32 of the first word's (row << 16 | col), the other three words' (row, col) offsets, and
+    `select`, 4 bits per (output word l, byte b) at bit 4 (4 l + b): source word k (low 2 bits), byte p."""
+
+    table: torch.Tensor
+    deltas: tuple
+    select: int
+    stride: int  # the group's words are word (q // stride) * 4 stride + q % stride + l * stride, l < 4
+
+
+def _word_groups(row: torch.Tensor, col: torch.Tensor, cols: int, tile: tuple, step_r: tuple, step_c: tuple):
+    """The `WordGroups` of a probe whose output word (r, c) takes byte b from (row, col)[r, c, b], or None when
+    the words do not group so (then the kernel loads single bytes). Groups are 4 words `stride` apart."""
+    for stride in (1, 4):
+        found = _word_groups_at(row, col, cols, tile, step_r, step_c, stride)
+        if found is not None:
+            return found
+    return None
+
+
+def _word_groups_at(row, col, cols: int, tile: tuple, step_r: tuple, step_c: tuple, stride: int):
+    block_rows, words, _ = row.shape
+    tr, tc = tile
+    if words % (4 * stride) or tc % (4 * stride) or cols % 4:
+        return None
+
+    def grouped(t):  # [rows, words, 4 bytes] -> [rows, groups, 16 = (l, b)], group q = outer * stride + g
+        t = t.view(block_rows, words // (4 * stride), 4, stride, 4).permute(0, 1, 3, 2, 4)
+        return t.reshape(block_rows, words // 4, 16)
+
+    g_row, g_col = grouped(row), grouped(col)
+    word_id = g_row * cols + (g_col & ~3)
+    distinct = word_id.sort(dim=2).values
+    firsts = torch.cat([torch.ones_like(distinct[..., :1], dtype=torch.bool), distinct[..., 1:] != distinct[..., :-1]],
+                       dim=2)
+    if not torch.equal(firsts.sum(dim=2), torch.full_like(firsts.sum(dim=2), 4)):
+        return None
+    ids = distinct[firsts].view(block_rows, words // 4, 4)
+    w_row, w_col = ids // cols, ids % cols
+    o_row, o_col = w_row - w_row[..., :1], w_col - w_col[..., :1]
+    if not (torch.equal(o_row, o_row[:1, :1].expand_as(o_row)) and torch.equal(o_col, o_col[:1, :1].expand_as(o_col))):
+        return None
+    k = (word_id[..., :, None] == ids[..., None, :]).int().argmax(dim=3)
+    selector = k + 4 * (g_col & 3)
+    if not torch.equal(selector, selector[:1, :1].expand_as(selector)):
+        return None
+    base_row, base_col = w_row[..., 0], w_col[..., 0]
+    gc = tc // 4
+    r = torch.arange(block_rows)[:, None]
+    c = torch.arange(words // 4)[None, :]
+    t_row, t_col = base_row[:tr, :gc], base_col[:tr, :gc]
+    want_row = t_row[r % tr, c % gc] + (r // tr) * step_r[0] + (c // gc) * step_c[0]
+    want_col = t_col[r % tr, c % gc] + (r // tr) * step_r[1] + (c // gc) * step_c[1]
+    if not (torch.equal(want_row, base_row) and torch.equal(want_col, base_col)):
+        return None
+    select = sum(int(v) << (4 * i) for i, v in enumerate(selector[0, 0].tolist()))
+    table = (t_row * (1 << 16) + t_col).to(torch.int32).reshape(-1).contiguous()
+    deltas = tuple((int(o_row[0, 0, i]), int(o_col[0, 0, i])) for i in range(1, 4))
+    return WordGroups(table, deltas, select, stride)
 
 
 def gather_words(spec: WordGather, src: torch.Tensor, out: torch.Tensor, *, n_slabs: int, slab_src: tuple,
@@ -187,12 +286,31 @@ def gather_words(spec: WordGather, src: torch.Tensor, out: torch.Tensor, *, n_sl
     experts = src.shape[0]
     if experts == 0 or out.numel() == 0:
         return
-    from backends.layouts._nibble_triton import gather_words_kernel
+    from backends.layouts._nibble_triton import gather_groups_kernel, gather_words_kernel
 
     src = src.contiguous()
     words = out.view(torch.uint8).view(torch.int32) if out.dtype != torch.int32 else out
     table, moves = spec.on(src.device)
     block_rows, block_cols = block
+    if spec.groups is not None and _loads() == "words" and src.shape[-1] % 4 == 0:
+        groups = spec.groups
+        group_table = spec.group_table_on(src.device)
+        n_groups = block_cols // 4
+        bg = min(64, 1 << max(0, (n_groups - 1).bit_length()))
+        br = max(1, min(_BLOCK_WORDS // 4 // bg, 1 << max(0, (block_rows - 1).bit_length())))
+        (g1r, g1c), (g2r, g2c), (g3r, g3c) = groups.deltas
+        left, right = spec.packed_moves()
+        gather_groups_kernel[(experts * n_slabs, -(-block_rows // br), -(-n_groups // bg))](
+            src.view(torch.int32), words, group_table,
+            n_slabs, src[0].numel() // 4, src.shape[-1] // 4, slab_src[0], slab_src[1],
+            rows.seg, rows.logical, rows.step, rows.offsets[0], rows.offsets[1], logical_cols,
+            words[0].numel(), dst_slab_stride, dst_row_stride, block_rows, n_groups,
+            spec.step_r[0], spec.step_r[1], spec.step_c[0], spec.step_c[1],
+            TR=spec.tile[0], TG=spec.tile[1] // 4, NL=spec.left_moves, NR=spec.moves.shape[0] - spec.left_moves,
+            LEFT=left, RIGHT=right,
+            G1R=g1r, G1C=g1c, G2R=g2r, G2C=g2c, G3R=g3r, G3C=g3c, SELECT=groups.select, STRIDE=groups.stride,
+            BR=br, BG=bg, num_warps=8)
+        return
     bc = min(128, 1 << max(0, (block_cols - 1).bit_length()))
     br = max(1, min(_BLOCK_WORDS // bc, 1 << max(0, (block_rows - 1).bit_length())))
     grid = (experts * n_slabs, -(-block_rows // br), -(-block_cols // bc))

@@ -61,3 +61,89 @@ def gather_words_kernel(src_ptr, dst_ptr, table_ptr, moves_ptr,
     dst = expert.to(tl.int64) * dst_expert_stride + s.to(tl.int64) * dst_slab_stride
     offsets = (r * dst_row_stride)[:, None] + c[None, :]
     tl.store(dst_ptr + dst + offsets, out.to(tl.int32, bitcast=True), mask=ok)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The same gather with whole int32 source loads: four output words (`STRIDE` apart) read four aligned source words
+# and pick their bytes by the constexpr SELECT (4 bits per (word l, byte b): source word k, byte p), so each
+# source byte is loaded once, as part of a 4-byte word, instead of once per byte.
+
+@triton.jit
+def _source_word(src_ptr, expert_base, prow, pcol, ok, src_row_words, seg, logical_rows, row_step, row_off0,
+                 row_off1, logical_cols):
+    upper = prow >= seg
+    local = prow - tl.where(upper, seg, 0)
+    row = local * row_step + tl.where(upper, row_off1, row_off0)
+    valid = ok & (local < logical_rows) & (pcol < logical_cols)
+    value = tl.load(src_ptr + expert_base + row * src_row_words + (pcol >> 2), mask=valid, other=0)
+    return value.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _byte_of(s0, s1, s2, s3, SEL: tl.constexpr):
+    if (SEL & 3) == 0:
+        word = s0
+    elif (SEL & 3) == 1:
+        word = s1
+    elif (SEL & 3) == 2:
+        word = s2
+    else:
+        word = s3
+    return (word >> (8 * (SEL >> 2))) & 0xFF
+
+
+@triton.jit
+def _assembled(s0, s1, s2, s3, SELECT: tl.constexpr, L: tl.constexpr):
+    word = _byte_of(s0, s1, s2, s3, (SELECT >> (16 * L)) & 15)
+    word |= _byte_of(s0, s1, s2, s3, (SELECT >> (16 * L + 4)) & 15) << 8
+    word |= _byte_of(s0, s1, s2, s3, (SELECT >> (16 * L + 8)) & 15) << 16
+    word |= _byte_of(s0, s1, s2, s3, (SELECT >> (16 * L + 12)) & 15) << 24
+    return word
+
+
+@triton.jit
+def _permuted(word, LEFT: tl.constexpr, RIGHT: tl.constexpr, NL: tl.constexpr, NR: tl.constexpr):
+    """The bit moves as immediates: LEFT / RIGHT pack (mask, shift) per move in 38-bit slots."""
+    out = tl.zeros_like(word)
+    for m in tl.static_range(NL):
+        out |= (word & ((LEFT >> (38 * m)) & 0xFFFFFFFF)) << ((LEFT >> (38 * m + 32)) & 63)
+    for m in tl.static_range(NR):
+        out |= (word & ((RIGHT >> (38 * m)) & 0xFFFFFFFF)) >> ((RIGHT >> (38 * m + 32)) & 63)
+    return out
+
+
+@triton.jit
+def gather_groups_kernel(src_ptr, dst_ptr, table_ptr,
+                         n_slabs, src_expert_words, src_row_words, slab_src_rows, slab_src_cols,
+                         seg, logical_rows, row_step, row_off0, row_off1, logical_cols,
+                         dst_expert_stride, dst_slab_stride, dst_row_stride, block_rows, block_groups,
+                         step_r_row, step_r_col, step_c_row, step_c_col,
+                         TR: tl.constexpr, TG: tl.constexpr, NL: tl.constexpr, NR: tl.constexpr,
+                         LEFT: tl.constexpr, RIGHT: tl.constexpr,
+                         G1R: tl.constexpr, G1C: tl.constexpr, G2R: tl.constexpr, G2C: tl.constexpr,
+                         G3R: tl.constexpr, G3C: tl.constexpr, SELECT: tl.constexpr, STRIDE: tl.constexpr,
+                         BR: tl.constexpr, BG: tl.constexpr):
+    slab = tl.program_id(0)
+    expert = slab // n_slabs
+    s = slab % n_slabs
+    r = tl.program_id(1) * BR + tl.arange(0, BR)
+    q = tl.program_id(2) * BG + tl.arange(0, BG)
+    ok = (r < block_rows)[:, None] & (q < block_groups)[None, :]
+    packed = tl.load(table_ptr + ((r % TR) * TG)[:, None] + (q % TG)[None, :])
+    prow = (packed >> 16) + s * slab_src_rows + ((r // TR) * step_r_row)[:, None] + ((q // TG) * step_c_row)[None, :]
+    pcol = (packed & 0xFFFF) + s * slab_src_cols + ((r // TR) * step_r_col)[:, None] + ((q // TG) * step_c_col)[None, :]
+    base = expert.to(tl.int64) * src_expert_words
+    s0 = _source_word(src_ptr, base, prow, pcol, ok, src_row_words, seg, logical_rows, row_step, row_off0,
+                      row_off1, logical_cols)
+    s1 = _source_word(src_ptr, base, prow + G1R, pcol + G1C, ok, src_row_words, seg, logical_rows, row_step,
+                      row_off0, row_off1, logical_cols)
+    s2 = _source_word(src_ptr, base, prow + G2R, pcol + G2C, ok, src_row_words, seg, logical_rows, row_step,
+                      row_off0, row_off1, logical_cols)
+    s3 = _source_word(src_ptr, base, prow + G3R, pcol + G3C, ok, src_row_words, seg, logical_rows, row_step,
+                      row_off0, row_off1, logical_cols)
+    dst = dst_ptr + expert.to(tl.int64) * dst_expert_stride + s.to(tl.int64) * dst_slab_stride
+    first = (q // STRIDE) * (4 * STRIDE) + q % STRIDE
+    for word_index in tl.static_range(4):
+        out = _permuted(_assembled(s0, s1, s2, s3, SELECT, word_index), LEFT, RIGHT, NL, NR)
+        offsets = (r * dst_row_stride)[:, None] + (first + word_index * STRIDE)[None, :]
+        tl.store(dst + offsets, out.to(tl.int32, bitcast=True), mask=ok)
