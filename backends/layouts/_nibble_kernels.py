@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ENV", "RowMap", "WordGather", "derive", "enabled", "gather_words", "plain_rows", "w13_rows"]
+__all__ = ["ENV", "LOADS_ENV", "RowMap", "WordGather", "WordGroups", "derive", "enabled", "gather_words",
+           "padded_side_tensors", "plain_rows", "w13_rows"]
 
 ENV = "MOE_ORACLE_LAYOUT_KERNELS"
 _MODES = ("auto", "torch", "triton")
@@ -47,6 +48,8 @@ def _loads() -> str:
         raise ValueError(f"{LOADS_ENV}={loads!r} must be one of {_LOADS} (bytes: a load per source byte; words: "
                          f"whole int32 source words)")
     return loads
+
+
 #: output words per kernel program
 _BLOCK_WORDS = 2048
 
