@@ -13,8 +13,8 @@ once (the floor); copy bandwidth counts read + write likewise.
 `--only marlin,sm90,triton_moe` times only the converters whose layout name contains one of the words (the
 copy baseline is always measured); `--torch-path` adds, for the layouts with a Triton fast path
 (`backends.layouts._nibble_kernels`), a row timing their pure-torch path (MOE_ORACLE_LAYOUT_KERNELS=torch) in
-the same run; `--word-loads` adds a row with the kernel reading whole int32 source words
-(MOE_ORACLE_LAYOUT_KERNEL_LOADS=words) for those layouts.
+the same run; `--byte-loads` adds a row with the kernel loading one source byte at a time
+(MOE_ORACLE_LAYOUT_KERNEL_LOADS=bytes; the default reads whole int32 source words) for those layouts.
 """
 
 from __future__ import annotations
@@ -224,8 +224,9 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated words: time only converters whose layout contains one")
     parser.add_argument("--torch-path", action="store_true",
                         help="also time the pure-torch path of the layouts that have a Triton fast path")
-    parser.add_argument("--word-loads", action="store_true",
-                        help="also time the Triton fast path reading whole int32 source words")
+    parser.add_argument("--byte-loads", action="store_true",
+                        help="also time the Triton fast path loading one source byte at a time (the default "
+                             "reads whole int32 words)")
     args = parser.parse_args()
     device = args.device
     if args.primitives:
@@ -251,7 +252,7 @@ def main() -> None:
             continue
         variants = [("", {})]  # (label suffix, environment)
         if converter.layout in KERNEL_LAYOUTS:
-            variants += [(" (int32 word loads)", {LOADS_ENV: "words"})] if args.word_loads else []
+            variants += [(" (byte loads)", {LOADS_ENV: "bytes"})] if args.byte_loads else []
             variants += [(" (pure torch)", {KERNELS_ENV: "torch"})] if args.torch_path else []
         for suffix, environment in variants:
             os.environ.update(environment)

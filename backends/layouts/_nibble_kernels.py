@@ -16,11 +16,11 @@ code. ``MOE_ORACLE_LAYOUT_KERNELS=torch`` forces the pure-torch path everywhere 
 ``=triton`` forces the kernel on CPU too, which needs ``TRITON_INTERPRET=1`` set before triton is imported
 (the tests do this in a subprocess). The outputs are byte-identical either way (tests/test_layout_kernels.py).
 
-Two ways to read the checkpoint, same bytes out: one load per source byte (default; the variant timed on an
-H200, 14-21% of copy bandwidth, benchmarks/README-layouts.md), or ``MOE_ORACLE_LAYOUT_KERNEL_LOADS=words``:
-when four output words read exactly four aligned source int32 words (true of all three layouts,
-`WordGroups`), each int32 is loaded once and the bytes are picked in registers, with the bit moves as
-immediates (about half the instructions per word in the sm_90 SASS; not yet timed on a GPU).
+Two ways to read the checkpoint, same bytes out: ``MOE_ORACLE_LAYOUT_KERNEL_LOADS=words`` (default): when four
+output words read exactly four aligned source int32 words (true of all three layouts, `WordGroups`), each int32
+is loaded once and the bytes are picked in registers, with the bit moves as immediates (19-40% of copy
+bandwidth on an H200); or ``=bytes``: one load per source byte (14-21%; benchmarks/README-layouts.md). A
+layout or row width that does not fit whole words falls back to byte loads.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ __all__ = ["ENV", "LOADS_ENV", "RowMap", "WordGather", "WordGroups", "derive", "
 
 ENV = "MOE_ORACLE_LAYOUT_KERNELS"
 _MODES = ("auto", "torch", "triton")
-#: how the kernel reads the checkpoint: 'bytes' (one load per source byte, the variant timed on an H200) or
-#: 'words' (whole int32 source words shared by four output words; same bytes out, not yet timed on a GPU)
+#: how the kernel reads the checkpoint: 'words' (whole int32 source words shared by four output words; the
+#: faster on an H200) or 'bytes' (one load per source byte); same bytes out
 LOADS_ENV = "MOE_ORACLE_LAYOUT_KERNEL_LOADS"
 _LOADS = ("bytes", "words")
 
 
 def _loads() -> str:
-    loads = os.environ.get(LOADS_ENV, "bytes")
+    loads = os.environ.get(LOADS_ENV, "words")
     if loads not in _LOADS:
         raise ValueError(f"{LOADS_ENV}={loads!r} must be one of {_LOADS} (bytes: a load per source byte; words: "
                          f"whole int32 source words)")
