@@ -82,7 +82,8 @@ def test_explain_names_the_embedded_rule_files_of_an_installed_layout(tmp_path):
     shutil.copytree(SCHEMAS, site / "oracle" / "_embedded" / "schemas")
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    # the copied package first; whatever PYTHONPATH already held (e.g. where jsonschema lives) after it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
     code = "import sys; from oracle.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, *EXPLAIN], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
