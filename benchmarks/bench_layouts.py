@@ -42,7 +42,7 @@ from backends.layouts import (  # noqa: E402
     trtllm,
 )
 from backends.layouts._nibble_kernels import ENV as KERNELS_ENV  # noqa: E402
-from backends.layouts._nibble_kernels import LOADS_ENV  # noqa: E402
+from backends.layouts._nibble_kernels import GROUP_PROGRAM, LOADS_ENV  # noqa: E402
 from backends.weights import KernelWeights, MoEWeights  # noqa: E402
 
 from layout_cases import random_layer  # noqa: E402
@@ -227,6 +227,10 @@ def main() -> None:
     parser.add_argument("--byte-loads", action="store_true",
                         help="also time the Triton fast path loading one source byte at a time (the default "
                              "reads whole int32 words)")
+    parser.add_argument("--group-programs", default="",
+                        help="also time the grouped word kernel with these program shapes, comma-separated "
+                             "GROUPS:WARPS:ROWS (groups of 4 output words per program, warps, the most output rows "
+                             "per program when threads walk rows; see _nibble_kernels.GROUP_PROGRAM)")
     args = parser.parse_args()
     device = args.device
     if args.primitives:
@@ -250,18 +254,25 @@ def main() -> None:
     for converter, backends, fmt, padded in ROWS:
         if words and not any(word in converter.layout for word in words):
             continue
-        variants = [("", {})]  # (label suffix, environment)
+        variants = [("", {}, None)]  # (label suffix, environment, grouped kernel program)
         if converter.layout in KERNEL_LAYOUTS:
-            variants += [(" (byte loads)", {LOADS_ENV: "bytes"})] if args.byte_loads else []
-            variants += [(" (pure torch)", {KERNELS_ENV: "torch"})] if args.torch_path else []
-        for suffix, environment in variants:
+            variants += [(" (byte loads)", {LOADS_ENV: "bytes"}, None)] if args.byte_loads else []
+            variants += [(" (pure torch)", {KERNELS_ENV: "torch"}, None)] if args.torch_path else []
+            for shape in filter(None, args.group_programs.split(",")):
+                groups, warps, rows = (int(x) for x in shape.split(":"))
+                variants.append((f" (program {groups} groups, {warps} warps, {rows} rows)", {},
+                                 {"groups": groups, "warps": warps, "rows_fastest_rows": rows}))
+        default_program = dict(GROUP_PROGRAM)
+        for suffix, environment, program in variants:
             os.environ.update(environment)
+            GROUP_PROGRAM.update(program or {})
             try:
                 lines.append(time_row(converter, f"`{converter.layout}`{suffix}", backends, fmt, padded, layers[fmt],
                                       copy, device, args, loop=not suffix))
             finally:
                 for name in environment:
                     os.environ.pop(name, None)
+                GROUP_PROGRAM.update(default_program)
             print(lines[-1], flush=True)
             if device == "cuda":
                 torch.cuda.empty_cache()

@@ -28,6 +28,7 @@ CASES = {
     "marlin-mxfp4-padded": ("marlin:mxfp4", "mxfp4", (128, 64), (192, 128)),
     "marlin-mxfp4-unpadded": ("marlin:mxfp4", "mxfp4", (128, 64), (128, 64)),
     "marlin-nvfp4-odd": ("marlin:nvfp4", "nvfp4", (80, 48), (192, 64)),
+    "marlin-nvfp4-unpadded": ("marlin:nvfp4", "nvfp4", (128, 64), (128, 64)),
     "sm90-padded": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (96, 32), (128, 128)),
     "sm90-unpadded": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (128, 128), (128, 128)),
     "sm90-wide": ("cutlass:mxfp4_bf16_sm90", "mxfp4", (320, 96), (384, 128)),
@@ -120,6 +121,24 @@ def _poisoned_outputs(device: str, loads: str) -> dict:
     return results
 
 
+def _negative_scale_refused(device: str, loads: str) -> dict:
+    """Marlin NVFP4's fast path finds a negative block scale in its scale pass and names the first one, like the
+    pure-torch check (padded and unpadded sizes)."""
+    from layout_cases import random_layer
+
+    messages = []
+    for padded in ((128, 64), (192, 128)):
+        w = random_layer("nvfp4", experts=3, hidden=128, inter=64, gate_up="interleaved", seed=5,
+                         finite_scales=True, device=device)
+        w.w2_scale.view(torch.uint8)[1, 3, 2] = 0xB8  # -1.0 in E4M3
+        try:
+            _convert("marlin:nvfp4", w, padded, "triton" if device == "cpu" else "auto", loads)
+            messages.append(None)
+        except ValueError as error:
+            messages.append(str(error))
+    return {"messages": messages}
+
+
 # ------------------------------------------------------------------------------------ CPU, through the interpreter
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
@@ -150,6 +169,15 @@ def test_interpreted_kernel_writes_every_word_of_a_poisoned_buffer(interpreter_r
     row = interpreter_results[f"poisoned/{loads}"]
     assert "error" not in row, row.get("error")
     assert row == {"case": f"poisoned/{loads}", "marlin": True, "sm90": True, "triton_moe": True}
+
+
+@pytest.mark.parametrize("loads", LOADS)
+def test_interpreted_marlin_nvfp4_refuses_a_negative_scale(interpreter_results, loads):
+    row = interpreter_results[f"negative-scale/{loads}"]
+    assert "error" not in row, row.get("error")
+    assert len(row["messages"]) == 2
+    for message in row["messages"]:
+        assert message is not None and "w2_scale" in message and "expert 1, row 3" in message, message
 
 
 def test_every_layout_reads_whole_source_words_in_the_words_variant():
@@ -200,14 +228,22 @@ def test_cuda_kernel_writes_every_word_of_a_poisoned_buffer(loads):
     assert _poisoned_outputs("cuda", loads) == {"marlin": True, "sm90": True, "triton_moe": True}
 
 
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_marlin_nvfp4_refuses_a_negative_scale():
+    for message in _negative_scale_refused("cuda", "words")["messages"]:
+        assert message is not None and "w2_scale" in message and "expert 1, row 3" in message, message
+
+
 if __name__ == "__main__":  # the worker (argv: the loads variants to run): TRITON_INTERPRET=1 is set by the fixture
     import traceback
 
     sys.path.insert(0, str(ROOT / "tests"))
     for load_kind in sys.argv[1:]:
-        for case_name, case_spec in [*CASES.items(), ("poisoned", None)]:
+        for case_name, case_spec in [*CASES.items(), ("poisoned", None), ("negative-scale", None)]:
             try:
-                result = (_poisoned_outputs("cpu", load_kind) if case_spec is None
+                result = (_poisoned_outputs("cpu", load_kind) if case_name == "poisoned"
+                          else _negative_scale_refused("cpu", load_kind) if case_name == "negative-scale"
                           else _check_case(case_spec, "cpu", "triton", load_kind))
             except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
                 result = {"error": traceback.format_exc()[-3000:]}

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ENV", "LOADS_ENV", "RowMap", "WordGather", "WordGroups", "derive", "enabled", "gather_words",
+__all__ = ["ENV", "GROUP_PROGRAM", "LOADS_ENV", "RowMap", "WordGather", "WordGroups", "derive", "enabled", "gather_words",
            "padded_side_tensors", "plain_rows", "w13_rows"]
 
 ENV = "MOE_ORACLE_LAYOUT_KERNELS"
@@ -280,6 +280,71 @@ def _word_groups_at(row, col, cols: int, tile: tuple, step_r: tuple, step_c: tup
     return WordGroups(table, deltas, select, stride)
 
 
+#: the grouped kernel's program: groups (4 output words each) per program and warps; per-layout block shapes
+#: follow from the work order (benchmarks/README-layouts.md)
+GROUP_PROGRAM = {"groups": 1024, "warps": 8, "rows_fastest_rows": 32}
+
+
+def _fitting_block(n: int, cap: int) -> int:
+    """The largest power of two <= cap whose multiple covers n with <= 7% waste, else the least wasteful."""
+    options = [1 << k for k in range(max(0, cap.bit_length() - 1), -1, -1)]
+    options = [b for b in options if b <= max(1, 1 << max(0, (n - 1).bit_length()))] or [1]
+    fitting = [b for b in options if -(-n // b) * b <= 1.07 * n]
+    return fitting[0] if fitting else min(options, key=lambda b: (-(-n // b) * b, -b))
+
+
+def _pairs(spec: WordGather, src: torch.Tensor, slab_src: tuple) -> bool:
+    """Whether the grouped kernel can read each group's source words 0, 1 and 2, 3 as two 8-byte loads."""
+    g = spec.groups
+    (g1r, g1c), (g2r, g2c), (g3r, g3c) = g.deltas
+    cols = [int(c) for c in (g.table & 0xFFFF).tolist()] + [g2c, spec.step_r[1], spec.step_c[1], slab_src[1]]
+    return ((g1r, g1c) == (0, 4) and (g3r, g3c) == (g2r, g2c + 4) and all(c % 8 == 0 for c in cols)
+            and src.shape[-1] % 8 == 0 and src.data_ptr() % 8 == 0)
+
+
+def _rows_fastest(spec: WordGather, cols: int) -> bool:
+    """Whether consecutive output rows read closer source bytes than consecutive groups (Marlin: 8 bytes apart
+    versus 16 source rows), which decides the order of the program's threads."""
+    table = spec.groups.table.tolist()
+    if spec.tile[0] != 1 or len(table) < 2:
+        return False
+    row_step = abs(spec.step_r[0] * cols + spec.step_r[1])
+    group_step = abs(((table[1] >> 16) - (table[0] >> 16)) * cols + (table[1] & 0xFFFF) - (table[0] & 0xFFFF))
+    return 0 < row_step < group_step
+
+
+def _gather_groups(spec, src, words, n_slabs, slab_src, dst_slab_stride, dst_row_stride, block, rows,
+                   logical_cols) -> None:
+    from backends.layouts._nibble_triton import gather_groups_kernel
+
+    groups = spec.groups
+    group_table = spec.group_table_on(src.device)
+    block_rows, n_groups = block[0], block[1] // 4
+    per_program = GROUP_PROGRAM["groups"]
+    if _rows_fastest(spec, src.shape[-1]):
+        br = _fitting_block(block_rows, GROUP_PROGRAM["rows_fastest_rows"])
+        bg = max(groups.stride, _fitting_block(n_groups, max(1, per_program // br)))
+        rows_fastest = True
+    else:
+        bg = max(groups.stride, _fitting_block(n_groups, min(64, per_program)))
+        br = _fitting_block(block_rows, max(1, per_program // bg))
+        rows_fastest = False
+    pairs = _pairs(spec, src, slab_src)
+    unit = 8 if pairs else 4
+    (g1r, g1c), (g2r, g2c), (g3r, g3c) = groups.deltas
+    left, right = spec.packed_moves()
+    gather_groups_kernel[(src.shape[0] * n_slabs, -(-block_rows // br), -(-n_groups // bg))](
+        src.view(torch.int64 if pairs else torch.int32), words, group_table,
+        n_slabs, src[0].numel() // unit, src.shape[-1] // unit, slab_src[0], slab_src[1],
+        rows.seg, rows.logical, rows.step, rows.offsets[0], rows.offsets[1], logical_cols,
+        words[0].numel(), dst_slab_stride, dst_row_stride, block_rows, n_groups,
+        spec.step_r[0], spec.step_r[1], spec.step_c[0], spec.step_c[1],
+        TR=spec.tile[0], TG=spec.tile[1] // 4, NL=spec.left_moves, NR=spec.moves.shape[0] - spec.left_moves,
+        LEFT=left, RIGHT=right,
+        G1R=g1r, G1C=g1c, G2R=g2r, G2C=g2c, G3R=g3r, G3C=g3c, SELECT=groups.select, STRIDE=groups.stride,
+        PAIRS=pairs, ROWS_FASTEST=rows_fastest, BR=br, BG=bg, num_warps=GROUP_PROGRAM["warps"])
+
+
 def gather_words(spec: WordGather, src: torch.Tensor, out: torch.Tensor, *, n_slabs: int, slab_src: tuple,
                  dst_slab_stride: int, dst_row_stride: int, block: tuple, rows: RowMap, logical_cols: int) -> None:
     """Write `out` (any dtype; [E, ...] contiguous, its bytes read as int32 words) from the checkpoint tensor
@@ -289,30 +354,16 @@ def gather_words(spec: WordGather, src: torch.Tensor, out: torch.Tensor, *, n_sl
     experts = src.shape[0]
     if experts == 0 or out.numel() == 0:
         return
-    from backends.layouts._nibble_triton import gather_groups_kernel, gather_words_kernel
+    from backends.layouts._nibble_triton import gather_words_kernel
 
     src = src.contiguous()
     words = out.view(torch.uint8).view(torch.int32) if out.dtype != torch.int32 else out
     table, moves = spec.on(src.device)
     block_rows, block_cols = block
-    if spec.groups is not None and _loads() == "words" and src.shape[-1] % 4 == 0:
-        groups = spec.groups
-        group_table = spec.group_table_on(src.device)
-        n_groups = block_cols // 4
-        bg = min(64, 1 << max(0, (n_groups - 1).bit_length()))
-        br = max(1, min(_BLOCK_WORDS // 4 // bg, 1 << max(0, (block_rows - 1).bit_length())))
-        (g1r, g1c), (g2r, g2c), (g3r, g3c) = groups.deltas
-        left, right = spec.packed_moves()
-        gather_groups_kernel[(experts * n_slabs, -(-block_rows // br), -(-n_groups // bg))](
-            src.view(torch.int32), words, group_table,
-            n_slabs, src[0].numel() // 4, src.shape[-1] // 4, slab_src[0], slab_src[1],
-            rows.seg, rows.logical, rows.step, rows.offsets[0], rows.offsets[1], logical_cols,
-            words[0].numel(), dst_slab_stride, dst_row_stride, block_rows, n_groups,
-            spec.step_r[0], spec.step_r[1], spec.step_c[0], spec.step_c[1],
-            TR=spec.tile[0], TG=spec.tile[1] // 4, NL=spec.left_moves, NR=spec.moves.shape[0] - spec.left_moves,
-            LEFT=left, RIGHT=right,
-            G1R=g1r, G1C=g1c, G2R=g2r, G2C=g2c, G3R=g3r, G3C=g3c, SELECT=groups.select, STRIDE=groups.stride,
-            BR=br, BG=bg, num_warps=8)
+    if spec.groups is not None and _loads() == "words" and src.shape[-1] % 4 == 0 and \
+            (block_cols // 4) % spec.groups.stride == 0:
+        _gather_groups(spec, src, words, n_slabs, slab_src, dst_slab_stride, dst_row_stride, block, rows,
+                       logical_cols)
         return
     bc = min(128, 1 << max(0, (block_cols - 1).bit_length()))
     br = max(1, min(_BLOCK_WORDS // bc, 1 << max(0, (block_rows - 1).bit_length())))
@@ -328,9 +379,10 @@ def gather_words(spec: WordGather, src: torch.Tensor, out: torch.Tensor, *, n_sl
         D1R=d1r, D1C=d1c, D2R=d2r, D2C=d2c, D3R=d3r, D3C=d3c, BR=br, BC=bc, num_warps=8)
 
 
-def padded_side_tensors(w, hidden: int, inter: int, order: str) -> dict:
+def padded_side_tensors(w, hidden: int, inter: int, order: str, *, scales: bool = True) -> dict:
     """The block scales and biases of ``w.pad(hidden, inter)``, w13's rows in `order` ('checkpoint', 'gate_up'
-    or 'up_gate'), without padding the weights (the kernel reads those unpadded): one strided copy each."""
+    or 'up_gate'), without padding the weights (the kernel reads those unpadded): one strided copy each
+    (`scales=False`: the biases only, the scales None)."""
     from backends.layouts.gate_up import gate_up_runs, rows_runs
     from backends.layouts.placement import RowCol, build
 
@@ -345,11 +397,12 @@ def padded_side_tensors(w, hidden: int, inter: int, order: str) -> dict:
         return RowCol.plain(out[..., None])
 
     e, block = w.E, w.block_size
-    side = {"w13_scale": build(w.w13_scale, (e, 2 * inter, hidden // block), RowCol.plain, w13_runs(w.w13_scale),
-                               w.H // block),
-            "w2_scale": build(w.w2_scale, (e, hidden, inter // block), RowCol.plain, rows_runs(w.w2_scale, hidden),
-                              w.I // block),
-            "w13_bias": None, "w2_bias": None}
+    side = {"w13_scale": None, "w2_scale": None, "w13_bias": None, "w2_bias": None}
+    if scales:
+        side["w13_scale"] = build(w.w13_scale, (e, 2 * inter, hidden // block), RowCol.plain,
+                                  w13_runs(w.w13_scale), w.H // block)
+        side["w2_scale"] = build(w.w2_scale, (e, hidden, inter // block), RowCol.plain,
+                                 rows_runs(w.w2_scale, hidden), w.I // block)
     if w.w13_bias is not None:
         side["w13_bias"] = build(w.w13_bias, (e, 2 * inter), vector, w13_runs(w.w13_bias), 1)
     if w.w2_bias is not None:

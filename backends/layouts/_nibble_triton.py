@@ -113,6 +113,19 @@ def _permuted(word, LEFT: tl.constexpr, RIGHT: tl.constexpr, NL: tl.constexpr, N
 
 
 @triton.jit
+def _source_pair(src_ptr, expert_base, prow, pcol, ok, src_row_pairs, seg, logical_rows, row_step, row_off0,
+                 row_off1, logical_cols):
+    """The 8 source bytes at padded (row, col), col % 8 == 0, as (low int32 word, high int32 word)."""
+    upper = prow >= seg
+    local = prow - tl.where(upper, seg, 0)
+    row = local * row_step + tl.where(upper, row_off1, row_off0)
+    valid = ok & (local < logical_rows) & (pcol < logical_cols)
+    value = tl.load(src_ptr + expert_base + row * src_row_pairs + (pcol >> 3), mask=valid, other=0)
+    value = value.to(tl.uint64, bitcast=True)
+    return (value & 0xFFFFFFFF).to(tl.uint32), (value >> 32).to(tl.uint32)
+
+
+@triton.jit
 def gather_groups_kernel(src_ptr, dst_ptr, table_ptr,
                          n_slabs, src_expert_words, src_row_words, slab_src_rows, slab_src_cols,
                          seg, logical_rows, row_step, row_off0, row_off1, logical_cols,
@@ -122,28 +135,80 @@ def gather_groups_kernel(src_ptr, dst_ptr, table_ptr,
                          LEFT: tl.constexpr, RIGHT: tl.constexpr,
                          G1R: tl.constexpr, G1C: tl.constexpr, G2R: tl.constexpr, G2C: tl.constexpr,
                          G3R: tl.constexpr, G3C: tl.constexpr, SELECT: tl.constexpr, STRIDE: tl.constexpr,
-                         BR: tl.constexpr, BG: tl.constexpr):
+                         PAIRS: tl.constexpr, ROWS_FASTEST: tl.constexpr, BR: tl.constexpr, BG: tl.constexpr):
+    """PAIRS: source words 0, 1 and 2, 3 are 8 contiguous bytes each (one 64-bit load per pair; src_ptr is then
+    int64 and the strides count pairs). ROWS_FASTEST: consecutive threads take consecutive output rows (the
+    order in which Marlin's source bytes are contiguous), else consecutive groups. Each program stores its
+    [BR, 4 BG] output words as one contiguous run per row."""
     slab = tl.program_id(0)
     expert = slab // n_slabs
     s = slab % n_slabs
-    r = tl.program_id(1) * BR + tl.arange(0, BR)
-    q = tl.program_id(2) * BG + tl.arange(0, BG)
-    ok = (r < block_rows)[:, None] & (q < block_groups)[None, :]
-    packed = tl.load(table_ptr + ((r % TR) * TG)[:, None] + (q % TG)[None, :])
-    prow = (packed >> 16) + s * slab_src_rows + ((r // TR) * step_r_row)[:, None] + ((q // TG) * step_c_row)[None, :]
-    pcol = (packed & 0xFFFF) + s * slab_src_cols + ((r // TR) * step_r_col)[:, None] + ((q // TG) * step_c_col)[None, :]
+    r1 = tl.program_id(1) * BR + tl.arange(0, BR)
+    q1 = tl.program_id(2) * BG + tl.arange(0, BG)
+    if ROWS_FASTEST:  # work tensors are [BG, BR]
+        r = r1[None, :]
+        q = q1[:, None]
+    else:  # [BR, BG]
+        r = r1[:, None]
+        q = q1[None, :]
+    ok = (r < block_rows) & (q < block_groups)
+    packed = tl.load(table_ptr + (r % TR) * TG + q % TG)
+    prow = (packed >> 16) + s * slab_src_rows + (r // TR) * step_r_row + (q // TG) * step_c_row
+    pcol = (packed & 0xFFFF) + s * slab_src_cols + (r // TR) * step_r_col + (q // TG) * step_c_col
     base = expert.to(tl.int64) * src_expert_words
-    s0 = _source_word(src_ptr, base, prow, pcol, ok, src_row_words, seg, logical_rows, row_step, row_off0,
-                      row_off1, logical_cols)
-    s1 = _source_word(src_ptr, base, prow + G1R, pcol + G1C, ok, src_row_words, seg, logical_rows, row_step,
-                      row_off0, row_off1, logical_cols)
-    s2 = _source_word(src_ptr, base, prow + G2R, pcol + G2C, ok, src_row_words, seg, logical_rows, row_step,
-                      row_off0, row_off1, logical_cols)
-    s3 = _source_word(src_ptr, base, prow + G3R, pcol + G3C, ok, src_row_words, seg, logical_rows, row_step,
-                      row_off0, row_off1, logical_cols)
+    if PAIRS:
+        s0, s1 = _source_pair(src_ptr, base, prow, pcol, ok, src_row_words, seg, logical_rows, row_step, row_off0,
+                              row_off1, logical_cols)
+        s2, s3 = _source_pair(src_ptr, base, prow + G2R, pcol + G2C, ok, src_row_words, seg, logical_rows,
+                              row_step, row_off0, row_off1, logical_cols)
+    else:
+        s0 = _source_word(src_ptr, base, prow, pcol, ok, src_row_words, seg, logical_rows, row_step, row_off0,
+                          row_off1, logical_cols)
+        s1 = _source_word(src_ptr, base, prow + G1R, pcol + G1C, ok, src_row_words, seg, logical_rows, row_step,
+                          row_off0, row_off1, logical_cols)
+        s2 = _source_word(src_ptr, base, prow + G2R, pcol + G2C, ok, src_row_words, seg, logical_rows, row_step,
+                          row_off0, row_off1, logical_cols)
+        s3 = _source_word(src_ptr, base, prow + G3R, pcol + G3C, ok, src_row_words, seg, logical_rows, row_step,
+                          row_off0, row_off1, logical_cols)
+    o0 = _permuted(_assembled(s0, s1, s2, s3, SELECT, 0), LEFT, RIGHT, NL, NR)
+    o1 = _permuted(_assembled(s0, s1, s2, s3, SELECT, 1), LEFT, RIGHT, NL, NR)
+    o2 = _permuted(_assembled(s0, s1, s2, s3, SELECT, 2), LEFT, RIGHT, NL, NR)
+    o3 = _permuted(_assembled(s0, s1, s2, s3, SELECT, 3), LEFT, RIGHT, NL, NR)
+    if ROWS_FASTEST:
+        o0 = tl.trans(o0)
+        o1 = tl.trans(o1)
+        o2 = tl.trans(o2)
+        o3 = tl.trans(o3)
+    # [BR, BG, (k, m)] = word l = 2 k + m of group q; group q's word l is output word
+    # (q // STRIDE) * 4 STRIDE + l * STRIDE + q % STRIDE, so the program's words are 4 BG contiguous ones per row
+    out = tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), (BR, BG, 4))
+    if STRIDE != 1:
+        out = tl.reshape(tl.permute(tl.reshape(out, (BR, BG // STRIDE, STRIDE, 4)), (0, 1, 3, 2)), (BR, BG, 4))
+    out = tl.reshape(out, (BR, 4 * BG))
+    word = tl.program_id(2) * (4 * BG) + tl.arange(0, 4 * BG)
     dst = dst_ptr + expert.to(tl.int64) * dst_expert_stride + s.to(tl.int64) * dst_slab_stride
-    first = (q // STRIDE) * (4 * STRIDE) + q % STRIDE
-    for word_index in tl.static_range(4):
-        out = _permuted(_assembled(s0, s1, s2, s3, SELECT, word_index), LEFT, RIGHT, NL, NR)
-        offsets = (r * dst_row_stride)[:, None] + (first + word_index * STRIDE)[None, :]
-        tl.store(dst + offsets, out.to(tl.int32, bitcast=True), mask=ok)
+    mask = (r1 < block_rows)[:, None] & (word < 4 * block_groups)[None, :]
+    tl.store(dst + (r1 * dst_row_stride)[:, None] + word[None, :], out.to(tl.int32, bitcast=True), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Marlin's block scales: [E, N, G] bytes -> [E, G, N], the columns of every 64 gathered by PERM (64 source rows per
+# output position), each byte mapped through the 256-entry LUT when USE_LUT (NVFP4's E4M3 -> S0E5M3), and the
+# largest source byte of each program stored in worst_ptr (the signed/NaN-scale check, one pass with the copy).
+
+@triton.jit
+def permute_scales_kernel(src_ptr, dst_ptr, perm_ptr, lut_ptr, worst_ptr, n, groups,
+                          USE_LUT: tl.constexpr, BN: tl.constexpr, BGR: tl.constexpr):
+    e = tl.program_id(0)
+    p = tl.program_id(1) * BN + tl.arange(0, BN)
+    g = tl.program_id(2) * BGR + tl.arange(0, BGR)
+    source_row = p - p % 64 + tl.load(perm_ptr + p % 64)
+    mask = (g < groups)[:, None] & (p < n)[None, :]
+    base = e.to(tl.int64) * n * groups
+    value = tl.load(src_ptr + base + (source_row * groups)[None, :] + g[:, None], mask=mask, other=0)
+    if USE_LUT:
+        worst = tl.max(tl.max(value.to(tl.int32), axis=1), axis=0)
+        program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+        tl.store(worst_ptr + program, worst)
+        value = tl.load(lut_ptr + value.to(tl.int32), mask=mask, other=0)
+    tl.store(dst_ptr + base + (g * n)[:, None] + p[None, :], value, mask=mask)

@@ -153,6 +153,34 @@ def _unpermute_bias(b: torch.Tensor) -> torch.Tensor:
     return b.reshape(e, rows // 32, 4, 4, 2).permute(_B_VIEW_DIMS).contiguous().reshape(e, rows)  # a swap: self-inverse
 
 
+@functools.lru_cache(maxsize=8)
+def _scale_tables(device: torch.device) -> tuple:
+    """(the 64-entry source row of each output position of `_permute_scales`, the 256-entry byte map of
+    `e4m3_to_s0e5m3`), both read off the pure-torch definitions, on `device`."""
+    perm = _permute_scales(torch.arange(64, dtype=torch.uint8).view(1, 64, 1)).reshape(64).to(torch.int32)
+    codes = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn)  # bytes >= 0x7F are refused anyway
+    lut = torch.cat([e4m3_to_s0e5m3(codes), torch.zeros(128, dtype=torch.uint8)])
+    return perm.to(device), lut.to(device)
+
+
+def _permute_scales_fast(s: torch.Tensor, fmt: str) -> tuple:
+    """`_permute_scales` (and for NVFP4 `e4m3_to_s0e5m3`) of [E, N, G] scales as one Triton pass, with the
+    largest source byte (a 0-dim tensor; >= 0x7F means a negative, -0.0 or NaN NVFP4 scale) from the same pass."""
+    from backends.layouts._nibble_triton import permute_scales_kernel
+
+    e, n, groups = s.shape
+    src = s.contiguous().view(torch.uint8)
+    out = torch.empty((e, groups, n), dtype=torch.uint8, device=s.device)
+    perm, lut = _scale_tables(s.device)
+    bn, bg = 128, 32
+    grid = (e, -(-n // bn), -(-groups // bg))
+    worst = torch.zeros(max(1, grid[0] * grid[1] * grid[2]), dtype=torch.int32, device=s.device)
+    if out.numel():
+        permute_scales_kernel[grid](src, out, perm, lut, worst, n, groups, USE_LUT=fmt == "nvfp4", BN=bn, BGR=bg,
+                                    num_warps=4)
+    return out.view(_E8M0 if fmt == "mxfp4" else torch.float8_e4m3fn), worst.max()
+
+
 def e4m3_to_s0e5m3(s: torch.Tensor) -> torch.Tensor:
     """Non-negative E4M3 scales -> Marlin's S0E5M3 bytes (uint8)."""
     half_bits = (s.to(torch.float16) * 128.0).view(torch.int16)
@@ -177,27 +205,42 @@ class MarlinLayout(Layout):
         for what, n, k in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
             require_multiple(self.layout, f"{what} output rows", n, 64, "Marlin's 64-wide thread tiles and permutation")
             require_multiple(self.layout, f"{what} reduction size", k, 16, "Marlin's 16x16 weight tiles")
-        if w.format == "nvfp4" and w.w13.device.type != "meta":
-            for name in ("w13_scale", "w2_scale"):
-                bad = getattr(w, name).view(torch.uint8) >= 0x7F
-                if bool(bad.any()):
-                    expert, row, _ = (int(x) for x in bad.nonzero()[0])
-                    raise ValueError(f"layout {self.layout!r}: {name} has a negative, -0.0 or NaN block scale "
-                                     f"(first at "
-                                     f"expert {expert}, row {row}); Marlin stores NVFP4 scales unsigned (S0E5M3), so "
-                                     f"requantize with non-negative scales")
+        if w.format == "nvfp4" and w.w13.device.type != "meta" and not kernels.enabled(w.w13):  # else: _to_kernel
+            self._check_scales(w)
+
+    def _check_scales(self, w: MoEWeights) -> None:
+        """Refuse negative, -0.0 and NaN NVFP4 block scales, naming the first one."""
+        for name in ("w13_scale", "w2_scale"):
+            bad = getattr(w, name).view(torch.uint8) >= 0x7F
+            if bool(bad.any()):
+                expert, row, _ = (int(x) for x in bad.nonzero()[0])
+                raise ValueError(f"layout {self.layout!r}: {name} has a negative, -0.0 or NaN block scale "
+                                 f"(first at "
+                                 f"expert {expert}, row {row}); Marlin stores NVFP4 scales unsigned (S0E5M3), so "
+                                 f"requantize with non-negative scales")
 
     def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
         if kernels.enabled(w.w13):  # padding read in place by the kernel; scales and biases padded alone
             tensors = {"w13": _repack_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "checkpoint", w.I,
                                                                                         inter)),
                        "w2": _repack_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden))}
-            side = kernels.padded_side_tensors(w, hidden, inter, "checkpoint")
+            side = kernels.padded_side_tensors(w, hidden, inter, "checkpoint",
+                                               scales=(hidden, inter) != (w.H, w.I))
+            if (hidden, inter) == (w.H, w.I):  # nothing to pad: the scale kernel reads the checkpoint's
+                side["w13_scale"], side["w2_scale"] = w.w13_scale, w.w2_scale
+            worst = []
+            for name in ("w13_scale", "w2_scale"):
+                tensors[name], worst_byte = _permute_scales_fast(side[name], w.format)
+                worst.append(worst_byte)
+            if w.format == "nvfp4" and int(torch.stack(worst).max()) >= 0x7F:  # one sync for both
+                self._check_scales(w)
         else:
             padded = w.pad(hidden, inter)
             tensors = {"w13": repack_weights_torch(padded.w13), "w2": repack_weights_torch(padded.w2)}
             side = {name: getattr(padded, name) for name in ("w13_scale", "w2_scale", "w13_bias", "w2_bias")}
         for name in ("w13_scale", "w2_scale"):
+            if name in tensors:
+                continue
             s = _permute_scales(side[name].view(torch.uint8))
             if w.format == "mxfp4":
                 tensors[name] = s.view(_E8M0)
