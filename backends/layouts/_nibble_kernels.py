@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ENV", "GROUP_PROGRAM", "LOADS_ENV", "RowMap", "WordGather", "WordGroups", "derive", "enabled", "gather_words",
+__all__ = ["ENV", "GROUP_PROGRAM", "LOADS_ENV", "RowMap", "WordGather", "WordGroups", "derive", "enabled",
+           "gather_words",
            "padded_side_tensors", "plain_rows", "w13_rows"]
 
 ENV = "MOE_ORACLE_LAYOUT_KERNELS"
