@@ -203,6 +203,42 @@ def profile_kernels(layer, flush, iters=10) -> list:
     return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
+def time_alignments(gpu: str, shapes: list, tokens_list: list, flush, iters: int) -> list:
+    """µs of each alignment path (CUDA graph, L2 flushed) at the layer's pair count and tuned BLOCK_M, so the
+    size thresholds of _routing.align rest on same-run numbers; every path's result is checked against torch's."""
+    from backends.triton_moe import _kernels, _routing
+
+    rows = []
+    print("\n## alignment paths (µs, CUDA graph, L2 flushed)\n| shape | T | pairs | BLOCK_M | "
+          + " | ".join(_routing.ALIGN_PATHS) + " | default |", flush=True)
+    for name in shapes:
+        shape = SHAPES[name]
+        for tokens in tokens_list:
+            logits = torch.randn(tokens, shape.experts, device="cuda")
+            ids = torch.topk(logits, shape.top_k, dim=-1).indices.int()
+            block_m = tuning.select_config(device_name=gpu, format=shape.format, tokens=tokens, experts=shape.experts,
+                                           top_k=shape.top_k, hidden_size=shape.hidden_size,
+                                           intermediate_size=shape.intermediate_size).gemm1.block_m
+            ref = _routing.align(ids, shape.experts, block_m, path="torch")
+            row = {"shape": name, "tokens": tokens, "pairs": ids.numel(), "block_m": block_m}
+            for path in _routing.ALIGN_PATHS:
+                if path == "one-program" and ids.numel() > 4096:  # one program sorts at most 4096 pairs
+                    continue
+                got = _routing.align(ids, shape.experts, block_m, _kernels, path=path)
+                if not (torch.equal(got.sorted_pairs, ref.sorted_pairs) and torch.equal(got.padded_total,
+                                                                                         ref.padded_total)):
+                    row[f"{path}_error"] = "differs from the torch path"
+                    continue
+                row[path] = time_layer(functools.partial(_routing.align, ids, shape.experts, block_m, _kernels,
+                                                         path=path), flush, iters)
+            row["default"] = _routing.align_path(ids.numel())
+            rows.append(row)
+            print(f"| {name} | {tokens} | {row['pairs']} | {block_m} | " + " | ".join(
+                f"{row[p]:.1f}" if p in row else row.get(f"{p}_error", "-") for p in _routing.ALIGN_PATHS)
+                + f" | {row['default']} |", flush=True)
+    return rows
+
+
 def tuned_table(gpu: str, sweep_rows: list, tokens_list: list) -> dict:
     """A configs/*.yaml table from sweep rows: per shape, the fastest config at each swept T, valid up to
     the geometric middle of the next swept T; default.yaml's entries follow as the catch-all."""
@@ -303,6 +339,7 @@ def main():
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
     p.add_argument("--report", metavar="JSON", help="print the markdown tables of a saved run (no GPU needed)")
     p.add_argument("--profile", action="store_true", help="also list each kernel's µs per layer call (eager)")
+    p.add_argument("--align", action="store_true", help="only time the alignment paths at each shape and T")
     p.add_argument("--merge-sweep", nargs=3, metavar=("SWEEP_JSON", "TABLE_YAML", "OUT_YAML"),
                    help="rewrite the table's entries that a sweep beat (same-run times), write OUT_YAML; no GPU")
     p.add_argument("--merge-note", default="re-swept", help="--merge-sweep: what the new entries' why says")
@@ -321,6 +358,11 @@ def main():
     print(f"# {gpu}: copy {copy:.0f} GB/s, read-only {read:.0f} GB/s -> bandwidth {bw:.0f} GB/s; "
           f"bf16 8192^3 matmul {mm:.1f} TFLOP/s", flush=True)
     flush = Flusher()
+    if args.align:
+        rows = time_alignments(gpu, args.shapes.split(","), list(map(int, args.tokens.split(","))), flush, args.iters)
+        if args.out:
+            _save(args.out, "align", gpu, (bw, copy, read, mm), rows)
+        return
     rows = []
     for name in args.shapes.split(","):
         shape = SHAPES[name]

@@ -190,3 +190,26 @@ def test_cuda_scale_decode_is_exact_for_every_code():
 
     assert e4m3_decode_mismatches("cuda") == []
     assert e8m0_folded_decode_mismatches("cuda") == []
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, experts, k, block_m", [(1, 128, 4, 16), (256, 256, 8, 16), (1024, 128, 4, 64),
+                                                         (1024, 256, 8, 64), (4096, 128, 4, 128), (2000, 6, 2, 32)])
+def test_cuda_alignment_paths_match_the_torch_path(tokens, experts, k, block_m):
+    """The one-program and the two-launch multi-program alignments give the torch path's exact blocks at layer
+    sizes (up to 16384 pairs, one crowded expert)."""
+    from backends.triton_moe import _kernels, _routing
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    ids = torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), k, dim=-1).indices.int()
+    ids[: tokens // 3, 0] = experts - 1
+    ref = _routing.align(ids, experts, block_m, path="torch")
+    used = int(ref.padded_total) // block_m
+    for path in ("one-program", "multi-program"):
+        if path == "one-program" and ids.numel() > 4096:
+            continue
+        got = _routing.align(ids, experts, block_m, _kernels, path=path)
+        assert torch.equal(got.padded_total, ref.padded_total), path
+        assert torch.equal(got.sorted_pairs, ref.sorted_pairs), path
+        assert torch.equal(got.block_expert[:used], ref.block_expert[:used]), path

@@ -82,11 +82,13 @@ def _run_case(name: str, spec) -> dict:
     return stats
 
 
-ALIGN_CASES = [(1, 128, 4, 16), (3, 32, 4, 16), (37, 8, 3, 16), (64, 256, 8, 16), (120, 128, 8, 64), (9, 6, 1, 32)]
+# (T, E, k, BLOCK_M); the multi-program path runs 128-pair chunks: 1 to 14 chunks here, the last ones partial
+ALIGN_CASES = [(1, 128, 4, 16), (3, 32, 4, 16), (37, 8, 3, 16), (64, 256, 8, 16), (120, 128, 8, 64), (9, 6, 1, 32),
+               (300, 128, 4, 64), (222, 256, 8, 16), (130, 6, 2, 32)]
 
 
 def _check_fused_alignment() -> dict:
-    """The one-launch alignment kernel gives exactly the torch path's blocks (T, E, k, BLOCK_M cases)."""
+    """The one-launch and the two-launch (multi-program) alignments give exactly the torch path's blocks."""
     import torch
 
     from backends.triton_moe import _kernels, _routing
@@ -97,11 +99,15 @@ def _check_fused_alignment() -> dict:
         ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).int()
         ids[: tokens // 2, 0] = 1  # a crowded expert
         ref = _routing._align_torch(ids, experts, block_m)
-        got = _routing._align_fused(ids, experts, block_m, _kernels)
-        used = int(ref.padded_total) // block_m
-        if not (int(got.padded_total) == int(ref.padded_total) and torch.equal(got.sorted_pairs, ref.sorted_pairs)
-                and torch.equal(got.block_expert[:used], ref.block_expert[:used])):
-            mismatches.append([tokens, experts, k, block_m])
+        for path in ("one-program", "multi-program"):
+            if path == "one-program" and ids.numel() > 4096:  # its sort holds every pair in one program
+                continue
+            got = _routing.align(ids, experts, block_m, _kernels, path=path)
+            used = int(ref.padded_total) // block_m
+            if not (int(got.padded_total) == int(ref.padded_total)
+                    and torch.equal(got.sorted_pairs, ref.sorted_pairs)
+                    and torch.equal(got.block_expert[:used], ref.block_expert[:used])):
+                mismatches.append([tokens, experts, k, block_m, path])
     return {"mismatches": mismatches}
 
 
@@ -123,6 +129,29 @@ def _check_fused_routing() -> dict:
             ref_ids, ref_w = _routing.route(logits, k, renormalize)
             ids, w = _routing.route(logits, k, renormalize, _kernels)
             if not torch.equal(ids.long(), ref_ids):
+                mismatches.append([tokens, experts, k, renormalize, str(dtype)])
+            max_weight_error = max(max_weight_error, (w - ref_w).abs().max().item())
+    return {"mismatches": mismatches, "max_weight_error": max_weight_error}
+
+
+def _check_route_in_align() -> dict:
+    """route_and_align (routing inside the one-program alignment launch) selects topk_route_kernel's experts in
+    its order (ties included: lowest index first; bf16 logits tie often), gives its weights up to fp32 rounding,
+    and the alignment of those ids, for T <= 16."""
+    import torch
+
+    from backends.triton_moe import _kernels, _routing
+
+    gen = torch.Generator().manual_seed(11)
+    mismatches, max_weight_error = [], 0.0
+    for tokens, experts, k, renormalize in [case for case in ROUTE_CASES if case[0] <= 16] + [(16, 128, 4, True)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = (torch.randn(tokens, experts, generator=gen) * 3).to(dtype)
+            ref_ids, ref_w = _routing.route(logits, k, renormalize, _kernels)
+            ids, w, al = _routing.route_and_align(logits, k, renormalize, experts, 16, _kernels)
+            ref_al = _routing._align_torch(ref_ids, experts, 16)
+            if not (torch.equal(ids, ref_ids) and torch.equal(al.sorted_pairs, ref_al.sorted_pairs)
+                    and torch.equal(al.padded_total, ref_al.padded_total)):
                 mismatches.append([tokens, experts, k, renormalize, str(dtype)])
             max_weight_error = max(max_weight_error, (w - ref_w).abs().max().item())
     return {"mismatches": mismatches, "max_weight_error": max_weight_error}
@@ -201,6 +230,13 @@ def test_interpreter_fused_routing_matches_torch_route(interpreter_results):
     assert row["max_weight_error"] <= tolerance("fp32_reordered")["atol"]  # same fp32 softmax, other exp and sum order, row
 
 
+def test_interpreter_routing_inside_alignment_matches_route_then_align(interpreter_results):
+    row = interpreter_results["route-in-align"]
+    assert "error" not in row, row.get("error")
+    assert row["mismatches"] == [], f"(T, E, k, renormalize, dtype) cases that differ: {row['mismatches']}"
+    assert row["max_weight_error"] <= tolerance("fp32_reordered")["atol"]  # same fp32 softmax, other sum order
+
+
 def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_results):
     row = interpreter_results["scale-folding"]
     assert "error" not in row, row.get("error")
@@ -223,7 +259,8 @@ def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
 
 
 CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding,
-          "fused-routing": _check_fused_routing, "e4m3-scale-decode": _check_e4m3_scale_decode}
+          "fused-routing": _check_fused_routing, "e4m3-scale-decode": _check_e4m3_scale_decode,
+          "route-in-align": _check_route_in_align}
 
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
     import traceback

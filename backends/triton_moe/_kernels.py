@@ -462,6 +462,11 @@ INTERPRETED = not isinstance(topk_sum_kernel, triton.runtime.jit.JITFunction)
 
 # The routing and alignment kernels live in _routing_kernels.py; re-exported so that `kernels` (this module)
 # is the one namespace forward.py and _routing.py launch from.
-from backends.triton_moe._routing_kernels import align_small_kernel, topk_route_kernel  # noqa: E402
+from backends.triton_moe._routing_kernels import (  # noqa: E402
+    align_count_kernel,
+    align_scatter_kernel,
+    align_small_kernel,
+    topk_route_kernel,
+)
 
-__all__ = ["align_small_kernel", "topk_route_kernel"]
+__all__ = ["align_count_kernel", "align_scatter_kernel", "align_small_kernel", "topk_route_kernel"]

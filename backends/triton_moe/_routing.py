@@ -67,18 +67,40 @@ class Alignment:
 
 
 #: Up to this many (token, slot) pairs the alignment runs as one Triton program (one launch).
-SMALL_ALIGN_PAIRS = 4096
+SMALL_ALIGN_PAIRS = 1024
+#: Above SMALL_ALIGN_PAIRS and up to this many pairs: two launches of MULTI_ALIGN_CHUNK-pair programs; beyond,
+#: torch ops (each pass-2 program re-reads every chunk's histogram, which grows with the pairs squared).
+MULTI_ALIGN_PAIRS = 16384
+MULTI_ALIGN_CHUNK = 128
+ALIGN_PATHS = ("one-program", "multi-program", "torch")
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None) -> Alignment:
+def align_path(num_pairs: int, have_kernels: bool = True) -> str:
+    """The alignment path `align` takes by default for this many pairs (one of ALIGN_PATHS)."""
+    if not have_kernels or num_pairs == 0:
+        return "torch"
+    return ("one-program" if num_pairs <= SMALL_ALIGN_PAIRS else "multi-program" if num_pairs <= MULTI_ALIGN_PAIRS
+            else "torch")
+
+
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, path: str | None = None) -> Alignment:
     """Counting sort of the pairs by expert, with per-expert padding to BLOCK_M; stable in pair order.
 
-    With `kernels` (the Triton module) and few pairs: one fused launch; otherwise a fixed sequence of
-    torch ops (both without host sync, both giving the same result).
+    With `kernels` (the Triton module): one launch for few pairs, two (histograms per chunk, then scatter)
+    up to MULTI_ALIGN_PAIRS; otherwise a fixed sequence of torch ops. All give the same result without a
+    host sync. path: force one of ALIGN_PATHS (tests, benchmarks).
     """
     num_pairs = topk_ids.numel()
-    if kernels is not None and 0 < num_pairs <= SMALL_ALIGN_PAIRS:
+    if path is None:
+        path = align_path(num_pairs, kernels is not None)
+    if path not in ALIGN_PATHS:
+        raise ValueError(f"align: path={path!r} must be one of {ALIGN_PATHS} (or None to choose by size)")
+    if path != "torch" and (kernels is None or num_pairs == 0):
+        raise ValueError(f"align: path={path!r} needs the Triton kernels module and at least one pair")
+    if path == "one-program":
         return _align_fused(topk_ids, num_experts, block_m, kernels)
+    if path == "multi-program":
+        return _align_multi(topk_ids, num_experts, block_m, kernels)
     return _align_torch(topk_ids, num_experts, block_m)
 
 
@@ -86,7 +108,9 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _align_fused(topk_ids, num_experts, block_m, kernels) -> Alignment:
+def _align_fused(topk_ids, num_experts, block_m, kernels, routing=None) -> Alignment:
+    """One launch; routing = (router_logits, top_k, renormalize, route_weights): route first, in the same program,
+    writing topk_ids (int32 [T, k]) and route_weights (fp32 [T, k])."""
     device = topk_ids.device
     num_pairs = topk_ids.numel()
     num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
@@ -95,12 +119,60 @@ def _align_fused(topk_ids, num_experts, block_m, kernels) -> Alignment:
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
     padded_total = torch.empty(1, dtype=torch.int32, device=device)
     scratch = torch.empty(2 * e_block, dtype=torch.int32, device=device)
+    logits, top_k, renormalize, route_weights = routing or (scratch, 1, True, scratch)
     kernels.align_small_kernel[(1,)](
         topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch, num_pairs, num_blocks,
         E=num_experts, E_BLOCK=e_block, P_BLOCK=max(16, _pow2(num_pairs)), BLOCK_M=block_m,
         ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
+        logits_ptr=logits, weights_ptr=route_weights, stride_t=logits.stride(0), ROUTE=routing is not None,
+        T_BLOCK=max(2, _pow2(num_pairs // top_k)) if routing else 2, LOGITS_BLOCK=_pow2(num_experts), TOP_K=top_k,
+        K_BLOCK=_pow2(top_k), RENORMALIZE=bool(renormalize),
         num_warps=4 if num_pairs <= 512 else 8 if num_pairs <= 1024 else 16,  # one program sorts all pairs
     )
+    return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m)
+
+
+#: Up to this many tokens routing runs inside the one-program alignment (route_and_align: one launch, not two);
+#: its [T, E] logits tile lives in one program's registers.
+ROUTE_IN_ALIGN_TOKENS = 16
+
+
+def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int, block_m: int,
+                    kernels):
+    """(topk_ids int32 [T, k], topk_weights fp32 [T, k], Alignment) in one launch: `route` then `align`, with
+    route's selection and formulas, for 1 <= T <= ROUTE_IN_ALIGN_TOKENS."""
+    tokens = router_logits.shape[0]
+    if not 1 <= tokens <= ROUTE_IN_ALIGN_TOKENS:
+        raise ValueError(f"route_and_align: T={tokens} must lie in [1, {ROUTE_IN_ALIGN_TOKENS}]; call route "
+                         f"and align separately for other sizes")
+    logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
+    ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    al = _align_fused(ids, num_experts, block_m, kernels, (logits, top_k, renormalize, weights))
+    return ids, weights, al
+
+
+def _align_multi(topk_ids, num_experts, block_m, kernels) -> Alignment:
+    device = topk_ids.device
+    num_pairs = topk_ids.numel()
+    num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
+    num_chunks = -(-num_pairs // MULTI_ALIGN_CHUNK)
+    e_block = _pow2(num_experts + 1)  # one spare bin for the padding lanes (expert id E)
+    flat = topk_ids.reshape(-1)
+    sorted_pairs = torch.empty(num_blocks * block_m, dtype=torch.int32, device=device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
+    padded_total = torch.empty(1, dtype=torch.int32, device=device)
+    counts = torch.empty(num_chunks, e_block, dtype=torch.int32, device=device)
+    scratch = torch.empty(num_chunks, e_block, dtype=torch.int32, device=device)
+    rows = num_blocks * block_m
+    kernels.align_count_kernel[(num_chunks,)](
+        flat, counts, sorted_pairs, num_pairs, rows, -(-rows // num_chunks),
+        E=num_experts, E_BLOCK=e_block, CHUNK=MULTI_ALIGN_CHUNK, ROWS_CHUNK=256, num_warps=4)
+    kernels.align_scatter_kernel[(num_chunks,)](
+        flat, counts, scratch, sorted_pairs, block_expert, padded_total, num_pairs, num_chunks, num_blocks,
+        -(-num_blocks // num_chunks), E=num_experts, E_BLOCK=e_block, CHUNK=MULTI_ALIGN_CHUNK,
+        C_STEP=max(1, min(16, 4096 // e_block)), BLOCK_M=block_m, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
+        num_warps=4)
     return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m)
 
 

@@ -2,7 +2,9 @@
 
 Both are fixed-shape launches (no host sync, CUDA-graph safe). topk_route_kernel replaces torch's
 top-k + softmax (three kernels at decode sizes: a gather, a bitonic sort and a softmax) by one program
-per token; align_small_kernel sorts the (token, slot) pairs by expert in one program.
+per token; align_small_kernel sorts the (token, slot) pairs by expert in one program (at decode sizes
+routing them first, in the same launch); align_count_kernel + align_scatter_kernel are the two-launch
+multi-program alignment for more pairs. All sums are exact integer counts: the results never depend on timing.
 """
 
 from __future__ import annotations
@@ -42,14 +44,56 @@ def topk_route_kernel(logits_ptr, ids_ptr, weights_ptr, stride_t, E: tl.constexp
 
 
 @triton.jit
+def _route_tokens(logits_ptr, ids_ptr, weights_ptr, tokens, stride_t, E: tl.constexpr, T_BLOCK: tl.constexpr,
+                  E_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """topk_route_kernel for T_BLOCK tokens at once (rows of a [T_BLOCK, E_BLOCK] tile): same selection
+    (largest first, lowest index among equal logits) and formulas."""
+    t = tl.arange(0, T_BLOCK)
+    e = tl.arange(0, E_BLOCK)
+    t_ok = t < tokens
+    logits = tl.load(logits_ptr + t.to(tl.int64)[:, None] * stride_t + e[None, :],
+                     mask=t_ok[:, None] & (e < E)[None, :], other=-float("inf")).to(tl.float32)
+    logits = tl.where(t_ok[:, None], logits, 0.0)  # rows past T (never stored) stay finite: no inf - inf
+    slot = tl.arange(0, K_BLOCK)
+    top = tl.full([T_BLOCK, K_BLOCK], -float("inf"), tl.float32)
+    ids = tl.zeros([T_BLOCK, K_BLOCK], tl.int32)
+    work = logits
+    for j in tl.static_range(TOP_K):
+        best = tl.max(work, 1)
+        idx = tl.min(tl.where(work == best[:, None], e[None, :], E_BLOCK), 1)
+        top = tl.where(slot[None, :] == j, best[:, None], top)
+        ids = tl.where(slot[None, :] == j, idx[:, None], ids)
+        work = tl.where(e[None, :] == idx[:, None], -float("inf"), work)
+    if RENORMALIZE:
+        w = tl.exp(top - tl.max(top, 1)[:, None])  # unused slots hold -inf: weight 0
+        w = w / tl.sum(w, 1)[:, None]
+    else:
+        shift = tl.max(logits, 1)
+        w = tl.exp(top - shift[:, None]) / tl.sum(tl.exp(logits - shift[:, None]), 1)[:, None]
+    ok = t_ok[:, None] & (slot < TOP_K)[None, :]
+    where = t[:, None] * TOP_K + slot[None, :]
+    tl.store(ids_ptr + where, ids, mask=ok)
+    tl.store(weights_ptr + where, w, mask=ok)
+
+
+@triton.jit
 def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr, scratch_ptr, num_pairs,
                        num_blocks: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,
-                       BLOCK_M: tl.constexpr, ROWS_CHUNK: tl.constexpr, BLOCKS_CHUNK: tl.constexpr):
+                       BLOCK_M: tl.constexpr, ROWS_CHUNK: tl.constexpr, BLOCKS_CHUNK: tl.constexpr,
+                       logits_ptr, weights_ptr, stride_t, ROUTE: tl.constexpr, T_BLOCK: tl.constexpr,
+                       LOGITS_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
+                       RENORMALIZE: tl.constexpr):
     """_routing.align in one program (decode sizes: num_pairs <= P_BLOCK): one launch instead of ~20.
 
     Sorts keys expert * P_BLOCK + pair (unique, so the order inside an expert is the pair order),
     histograms the experts, and scatters each pair to padded_start[e] + its rank inside e.
+    ROUTE: first routes the num_pairs / TOP_K tokens from their logits as topk_route_kernel does (writing
+    ids_ptr and weights_ptr), so decode takes one launch for routing and alignment together.
     """
+    if ROUTE:
+        _route_tokens(logits_ptr, ids_ptr, weights_ptr, num_pairs // TOP_K, stride_t, E, T_BLOCK, LOGITS_BLOCK,
+                      TOP_K, K_BLOCK, RENORMALIZE)
+        tl.debug_barrier()  # the ids just written are read back below, by other threads of this program
     offs = tl.arange(0, P_BLOCK)
     expert = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E).to(tl.int32)
     bins = tl.arange(0, E_BLOCK)
@@ -75,3 +119,59 @@ def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total
         ends = tl.load(scratch_ptr + E_BLOCK + bins, mask=bins < E, other=2147483647)
         owner = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), 1)
         tl.store(block_expert_ptr + blocks, tl.minimum(owner, E - 1), mask=blocks < num_blocks)
+
+
+@triton.jit
+def align_count_kernel(ids_ptr, counts_ptr, sorted_pairs_ptr, num_pairs, total_rows, rows_per_program,
+                       E: tl.constexpr, E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, ROWS_CHUNK: tl.constexpr):
+    """Multi-program alignment, pass 1 (program c): the expert histogram of pairs [c*CHUNK, (c+1)*CHUNK) into
+    counts[c], and the sentinel num_pairs into its share of sorted_pairs (pass 2 overwrites the real rows)."""
+    c = tl.program_id(0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    expert = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E).to(tl.int32)
+    bins = tl.arange(0, E_BLOCK)
+    tl.store(counts_ptr + c * E_BLOCK + bins, tl.where(bins < E, tl.histogram(expert, E_BLOCK), 0))
+    first = c * rows_per_program
+    for r0 in range(0, rows_per_program, ROWS_CHUNK):
+        rows = first + r0 + tl.arange(0, ROWS_CHUNK)
+        tl.store(sorted_pairs_ptr + rows, num_pairs, mask=(rows < total_rows) & (rows < first + rows_per_program))
+
+
+@triton.jit
+def align_scatter_kernel(ids_ptr, counts_ptr, scratch_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr,
+                         num_pairs, num_chunks, num_blocks, blocks_per_program,
+                         E: tl.constexpr, E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, C_STEP: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCKS_CHUNK: tl.constexpr):
+    """Multi-program alignment, pass 2 (program c): pair p of chunk c goes to padded_start[e] + (pairs of e in
+    chunks before c) + (pairs of e before p inside c) - the stable counting sort of _routing._align_torch, each
+    count an exact integer sum. Program c also writes the experts of its share of row blocks; program 0 the total."""
+    c = tl.program_id(0)
+    bins = tl.arange(0, E_BLOCK)
+    total = tl.zeros([E_BLOCK], tl.int32)
+    before = tl.zeros([E_BLOCK], tl.int32)
+    for c0 in range(0, num_chunks, C_STEP):
+        cs = c0 + tl.arange(0, C_STEP)
+        tile = tl.load(counts_ptr + cs[:, None] * E_BLOCK + bins[None, :], mask=(cs < num_chunks)[:, None], other=0)
+        total += tl.sum(tile, 0)
+        before += tl.sum(tl.where((cs < c)[:, None], tile, 0), 0)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    tl.store(scratch_ptr + c * E_BLOCK + bins, padded_end - padded + before)  # first row of chunk c's pairs of e
+    if c == 0:
+        tl.store(padded_total_ptr, tl.sum(padded, 0))
+    tl.debug_barrier()
+    local = tl.arange(0, CHUNK)
+    offs = c * CHUNK + local
+    real = offs < num_pairs
+    expert = tl.load(ids_ptr + offs, mask=real, other=E).to(tl.int32)
+    same_before = (expert[:, None] == expert[None, :]) & (local[None, :] < local[:, None])
+    rank = tl.sum(same_before.to(tl.int32), 1)
+    dest = tl.load(scratch_ptr + c * E_BLOCK + expert, mask=real, other=0) + rank
+    tl.store(sorted_pairs_ptr + dest, offs, mask=real)
+    ends = tl.where(bins < E, padded_end, 2147483647)
+    first = c * blocks_per_program
+    for b0 in range(0, blocks_per_program, BLOCKS_CHUNK):  # expert of block b = #experts whose padded end <= b*BM
+        blocks = first + b0 + tl.arange(0, BLOCKS_CHUNK)
+        owner = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), 1)
+        tl.store(block_expert_ptr + blocks, tl.minimum(owner, E - 1),
+                 mask=(blocks < num_blocks) & (blocks < first + blocks_per_program))

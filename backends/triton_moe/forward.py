@@ -3,6 +3,7 @@
     moe_forward(x, weights, router_logits=... | topk_ids=..., topk_weights=...)
       1. route      top-k (+ softmax) as the emulation selects, one launch          _routing.route
       2. align      pairs sorted by expert, padded to BLOCK_M, no host sync         _routing.align
+                    (T <= 16 with router logits: 1 + 2 in one launch, _routing.route_and_align)
       3. GEMM1      gate/up tiles, FP4 dequantized in registers, bias, activation   _kernels.gemm1_act_kernel
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
@@ -20,7 +21,7 @@ import torch
 
 from backends.layouts.triton_moe import SCALE_BLOCK, TritonMoEWeights, triton_weights
 from backends.triton_moe import tuning
-from backends.triton_moe._routing import align, route
+from backends.triton_moe._routing import ROUTE_IN_ALIGN_TOKENS, align, route, route_and_align
 from backends.triton_moe.capabilities import ACTIVATIONS, require_triton_version
 from backends.weights import KernelWeights
 
@@ -66,6 +67,8 @@ def _check_inputs(x, w: TritonMoEWeights, activation):
 
 
 def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormalize):
+    """(topk_ids, fp32 topk_weights, k), checked; (None, None, k) when the routing runs inside the alignment
+    launch (router_logits at decode sizes on the Triton kernels: _routing.route_and_align)."""
     tokens, experts = x.shape[0], w.num_experts
     if (router_logits is None) == (topk_ids is None):
         _fail(ValueError, "pass exactly one routing input: router_logits (with top_k) or topk_ids (with topk_weights)")
@@ -82,7 +85,11 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
             _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {experts}] when routing from router_logits")
         if not router_logits.dtype.is_floating_point:
             _fail(TypeError, f"router_logits.dtype={router_logits.dtype} must be floating point (logits)")
-        return route(router_logits, top_k, renormalize, _kernels_for(x.device))
+        if 1 <= tokens <= ROUTE_IN_ALIGN_TOKENS:
+            _kernels_for(x.device)  # the CPU-without-interpreter error, before any launch
+            return None, None, top_k
+        ids, weights = route(router_logits, top_k, renormalize, _kernels_for(x.device))
+        return ids, weights, top_k
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype.is_floating_point or topk_ids.dim() != 2 \
             or topk_ids.shape[0] != tokens:
         _fail(ValueError, f"topk_ids must be an integer tensor [T={tokens}, k]")
@@ -97,7 +104,7 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
         low, high = int(topk_ids.min()), int(topk_ids.max())
         if low < 0 or high >= experts:
             _fail(ValueError, f"topk_ids must lie in [0, {experts}); got values in [{low}, {high}]")
-    return topk_ids, topk_weights.float()  # any integer dtype: the alignment reads it as is
+    return topk_ids, topk_weights.float(), topk_ids.shape[1]  # any integer dtype: the alignment reads it as is
 
 
 def moe_forward(
@@ -127,9 +134,9 @@ def moe_forward(
         _fail(TypeError, f"weights must be the KernelWeights of backends.layouts.triton_moe:converter (or its "
               f"TritonMoEWeights view), got {type(weights).__name__}; convert the checkpoint once with it")
     _check_inputs(x, weights, activation)
-    ids, route_w = _routing_inputs(x, weights, router_logits, topk_ids, topk_weights, top_k, renormalize)
+    ids, route_w, k = _routing_inputs(x, weights, router_logits, topk_ids, topk_weights, top_k, renormalize)
     tokens, hidden = x.shape
-    inter, experts, k = weights.intermediate_size, weights.num_experts, ids.shape[1]
+    inter, experts = weights.intermediate_size, weights.num_experts
     out = torch.empty_like(x)
     if tokens == 0:
         return out
@@ -138,7 +145,10 @@ def moe_forward(
         config = tuning.select_config(device_name=device_name, format=weights.format, tokens=tokens,
                                       experts=experts, top_k=k, hidden_size=hidden, intermediate_size=inter)
     kernels = _kernels_for(x.device)
-    al = align(ids, experts, config.gemm1.block_m, kernels)
+    if ids is None:  # decode with router logits: routing and alignment in one launch
+        ids, route_w, al = route_and_align(router_logits, k, renormalize, experts, config.gemm1.block_m, kernels)
+    else:
+        al = align(ids, experts, config.gemm1.block_m, kernels)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
             _scales_fold(weights))
