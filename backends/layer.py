@@ -29,6 +29,7 @@ from backends.emulation import GATED_ACTIVATIONS
 from backends.layouts.quant_config import build_quant_config, gemm1_constants
 from backends.weights import MoEWeights
 from oracle import OracleError, default_oracle
+from oracle.decision import describe_quant_config
 from oracle.log import LOGGER_NAME, DecisionLog
 from oracle.platform import detect_packages, detect_platform, env_snapshot
 from oracle.registry import RegistryError, resolve
@@ -264,8 +265,7 @@ class MoELayer:
         if d.converter is None and d.missing_why:
             lines.append(f"converter none ({d.missing_why})")
         if d.quant_config is not None:
-            lines.append(f"quant_config {d.quant_config['kind']} (weight {d.quant_config['weight']}, activation "
-                         f"{d.quant_config['activation']})")
+            lines.append(describe_quant_config(d.quant_config))
         if self.assembly is not None:
             lines.append(describe_assembly(self.assembly))
         lines.append("")

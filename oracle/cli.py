@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .api import Decision, Oracle
+from .decision import describe_quant_config
 from .errors import OracleError, RuleError
 from .facts import PLATFORM_KINDS
 from .tools.commands import global_options_first, package_version, set_quark, to_stderr
@@ -175,8 +176,7 @@ def _explain_text(d: Decision, scenario: dict[str, Any]) -> str:
         missing = f"   ({d.missing_why})" if d.missing_why and not (d.converter and d.runner) else ""
         lines.append(f"   converter {d.converter or 'none'}   runner {d.runner or 'none'}{missing}")
         if d.quant_config is not None:
-            fields = ", ".join(f"{k}={v}" for k, v in d.quant_config.items() if k != "kind")
-            lines.append(f"   quant_config {d.quant_config['kind']} ({fields})")
+            lines.append("   " + describe_quant_config(d.quant_config))
     lines.append("")
     render_lines(d.trace, lines)
     return "\n".join(lines)

@@ -153,3 +153,11 @@ def with_warnings(d: Decision, warnings: tuple[str, ...]) -> Decision:
 
 def error_decision(message: str) -> Decision:
     return Decision("error", error=message)
+
+
+def describe_quant_config(config: Mapping[str, Any]) -> str:
+    """One line for explain (CLI and layers alike): the kind, then each field; no activation format reads as
+    'unquantized' (weight-only kinds), not as None."""
+    fields = ", ".join(f"{key} {'unquantized' if value is None and key == 'activation' else value}"
+                       for key, value in config.items() if key != "kind")
+    return f"quant_config {config['kind']} ({fields})"

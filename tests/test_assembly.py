@@ -140,7 +140,7 @@ def test_a_runnable_layer_carries_its_assembly():
     assert (a.backend, a.kernel, a.inplace, a.shared_experts, a.activation_format) == (
         "EMULATION", "EmulationMoe", False, False, "standard")
     text = layer.explain()
-    assert "quant_config ocp-mx (weight mxfp4, activation None)" in text
+    assert "quant_config ocp-mx (weight mxfp4, activation unquantized" in text
     assert "standard format; never in place; shared experts outside the kernel" in text
     assert layer.forward(torch.zeros(1, 64), torch.zeros(1, 4)).shape == (1, 64)
 

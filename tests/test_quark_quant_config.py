@@ -183,7 +183,7 @@ def test_the_answer_and_explain_carry_the_scheme_kind(capsys, oracle):
     assert main(["explain", "--profile", "vllm-0.20", "--policy", "ocp-mx", "--platform", "cpu",
                  "--quark", "weight.dtype=fp4", "--quark", "weight.qscheme=per_group",
                  "--quark", "input.dtype=fp8_e4m3", "--quark", "input.is_dynamic=false"]) == 0
-    assert ("quant_config ocp-mx-w4a8 (weight=mxfp4, activation=fp8, input_scales=static, emulated_activation="
+    assert ("quant_config ocp-mx-w4a8 (weight mxfp4, activation fp8, input_scales static, emulated_activation "
             "{'gemm1': 'fp8_per_tensor_dynamic', 'gemm2': 'mxfp8', 'not_implemented': ") in capsys.readouterr().out
 
 
