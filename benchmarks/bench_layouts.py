@@ -213,6 +213,43 @@ def time_row(converter, label, backends, fmt, padded, w, copy, device, args, loo
             f"| {ms:.2f} | {gbps:.0f} | {share} | {loop_cells} |")
 
 
+def weight_kernel_rows(layers: dict, copy: float, device: str, args) -> list:
+    """The word-gather kernel alone (w13 and w2, padding and row order included) per kernel layout: what the
+    converters spend outside it (scales, biases, checks) is the difference to their batched row."""
+    from backends.layouts import _nibble_kernels as kernels
+
+    def marlin_weights(w, hidden, inter):
+        return (marlin._repack_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "checkpoint", w.I, inter)),
+                marlin._repack_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden)))
+
+    def sm90_weights(w, hidden, inter):
+        return (cutlass._sm90_interleave_fast(w.w13, 2 * inter, hidden,
+                                              kernels.w13_rows(w.gate_up, "up_gate", w.I, inter)),
+                cutlass._sm90_interleave_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden)))
+
+    def triton_moe_weights(w, hidden, inter):
+        return (triton_moe._split_halves_fast(w.w13, 2 * inter, hidden,
+                                              kernels.w13_rows(w.gate_up, "gate_up", w.I, inter)),
+                triton_moe._split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden)))
+
+    lines = ["| weight kernel alone | format | padded H x I | GB moved | ms | GB/s | % of copy |",
+             "|---|---|---|---|---|---|---|"]
+    for label, fn, fmt, (hidden, inter) in (("Marlin repack", marlin_weights, "mxfp4", (3072, 2944)),
+                                            ("Marlin repack", marlin_weights, "nvfp4", (2880, 2880)),
+                                            ("SM90 interleave", sm90_weights, "mxfp4", (2944, 2944)),
+                                            ("triton_moe split halves", triton_moe_weights, "mxfp4", (2880, 2880))):
+        w = layers[fmt]
+        outs = fn(w, hidden, inter)
+        moved = w.w13.numel() + w.w2.numel() + sum(o.numel() * o.element_size() for o in outs)
+        del outs
+        ms = median_ms(lambda w=w, fn=fn, h=hidden, i=inter: fn(w, h, i), device, 2, args.repeats)
+        gbps = moved / ms / 1e6
+        lines.append(f"| {label} | {fmt} | {hidden} x {inter} | {moved / 1e9:.2f} | {ms:.2f} | {gbps:.0f} "
+                     f"| {100 * gbps / copy:.0f}% |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -231,6 +268,7 @@ def main() -> None:
                         help="also time the grouped word kernel with these program shapes, comma-separated "
                              "GROUPS:WARPS:ROWS (groups of 4 output words per program, warps, the most output rows "
                              "per program when threads walk rows; see _nibble_kernels.GROUP_PROGRAM)")
+    parser.add_argument("--weight-kernels", help="also time the word-gather kernels alone; table to this file")
     args = parser.parse_args()
     device = args.device
     if args.primitives:
@@ -281,6 +319,9 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(table + "\n")
+    if args.weight_kernels:
+        with open(args.weight_kernels, "w") as f:
+            f.write("\n".join(weight_kernel_rows(layers, copy, device, args)) + "\n")
 
 
 if __name__ == "__main__":

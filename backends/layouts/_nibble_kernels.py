@@ -283,7 +283,7 @@ def _word_groups_at(row, col, cols: int, tile: tuple, step_r: tuple, step_c: tup
 
 #: the grouped kernel's program: groups (4 output words each) per program and warps; per-layout block shapes
 #: follow from the work order (benchmarks/README-layouts.md)
-GROUP_PROGRAM = {"groups": 1024, "warps": 8, "rows_fastest_rows": 32}
+GROUP_PROGRAM = {"groups": 512, "warps": 4, "rows_fastest_rows": 32}
 
 
 def _fitting_block(n: int, cap: int) -> int:
