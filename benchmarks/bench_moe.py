@@ -339,6 +339,9 @@ def main():
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
     p.add_argument("--report", metavar="JSON", help="print the markdown tables of a saved run (no GPU needed)")
     p.add_argument("--profile", action="store_true", help="also list each kernel's µs per layer call (eager)")
+    p.add_argument("--round3-paths", action="store_true", help="time round 3's launch paths: routing and alignment "
+                   "in separate launches, the split-K epilogue launch at every T, one-program alignment to 4096 pairs "
+                   "and torch above (records tagged bench-round3-paths)")
     p.add_argument("--align", action="store_true", help="only time the alignment paths at each shape and T")
     p.add_argument("--merge-sweep", nargs=3, metavar=("SWEEP_JSON", "TABLE_YAML", "OUT_YAML"),
                    help="rewrite the table's entries that a sweep beat (same-run times), write OUT_YAML; no GPU")
@@ -351,6 +354,12 @@ def main():
     if args.report:
         report(args.report)
         return
+    tag = "bench-round3-paths" if args.round3_paths else "bench"
+    if args.round3_paths:
+        from backends.triton_moe import _routing, forward
+
+        _routing.ROUTE_IN_ALIGN_TOKENS, forward.SPLIT_ACT_IN_GEMM2_TOKENS = 0, 0
+        _routing.SMALL_ALIGN_PAIRS = _routing.MULTI_ALIGN_PAIRS = 4096
     torch.manual_seed(0)
     started = time.perf_counter()
     gpu = torch.cuda.get_device_name()
@@ -434,7 +443,7 @@ def main():
                     f"{name[:40]} {us:.1f}" for name, us in row["kernels_us"]) + f"; sum "
                     f"{sum(us for _, us in row['kernels_us']):.1f} vs graph {us:.1f}", flush=True)
             rows.append(row)
-            _save(args.out, "bench", gpu, (bw, copy, read, mm), rows)  # after every row: a cut-off run keeps its rows
+            _save(args.out, tag, gpu, (bw, copy, read, mm), rows)  # after every row: a cut-off run keeps its rows
             emu = f"{row['emulation_us'] / us:.1f}x" if "emulation_us" in row else "-"
             grp = f"{row['grouped_bf16_us'] / us:.2f}x" if "grouped_bf16_us" in row else "-"
             print(f"| {tokens} | {touched} | {us:.1f} | {row['floor_fraction']:.2f} | {row['tflops']:.1f} | "
@@ -442,7 +451,7 @@ def main():
         kw = ckpt = baseline = None
         torch.cuda.empty_cache()
     if args.out:
-        _save(args.out, "sweep" if args.sweep else "bench", gpu, (bw, copy, read, mm), rows)
+        _save(args.out, "sweep" if args.sweep else tag, gpu, (bw, copy, read, mm), rows)
         if args.sweep and rows:
             import yaml
 

@@ -5,6 +5,7 @@
       2. align      pairs sorted by expert, padded to BLOCK_M, no host sync         _routing.align
                     (T <= 16 with router logits: 1 + 2 in one launch, _routing.route_and_align)
       3. GEMM1      gate/up tiles, FP4 dequantized in registers, bias, activation   _kernels.gemm1_act_kernel
+                    (split-K: fp32 slices, summed + activated by an epilogue, or at T <= 4 by GEMM2's loads)
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
 Tiles come from tuning (configs/*.yaml, per GPU and shape bucket); a config's split_k > 1 splits a GEMM's
@@ -20,8 +21,8 @@ from importlib.metadata import version
 import torch
 
 from backends.layouts.triton_moe import SCALE_BLOCK, TritonMoEWeights, triton_weights
-from backends.triton_moe import tuning
-from backends.triton_moe._routing import ROUTE_IN_ALIGN_TOKENS, align, route, route_and_align
+from backends.triton_moe import _routing, tuning
+from backends.triton_moe._routing import align, route, route_and_align
 from backends.triton_moe.capabilities import ACTIVATIONS, require_triton_version
 from backends.weights import KernelWeights
 
@@ -85,7 +86,7 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
             _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {experts}] when routing from router_logits")
         if not router_logits.dtype.is_floating_point:
             _fail(TypeError, f"router_logits.dtype={router_logits.dtype} must be floating point (logits)")
-        if 1 <= tokens <= ROUTE_IN_ALIGN_TOKENS:
+        if 1 <= tokens <= _routing.ROUTE_IN_ALIGN_TOKENS:
             _kernels_for(x.device)  # the CPU-without-interpreter error, before any launch
             return None, None, top_k
         ids, weights = route(router_logits, top_k, renormalize, _kernels_for(x.device))
@@ -182,9 +183,15 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
     return verdict
 
 
+#: Up to this many tokens a split-K GEMM1's slice sum + activation run inside GEMM2's activation loads (every
+#: GEMM2 column block recomputes them: cheap for a few rows, saves a launch); above, in their own epilogue launch.
+SPLIT_ACT_IN_GEMM2_TOKENS = 4
+
+
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids (four with
-    split-K GEMM1, whose activation runs in a separate epilogue after the fixed-order slice sum)."""
+    split-K GEMM1 above SPLIT_ACT_IN_GEMM2_TOKENS, whose activation then runs in a separate epilogue after the
+    fixed-order slice sum)."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -199,7 +206,9 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
 
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
-    h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
+    # split-K GEMM1 at decode: GEMM2 makes its activation tiles from the partials (no epilogue launch, no h)
+    split_act = c1.split_k > 1 and tokens <= SPLIT_ACT_IN_GEMM2_TOKENS
+    h = torch.empty(1 if split_act else rows, inter, dtype=torch.bfloat16, device=x.device)
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
@@ -215,7 +224,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages,
     )
-    if c1.split_k > 1:
+    if c1.split_k > 1 and not split_act:
         epi_n = 256
         kernels.gemm1_split_epilogue_kernel[(al.num_blocks, _cdiv(inter, epi_n))](
             part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, num_pairs, inter,
@@ -230,10 +239,12 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         num_pairs, al.num_blocks, inter, hidden,
         h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
         weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
+        part, gs13, b13, part.stride(0), part.stride(1), b13.stride(0), *swiglu,
         SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2), EVEN_K=_even_k(inter, c2),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
-        DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
+        DOT_FP32=interpreted, USE_ASM=not interpreted, SPLIT_ACT=split_act, SPLIT1=c1.split_k, ACTIVATION=act_id,
+        HAS_BIAS1=weights.w13_bias is not None, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](
