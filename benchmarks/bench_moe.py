@@ -340,8 +340,8 @@ def main():
     p.add_argument("--report", metavar="JSON", help="print the markdown tables of a saved run (no GPU needed)")
     p.add_argument("--profile", action="store_true", help="also list each kernel's µs per layer call (eager)")
     p.add_argument("--round3-paths", action="store_true", help="time round 3's launch paths: routing and alignment "
-                   "in separate launches, the split-K epilogue launch at every T, one-program alignment to 4096 pairs "
-                   "and torch above (records tagged bench-round3-paths)")
+                   "in separate launches, one-program alignment to 4096 pairs and torch above (records tagged "
+                   "bench-round3-paths)")
     p.add_argument("--align", action="store_true", help="only time the alignment paths at each shape and T")
     p.add_argument("--merge-sweep", nargs=3, metavar=("SWEEP_JSON", "TABLE_YAML", "OUT_YAML"),
                    help="rewrite the table's entries that a sweep beat (same-run times), write OUT_YAML; no GPU")
@@ -358,7 +358,7 @@ def main():
     if args.round3_paths:
         from backends.triton_moe import _routing, forward
 
-        _routing.ROUTE_IN_ALIGN_TOKENS, forward.SPLIT_ACT_IN_GEMM2_TOKENS = 0, 0
+        _routing.ROUTE_IN_ALIGN_LOGITS, forward.SPLIT_ACT_IN_GEMM2_TOKENS = 0, 0
         _routing.SMALL_ALIGN_PAIRS = _routing.MULTI_ALIGN_PAIRS = 4096
     torch.manual_seed(0)
     started = time.perf_counter()

@@ -36,7 +36,7 @@ CASES = {
     "nvfp4-silu-k-tail-split-k": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "split"),
     "mxfp4-silu-top1-split-k": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk", "split"),
     "mxfp4-default-config": ("mxfp4", 8, 2, 64, 64, "swigluoai", True, 5, "interleaved", "logits", None),
-    # T <= 4: GEMM2 makes the activation from GEMM1's split-K partials (no epilogue launch)
+    # also run with GEMM2 making the activation from GEMM1's split-K partials (no epilogue launch): same bits
     "mxfp4-swigluoai-bias-split-act": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 3, "interleaved", "logits",
                                        "split"),
     "nvfp4-silu-split-act": ("nvfp4", 8, 2, 64, 128, "silu", True, 4, "contiguous", "softmax_topk", "split"),
@@ -83,13 +83,13 @@ def _run_case(name: str, spec) -> dict:
     stats = compare(out, ref, rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
                     atol_rms_units=elementwise["atol"])
     stats["bit_identical_rerun"] = torch.equal(out.view(torch.int16), again.view(torch.int16))
-    if config_name == "split" and tokens <= forward.SPLIT_ACT_IN_GEMM2_TOKENS:  # vs the epilogue launch: same bits
-        fused_limit, forward.SPLIT_ACT_IN_GEMM2_TOKENS = forward.SPLIT_ACT_IN_GEMM2_TOKENS, 0
+    if name.endswith("split-act"):  # GEMM2 making the activation from the split-K partials (off by default)
+        default_limit, forward.SPLIT_ACT_IN_GEMM2_TOKENS = forward.SPLIT_ACT_IN_GEMM2_TOKENS, tokens
         try:
-            epilogue = moe_forward(x, kw, **route, **activation_kwargs(shape), config=configs[config_name])
+            fused = moe_forward(x, kw, **route, **activation_kwargs(shape), config=configs[config_name])
         finally:
-            forward.SPLIT_ACT_IN_GEMM2_TOKENS = fused_limit
-        stats["split_act_same_bits_as_epilogue"] = torch.equal(out.view(torch.int16), epilogue.view(torch.int16))
+            forward.SPLIT_ACT_IN_GEMM2_TOKENS = default_limit
+        stats["split_act_same_bits_as_epilogue"] = torch.equal(out.view(torch.int16), fused.view(torch.int16))
     return stats
 
 

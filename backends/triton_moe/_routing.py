@@ -66,11 +66,13 @@ class Alignment:
     block_m: int
 
 
-#: Up to this many (token, slot) pairs the alignment runs as one Triton program (one launch).
-SMALL_ALIGN_PAIRS = 1024
-#: Above SMALL_ALIGN_PAIRS and up to this many pairs: two launches of MULTI_ALIGN_CHUNK-pair programs; beyond,
-#: torch ops (each pass-2 program re-reads every chunk's histogram, which grows with the pairs squared).
-MULTI_ALIGN_PAIRS = 16384
+#: Up to this many (token, slot) pairs the alignment runs as one Triton program (one launch); above, the
+#: two-launch multi-program path up to MULTI_ALIGN_PAIRS, then torch ops. From bench_moe.py --align on an H200
+#: (benchmarks/gpu/moe-align-h200.log, µs one-program / multi / torch): 256 pairs 9.8 / 11.1 / 81; 512 pairs
+#: 20.1 / 11.8; 1024: 14.8 / 9.8; 4096: 53.2 / 10.9 / 99; 32768: multi 21.7 / torch 137 (beyond: not measured;
+#: each pass-2 program re-reads every chunk's histogram, which grows with the pairs squared).
+SMALL_ALIGN_PAIRS = 256
+MULTI_ALIGN_PAIRS = 32768
 MULTI_ALIGN_CHUNK = 128
 ALIGN_PATHS = ("one-program", "multi-program", "torch")
 
@@ -132,19 +134,22 @@ def _align_fused(topk_ids, num_experts, block_m, kernels, routing=None) -> Align
     return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m)
 
 
-#: Up to this many tokens routing runs inside the one-program alignment (route_and_align: one launch, not two);
-#: its [T, E] logits tile lives in one program's registers.
-ROUTE_IN_ALIGN_TOKENS = 16
+#: Routing runs inside the one-program alignment (route_and_align: one launch, not two) while T * E <= this: its
+#: [T, E] logits tile lives in one program. H200 (moe-bench-h200-*.log), route + align kernel µs, separate ->
+#: fused: E=128 T=1 4.3 -> 3.6, T=4 4.0 -> 3.2, T=16 5.4 -> 5.6; E=256 T=1 5.2 -> 5.2, T=4 6.3 -> 7.1,
+#: T=16 11.4 -> 16.4 (each fused launch also saves a launch gap, ~1 µs).
+ROUTE_IN_ALIGN_LOGITS = 512
 
 
 def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int, block_m: int,
                     kernels):
     """(topk_ids int32 [T, k], topk_weights fp32 [T, k], Alignment) in one launch: `route` then `align`, with
-    route's selection and formulas, for 1 <= T <= ROUTE_IN_ALIGN_TOKENS."""
+    route's selection and formulas, for T >= 1 with T * E <= 4096 (one program holds the logits; by default
+    only T * E <= ROUTE_IN_ALIGN_LOGITS takes this path: see there)."""
     tokens = router_logits.shape[0]
-    if not 1 <= tokens <= ROUTE_IN_ALIGN_TOKENS:
-        raise ValueError(f"route_and_align: T={tokens} must lie in [1, {ROUTE_IN_ALIGN_TOKENS}]; call route "
-                         f"and align separately for other sizes")
+    if not 1 <= tokens or tokens * num_experts > 4096:
+        raise ValueError(f"route_and_align: T={tokens} with E={num_experts} must have 1 <= T and T * E <= 4096; "
+                         f"call route and align separately for other sizes")
     logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)

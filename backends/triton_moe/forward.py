@@ -3,9 +3,9 @@
     moe_forward(x, weights, router_logits=... | topk_ids=..., topk_weights=...)
       1. route      top-k (+ softmax) as the emulation selects, one launch          _routing.route
       2. align      pairs sorted by expert, padded to BLOCK_M, no host sync         _routing.align
-                    (T <= 16 with router logits: 1 + 2 in one launch, _routing.route_and_align)
+                    (router logits with T * E <= 512: 1 + 2 in one launch, _routing.route_and_align)
       3. GEMM1      gate/up tiles, FP4 dequantized in registers, bias, activation   _kernels.gemm1_act_kernel
-                    (split-K: fp32 slices, summed + activated by an epilogue, or at T <= 4 by GEMM2's loads)
+                    (split-K: fp32 slices, summed + activated by an epilogue launch)
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
 Tiles come from tuning (configs/*.yaml, per GPU and shape bucket); a config's split_k > 1 splits a GEMM's
@@ -86,7 +86,7 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
             _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {experts}] when routing from router_logits")
         if not router_logits.dtype.is_floating_point:
             _fail(TypeError, f"router_logits.dtype={router_logits.dtype} must be floating point (logits)")
-        if 1 <= tokens <= _routing.ROUTE_IN_ALIGN_TOKENS:
+        if 1 <= tokens and tokens * experts <= _routing.ROUTE_IN_ALIGN_LOGITS:
             _kernels_for(x.device)  # the CPU-without-interpreter error, before any launch
             return None, None, top_k
         ids, weights = route(router_logits, top_k, renormalize, _kernels_for(x.device))
@@ -183,9 +183,11 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
     return verdict
 
 
-#: Up to this many tokens a split-K GEMM1's slice sum + activation run inside GEMM2's activation loads (every
-#: GEMM2 column block recomputes them: cheap for a few rows, saves a launch); above, in their own epilogue launch.
-SPLIT_ACT_IN_GEMM2_TOKENS = 4
+#: Up to this many tokens a split-K GEMM1's slice sum + activation would run inside GEMM2's activation loads
+#: (one launch fewer, same bits). Off (0): on an H200 it made GEMM2 8.4x slower at T = 1 (gpt-oss-120b 12.9 ->
+#: 108.9 µs, DeepSeek NVFP4 38.8 -> 252.4; moe-bench-h200-round4.log): every GEMM2 column program re-reads the fp32
+#: slices and re-runs the activation in its K loop. Kept, tested, for a cheaper scheme (e.g. one program per row).
+SPLIT_ACT_IN_GEMM2_TOKENS = 0
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded):
