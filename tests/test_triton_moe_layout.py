@@ -177,3 +177,41 @@ def test_an_older_triton_is_refused_with_the_fix(found, ok):
     else:
         with pytest.raises(ImportError, match=rf"needs triton >= 3\.4, found {found}; pip install 'triton>=3\.4'"):
             require_triton_version(found)
+
+
+@pytest.fixture
+def poisoned_new_empty(monkeypatch):
+    """Every buffer from Tensor.new_empty starts as 0xA5 bytes, so a converter that leaves padding unwritten fails."""
+    allocate = torch.Tensor.new_empty
+
+    def poisoned(self, *args, **kwargs):
+        out = allocate(self, *args, **kwargs)
+        out.view(torch.uint8).fill_(0xA5)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+
+
+@pytest.mark.parametrize("gate_up", ["interleaved", "contiguous"])
+@pytest.mark.parametrize("fmt, logical, padded", [
+    ("mxfp4", (96, 32), (192, 64)),     # 3 and 1 scale bytes per row: tail words padded, rows padded
+    ("nvfp4", (48, 80), (64, 128)),     # odd sizes padded up
+    ("mxfp4", (64, 64), (64, 64)),      # unpadded, 2 bytes per row
+    ("mxfp4", (2880, 192), (2944, 256)),  # gpt-oss's 90 bytes per row (not whole words), padded
+    ("nvfp4", (192, 128), (192, 128)),  # whole words, unpadded
+], ids=["mx-padded", "nv-odd", "mx-unpadded", "mx-90-bytes", "nv-whole-words"])
+@pytest.mark.parametrize("experts", [0, 1, 3])
+def test_one_pass_scale_words_match_the_definition(poisoned_new_empty, fmt, logical, padded, gate_up, experts):
+    """The CUDA converter's one-copy scale words (`_scale_words_fast`, run here on CPU) hold the bytes of
+    `_to_words` of the padded, de-interleaved scales (the pure-torch converter), padding included."""
+    from backends.layouts.triton_moe import _scale_words_fast
+
+    from layout_cases import random_layer
+
+    w = random_layer(fmt, experts=experts, hidden=logical[0], inter=logical[1], gate_up=gate_up, seed=experts + 11)
+    reference = to_kernel_layout(**w.pad(*padded).emulation_kwargs())
+    words = _scale_words_fast(w, *padded)
+    for name in ("w13_scale", "w2_scale"):
+        expected = getattr(reference, name)
+        assert words[name].dtype == expected.dtype and words[name].shape == expected.shape, name
+        assert torch.equal(words[name].reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)), name
