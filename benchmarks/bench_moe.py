@@ -356,9 +356,9 @@ def main():
         return
     tag = "bench-round3-paths" if args.round3_paths else "bench"
     if args.round3_paths:
-        from backends.triton_moe import _routing, forward
+        from backends.triton_moe import _routing
 
-        _routing.ROUTE_IN_ALIGN_LOGITS, forward.SPLIT_ACT_IN_GEMM2_TOKENS = 0, 0
+        _routing.ROUTE_IN_ALIGN_LOGITS = 0
         _routing.SMALL_ALIGN_PAIRS = _routing.MULTI_ALIGN_PAIRS = 4096
     torch.manual_seed(0)
     started = time.perf_counter()

@@ -155,24 +155,6 @@ def test_cuda_split_k_matches_emulation_and_is_bit_identical(name, tokens):
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 4])
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
-def test_cuda_split_k_activation_in_gemm2_gives_the_epilogue_bits(monkeypatch, name, tokens):
-    """GEMM2 summing GEMM1's split-K partials and applying the activation itself (one launch fewer; off by default,
-    slower on an H200): the same bits as the separate epilogue launch, hence the emulation's values."""
-    from backends.triton_moe import forward, tuning
-
-    config = tuning.MoEConfig(tuning.LaunchConfig(16, 64, 128, 1, True, 4, 4, split_k=4),
-                              tuning.LaunchConfig(16, 32, 128, 1, True, 4, 3, split_k=2), "test")
-    epilogue, ref = run_both(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)
-    assert_matches_emulation(epilogue, ref)
-    monkeypatch.setattr(forward, "SPLIT_ACT_IN_GEMM2_TOKENS", tokens)
-    fused, _ = run_both(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)
-    assert torch.equal(fused.view(torch.int16), epilogue.view(torch.int16))
-
-
-@requires_cuda
-@pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [3, 300])
 def test_cuda_folded_and_unfolded_scales_give_the_same_bits(monkeypatch, tokens):
     """The one-FMA dequantization (2^126 folded into the E8M0 scale) and the two-FMA one agree bit for bit,

@@ -255,9 +255,10 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def _act_values(acc_g, acc_u, expert, offs_n, col_ok, gs_ptr, bias_ptr, N: tl.constexpr, stride_be, alpha, beta,
-                limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """GEMM1's epilogue math on full-K fp32 sums [rows, cols]: global scale, bias, activation (fp32)."""
+def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
+               stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
+               HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h."""
     if NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_pair): undo it, exactly
         global_scale = tl.load(gs_ptr + expert)
         acc_g = acc_g * 65536.0 / global_scale
@@ -272,36 +273,8 @@ def _act_values(acc_g, acc_u, expert, offs_n, col_ok, gs_ptr, bias_ptr, N: tl.co
         h = (acc_u + beta) * acc_g / (1.0 + tl.exp(-alpha * acc_g))
     else:  # silu-and-mul
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    return h
-
-
-@triton.jit
-def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
-               stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
-               HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
-    """GEMM1's epilogue on full-K sums [rows, cols]: global scale, bias, activation, bf16 store to h."""
-    h = _act_values(acc_g, acc_u, expert, offs_n, col_ok, gs_ptr, bias_ptr, N, stride_be, alpha, beta, limit,
-                    NVFP4, ACTIVATION, HAS_BIAS)
     h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
     tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
-
-
-@triton.jit
-def _split_act_tile(part_ptr, offs_m, col, mask, expert, gs_ptr, bias_ptr, stride_ps, stride_pm, stride_be,
-                    alpha, beta, limit, K: tl.constexpr, SPLIT1: tl.constexpr, NVFP4: tl.constexpr,
-                    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
-    """GEMM2's activation tile [rows, cols] computed from GEMM1's split-K partials, exactly as
-    gemm1_split_epilogue_kernel would have stored it to h (same order s = 0, 1, ..., same math, same bf16 rounding);
-    0 where `mask` is off."""
-    p_ptrs = part_ptr + offs_m.to(tl.int64)[:, None] * stride_pm + col[None, :]
-    acc_g = tl.zeros(p_ptrs.shape, dtype=tl.float32)
-    acc_u = tl.zeros(p_ptrs.shape, dtype=tl.float32)
-    for s in tl.static_range(SPLIT1):
-        acc_g += tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0)
-        acc_u += tl.load(p_ptrs + s * stride_ps + K, mask=mask, other=0.0)
-    h = _act_values(acc_g, acc_u, expert, col, col < K, gs_ptr, bias_ptr, K, stride_be, alpha, beta, limit,
-                    NVFP4, ACTIVATION, HAS_BIAS)
-    return _round_bf16(tl.where(mask, h, 0.0), INTERPRETED)
 
 
 @triton.jit
@@ -426,18 +399,15 @@ def gemm2_kernel(
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
     stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os,
-    part_ptr, gs1_ptr, bias1_ptr, stride_ps, stride_pm, stride_be1, alpha, beta, limit,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
-    SPLIT_ACT: tl.constexpr, SPLIT1: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS1: tl.constexpr,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
 
     SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] (bias in slice 0 only); the
-    top-k sum kernel adds the slices in fixed order. SPLIT_ACT: GEMM1 ran split-K (SPLIT1 slices) and no
-    epilogue launch; each activation tile is made here from its partials (_split_act_tile, same bits as h).
+    top-k sum kernel adds the slices in fixed order.
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -450,17 +420,7 @@ def gemm2_kernel(
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        if SPLIT_ACT:
-            b = tl.arange(0, BLOCK_K // 2)
-            col = k0 + 64 * (b // 32) + b % 32  # _act_halves' columns
-            a_lo = _split_act_tile(part_ptr, offs_m, col, row_ok[:, None] & (col < K)[None, :], expert, gs1_ptr,
-                                   bias1_ptr, stride_ps, stride_pm, stride_be1, alpha, beta, limit, K, SPLIT1, NVFP4,
-                                   ACTIVATION, HAS_BIAS1, DOT_FP32)
-            a_hi = _split_act_tile(part_ptr, offs_m, col + 32, row_ok[:, None] & (col + 32 < K)[None, :], expert,
-                                   gs1_ptr, bias1_ptr, stride_ps, stride_pm, stride_be1, alpha, beta, limit, K,
-                                   SPLIT1, NVFP4, ACTIVATION, HAS_BIAS1, DOT_FP32)
-        else:
-            a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
                                   SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)

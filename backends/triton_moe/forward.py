@@ -183,17 +183,11 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
     return verdict
 
 
-#: Up to this many tokens a split-K GEMM1's slice sum + activation would run inside GEMM2's activation loads
-#: (one launch fewer, same bits). Off (0): on an H200 it made GEMM2 8.4x slower at T = 1 (gpt-oss-120b 12.9 ->
-#: 108.9 µs, DeepSeek NVFP4 38.8 -> 252.4; moe-bench-h200-round4.log): every GEMM2 column program re-reads the fp32
-#: slices and re-runs the activation in its K loop. Kept, tested, for a cheaper scheme (e.g. one program per row).
-SPLIT_ACT_IN_GEMM2_TOKENS = 0
-
-
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded):
-    """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids (four with
-    split-K GEMM1 above SPLIT_ACT_IN_GEMM2_TOKENS, whose activation then runs in a separate epilogue after the
-    fixed-order slice sum)."""
+    """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids (four with a
+    split-K GEMM1, whose activation runs in a separate epilogue after the fixed-order slice sum; folding that
+    epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200, because every
+    GEMM2 column program re-reads the fp32 slices: benchmarks/README-moe.md, round 4)."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -208,9 +202,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
 
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
-    # split-K GEMM1 at decode: GEMM2 makes its activation tiles from the partials (no epilogue launch, no h)
-    split_act = c1.split_k > 1 and tokens <= SPLIT_ACT_IN_GEMM2_TOKENS
-    h = torch.empty(1 if split_act else rows, inter, dtype=torch.bfloat16, device=x.device)
+    h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
@@ -226,7 +218,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages,
     )
-    if c1.split_k > 1 and not split_act:
+    if c1.split_k > 1:
         epi_n = 256
         kernels.gemm1_split_epilogue_kernel[(al.num_blocks, _cdiv(inter, epi_n))](
             part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, num_pairs, inter,
@@ -241,12 +233,10 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         num_pairs, al.num_blocks, inter, hidden,
         h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
         weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
-        part, gs13, b13, part.stride(0), part.stride(1), b13.stride(0), *swiglu,
         SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2), EVEN_K=_even_k(inter, c2),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
-        DOT_FP32=interpreted, USE_ASM=not interpreted, SPLIT_ACT=split_act, SPLIT1=c1.split_k, ACTIVATION=act_id,
-        HAS_BIAS1=weights.w13_bias is not None, num_warps=c2.num_warps, num_stages=c2.num_stages,
+        DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](
