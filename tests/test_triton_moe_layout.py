@@ -21,6 +21,8 @@ from backends.layouts.triton_moe import (
 from backends.triton_moe import _routing, tuning
 from backends.triton_moe.testing import Shape, random_checkpoint
 
+from conftest import requires_cuda
+
 SMALL_MX = Shape("mx", "mxfp4", 4, 2, 64, 64, "swigluoai", True)
 SMALL_NV = Shape("nv", "nvfp4", 4, 2, 128, 64, "silu", True)
 
@@ -179,6 +181,14 @@ def test_an_older_triton_is_refused_with_the_fix(found, ok):
             require_triton_version(found)
 
 
+def _on_cuda(w):
+    """The same checkpoint with every tensor on the GPU."""
+    import dataclasses
+
+    return dataclasses.replace(w, **{f.name: getattr(w, f.name).cuda() for f in dataclasses.fields(w)
+                                     if isinstance(getattr(w, f.name), torch.Tensor)})
+
+
 @pytest.fixture
 def poisoned_new_empty(monkeypatch):
     """Every buffer from Tensor.new_empty starts as 0xA5 bytes, so a converter that leaves padding unwritten fails."""
@@ -201,16 +211,18 @@ def poisoned_new_empty(monkeypatch):
     ("nvfp4", (192, 128), (192, 128)),  # whole words, unpadded
 ], ids=["mx-padded", "nv-odd", "mx-unpadded", "mx-90-bytes", "nv-whole-words"])
 @pytest.mark.parametrize("experts", [0, 1, 3])
+@requires_cuda
 def test_one_pass_scale_words_match_the_definition(poisoned_new_empty, fmt, logical, padded, gate_up, experts):
-    """The CUDA converter's one-copy scale words (`_scale_words_fast`, run here on CPU) hold the bytes of
-    `_to_words` of the padded, de-interleaved scales (the pure-torch converter), padding included."""
+    """The CUDA converter's one-pass scale words (`_scale_words_fast`, a Triton kernel; on CPU the same kernel
+    runs under the interpreter in tests/test_layout_kernels.py) hold the bytes of `_to_words` of the padded,
+    de-interleaved scales (the pure-torch converter), padding included, whatever the row pitch."""
     from backends.layouts.triton_moe import _scale_words_fast
 
     from layout_cases import random_layer
 
     w = random_layer(fmt, experts=experts, hidden=logical[0], inter=logical[1], gate_up=gate_up, seed=experts + 11)
     reference = to_kernel_layout(**w.pad(*padded).emulation_kwargs())
-    words = _scale_words_fast(w, *padded)
+    words = {name: t.cpu() for name, t in _scale_words_fast(_on_cuda(w), *padded).items()}
     for name in ("w13_scale", "w2_scale"):
         expected = getattr(reference, name)
         assert words[name].dtype == expected.dtype and words[name].shape == expected.shape, name

@@ -381,6 +381,26 @@ def gather_words(spec: WordGather, src: torch.Tensor, out: torch.Tensor, *, n_sl
         D1R=d1r, D1C=d1c, D2R=d2r, D2C=d2c, D3R=d3r, D3C=d3c, BR=br, BC=bc, num_warps=8)
 
 
+def scale_words(src: torch.Tensor, rows: RowMap, out_rows: int, chunks: int) -> torch.Tensor:
+    """triton_moe's scale words: [E, R, G] uint8 checkpoint scale bytes -> [E, chunks, out_rows] int32, word
+    (c, r) = padded bytes (r, 4c .. 4c + 3) with rows through `rows` and zero padding, in one pass (the
+    definition is triton_moe._to_words of the padded scales)."""
+    from backends.layouts._nibble_triton import scale_words_kernel
+
+    src = src.contiguous()
+    experts = src.shape[0]
+    out = src.new_empty((experts, chunks, out_rows), dtype=torch.int32)
+    if experts == 0 or out.numel() == 0:
+        return out
+    bc = min(32, 1 << max(0, (chunks - 1).bit_length()))
+    br = 128
+    grid = (experts, -(-out_rows // br), -(-chunks // bc))
+    scale_words_kernel[grid](src, out, src[0].numel(), src.shape[-1], rows.seg, rows.logical, rows.step,
+                             rows.offsets[0], rows.offsets[1], src.shape[-1], out_rows, chunks, out[0].numel(),
+                             BC=bc, BR=br, num_warps=4)
+    return out
+
+
 def padded_side_tensors(w, hidden: int, inter: int, order: str, *, scales: bool = True) -> dict:
     """The block scales and biases of ``w.pad(hidden, inter)``, w13's rows in `order` ('checkpoint', 'gate_up'
     or 'up_gate'), without padding the weights (the kernel reads those unpadded): one strided copy each

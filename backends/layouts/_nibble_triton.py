@@ -212,3 +212,24 @@ def permute_scales_kernel(src_ptr, dst_ptr, perm_ptr, lut_ptr, worst_ptr, n, gro
         tl.store(worst_ptr + program, worst)
         value = tl.load(lut_ptr + value.to(tl.int32), mask=mask, other=0)
     tl.store(dst_ptr + base + (g * n)[:, None] + p[None, :], value, mask=mask)
+
+
+@triton.jit
+def scale_words_kernel(src_ptr, dst_ptr, src_expert_stride, src_row_stride, seg, logical_rows, row_step, row_off0,
+                       row_off1, logical_cols, rows, chunks, dst_expert_stride, BC: tl.constexpr, BR: tl.constexpr):
+    """dst[e, c, r] (int32) = the padded scale bytes (r, 4c .. 4c + 3), little-endian: the transposed word
+    buffer of triton_moe's layout in one pass (rows through the row map, zeros in the padding), whatever the
+    row pitch (gpt-oss's 90-byte MXFP4 scale rows are no whole words); stores run along r."""
+    expert = tl.program_id(0)
+    r = (tl.program_id(1) * BR + tl.arange(0, BR))[None, :]
+    c = (tl.program_id(2) * BC + tl.arange(0, BC))[:, None]
+    ok = (c < chunks) & (r < rows)
+    base = expert.to(tl.int64) * src_expert_stride
+    word = _source_byte(src_ptr, base, r, 4 * c, ok, src_row_stride, seg, logical_rows, row_step, row_off0,
+                        row_off1, logical_cols)
+    for b in tl.static_range(1, 4):
+        byte = _source_byte(src_ptr, base, r, 4 * c + b, ok, src_row_stride, seg, logical_rows, row_step,
+                            row_off0, row_off1, logical_cols)
+        word = word | (byte << (8 * b))
+    dst = dst_ptr + expert.to(tl.int64) * dst_expert_stride + c * rows + r
+    tl.store(dst, word.to(tl.int32, bitcast=True), mask=ok)

@@ -17,7 +17,7 @@ The checkpoint's gpt-oss interleaving (even rows gate, odd rows up) is undone on
 same permutation on scales and biases, so the kernel loads a gate tile and an up tile at rows n and I+n.
 On CUDA the split halves (with padding and the [gate; up] order, in `TritonMoELayout`) are one Triton word
 gather (`_nibble_kernels`) derived from `_split_halves_torch`, the definition and the CPU/meta path; the scale
-words are one strided copy per tensor into the final word buffer (`_placed_words`; `_to_words` is the definition).
+words are one Triton pass per tensor into the final word buffer (`_scale_words_fast`; `_to_words` is the definition).
 """
 
 from __future__ import annotations
@@ -144,33 +144,16 @@ def _to_words(scale_bytes: torch.Tensor, fmt: str) -> torch.Tensor:
     return words.transpose(1, 2).contiguous()
 
 
-def _placed_words(scale: torch.Tensor, fmt: str, name: str, runs, rows: int, k: int, cols: int) -> torch.Tensor:
-    """_to_words of the padded, reordered scales in one strided copy: the [E, ceil(K/C), rows] word buffer,
-    viewed as bytes [E, rows, chunk, byte], takes the checkpoint's scale rows (`runs`, a function of the
-    [E, R, cols] scale bytes) as 4-byte words, and zeros only where nothing lands (padded rows, the columns
-    >= `cols`); no zero-filled copy, no transpose pass. Same bytes as _to_words(pad + reorder)."""
-    from backends.layouts.placement import RowCol, build
-
-    source = _scale_bytes(scale, fmt, name)
-    chunks = -(-(k // SCALE_BLOCK[fmt]) // 4)
-
-    def view(out: torch.Tensor) -> RowCol:
-        return RowCol.of(out.view(torch.uint8), (chunks, rows, 4), (1, 0, 2), 1)
-
-    return build(source, (source.shape[0], chunks, rows), view, runs, cols, dtype=torch.int32)
-
-
 def _scale_words_fast(w: MoEWeights, hidden: int, inter: int) -> dict:
-    """w13_scale and w2_scale words of ``w.pad(hidden, inter)`` in the [gate; up] order, one pass each."""
-    from backends.layouts.gate_up import gate_up_runs, rows_runs
-
-    block = w.block_size
+    """w13_scale and w2_scale words of ``w.pad(hidden, inter)`` in the [gate; up] order: one Triton pass each
+    (`_nibble_kernels.scale_words`), byte for byte `_to_words` of the padded scales."""
     return {
-        "w13_scale": _placed_words(w.w13_scale, w.format, "w13_scale",
-                                   lambda t: gate_up_runs(t, w.gate_up, "contiguous", inter),
-                                   2 * inter, hidden, w.H // block),
-        "w2_scale": _placed_words(w.w2_scale, w.format, "w2_scale", lambda t: rows_runs(t, hidden),
-                                  hidden, inter, w.I // block)}
+        "w13_scale": kernels.scale_words(_scale_bytes(w.w13_scale, w.format, "w13_scale"),
+                                         kernels.w13_rows(w.gate_up, "gate_up", w.I, inter), 2 * inter,
+                                         -(-(hidden // SCALE_BLOCK[w.format]) // 4)),
+        "w2_scale": kernels.scale_words(_scale_bytes(w.w2_scale, w.format, "w2_scale"),
+                                        kernels.plain_rows(w.H, hidden), hidden,
+                                        -(-(inter // SCALE_BLOCK[w.format]) // 4))}
 
 
 def _from_words(words: torch.Tensor, fmt: str, k: int) -> torch.Tensor:
