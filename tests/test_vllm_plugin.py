@@ -31,6 +31,7 @@ from vllm_simulation import (
     fake_platform,
     full_moe,
     golden_questions,
+    patched_in_a_fresh_process,
     random_question,
     vllm_answer,
 )
@@ -301,23 +302,9 @@ def test_vllms_plugin_loader_activates_the_plugin_and_uninstall_restores_vllm(ma
 @requires_vllm_020
 def test_opting_in_before_vllm_imports_its_selectors_patches_them_on_import(tmp_path):
     """A fresh vLLM process: the plugin loads first, the selector modules come later (as in a real server)."""
-    import os
-    import subprocess
-
-    script = tmp_path / "fresh.py"
-    script.write_text(
-        "import sys, vllm.plugins\n"
-        "vllm.plugins.load_general_plugins()\n"
-        f"assert {RELEASE.selectors[0].module!r} not in sys.modules, 'the plugin imported the selectors'\n"
-        "from vllm.model_executor.layers.quantization import modelopt, mxfp4\n"
-        "for fn in (mxfp4.select_gpt_oss_mxfp4_moe_backend, mxfp4.select_mxfp4_moe_backend,\n"
-        "           modelopt.select_nvfp4_moe_backend):\n"
-        "    print('PATCHED', fn.__name__, fn._moe_oracle_selector.policy)\n")
-    env = {**os.environ, plugin.RULES_ENV: "vllm-0.20", "PYTHONPATH": os.pathsep.join(sys.path)}
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
-                         check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
-    patched = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("PATCHED ")]
+    patched, output = patched_in_a_fresh_process(
+        tmp_path, RELEASE, "vllm-0.20",
+        ("mxfp4.select_gpt_oss_mxfp4_moe_backend", "mxfp4.select_mxfp4_moe_backend", "modelopt.select_nvfp4_moe_backend"))
     assert patched == [["select_gpt_oss_mxfp4_moe_backend", "mxfp4-gpt-oss"], ["select_mxfp4_moe_backend", "mxfp4"],
                        ["select_nvfp4_moe_backend", "nvfp4"]]
-    assert "select_nvfp4_moe_backend (on import)" in run.stdout + run.stderr
+    assert "select_nvfp4_moe_backend (on import)" in output

@@ -30,6 +30,7 @@ from vllm_simulation import (
     fake_platform,
     full_moe,
     golden_questions,
+    patched_in_a_fresh_process,
     random_question_033,
     vllm_answer,
 )
@@ -230,24 +231,10 @@ def test_033_plugin_loader_activates_the_plugin_and_uninstall_restores_vllm(mach
 @requires_vllm_033
 def test_033_opting_in_before_vllm_imports_its_selectors_patches_them_on_import(tmp_path):
     """A fresh vLLM 0.33 process: the plugin loads first, the renamed selectors are patched when vLLM imports them."""
-    import os
-    import subprocess
-
-    script = tmp_path / "fresh.py"
-    script.write_text(
-        "import sys, vllm.plugins\n"
-        "vllm.plugins.load_general_plugins()\n"
-        f"assert {RELEASE.selectors[0].module!r} not in sys.modules, 'the plugin imported the selectors'\n"
-        "from vllm.model_executor.layers.quantization import modelopt, mxfp4\n"
-        "for fn in (mxfp4.select_mxfp4_moe_backend, mxfp4.select_deepseek_v4_mxfp4_moe_backend,\n"
-        "           modelopt.select_nvfp4_moe_backend):\n"
-        "    print('PATCHED', fn.__name__, fn._moe_oracle_selector.policy)\n")
-    env = {**os.environ, plugin.RULES_ENV: "vllm-0.33", "PYTHONPATH": os.pathsep.join(sys.path)}
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
-                         check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
-    patched = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("PATCHED ")]
+    patched, output = patched_in_a_fresh_process(
+        tmp_path, RELEASE, "vllm-0.33",
+        ("mxfp4.select_mxfp4_moe_backend", "mxfp4.select_deepseek_v4_mxfp4_moe_backend", "modelopt.select_nvfp4_moe_backend"))
     assert patched == [["select_mxfp4_moe_backend", "mxfp4"],
                        ["select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4"],
                        ["select_nvfp4_moe_backend", "nvfp4"]]
-    assert "select_deepseek_v4_mxfp4_moe_backend (on import)" in run.stdout + run.stderr
+    assert "select_deepseek_v4_mxfp4_moe_backend (on import)" in output

@@ -140,6 +140,32 @@ def assert_patched_then_restored(release, originals: dict, uninstall) -> None:
             assert getattr(sys.modules[where], sel.name) is originals[sel.name], f"{where}.{sel.name}"
 
 
+def patched_in_a_fresh_process(tmp_path, release, rules: str, functions: tuple[str, ...]):
+    """A fresh Python with MOE_ORACLE_RULES=`rules`: vLLM's plugins load first and the selectors' modules come
+    later (as in a real server). Returns ([[function name, policy], ...] as the patched `functions` of vLLM's
+    quantization modules `modelopt` / `mxfp4` report them, the process's stdout + stderr); fails if the plugin
+    imported the selectors itself or the process failed."""
+    import os
+    import subprocess
+
+    from oracle.integrations import vllm as plugin
+
+    script = tmp_path / "fresh.py"
+    script.write_text(
+        "import sys, vllm.plugins\n"
+        "vllm.plugins.load_general_plugins()\n"
+        f"assert {release.selectors[0].module!r} not in sys.modules, 'the plugin imported the selectors'\n"
+        "from vllm.model_executor.layers.quantization import modelopt, mxfp4\n"
+        f"for fn in ({', '.join(functions)},):\n"
+        "    print('PATCHED', fn.__name__, fn._moe_oracle_selector.policy)\n")
+    env = {**os.environ, plugin.RULES_ENV: rules, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    patched = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("PATCHED ")]
+    return patched, run.stdout + run.stderr
+
+
 class SimulatedMachine:
     """vLLM's real Python on a machine without a GPU; platform, package probes and env set per question.
 
