@@ -154,6 +154,19 @@ def time_layer(fn, flush, iters):
     return _events_ms(graph.replay, flush, iters) * 1e3  # µs
 
 
+def decode_wide_candidates(tokens):
+    """Round-5 additions for T <= 16, where the decode GEMMs run few warps per SM (latency-bound at T = 1): more
+    split-K slices (8, 16) and 4-warp swap-AB tiles, so more warps share each expert's K loop."""
+    L = tuning.LaunchConfig
+    if tokens > 16:
+        return []
+    bases = (L(16, 64, 128, 1, True, 2, 3), L(16, 64, 64, 1, True, 2, 4), L(16, 32, 64, 1, True, 1, 4),
+             L(16, 64, 64, 1, True, 4, 4), L(16, 64, 128, 1, True, 4, 3), L(16, 128, 64, 1, True, 4, 4))
+    more_splits = ((8, 4), (8, 8)) if tokens <= 4 else ((4, 4), (8, 4))
+    return [(dataclasses.replace(c, split_k=s1), dataclasses.replace(c, split_k=s2))
+            for c in bases for s1, s2 in (((1, 1), (4, 4), (8, 4)) if c.num_warps == 4 else more_splits)]
+
+
 def sweep_candidates(tokens):
     """Launch configs worth timing at this T. Decode: swap-AB 16-token tiles; 1-2 warps (mma.sync) beat
     4-8 (wgmma) there, with split-K for the few-token sizes; middle: swap-AB and 32-64-row tiles;
@@ -334,6 +347,8 @@ def main():
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--sweep", action="store_true", help="time sweep_candidates() per T instead of the table")
+    p.add_argument("--decode-wide", action="store_true", help="--sweep: time the committed entry and "
+                   "decode_wide_candidates() only (more split-K, 4-warp decode tiles)")
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--budget-s", type=float, default=1e9, help="sweep: stop starting candidates after this")
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
@@ -397,7 +412,8 @@ def main():
                                                  hidden_size=shape.hidden_size,
                                                  intermediate_size=shape.intermediate_size)
                 # the committed entry first: merge_sweep compares every candidate against it in the same run
-                for c1, c2 in dict.fromkeys([(table_cfg.gemm1, table_cfg.gemm2), *sweep_candidates(tokens)]):
+                candidates = decode_wide_candidates(tokens) if args.decode_wide else sweep_candidates(tokens)
+                for c1, c2 in dict.fromkeys([(table_cfg.gemm1, table_cfg.gemm2), *candidates]):
                     if time.perf_counter() - started > args.budget_s:
                         break
                     cfg = tuning.MoEConfig(c1, c2, "sweep")

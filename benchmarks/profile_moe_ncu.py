@@ -1,0 +1,164 @@
+"""Hardware-counter profile of the Triton MoE layer's kernels with Nsight Compute (ncu): what limits each regime.
+
+Issue 17 asks for a note per regime on what limits it (memory, launch, compute, occupancy) from measurement.
+For each (shape, T) this runs ncu on one layer call (after a warm-up that compiles everything; only the call
+between cudaProfilerStart/Stop is profiled, L2 flushed before each replayed pass as ncu does by default) and
+condenses the counters per kernel: DRAM throughput, issue-slot use, achieved occupancy, ALU/FMA/tensor pipe
+use and the top warp-stall reasons (warps stalled per issued instruction).
+
+    python benchmarks/profile_moe_ncu.py --out DIR                      # ncu over the default cases (needs ncu)
+    python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:1,deepseek-nvfp4:256 --out DIR
+    python benchmarks/profile_moe_ncu.py --report DIR                   # re-render the tables of a saved run
+
+Clocks are left alone (`--clock-control none`), as the device notes ask; ncu's replay makes absolute times
+somewhat longer than a CUDA graph's, so read the fractions, not the µs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = ("gpt-oss-120b:1", "gpt-oss-120b:64", "gpt-oss-120b:1024", "gpt-oss-120b:16384",
+         "deepseek-nvfp4:1", "deepseek-nvfp4:16", "deepseek-nvfp4:256", "deepseek-nvfp4:4096")
+#: ncu's own sections (their metric names are the tool's, so no name here can be unknown to it) ...
+SECTIONS = ("SpeedOfLight", "Occupancy", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis", "LaunchStats")
+#: ... plus a few counters they may not hold (dropped again if this ncu does not know one of them).
+EXTRA_METRICS = "dram__bytes_read.sum,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active"
+#: Stall reasons: warps stalled per issued instruction, or else program-counter samples per reason.
+STALL = re.compile(r"smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)(?:_per_issue_active)?\.ratio$")
+STALL_SAMPLES = re.compile(r"smsp__pcsamp_warps_issue_stalled_(\w+)$")
+PIPE = re.compile(r"sm__inst_executed_pipe_(\w+)\.avg\.pct_of_peak_sustained_active$")
+
+
+def run_case(shape_name: str, tokens: int) -> None:
+    """Build the layer, warm it up, then run one call inside cudaProfilerStart/Stop (what ncu captures)."""
+    import torch
+
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe import moe_forward
+    from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
+
+    torch.manual_seed(0)
+    shape = SHAPES[shape_name]
+    weights = to_kernel_layout(**random_checkpoint(shape, device="cuda"))
+    x = torch.randn(tokens, shape.hidden_size, device="cuda").bfloat16()
+    logits = torch.randn(tokens, shape.experts, device="cuda")
+    for _ in range(2):
+        moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape))
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape))
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def profile(cases, out: str) -> None:
+    ncu = shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))), None)
+    if ncu is None:
+        sys.exit("profile_moe_ncu: ncu not found on PATH or under /opt/nvidia/nsight-compute; install Nsight Compute")
+    os.makedirs(out, exist_ok=True)
+    for case in cases:
+        shape_name, tokens = case.split(":")
+        path = os.path.join(out, f"ncu-{shape_name}-T{tokens}.csv")
+        base = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw"]
+        target = [sys.executable, os.path.abspath(__file__), "--run", case]
+        sections = [arg for name in SECTIONS for arg in ("--section", name)]
+        for what in (sections + ["--metrics", EXTRA_METRICS], sections):
+            done = subprocess.run(base + what + target, capture_output=True, text=True)
+            with open(path, "w") as f:
+                f.write(done.stdout)
+            if done.returncode == 0 and _rows(path):
+                break
+            print(f"# {case}: ncu exited {done.returncode} ({len(what)} args): {done.stderr[-1500:]}", flush=True)
+        print(render(case, path), flush=True)
+
+
+def _rows(path: str) -> list[dict]:
+    """ncu --csv --page raw: a header row, a units row, then one row per profiled kernel launch."""
+    text = open(path).read()
+    start = text.find('"ID"')
+    if start < 0:
+        return []
+    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    return [r for r in rows[1:] if r.get("Kernel Name")]
+
+
+def _num(row: dict, key: str) -> float | None:
+    try:
+        return float(str(row.get(key, "")).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def render(case: str, path: str) -> str:
+    rows = _rows(path)
+    if not rows:
+        return f"\n### {case}\n\n(no ncu rows in {os.path.basename(path)})"
+    pipes = [("alu", "ALU"), ("fma", "FMA"), ("fmaheavy", "FMA-heavy"), ("fp16", "FP16"), ("lsu", "LSU"),
+             ("tensor_op_hmma", "mma.sync"), ("tensor_op_gmma", "wgmma")]
+    head = ["kernel", "grid", "block", "regs", "µs (ncu)", "DRAM % peak", "GB read", "SM % peak", "issue % active",
+            "occupancy %", "warps active / eligible per scheduler", "pipes % (of active cycles)", "top stalls"]
+    lines = [f"\n### {case}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        stalls = [(m.group(1), _num(r, k)) for k in r if (m := STALL.match(k)) and _num(r, k) is not None]
+        unit = "warps per issue"
+        if not stalls:  # sampled: share of the samples per reason
+            samples = [(m.group(1), _num(r, k)) for k in r if (m := STALL_SAMPLES.match(k)) and _num(r, k)]
+            total = sum(v for _, v in samples) or 1.0
+            stalls, unit = [(name, v / total) for name, v in samples], "share of samples"
+        stalls.sort(key=lambda kv: -kv[1])
+        pipe_use = {m.group(1): _num(r, k) for k in r if (m := PIPE.match(k))}
+        pipe_cells = [f"{label} {pipe_use[key]:.0f}" for key, label in pipes
+                      if pipe_use.get(key) is not None and pipe_use[key] >= 1.0]
+
+        def fmt(key, scale=1.0, digits=1, row=r):
+            v = _num(row, key)
+            return "-" if v is None else f"{v * scale:.{digits}f}"
+
+        lines.append("| " + " | ".join([
+            r["Kernel Name"][:28], r.get("launch__grid_size", "-"), r.get("launch__block_size", "-"),
+            r.get("launch__registers_per_thread", "-"), fmt("gpu__time_duration.sum", 1e-3),
+            fmt("dram__throughput.avg.pct_of_peak_sustained_elapsed", 1, 0), fmt("dram__bytes_read.sum", 1e-9, 3),
+            fmt("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1, 0),
+            fmt("smsp__issue_active.avg.pct_of_peak_sustained_active", 1, 0),
+            fmt("sm__warps_active.avg.pct_of_peak_sustained_active", 1, 0),
+            fmt("smsp__warps_active.avg.per_cycle_active") + " / "
+            + fmt("smsp__warps_eligible.avg.per_cycle_active", 1, 2),
+            ", ".join(pipe_cells) or "-",
+            (", ".join(f"{name} {v:.2f}" for name, v in stalls[:4] if v >= 0.05) + f" ({unit})") if stalls else "-",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated SHAPE:T")
+    p.add_argument("--out", default=None, help="directory for the raw ncu CSV per case")
+    p.add_argument("--report", metavar="DIR", help="render the tables of a saved run (no GPU needed)")
+    p.add_argument("--run", metavar="SHAPE:T", help=argparse.SUPPRESS)  # the process ncu profiles
+    args = p.parse_args()
+    if args.run:
+        shape_name, tokens = args.run.split(":")
+        run_case(shape_name, int(tokens))
+    elif args.report:
+        for path in sorted(glob.glob(os.path.join(args.report, "ncu-*.csv"))):
+            case = os.path.basename(path)[4:-4].replace("-T", ":")
+            print(render(case, path))
+    else:
+        if not args.out:
+            p.error("--out DIR is required to profile (the raw CSVs are kept there)")
+        profile(args.cases.split(","), args.out)
+
+
+if __name__ == "__main__":
+    main()
