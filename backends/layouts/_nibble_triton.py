@@ -12,14 +12,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _source_byte(src_ptr, expert_base, prow, pcol, ok, src_row_stride, seg, logical_rows, row_step, row_off0,
-                 row_off1, logical_cols):
-    """The checkpoint byte at padded (row, col), 0 in the padding: padded rows [k*seg, k*seg + logical_rows)
-    of segment k come from checkpoint rows local * row_step + row_off_k."""
+def _source_row(prow, pcol, ok, seg, logical_rows, row_step, row_off0, row_off1, logical_cols):
+    """The row map (`_nibble_kernels.RowMap`), one place for the three loads below: (checkpoint row, valid) of
+    padded (row, col). Padded rows [k*seg, k*seg + logical_rows) of segment k come from checkpoint rows
+    local * row_step + row_off_k; valid is False in the padding (and where not ok), where the loads read 0."""
     upper = prow >= seg
     local = prow - tl.where(upper, seg, 0)
     row = local * row_step + tl.where(upper, row_off1, row_off0)
-    valid = ok & (local < logical_rows) & (pcol < logical_cols)
+    return row, ok & (local < logical_rows) & (pcol < logical_cols)
+
+
+@triton.jit
+def _source_byte(src_ptr, expert_base, prow, pcol, ok, src_row_stride, seg, logical_rows, row_step, row_off0,
+                 row_off1, logical_cols):
+    """The checkpoint byte at padded (row, col), 0 in the padding."""
+    row, valid = _source_row(prow, pcol, ok, seg, logical_rows, row_step, row_off0, row_off1, logical_cols)
     value = tl.load(src_ptr + expert_base + row * src_row_stride + pcol, mask=valid, other=0)
     return value.to(tl.uint32)
 
@@ -71,10 +78,7 @@ def gather_words_kernel(src_ptr, dst_ptr, table_ptr, moves_ptr,
 @triton.jit
 def _source_word(src_ptr, expert_base, prow, pcol, ok, src_row_words, seg, logical_rows, row_step, row_off0,
                  row_off1, logical_cols):
-    upper = prow >= seg
-    local = prow - tl.where(upper, seg, 0)
-    row = local * row_step + tl.where(upper, row_off1, row_off0)
-    valid = ok & (local < logical_rows) & (pcol < logical_cols)
+    row, valid = _source_row(prow, pcol, ok, seg, logical_rows, row_step, row_off0, row_off1, logical_cols)
     value = tl.load(src_ptr + expert_base + row * src_row_words + (pcol >> 2), mask=valid, other=0)
     return value.to(tl.uint32, bitcast=True)
 
@@ -116,10 +120,7 @@ def _permuted(word, LEFT: tl.constexpr, RIGHT: tl.constexpr, NL: tl.constexpr, N
 def _source_pair(src_ptr, expert_base, prow, pcol, ok, src_row_pairs, seg, logical_rows, row_step, row_off0,
                  row_off1, logical_cols):
     """The 8 source bytes at padded (row, col), col % 8 == 0, as (low int32 word, high int32 word)."""
-    upper = prow >= seg
-    local = prow - tl.where(upper, seg, 0)
-    row = local * row_step + tl.where(upper, row_off1, row_off0)
-    valid = ok & (local < logical_rows) & (pcol < logical_cols)
+    row, valid = _source_row(prow, pcol, ok, seg, logical_rows, row_step, row_off0, row_off1, logical_cols)
     value = tl.load(src_ptr + expert_base + row * src_row_pairs + (pcol >> 3), mask=valid, other=0)
     value = value.to(tl.uint64, bitcast=True)
     return (value & 0xFFFFFFFF).to(tl.uint32), (value >> 32).to(tl.uint32)
