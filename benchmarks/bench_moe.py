@@ -48,6 +48,9 @@ PEERS = {
     },
 }
 GIB = 1 << 30
+#: First line of every tuning table written here: backends/triton_moe/configs/ ships tuning.schema.json (a copy of
+#: schemas/, tested identical), so editors resolve it from the table's own directory, in a checkout or installed.
+TUNING_MODELINE = "# yaml-language-server: $schema=./tuning.schema.json\n"
 
 
 def _events_ms(fn, flush, iters):
@@ -165,6 +168,23 @@ def decode_wide_candidates(tokens):
     more_splits = ((8, 4), (8, 8)) if tokens <= 4 else ((4, 4), (8, 4))
     return [(dataclasses.replace(c, split_k=s1), dataclasses.replace(c, split_k=s2))
             for c in bases for s1, s2 in (((1, 1), (4, 4), (8, 4)) if c.num_warps == 4 else more_splits)]
+
+
+def prefill_swap_candidates(tokens):
+    """Round-5 additions for T >= 1024: swap-AB prefill tiles (weights as wgmma's A operand, straight from the
+    dequantizing registers; the plain tiles store them to shared memory and wait at a barrier, which ncu shows as
+    the top stall there)."""
+    L = tuning.LaunchConfig
+    if tokens < 1024:
+        return []
+    tiles = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (64, 128, 64, 4, 4),
+             (128, 128, 64, 4, 3), (128, 64, 64, 4, 4), (256, 64, 64, 8, 3), (128, 128, 128, 8, 3))
+    return [(L(bm, bn, bk, 8, True, w, st), L(bm, bn, bk, 8, True, w, st)) for bm, bn, bk, w, st in tiles]
+
+
+CANDIDATES = {"default": lambda tokens: sweep_candidates(tokens),
+              "decode-wide": lambda tokens: decode_wide_candidates(tokens),
+              "prefill-swap": lambda tokens: prefill_swap_candidates(tokens)}
 
 
 def sweep_candidates(tokens):
@@ -325,7 +345,7 @@ def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: fl
             changes.append((name, tokens, current[0]["us"], best["us"]))
     tuning.validate_table(table, "merged sweep")
     with open(out_path, "w") as f:
-        f.write("# yaml-language-server: $schema=../../../schemas/tuning.schema.json\n")
+        f.write(TUNING_MODELINE)
         yaml.safe_dump(table, f, sort_keys=False, width=120)
     return changes
 
@@ -347,8 +367,8 @@ def main():
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--sweep", action="store_true", help="time sweep_candidates() per T instead of the table")
-    p.add_argument("--decode-wide", action="store_true", help="--sweep: time the committed entry and "
-                   "decode_wide_candidates() only (more split-K, 4-warp decode tiles)")
+    p.add_argument("--candidates", choices=("default", "decode-wide", "prefill-swap"), default="default",
+                   help="--sweep: which candidate set to time after the committed entry (default: sweep_candidates)")
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--budget-s", type=float, default=1e9, help="sweep: stop starting candidates after this")
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
@@ -412,7 +432,7 @@ def main():
                                                  hidden_size=shape.hidden_size,
                                                  intermediate_size=shape.intermediate_size)
                 # the committed entry first: merge_sweep compares every candidate against it in the same run
-                candidates = decode_wide_candidates(tokens) if args.decode_wide else sweep_candidates(tokens)
+                candidates = CANDIDATES[args.candidates](tokens)
                 for c1, c2 in dict.fromkeys([(table_cfg.gemm1, table_cfg.gemm2), *candidates]):
                     if time.perf_counter() - started > args.budget_s:
                         break
@@ -426,6 +446,8 @@ def main():
                         continue
                     rows.append({"shape": name, "tokens": tokens, "gemm1": c1.__dict__, "gemm2": c2.__dict__,
                                  "us": us, "floor_fraction": floor_us / us})
+                    print(f"#   T={tokens} {c1} / {c2}: {us:.1f} us", flush=True)
+                    _save(args.out, "sweep", gpu, (bw, copy, read, mm), rows)  # a cut-off sweep keeps its rows
                     if best is None or us < best[0]:
                         best = (us, c1, c2)
                 if best:
@@ -473,7 +495,7 @@ def main():
 
             name = gpu.lower().replace(" ", "-")
             with open(os.path.join(args.out, f"{name}.yaml"), "w") as f:
-                f.write("# yaml-language-server: $schema=../../../schemas/tuning.schema.json\n")
+                f.write(TUNING_MODELINE)
                 yaml.safe_dump(tuned_table(gpu, rows, list(map(int, args.tokens.split(",")))), f, sort_keys=False,
                                width=120)
 
