@@ -1,5 +1,6 @@
 """Rules away from the source tree (issue 14 item 6): a copied rules directory keeps editor modelines that
-resolve, and `explain` of an installed package names the rule files where they really are."""
+resolve, and `explain` of an installed package names the rule files where they really are. The same holds for
+the other YAML that ships with a modeline: the triton_moe tuning tables and the example plugin."""
 from __future__ import annotations
 
 import importlib.util
@@ -31,6 +32,21 @@ def _schema_named_by(rule_file: Path) -> Path:
     return (rule_file.parent / found.group(1)).resolve()  # editors resolve a relative $schema from the file
 
 
+#: schema copies shipped next to YAML outside rules/ (path in the checkout -> its source under schemas/); a copy
+#: is refreshed with `moe-oracle schema NAME > PATH`
+SCHEMA_COPIES = {
+    "backends/triton_moe/configs/tuning.schema.json": "tuning.schema.json",
+    "examples/acme_moe_plugin/acme_moe/plugin.schema.json": "plugin.schema.json",
+    "examples/acme_moe_plugin/acme_moe/rules.schema.json": "rules.schema.json",
+}
+#: directories whose YAML files name those copies: directory -> {file pattern: schema under schemas/}
+MODELINE_DIRECTORIES = {
+    "backends/triton_moe/configs": {"*.yaml": "tuning.schema.json"},
+    "examples/acme_moe_plugin/acme_moe": {"moe_oracle_plugin.yaml": "plugin.schema.json",
+                                          "rules/*.yaml": "rules.schema.json"},
+}
+
+
 def _expected_schema(rule_file: Path) -> str:
     return "profiles.schema.json" if rule_file.name == "profiles.yaml" else "rules.schema.json"
 
@@ -51,6 +67,53 @@ def test_every_modeline_resolves_to_the_same_schema_in_a_copied_rules_directory(
         target = _schema_named_by(f)
         assert target.is_file() and target.is_relative_to(copy), f"{f}: $schema points outside the copy: {target}"
         assert json.loads(target.read_text()) == json.loads((SCHEMAS / _expected_schema(f)).read_text()), f
+
+
+@pytest.mark.parametrize("copy", sorted(SCHEMA_COPIES))
+def test_schema_copies_outside_rules_are_identical_to_schemas(copy):
+    name = SCHEMA_COPIES[copy]
+    assert (ROOT / copy).read_bytes() == (SCHEMAS / name).read_bytes(), (
+        f"{copy} differs from schemas/{name}; copy it: moe-oracle schema {name.removesuffix('.schema.json')} > {copy}")
+
+
+@pytest.mark.parametrize("directory", sorted(MODELINE_DIRECTORIES))
+def test_modelines_resolve_inside_a_copy_of_their_directory(tmp_path, directory):
+    """A copied (or installed) tuning-table directory or plugin package keeps modelines that resolve within it."""
+    copy = tmp_path / "elsewhere" / Path(directory).name
+    shutil.copytree(ROOT / directory, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    checked = set()
+    for pattern, schema in MODELINE_DIRECTORIES[directory].items():
+        files = sorted(copy.glob(pattern))
+        assert files, f"{directory}: no file matches {pattern}"
+        for f in files:
+            target = _schema_named_by(f)
+            assert target.is_file() and target.is_relative_to(copy), f"{f}: $schema points outside the copy: {target}"
+            assert json.loads(target.read_text()) == json.loads((SCHEMAS / schema).read_text()), f
+            checked.add(f)
+    unchecked = sorted(str(f.relative_to(copy)) for f in copy.rglob("*.yaml") if f not in checked)
+    assert not unchecked, f"{directory}: YAML files no pattern of MODELINE_DIRECTORIES covers: {unchecked}"
+
+
+def test_the_sweep_merge_writes_the_tuning_tables_modeline(tmp_path):
+    """benchmarks/bench_moe.py's writer puts TUNING_MODELINE first: the same line as the shipped tables, resolving
+    in configs/ (an empty sweep changes no entry, so the written table is the input's)."""
+    pytest.importorskip("torch", reason="benchmarks/bench_moe.py imports torch")
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("bench_moe", ROOT / "benchmarks" / "bench_moe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "backends" / "triton_moe" / "configs", configs)
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"rows": []}))
+    out = configs / "merged.yaml"
+    assert bench.merge_sweep(str(sweep), str(configs / "default.yaml"), str(out)) == []
+    first = out.read_text().splitlines()[0]
+    assert first + "\n" == bench.TUNING_MODELINE
+    assert {f.read_text().splitlines()[0] for f in configs.glob("*.yaml")} == {first}
+    assert _schema_named_by(out) == (configs / "tuning.schema.json").resolve()
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load((configs / "default.yaml").read_text())
 
 
 def test_schema_write_puts_the_modeline_schemas_into_a_directory(tmp_path, capsys):
@@ -123,3 +186,7 @@ def test_explain_of_a_non_editable_install_names_its_rule_files(tmp_path):
     _locations_exist(proc.stdout, cwd, embedded)
     for f in sorted(embedded.rglob("*.yaml")):  # the installed rules' modelines resolve there too
         assert _schema_named_by(f).is_file(), f
+    tables = sorted((site.parent / "backends" / "triton_moe" / "configs").glob("*.yaml"))
+    assert tables, "the wheel has no tuning tables"
+    for f in tables:  # and so do the installed tuning tables'
+        assert _schema_named_by(f) == (f.parent / "tuning.schema.json").resolve() and _schema_named_by(f).is_file(), f
