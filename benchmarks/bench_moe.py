@@ -173,13 +173,21 @@ def decode_wide_candidates(tokens):
 def prefill_swap_candidates(tokens):
     """Round-5 additions for T >= 1024: swap-AB prefill tiles (weights as wgmma's A operand, straight from the
     dequantizing registers; the plain tiles store them to shared memory and wait at a barrier, which ncu shows as
-    the top stall there)."""
+    the top stall there). A first sweep (benchmarks/gpu/moe-sweep-h200-prefill-swap.*) found 64x128 and 128x64
+    4-warp and 128x128x128 8-warp swap tiles 4-16% faster than the plain ones at T = 4096-16384; these are
+    the tiles around them."""
     L = tuning.LaunchConfig
     if tokens < 1024:
         return []
-    tiles = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (64, 128, 64, 4, 4),
-             (128, 128, 64, 4, 3), (128, 64, 64, 4, 4), (256, 64, 64, 8, 3), (128, 128, 128, 8, 3))
-    return [(L(bm, bn, bk, 8, True, w, st), L(bm, bn, bk, 8, True, w, st)) for bm, bn, bk, w, st in tiles]
+    tiles = ((64, 128, 64, 4, 4), (64, 128, 64, 4, 5), (64, 128, 128, 4, 3), (64, 128, 128, 4, 4),
+             (128, 64, 64, 4, 4), (128, 64, 64, 4, 5), (128, 64, 128, 4, 3), (128, 128, 128, 8, 3),
+             (128, 128, 128, 8, 4), (64, 256, 64, 8, 3), (64, 256, 64, 8, 4), (64, 64, 64, 4, 4))
+    pairs = [(L(bm, bn, bk, 8, True, w, st), L(bm, bn, bk, 8, True, w, st)) for bm, bn, bk, w, st in tiles]
+    # GEMM1 (two accumulators) and GEMM2 (one) may prefer different tiles: the first sweep's winners crossed
+    return pairs + [(L(64, 128, 64, 8, True, 4, 4), L(128, 64, 64, 8, True, 4, 4)),
+                    (L(128, 64, 64, 8, True, 4, 4), L(64, 128, 64, 8, True, 4, 4)),
+                    (L(64, 128, 64, 8, True, 4, 4), L(128, 128, 128, 8, True, 8, 3)),
+                    (L(128, 128, 128, 8, True, 8, 3), L(64, 128, 64, 8, True, 4, 4))]
 
 
 CANDIDATES = {"default": lambda tokens: sweep_candidates(tokens),
