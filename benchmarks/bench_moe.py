@@ -183,11 +183,12 @@ def prefill_swap_candidates(tokens):
              (128, 64, 64, 4, 4), (128, 64, 64, 4, 5), (128, 64, 128, 4, 3), (128, 128, 128, 8, 3),
              (128, 128, 128, 8, 4), (64, 256, 64, 8, 3), (64, 256, 64, 8, 4), (64, 64, 64, 4, 4))
     pairs = [(L(bm, bn, bk, 8, True, w, st), L(bm, bn, bk, 8, True, w, st)) for bm, bn, bk, w, st in tiles]
-    # GEMM1 (two accumulators) and GEMM2 (one) may prefer different tiles: the first sweep's winners crossed
-    return pairs + [(L(64, 128, 64, 8, True, 4, 4), L(128, 64, 64, 8, True, 4, 4)),
-                    (L(128, 64, 64, 8, True, 4, 4), L(64, 128, 64, 8, True, 4, 4)),
-                    (L(64, 128, 64, 8, True, 4, 4), L(128, 128, 128, 8, True, 8, 3)),
-                    (L(128, 128, 128, 8, True, 8, 3), L(64, 128, 64, 8, True, 4, 4))]
+    # GEMM1 (two accumulators) and GEMM2 (one) may prefer different tiles of the same BLOCK_M (both walk one
+    # alignment's row blocks)
+    return pairs + [(L(128, 64, 64, 8, True, 4, 4), L(128, 128, 128, 8, True, 8, 3)),
+                    (L(128, 128, 128, 8, True, 8, 3), L(128, 64, 64, 8, True, 4, 4)),
+                    (L(64, 128, 64, 8, True, 4, 4), L(64, 256, 64, 8, True, 8, 4)),
+                    (L(64, 256, 64, 8, True, 8, 4), L(64, 128, 64, 8, True, 4, 4))]
 
 
 CANDIDATES = {"default": lambda tokens: sweep_candidates(tokens),
@@ -341,7 +342,8 @@ def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: fl
         if " T=" not in head:
             continue
         name, tokens = head.split(" T=")[0], int(head.split(" T=")[1])
-        swept = [r for r in rows if r["shape"] == name and r["tokens"] == tokens]
+        swept = [r for r in rows if r["shape"] == name and r["tokens"] == tokens
+                 and r["gemm1"]["block_m"] == r["gemm2"]["block_m"]]  # a mixed BLOCK_M pair is no valid layer
         current = [r for r in swept if r["gemm1"] == entry["gemm1"] and r["gemm2"] == entry["gemm2"]]
         if not swept or not current:
             continue

@@ -7,6 +7,8 @@ the layers of issue 16 (gpt-oss-20b/120b, DeepSeek-like NVFP4, Qwen3-30B-A3B-lik
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,6 +27,7 @@ from backends.triton_moe.testing import (
     compare,
     random_checkpoint,
 )
+from backends.triton_moe.tuning import LaunchConfig, MoEConfig
 
 
 def assert_matches_emulation(out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -83,6 +86,10 @@ def test_bad_inputs_name_the_argument():
         moe_forward(x, kw, router_logits=logits, top_k=9)
     with pytest.raises(TypeError, match="TritonMoEWeights"):
         moe_forward(x, random_checkpoint(shape), router_logits=logits, top_k=2)
+    tile = LaunchConfig(64, 64, 64, 1, True, 4, 3)
+    with pytest.raises(ValueError, match=r"config: gemm1.block_m=64 and gemm2.block_m=16 must be equal"):
+        moe_forward(x, kw, router_logits=logits, top_k=2,
+                    config=MoEConfig(tile, dataclasses.replace(tile, block_m=16), "test"))
 
 
 # --------------------------------------------------------------------------------------------

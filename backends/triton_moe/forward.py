@@ -135,6 +135,9 @@ def moe_forward(
         _fail(TypeError, f"weights must be the KernelWeights of backends.layouts.triton_moe:converter (or its "
               f"TritonMoEWeights view), got {type(weights).__name__}; convert the checkpoint once with it")
     _check_inputs(x, weights, activation)
+    if config is not None and config.gemm1.block_m != config.gemm2.block_m:
+        _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
+              f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
     ids, route_w, k = _routing_inputs(x, weights, router_logits, topk_ids, topk_weights, top_k, renormalize)
     tokens, hidden = x.shape
     inter, experts = weights.intermediate_size, weights.num_experts
