@@ -246,15 +246,21 @@ def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_result
 
 
 def _check_e4m3_scale_decode() -> dict:
-    from triton_moe_scale_probe import e4m3_decode_mismatches, e8m0_folded_decode_mismatches
+    from triton_moe_scale_probe import (
+        e4m3_decode_mismatches,
+        e4m3_single_decode_mismatches,
+        e8m0_folded_decode_mismatches,
+    )
 
-    return {"mismatches": e4m3_decode_mismatches("cpu"), "e8m0_mismatches": e8m0_folded_decode_mismatches("cpu")}
+    return {"mismatches": e4m3_decode_mismatches("cpu"), "single_mismatches": e4m3_single_decode_mismatches("cpu"),
+            "e8m0_mismatches": e8m0_folded_decode_mismatches("cpu")}
 
 
 def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
     row = interpreter_results["e4m3-scale-decode"]
     assert "error" not in row, row.get("error")
     assert row["mismatches"] == [], f"E4M3 codes decoded wrong: {row['mismatches']}"
+    assert row["single_mismatches"] == [], f"E4M3 codes decoded wrong (swap-AB tile): {row['single_mismatches']}"
     assert row["e8m0_mismatches"] == [], f"E8M0 exponents decoded wrong (folded): {row['e8m0_mismatches']}"
 
 

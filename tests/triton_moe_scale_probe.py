@@ -29,6 +29,26 @@ def _decode_kernel(codes_ptr, lo_ptr, hi_ptr, N: tl.constexpr, NVFP4: tl.constex
     tl.store(hi_ptr + offs, hi)
 
 
+@triton.jit
+def _single_decode_kernel(codes_ptr, out_ptr, N: tl.constexpr, USE_ASM: tl.constexpr):
+    """Code c at element c, junk in bits 8-15 (the decode reads bits 0-7 only)."""
+    offs = tl.arange(0, N)
+    codes = tl.load(codes_ptr + offs)
+    tl.store(out_ptr + offs, _kernels._e4m3_scales(codes | (((offs * 37) & 0xFF) << 8), USE_ASM))
+
+
+def e4m3_single_decode_mismatches(device: str) -> list[int]:
+    """E4M3 codes (the 254 non-NaN ones) whose decode by the swap-AB tile's routine (one scale per element, two
+    elements per asm: even codes take the pair's low half, odd codes the high half) is not 2^(126 -
+    NVFP4_FOLD_SHIFT) * scale exactly."""
+    codes = torch.arange(256, dtype=torch.int32, device=device)
+    out = torch.empty(256, dtype=torch.bfloat16, device=device)
+    _single_decode_kernel[(1,)](codes, out, N=256, USE_ASM=device != "cpu")
+    ref = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0 ** (126 - _kernels.NVFP4_FOLD_SHIFT)).bfloat16()
+    bad = ~torch.isnan(ref.float()) & (out.view(torch.int16) != ref.view(torch.int16))
+    return bad.nonzero().flatten().tolist()
+
+
 def e4m3_decode_mismatches(device: str) -> list[int]:
     """E4M3 codes (all 254 non-NaN ones, subnormals and negatives included, as the low and as the high scale
     of a word) whose decoded bf16 is not 2^(126 - NVFP4_FOLD_SHIFT) * scale exactly (torch's float8_e4m3fn is

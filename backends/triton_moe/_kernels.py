@@ -174,6 +174,18 @@ def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.conste
 
 
 @triton.jit
+def _e4m3_scales(x, USE_ASM: tl.constexpr):
+    """E4M3 bytes (int32, bits 0-7; bits 8-15 ignored) -> bf16 2^(126 - NVFP4_FOLD_SHIFT) * scale, each element
+    its own (the swap-AB NVFP4 tile's one scale per thread, row and group), two elements per asm."""
+    if USE_ASM:
+        scale = tl.inline_asm_elementwise(_E4M3_TWO_BF16X2_ASM, "=r,r,r", [x], dtype=tl.bfloat16, is_pure=True,
+                                          pack=2)
+    else:
+        scale = _e4m3_folded_f32(x).to(tl.bfloat16)
+    return scale
+
+
+@triton.jit
 def _scale_bf16(s, FOLDED: tl.constexpr):
     """MXFP4 scale byte (int32, bits above the low byte ignored) -> the bf16 factor _dequant_pairs applies (exact).
 
@@ -186,12 +198,44 @@ def _scale_bf16(s, FOLDED: tl.constexpr):
     return tl.where(s == 0, 0x40, s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
+# NVFP4 block scales of two fragment elements at once ("shared K order", see _weight_tile_nvfp4): $1, $2 hold the
+# E4M3 bytes (bits 0-7) of elements a and b (in the swap-AB fragments rows r and r + 8 of one thread); prmt puts
+# them in bytes 0 and 2, then _E4M3_PAIR_BF16X2_ASM's decode: $0 = bf16x2 (2^110 * scale_a, 2^110 * scale_b).
+_E4M3_TWO_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 x, a, b, k, nz;
+mov.b32 nz, 0x80008000;
+mov.b32 k, 0x79007900;
+prmt.b32 x, $1, $2, 0x5410;
+shl.b32 a, x, 8; and.b32 a, a, 0x80008000;
+shl.b32 b, x, 4; and.b32 b, b, 0x07F007F0;
+or.b32 a, a, b;
+fma.rn.bf16x2 a, a, k, nz;
+fma.rn.bf16x2 $0, a, k, nz;
+}
+""")
+
+
 @triton.jit
 def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_ASM: tl.constexpr):
+                 SWAP_AB: tl.constexpr, USE_ASM: tl.constexpr):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
-    activation columns of _act_halves (value k = k0 + 64*(b//32) + b%32, and k + 32).
+    activation columns of _act_halves (_act_columns)."""
+    if NVFP4 and SWAP_AB:
+        lo, hi = _weight_tile_nvfp4_swap(w_rows, words_ptr, stride_sc, k0, row_ok, K, BLOCK_K, EVEN_K, USE_ASM)
+    elif NVFP4:
+        lo, hi = _weight_tile_nvfp4_plain(w_rows, words_ptr, stride_sc, k0, row_ok, K, BLOCK_K, EVEN_K, USE_ASM)
+    else:
+        lo, hi = _weight_tile_mxfp4(w_rows, words_ptr, stride_sc, k0, row_ok, K, BLOCK_K, SCALE_BLOCK, FOLDED,
+                                    EVEN_K, USE_ASM)
+    return lo, hi
+
+
+@triton.jit
+def _weight_tile_mxfp4(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SCALE_BLOCK: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """MXFP4: value k = k0 + 64*(b//32) + b%32 (low) and k + 32 (high).
 
     The bytes load as one 2-D tile (each row's BLOCK_K/2 bytes contiguous: 16-byte copies); the scales as
     one word per (row, scale block of the low values), broadcast over its SCALE_BLOCK columns in registers.
@@ -210,7 +254,7 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     else:
         packed = tl.load(w_ptrs, mask=row_ok[:, None, None] & (col < K // 2)[None, :, :], other=0)
         words = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
-    scale_lo, scale_hi = _scale_pair(words >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
+    scale_lo, scale_hi = _scale_pair(words >> (8 * (block_lo % 4))[None, :], False, FOLDED, USE_ASM)
     ROWS: tl.constexpr = packed.shape[0]
     lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, None], (ROWS, NSUB, SCALE_BLOCK)),
                             tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM)
@@ -218,16 +262,103 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
 
 
 @triton.jit
-def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each."""
+def _weight_tile_nvfp4_swap(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                            EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """NVFP4 in the "shared K order" (backends.layouts.triton_moe): byte 16j + 4c + i of 64-wide group g holds
+    values 64g + 16c + 8j + i (low) and + 4 (high), so column b = 32g + 16j + 4c + i of both halves belongs to
+    block scale c of group g (byte c of its scale word). The bytes load as [ROWS, G, 2, 4, 4] (16-byte row
+    copies), the scales as bytes [ROWS, G, 4]: a thread of the mma fragments (4 consecutive bytes: 4c..4c+3 and
+    16+4c..) holds one block per (row, group), so it decodes one scale per 16 values, two rows per asm, instead of
+    a (low, high) pair per 8 values in every thread of a quad.
+    """
+    HALF: tl.constexpr = BLOCK_K // 2
+    G: tl.constexpr = BLOCK_K // 64
+    g = tl.arange(0, G)
+    c = tl.arange(0, 4)
+    byte = ((k0 // 2 + 32 * g)[:, None, None, None] + (16 * tl.arange(0, 2))[None, :, None, None]
+            + (4 * c)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :])  # [G, 2, 4, 4]
+    w_ptrs = w_rows[:, None, None, None, None] + byte[None, :, :, :, :]
+    s_ptrs = words_ptr[:, None, None] + (4 * stride_sc * (k0 // 64 + g))[None, :, None] + c[None, None, :]
+    if EVEN_K:
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None, None], other=0)
+        scale_bytes = tl.load(s_ptrs, mask=row_ok[:, None, None], other=0)
+    else:
+        k_ok = k0 + 64 * g < K  # K is a multiple of 64: a group is in or out as a whole
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None, None] & k_ok[None, :, None, None, None], other=0)
+        scale_bytes = tl.load(s_ptrs, mask=row_ok[:, None, None] & k_ok[None, :, None], other=0)
+    ROWS: tl.constexpr = packed.shape[0]
+    scale = _e4m3_scales(scale_bytes.to(tl.int32), USE_ASM)
+    scale = tl.broadcast_to(scale[:, :, None, :, None], (ROWS, G, 2, 4, 4))
+    lo, hi = _dequant_pairs(packed, scale, scale, True, USE_ASM)
+    return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
+
+
+@triton.jit
+def _weight_tile_nvfp4_plain(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                             EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """_weight_tile_nvfp4_swap's values for tiles whose weights reach the MMA through shared memory (a thread
+    dequantizes whole 16-byte runs, 4 block scales each): the bytes as [ROWS, G, 2, 16], one scale word per
+    (row, group) as int32, decoded as the pairs (byte 0, byte 2) and (byte 1, byte 3) and picked per column."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    G: tl.constexpr = BLOCK_K // 64
+    g = tl.arange(0, G)
+    b = tl.arange(0, 16)
+    byte = (k0 // 2 + 32 * g)[:, None, None] + (16 * tl.arange(0, 2))[None, :, None] + b[None, None, :]
+    w_ptrs = w_rows[:, None, None, None] + byte[None, :, :, :]
+    s_ptrs = words_ptr[:, None] + (stride_sc * (k0 // 64 + g))[None, :]
+    if EVEN_K:
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None], other=0)
+        words = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+    else:
+        k_ok = k0 + 64 * g < K
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None] & k_ok[None, :, None, None], other=0)
+        words = tl.load(s_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0)
+    ROWS: tl.constexpr = packed.shape[0]
+    s0, s2 = _scale_pair(words, True, True, USE_ASM)
+    s1, s3 = _scale_pair(words >> 8, True, True, USE_ASM)
+    c = (b // 4)[None, None, None, :]
+    scale = tl.where(c == 0, s0[:, :, None, None], s1[:, :, None, None])
+    scale = tl.where(c == 2, s2[:, :, None, None], scale)
+    scale = tl.where(c == 3, s3[:, :, None, None], scale)
+    scale = tl.broadcast_to(scale, (ROWS, G, 2, 16))
+    lo, hi = _dequant_pairs(packed, scale, scale, True, USE_ASM)
+    return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
+
+
+@triton.jit
+def _scale_rows(s_ptr, word_index, AS_BYTES: tl.constexpr):
+    """Pointers to the scale words of rows `word_index`: int32, or uint8 where _weight_tile_nvfp4_swap loads the
+    block scales one by one."""
+    if AS_BYTES:
+        rows = s_ptr.to(tl.pointer_type(tl.uint8)) + 4 * word_index.to(tl.int64)
+    else:
+        rows = s_ptr + word_index
+    return rows
+
+
+@triton.jit
+def _act_columns(k0, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr):
+    """K index of column b of _weight_tile's low half (the high half's is + 32 for MXFP4, + 4 for NVFP4)."""
     b = tl.arange(0, BLOCK_K // 2)
-    col = k0 + 64 * (b // 32) + b % 32
+    if NVFP4:  # b = 32g + 16j + 4c + i -> 64g + 16c + 8j + i (runs of 4: 8-byte copies)
+        col = k0 + 64 * (b // 32) + 16 * ((b // 4) % 4) + 8 * ((b // 16) % 2) + b % 4
+    else:
+        col = k0 + 64 * (b // 32) + b % 32
+    return col
+
+
+@triton.jit
+def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                NVFP4: tl.constexpr):
+    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each."""
+    col = _act_columns(k0, BLOCK_K, NVFP4)
+    HI: tl.constexpr = 4 if NVFP4 else 32
     if EVEN_K:
         mask = row_ok[:, None]
     else:
         mask = row_ok[:, None] & (col < K)[None, :]
     lo = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
-    hi = tl.load(a_rows[:, None] + (col + 32)[None, :], mask=mask, other=0.0)
+    hi = tl.load(a_rows[:, None] + (col + HI)[None, :], mask=mask, other=0.0)
     return lo, hi
 
 
@@ -339,17 +470,17 @@ def gemm1_act_kernel(
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     wg_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
     wu_rows = wg_rows + N * stride_wn
-    sg_ptrs = s_ptr + expert * stride_se + offs_n
-    su_ptrs = sg_ptrs + N
+    sg_ptrs = _scale_rows(s_ptr, expert * stride_se + offs_n, NVFP4 and SWAP_AB)
+    su_ptrs = _scale_rows(s_ptr, expert * stride_se + offs_n + N, NVFP4 and SWAP_AB)
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
         g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, USE_ASM)
         u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, USE_ASM)
         acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
         acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
@@ -416,13 +547,13 @@ def gemm2_kernel(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
-    s_ptrs = s_ptr + expert * stride_se + offs_n
+    s_ptrs = _scale_rows(s_ptr, expert * stride_se + offs_n, NVFP4 and SWAP_AB)
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, USE_ASM)
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)
