@@ -191,9 +191,24 @@ def prefill_swap_candidates(tokens):
                     (L(64, 256, 64, 8, True, 8, 4), L(64, 128, 64, 8, True, 4, 4))]
 
 
-CANDIDATES = {"default": lambda tokens: sweep_candidates(tokens),
-              "decode-wide": lambda tokens: decode_wide_candidates(tokens),
-              "prefill-swap": lambda tokens: prefill_swap_candidates(tokens)}
+def register_cap_candidates(tokens, entry):
+    """Round 5: the committed entry with a register cap (maxnreg) and one stage fewer. ncu showed the decode and
+    prefill GEMMs at 2-3 resident warps per scheduler, held there by registers and shared memory, with warps
+    stalled on the math pipe, the barrier or each other: more resident blocks may hide more of that."""
+    c1, c2 = entry
+    out = []
+    for cap in (96, 128, 168):
+        for fewer in (0, 1):
+            out.append(tuple(dataclasses.replace(c, maxnreg=cap, num_stages=max(2, c.num_stages - fewer))
+                             for c in (c1, c2)))
+    return out
+
+
+#: --candidates: what a sweep times at each T after the committed entry (which is always timed first).
+CANDIDATES = {"default": lambda tokens, entry: sweep_candidates(tokens),
+              "decode-wide": lambda tokens, entry: decode_wide_candidates(tokens),
+              "prefill-swap": lambda tokens, entry: prefill_swap_candidates(tokens),
+              "register-cap": register_cap_candidates}
 
 
 def sweep_candidates(tokens):
@@ -344,7 +359,8 @@ def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: fl
         name, tokens = head.split(" T=")[0], int(head.split(" T=")[1])
         swept = [r for r in rows if r["shape"] == name and r["tokens"] == tokens
                  and r["gemm1"]["block_m"] == r["gemm2"]["block_m"]]  # a mixed BLOCK_M pair is no valid layer
-        current = [r for r in swept if r["gemm1"] == entry["gemm1"] and r["gemm2"] == entry["gemm2"]]
+        same = tuning.LaunchConfig(**entry["gemm1"]), tuning.LaunchConfig(**entry["gemm2"])  # defaults compare equal
+        current = [r for r in swept if (tuning.LaunchConfig(**r["gemm1"]), tuning.LaunchConfig(**r["gemm2"])) == same]
         if not swept or not current:
             continue
         best = min(swept, key=lambda r: r["us"])
@@ -377,7 +393,7 @@ def main():
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--sweep", action="store_true", help="time sweep_candidates() per T instead of the table")
-    p.add_argument("--candidates", choices=("default", "decode-wide", "prefill-swap"), default="default",
+    p.add_argument("--candidates", choices=tuple(CANDIDATES), default="default",
                    help="--sweep: which candidate set to time after the committed entry (default: sweep_candidates)")
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--budget-s", type=float, default=1e9, help="sweep: stop starting candidates after this")
@@ -442,7 +458,7 @@ def main():
                                                  hidden_size=shape.hidden_size,
                                                  intermediate_size=shape.intermediate_size)
                 # the committed entry first: merge_sweep compares every candidate against it in the same run
-                candidates = CANDIDATES[args.candidates](tokens)
+                candidates = CANDIDATES[args.candidates](tokens, (table_cfg.gemm1, table_cfg.gemm2))
                 for c1, c2 in dict.fromkeys([(table_cfg.gemm1, table_cfg.gemm2), *candidates]):
                     if time.perf_counter() - started > args.budget_s:
                         break
@@ -454,7 +470,8 @@ def main():
                     except Exception as exc:  # noqa: BLE001  a tile that does not fit (shared memory, registers)
                         print(f"| {tokens} | {c1} / {c2} | failed: {type(exc).__name__} |", flush=True)
                         continue
-                    rows.append({"shape": name, "tokens": tokens, "gemm1": c1.__dict__, "gemm2": c2.__dict__,
+                    rows.append({"shape": name, "tokens": tokens, "gemm1": tuning.launch_dict(c1),
+                                 "gemm2": tuning.launch_dict(c2),
                                  "us": us, "floor_fraction": floor_us / us})
                     print(f"#   T={tokens} {c1} / {c2}: {us:.1f} us", flush=True)
                     _save(args.out, "sweep", gpu, (bw, copy, read, mm), rows)  # a cut-off sweep keeps its rows

@@ -219,7 +219,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
         ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
-        USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages,
+        USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1:
         epi_n = 256
@@ -240,6 +240,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
         DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
+        maxnreg=c2.maxnreg,
     )
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](

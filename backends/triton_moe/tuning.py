@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
@@ -31,6 +31,12 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K slices summed afterwards in fixed order (decode: more programs, shorter K loops)
+    maxnreg: int | None = None  # register cap per thread: more resident blocks per SM, at the risk of spills
+
+
+def launch_dict(config: LaunchConfig) -> dict:
+    """The config as a tuning-table `gemm1`/`gemm2` mapping (unset optional fields left out, as tables write them)."""
+    return {key: value for key, value in asdict(config).items() if value is not None}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,61 @@
+"""Launch-config tables of backends.triton_moe: the optional register cap (maxnreg) and the table mapping."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+
+from backends.layouts.triton_moe import to_kernel_layout
+from backends.triton_moe import moe_forward, tuning
+from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
+
+from conftest import requires_cuda
+
+
+def _default_table() -> dict:
+    return copy.deepcopy(tuning.load_table(str(tuning.CONFIG_DIR / "default.yaml")))
+
+
+def test_a_register_cap_is_an_optional_launch_field():
+    table = _default_table()
+    table["entries"][0]["gemm1"]["maxnreg"] = 128
+    tuning.validate_table(table, "x.yaml")
+    capped = tuning.LaunchConfig(**table["entries"][0]["gemm1"])
+    assert capped.maxnreg == 128
+    assert tuning.launch_dict(capped)["maxnreg"] == 128
+    assert tuning.LaunchConfig(**tuning.launch_dict(capped)) == capped
+    uncapped = tuning.LaunchConfig(**table["entries"][0]["gemm2"])
+    assert uncapped.maxnreg is None and "maxnreg" not in tuning.launch_dict(uncapped)  # a table has no nulls
+    tuning.validate_table({**table, "entries": [{"when": {}, "gemm1": tuning.launch_dict(capped),
+                                                 "gemm2": tuning.launch_dict(uncapped)}]}, "written")
+
+
+@pytest.mark.parametrize("bad", [16, 300, "many", None])
+def test_a_bad_register_cap_names_the_place(bad):
+    table = _default_table()
+    table["entries"][0]["gemm2"]["maxnreg"] = bad
+    with pytest.raises(ValueError, match=r"x.yaml: entries/0/gemm2/maxnreg"):
+        tuning.validate_table(table, "x.yaml")
+
+
+@requires_cuda
+def test_a_register_cap_changes_no_bits_on_cuda():
+    """ptxas may spill under the cap, but the arithmetic is the same: the layer's bits must not move."""
+    shape = SHAPES["gpt-oss-120b"]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    weights = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    for tokens in (4, 256):
+        x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+        logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
+        config = tuning.select_config(device_name=torch.cuda.get_device_name(), format=shape.format, tokens=tokens,
+                                      experts=shape.experts, top_k=shape.top_k, hidden_size=shape.hidden_size,
+                                      intermediate_size=shape.intermediate_size)
+        capped = tuning.MoEConfig(dataclasses.replace(config.gemm1, maxnreg=96),
+                                  dataclasses.replace(config.gemm2, maxnreg=96), "capped")
+        run = {"router_logits": logits, "top_k": shape.top_k, **activation_kwargs(shape)}
+        assert torch.equal(moe_forward(x, weights, **run, config=capped), moe_forward(x, weights, **run, config=config))
