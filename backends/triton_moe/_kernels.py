@@ -219,13 +219,11 @@ fma.rn.bf16x2 $0, a, k, nz;
 @triton.jit
 def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
-                 SWAP_AB: tl.constexpr, USE_ASM: tl.constexpr):
+                 USE_ASM: tl.constexpr):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
     activation columns of _act_halves (_act_columns)."""
-    if NVFP4 and SWAP_AB:
+    if NVFP4:
         lo, hi = _weight_tile_nvfp4_swap(w_rows, words_ptr, stride_sc, k0, row_ok, K, BLOCK_K, EVEN_K, USE_ASM)
-    elif NVFP4:
-        lo, hi = _weight_tile_nvfp4_plain(w_rows, words_ptr, stride_sc, k0, row_ok, K, BLOCK_K, EVEN_K, USE_ASM)
     else:
         lo, hi = _weight_tile_mxfp4(w_rows, words_ptr, stride_sc, k0, row_ok, K, BLOCK_K, SCALE_BLOCK, FOLDED,
                                     EVEN_K, USE_ASM)
@@ -294,12 +292,13 @@ def _weight_tile_nvfp4_swap(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.cons
 
 
 @triton.jit
-def _weight_tile_nvfp4_plain(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                             EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
-    """_weight_tile_nvfp4_swap's values for tiles whose weights reach the MMA through shared memory (a thread
-    dequantizes whole 16-byte runs, 4 block scales each): the bytes as [ROWS, G, 2, 16], one scale word per
-    (row, group) as int32, decoded as the pairs (byte 0, byte 2) and (byte 1, byte 3) and picked per column."""
-    HALF: tl.constexpr = BLOCK_K // 2
+def _weight_tile_nvfp4_k_order(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                               EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """NVFP4 for tiles whose weights reach the MMA through shared memory (plain tiles): bf16 [ROWS, BLOCK_K] in
+    natural K order, so that the activations load as one contiguous tile and each matrix takes one MMA. A thread
+    dequantizes whole 16-byte runs (4 block scales each): the bytes as [ROWS, G, 2, 16], one scale word per
+    (row, group), decoded as the pairs (byte 0, byte 2) and (byte 1, byte 3) and picked per column; the low and
+    the high values are then put back in K order (64g + 16c + 8j + 4h + i) in registers."""
     G: tl.constexpr = BLOCK_K // 64
     g = tl.arange(0, G)
     b = tl.arange(0, 16)
@@ -322,7 +321,22 @@ def _weight_tile_nvfp4_plain(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.con
     scale = tl.where(c == 3, s3[:, :, None, None], scale)
     scale = tl.broadcast_to(scale, (ROWS, G, 2, 16))
     lo, hi = _dequant_pairs(packed, scale, scale, True, USE_ASM)
-    return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
+    w = tl.reshape(tl.join(lo, hi), (ROWS, G, 2, 4, 4, 2))  # [row, g, j, c, i, h]
+    w = tl.reshape(tl.permute(w, (0, 1, 3, 2, 5, 4)), (ROWS, BLOCK_K))
+    if USE_ASM:
+        w = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=2)
+    return w
+
+
+@triton.jit
+def _act_tile(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation columns k0 .. k0 + BLOCK_K in natural order: [ROWS, BLOCK_K]."""
+    col = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        mask = row_ok[:, None]
+    else:
+        mask = row_ok[:, None] & (col < K)[None, :]
+    return tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -476,13 +490,20 @@ def gemm1_act_kernel(
     acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
-        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, USE_ASM)
-        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, USE_ASM)
-        acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
-        acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
+        if NVFP4 and not SWAP_AB:  # natural K order: one activation tile, one MMA per matrix
+            a = _act_tile(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+            g = _weight_tile_nvfp4_k_order(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, EVEN_K, USE_ASM)
+            u = _weight_tile_nvfp4_k_order(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, EVEN_K, USE_ASM)
+            acc_g = _mma(acc_g, a, g, SWAP_AB, DOT_FP32)
+            acc_u = _mma(acc_u, a, u, SWAP_AB, DOT_FP32)
+        else:
+            a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
+            g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+            u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+            acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
+            acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -551,10 +572,14 @@ def gemm2_kernel(
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
-        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, USE_ASM)
-        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
+        if NVFP4 and not SWAP_AB:  # natural K order (see GEMM1)
+            w = _weight_tile_nvfp4_k_order(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, EVEN_K, USE_ASM)
+            acc = _mma(acc, _act_tile(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K), w, SWAP_AB, DOT_FP32)
+        else:
+            a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
+            w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+            acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)
     if NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
