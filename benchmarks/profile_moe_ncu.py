@@ -128,7 +128,7 @@ def render(case: str, path: str) -> str:
         lines.append("| " + " | ".join([
             r["Kernel Name"][:28], r.get("launch__grid_size", "-"), r.get("launch__block_size", "-"),
             r.get("launch__registers_per_thread", "-"), fmt("gpu__time_duration.sum", 1e-3),
-            fmt("dram__throughput.avg.pct_of_peak_sustained_elapsed", 1, 0), fmt("dram__bytes_read.sum", 1e-9, 3),
+            fmt("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1, 0), fmt("dram__bytes_read.sum", 1e-9, 3),
             fmt("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1, 0),
             fmt("smsp__issue_active.avg.pct_of_peak_sustained_active", 1, 0),
             fmt("sm__warps_active.avg.pct_of_peak_sustained_active", 1, 0),
