@@ -191,6 +191,17 @@ def prefill_swap_candidates(tokens):
                     (L(64, 256, 64, 8, True, 8, 4), L(64, 128, 64, 8, True, 4, 4))]
 
 
+def mid_swap_candidates(tokens):
+    """Round 5, 64 <= T <= 4096: swap-AB wgmma tiles with more warps per tile (ncu: the 4-warp 64x128 tile runs 2
+    warps per scheduler at T = 1024, held by ~240 registers; 8 warps split its accumulators) and 32-token tiles."""
+    L = tuning.LaunchConfig
+    if not 64 <= tokens <= 4096:
+        return []
+    tiles = ((64, 128, 64, 8, 3), (64, 128, 64, 8, 4), (64, 128, 128, 8, 3), (64, 64, 64, 4, 5), (32, 128, 64, 4, 4),
+             (32, 128, 64, 8, 4), (32, 64, 64, 4, 4), (32, 64, 128, 4, 3), (128, 128, 64, 8, 4), (64, 256, 64, 8, 3))
+    return [(L(bm, bn, bk, 8, True, w, st), L(bm, bn, bk, 8, True, w, st)) for bm, bn, bk, w, st in tiles]
+
+
 def register_cap_candidates(tokens, entry):
     """Round 5: the committed entry with a register cap (maxnreg) and one stage fewer. ncu showed the decode and
     prefill GEMMs at 2-3 resident warps per scheduler, held there by registers and shared memory, with warps
@@ -208,7 +219,8 @@ def register_cap_candidates(tokens, entry):
 CANDIDATES = {"default": lambda tokens, entry: sweep_candidates(tokens),
               "decode-wide": lambda tokens, entry: decode_wide_candidates(tokens),
               "prefill-swap": lambda tokens, entry: prefill_swap_candidates(tokens),
-              "register-cap": register_cap_candidates}
+              "register-cap": register_cap_candidates,
+              "mid-swap": lambda tokens, entry: mid_swap_candidates(tokens)}
 
 
 def sweep_candidates(tokens):
