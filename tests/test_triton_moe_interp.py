@@ -247,13 +247,14 @@ def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_result
 
 def _check_e4m3_scale_decode() -> dict:
     from triton_moe_scale_probe import (
+        e2m1_decode_mismatches,
         e4m3_decode_mismatches,
         e4m3_single_decode_mismatches,
         e8m0_folded_decode_mismatches,
     )
 
     return {"mismatches": e4m3_decode_mismatches("cpu"), "single_mismatches": e4m3_single_decode_mismatches("cpu"),
-            "e8m0_mismatches": e8m0_folded_decode_mismatches("cpu")}
+            "e8m0_mismatches": e8m0_folded_decode_mismatches("cpu"), "e2m1_mismatches": e2m1_decode_mismatches("cpu")}
 
 
 def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
@@ -261,6 +262,7 @@ def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
     assert "error" not in row, row.get("error")
     assert row["mismatches"] == [], f"E4M3 codes decoded wrong: {row['mismatches']}"
     assert row["single_mismatches"] == [], f"E4M3 codes decoded wrong (swap-AB tile): {row['single_mismatches']}"
+    assert row["e2m1_mismatches"] == [], f"[folded, byte] of E2M1 bytes decoded wrong: {row['e2m1_mismatches']}"
     assert row["e8m0_mismatches"] == [], f"E8M0 exponents decoded wrong (folded): {row['e8m0_mismatches']}"
 
 
