@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_moe import _kernels
+from backends.triton_moe import _dequant
 
 
 @triton.jit
@@ -24,7 +24,7 @@ def _decode_kernel(codes_ptr, lo_ptr, hi_ptr, N: tl.constexpr, NVFP4: tl.constex
         word = codes | ((offs & 0x55) << 8) | ((255 - codes) << 16) | ((offs ^ 0x3C) << 24)
     else:
         word = codes | ((128 - codes) << 8) | ((offs & 0x55) << 16) | ((offs ^ 0x3C) << 24)
-    lo, hi = _kernels._scale_pair(word, NVFP4, True, USE_ASM)
+    lo, hi = _dequant._scale_pair(word, NVFP4, True, USE_ASM)
     tl.store(lo_ptr + offs, lo)
     tl.store(hi_ptr + offs, hi)
 
@@ -34,7 +34,7 @@ def _single_decode_kernel(codes_ptr, out_ptr, N: tl.constexpr, USE_ASM: tl.const
     """Code c at element c, junk in bits 8-15 (the decode reads bits 0-7 only)."""
     offs = tl.arange(0, N)
     codes = tl.load(codes_ptr + offs)
-    tl.store(out_ptr + offs, _kernels._e4m3_scales(codes | (((offs * 37) & 0xFF) << 8), USE_ASM))
+    tl.store(out_ptr + offs, _dequant._e4m3_scales(codes | (((offs * 37) & 0xFF) << 8), USE_ASM))
 
 
 def e4m3_single_decode_mismatches(device: str) -> list[int]:
@@ -44,7 +44,7 @@ def e4m3_single_decode_mismatches(device: str) -> list[int]:
     codes = torch.arange(256, dtype=torch.int32, device=device)
     out = torch.empty(256, dtype=torch.bfloat16, device=device)
     _single_decode_kernel[(1,)](codes, out, N=256, USE_ASM=device != "cpu")
-    ref = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0 ** (126 - _kernels.NVFP4_FOLD_SHIFT)).bfloat16()
+    ref = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0 ** (126 - _dequant.NVFP4_FOLD_SHIFT)).bfloat16()
     bad = ~torch.isnan(ref.float()) & (out.view(torch.int16) != ref.view(torch.int16))
     return bad.nonzero().flatten().tolist()
 
@@ -55,7 +55,7 @@ def _e2m1_kernel(bytes_ptr, lo_ptr, hi_ptr, scale_bits, N: tl.constexpr, FOLDED:
     offs = tl.arange(0, N)
     packed = tl.load(bytes_ptr + offs)
     scale = tl.full((N,), scale_bits, tl.int16).to(tl.bfloat16, bitcast=True)
-    lo, hi = _kernels._dequant_pairs(packed, scale, scale, FOLDED, USE_ASM)
+    lo, hi = _dequant._dequant_pairs(packed, scale, scale, FOLDED, USE_ASM)
     tl.store(lo_ptr + offs, lo)
     tl.store(hi_ptr + offs, hi)
 
@@ -86,7 +86,7 @@ def e4m3_decode_mismatches(device: str) -> list[int]:
     lo = torch.empty(256, dtype=torch.bfloat16, device=device)
     hi = torch.empty_like(lo)
     _decode_kernel[(1,)](codes, lo, hi, N=256, NVFP4=True, USE_ASM=device != "cpu")
-    fold = 2.0 ** (126 - _kernels.NVFP4_FOLD_SHIFT)
+    fold = 2.0 ** (126 - _dequant.NVFP4_FOLD_SHIFT)
     ref = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * fold).bfloat16()
     real = ~torch.isnan(ref.float())
     bad_lo = real & (lo.view(torch.int16) != ref.view(torch.int16))
