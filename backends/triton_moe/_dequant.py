@@ -242,27 +242,29 @@ def _weight_tile_nvfp4_swap(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.cons
                             EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
     """NVFP4 in the "shared K order" (backends.layouts.triton_moe): byte 16j + 4c + i of 64-wide group g holds
     values 64g + 16c + 8j + i (low) and + 4 (high), so column b = 32g + 16j + 4c + i of both halves belongs to
-    block scale c of group g (byte c of its scale word). The bytes load as [ROWS, G, 2, 4, 4] (16-byte row
-    copies), the scales as bytes [ROWS, G, 4]: a thread of the mma fragments (4 consecutive bytes: 4c..4c+3 and
-    16+4c..) holds one block per (row, group), so it decodes one scale per 16 values, two rows per asm, instead of
-    a (low, high) pair per 8 values in every thread of a quad.
+    block scale c of group g (byte c of its scale word). The bytes load as [ROWS, G, 2, 16] (16-byte copies; a
+    [.., 2, 4, 4] load lets Triton order shared memory by c before j and copy 4 bytes at a time) and are viewed
+    as [ROWS, G, 2, 4, 4]; the scales load as bytes [ROWS, G, 4]: a thread of the mma fragments (4 consecutive
+    bytes: 4c..4c+3 and 16+4c..) holds one block per (row, group), so it decodes one scale per 16 values, two rows
+    per asm, instead of a (low, high) pair per 8 values in every thread of a quad.
     """
     HALF: tl.constexpr = BLOCK_K // 2
     G: tl.constexpr = BLOCK_K // 64
     g = tl.arange(0, G)
     c = tl.arange(0, 4)
-    byte = ((k0 // 2 + 32 * g)[:, None, None, None] + (16 * tl.arange(0, 2))[None, :, None, None]
-            + (4 * c)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :])  # [G, 2, 4, 4]
-    w_ptrs = w_rows[:, None, None, None, None] + byte[None, :, :, :, :]
+    byte = ((k0 // 2 + 32 * g)[:, None, None] + (16 * tl.arange(0, 2))[None, :, None]
+            + tl.arange(0, 16)[None, None, :])  # [G, 2, 16]: 16-byte runs, so that the copies stay 16 bytes wide
+    w_ptrs = w_rows[:, None, None, None] + byte[None, :, :, :]
     s_ptrs = words_ptr[:, None, None] + (4 * stride_sc * (k0 // 64 + g))[None, :, None] + c[None, None, :]
     if EVEN_K:
-        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None, None], other=0)
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None], other=0)
         scale_bytes = tl.load(s_ptrs, mask=row_ok[:, None, None], other=0)
     else:
         k_ok = k0 + 64 * g < K  # K is a multiple of 64: a group is in or out as a whole
-        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None, None] & k_ok[None, :, None, None, None], other=0)
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None, None] & k_ok[None, :, None, None], other=0)
         scale_bytes = tl.load(s_ptrs, mask=row_ok[:, None, None] & k_ok[None, :, None], other=0)
     ROWS: tl.constexpr = packed.shape[0]
+    packed = tl.reshape(packed, (ROWS, G, 2, 4, 4))  # [row, g, j, c, i]
     scale = _e4m3_scales(scale_bytes.to(tl.int32), USE_ASM)
     scale = tl.broadcast_to(scale[:, :, None, :, None], (ROWS, G, 2, 4, 4))
     lo, hi = _dequant_pairs(packed, scale, scale, True, USE_ASM)
