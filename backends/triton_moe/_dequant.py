@@ -180,7 +180,7 @@ def _scale_bf16(s, FOLDED: tl.constexpr):
     return tl.where(s == 0, 0x40, s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
-# NVFP4 block scales of two fragment elements at once ("shared K order", see _weight_tile_nvfp4): $1, $2 hold the
+# NVFP4 block scales of two fragment elements at once ("shared K order", see _weight_tile_nvfp4_swap): $1, $2 hold the
 # E4M3 bytes (bits 0-7) of elements a and b (in the swap-AB fragments rows r and r + 8 of one thread); prmt puts
 # them in bytes 0 and 2, then _E4M3_PAIR_BF16X2_ASM's decode: $0 = bf16x2 (2^110 * scale_a, 2^110 * scale_b).
 _E4M3_TWO_BF16X2_ASM = tl.constexpr("""
@@ -203,7 +203,8 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
                  USE_ASM: tl.constexpr):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
-    activation columns of _act_halves (_act_columns)."""
+    activation columns of _act_halves (_act_columns). The GEMMs call it for MXFP4 and for swap-AB NVFP4 tiles;
+    plain NVFP4 tiles take _weight_tile_nvfp4_k_order + _act_tile (same values, one MMA)."""
     if NVFP4:
         lo, hi = _weight_tile_nvfp4_swap(w_rows, words_ptr, stride_sc, k0, row_ok, K, BLOCK_K, EVEN_K, USE_ASM)
     else:
@@ -307,7 +308,8 @@ def _weight_tile_nvfp4_k_order(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.c
     lo, hi = _dequant_pairs(packed, scale, scale, True, USE_ASM)
     w = tl.reshape(tl.join(lo, hi), (ROWS, G, 2, 4, 4, 2))  # [row, g, j, c, i, h]
     w = tl.reshape(tl.permute(w, (0, 1, 3, 2, 5, 4)), (ROWS, BLOCK_K))
-    if USE_ASM:
+    if USE_ASM:  # an identity: without it triton 3.6's OptimizeDotOperands folds the rank-6 reshape into the MMA's
+        # shared-memory operand and aborts ("Illegal shared layout; expected collapsed shapePerCTA ...")
         w = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=2)
     return w
 
