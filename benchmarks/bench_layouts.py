@@ -229,8 +229,8 @@ def weight_kernel_rows(layers: dict, copy: float, device: str, args) -> list:
 
     def triton_moe_weights(w, hidden, inter):
         return (triton_moe._split_halves_fast(w.w13, 2 * inter, hidden,
-                                              kernels.w13_rows(w.gate_up, "gate_up", w.I, inter), w.format),
-                triton_moe._split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden), w.format))
+                                              kernels.w13_rows(w.gate_up, "gate_up", w.I, inter)),
+                triton_moe._split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden)))
 
     lines = ["| weight kernel alone | format | padded H x I | GB moved | ms | GB/s | % of copy |",
              "|---|---|---|---|---|---|---|"]

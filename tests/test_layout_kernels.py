@@ -183,8 +183,7 @@ def test_interpreted_marlin_nvfp4_refuses_a_negative_scale(interpreter_results, 
 def test_every_layout_reads_whole_source_words_in_the_words_variant():
     from backends.layouts import cutlass, marlin, triton_moe
 
-    for spec in (marlin._repack_spec(128), cutlass._sm90_spec(64), triton_moe._split_spec(64),
-                 triton_moe._split_spec(64, "nvfp4")):
+    for spec in (marlin._repack_spec(128), cutlass._sm90_spec(64), triton_moe._split_spec(64)):
         assert spec.groups is not None and len(spec.groups.deltas) == 3
 
 

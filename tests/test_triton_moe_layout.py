@@ -45,7 +45,7 @@ def test_interleaved_rows_become_gate_then_up():
     kw = to_kernel_layout(**ckpt)
     inter = SMALL_MX.intermediate_size
     scale_bytes = _from_words(kw.w13_scale, "mxfp4", SMALL_MX.hidden_size)
-    for src, dst in (("w13", _join_halves(kw.w13, "mxfp4")), ("w13_scale", scale_bytes), ("w13_bias", kw.w13_bias)):
+    for src, dst in (("w13", _join_halves(kw.w13)), ("w13_scale", scale_bytes), ("w13_bias", kw.w13_bias)):
         assert torch.equal(dst[:, :inter], ckpt[src][:, 0::2]) and torch.equal(dst[:, inter:], ckpt[src][:, 1::2]), src
 
 
@@ -65,27 +65,15 @@ def test_scale_words_hold_four_block_scales_little_endian(fmt, k):
     assert torch.equal(_from_words(words, fmt, k), scales)
 
 
-def _k_of_byte(fmt: str, byte: int) -> tuple:
-    """(low, high) nibble's K index of a kernel byte, written out from the layout's docstring."""
-    g, b = divmod(byte, 32)
-    if fmt == "mxfp4":
-        return 64 * g + b, 64 * g + 32 + b
-    j, c, i = b // 16, (b // 4) % 4, b % 4  # NVFP4 "shared K order": block scale c of the group owns the byte
-    return 64 * g + 16 * c + 8 * j + i, 64 * g + 16 * c + 8 * j + 4 + i
-
-
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-def test_bytes_hold_the_formats_k_order(fmt):
+def test_bytes_hold_k_and_k_plus_32_of_each_64_group():
     packed = torch.randint(0, 256, (3, 128), dtype=torch.uint8)  # K = 256
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(3, 256)
-    split = _split_halves(packed, fmt)
+    split = _split_halves(packed)
     for byte in range(128):
-        k_lo, k_hi = _k_of_byte(fmt, byte)
-        assert torch.equal(split[:, byte] & 15, codes[:, k_lo])
-        assert torch.equal(split[:, byte] >> 4, codes[:, k_hi])
-        if fmt == "nvfp4":  # both nibbles in the 16-value block of the byte's mma.sync thread (4 bytes per thread)
-            assert k_lo // 16 == k_hi // 16 == 4 * (byte // 32) + (byte % 16) // 4
-    assert torch.equal(_join_halves(split, fmt), packed)
+        g, j = divmod(byte, 32)
+        assert torch.equal(split[:, byte] & 15, codes[:, 64 * g + j])
+        assert torch.equal(split[:, byte] >> 4, codes[:, 64 * g + 32 + j])
+    assert torch.equal(_join_halves(split), packed)
 
 
 def test_layout_rejects_bad_checkpoints():

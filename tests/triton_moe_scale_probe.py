@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_moe import _dequant
+from backends.triton_moe import _kernels
 
 
 @triton.jit
@@ -24,58 +24,9 @@ def _decode_kernel(codes_ptr, lo_ptr, hi_ptr, N: tl.constexpr, NVFP4: tl.constex
         word = codes | ((offs & 0x55) << 8) | ((255 - codes) << 16) | ((offs ^ 0x3C) << 24)
     else:
         word = codes | ((128 - codes) << 8) | ((offs & 0x55) << 16) | ((offs ^ 0x3C) << 24)
-    lo, hi = _dequant._scale_pair(word, NVFP4, True, USE_ASM)
+    lo, hi = _kernels._scale_pair(word, NVFP4, True, USE_ASM)
     tl.store(lo_ptr + offs, lo)
     tl.store(hi_ptr + offs, hi)
-
-
-@triton.jit
-def _single_decode_kernel(codes_ptr, out_ptr, N: tl.constexpr, USE_ASM: tl.constexpr):
-    """Code c at element c, junk in bits 8-15 (the decode reads bits 0-7 only)."""
-    offs = tl.arange(0, N)
-    codes = tl.load(codes_ptr + offs)
-    tl.store(out_ptr + offs, _dequant._e4m3_scales(codes | (((offs * 37) & 0xFF) << 8), USE_ASM))
-
-
-def e4m3_single_decode_mismatches(device: str) -> list[int]:
-    """E4M3 codes (the 254 non-NaN ones) whose decode by the swap-AB tile's routine (one scale per element, two
-    elements per asm: even codes take the pair's low half, odd codes the high half) is not 2^(126 -
-    NVFP4_FOLD_SHIFT) * scale exactly."""
-    codes = torch.arange(256, dtype=torch.int32, device=device)
-    out = torch.empty(256, dtype=torch.bfloat16, device=device)
-    _single_decode_kernel[(1,)](codes, out, N=256, USE_ASM=device != "cpu")
-    ref = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0 ** (126 - _dequant.NVFP4_FOLD_SHIFT)).bfloat16()
-    bad = ~torch.isnan(ref.float()) & (out.view(torch.int16) != ref.view(torch.int16))
-    return bad.nonzero().flatten().tolist()
-
-
-@triton.jit
-def _e2m1_kernel(bytes_ptr, lo_ptr, hi_ptr, scale_bits, N: tl.constexpr, FOLDED: tl.constexpr,
-                 USE_ASM: tl.constexpr):
-    offs = tl.arange(0, N)
-    packed = tl.load(bytes_ptr + offs)
-    scale = tl.full((N,), scale_bits, tl.int16).to(tl.bfloat16, bitcast=True)
-    lo, hi = _dequant._dequant_pairs(packed, scale, scale, FOLDED, USE_ASM)
-    tl.store(lo_ptr + offs, lo)
-    tl.store(hi_ptr + offs, hi)
-
-
-def e2m1_decode_mismatches(device: str) -> list[list[int]]:
-    """[folded, byte] for every byte whose two E2M1 codes the kernels' dequantization (folded: scale 2^126 * 1;
-    unfolded: 1) does not turn into the exact values (0, +-0.5 .. +-6, -0 for code 8)."""
-    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
-    byte = torch.arange(256, device=device)
-    ref_lo, ref_hi = (table[(byte & 15).cpu()].bfloat16(), table[(byte >> 4).cpu()].bfloat16())
-    bad = []
-    for folded, bits in ((True, 0x7E80), (False, 0x3F80)):  # bf16 2^126, 1.0
-        lo = torch.empty(256, dtype=torch.bfloat16, device=device)
-        hi = torch.empty_like(lo)
-        _e2m1_kernel[(1,)](byte.to(torch.uint8), lo, hi, bits, N=256, FOLDED=folded, USE_ASM=device != "cpu",
-                           num_warps=1)
-        wrong = (lo.cpu().view(torch.int16) != ref_lo.view(torch.int16)) | (
-            hi.cpu().view(torch.int16) != ref_hi.view(torch.int16))
-        bad += [[int(folded), b] for b in wrong.nonzero().flatten().tolist()]
-    return bad
 
 
 def e4m3_decode_mismatches(device: str) -> list[int]:
@@ -86,7 +37,7 @@ def e4m3_decode_mismatches(device: str) -> list[int]:
     lo = torch.empty(256, dtype=torch.bfloat16, device=device)
     hi = torch.empty_like(lo)
     _decode_kernel[(1,)](codes, lo, hi, N=256, NVFP4=True, USE_ASM=device != "cpu")
-    fold = 2.0 ** (126 - _dequant.NVFP4_FOLD_SHIFT)
+    fold = 2.0 ** (126 - _kernels.NVFP4_FOLD_SHIFT)
     ref = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * fold).bfloat16()
     real = ~torch.isnan(ref.float())
     bad_lo = real & (lo.view(torch.int16) != ref.view(torch.int16))

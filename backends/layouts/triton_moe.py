@@ -1,14 +1,9 @@
 """Weight layout of this project's Triton MoE kernels (backends.triton_moe), and the way back.
 
-Kernel layout (per expert e, rows K-major, two E2M1 codes per byte "split by halves", in 64-wide K groups
-g: the low nibbles of a tile's bytes and the high nibbles are two K sets that meet matching activation
-columns in two MMAs; the checkpoint's bytes hold values 2i, 2i+1):
-    MXFP4  byte 32g+j holds value 64g+j (low nibble) and 64g+32+j (high): two contiguous K halves
-    NVFP4  "shared K order": byte 32g+16j+4c+i (j < 2, c < 4, i < 4) holds value 64g+16c+8j+i (low) and
-           64g+16c+8j+4+i (high), i.e. every checkpoint int32 word (8 values) becomes one word, low nibbles
-           = its first 4 values; so the 4 consecutive bytes a thread of an mma.sync fragment holds
-           (4c..4c+3 and 16+4c..) carry only block scale c of the group (the kernel decodes one scale per
-           16 values per thread instead of two per 8 in every thread of a quad)
+Kernel layout (per expert e, rows K-major, two E2M1 codes per byte "split by halves": in each
+64-wide K group g, byte 32g+j holds value 64g+j in its low nibble and value 64g+32+j in its high
+nibble, so a tile's low and high nibbles are two contiguous K halves; the checkpoint's bytes hold
+values 2i, 2i+1):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
     w13_scale  int32 [E, ceil(H/C), 2I]: "scale words", one word per row and C-wide K chunk holding
                that chunk's 4 E8M0 exponents (MXFP4: B=32, C=128) or 4 E4M3 bytes (NVFP4: B=16, C=64),
@@ -101,59 +96,40 @@ def _scale_bytes(scale: torch.Tensor, fmt: str, name: str) -> torch.Tensor:
     return scale.contiguous().view(torch.uint8)
 
 
-def _split_halves(packed: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Checkpoint bytes (values 2i | 2i+1 << 4) -> kernel bytes (the format's order above); the Triton kernel
-    (`_nibble_kernels`) on CUDA."""
+def _split_halves(packed: torch.Tensor) -> torch.Tensor:
+    """Checkpoint bytes (values 2i | 2i+1 << 4) -> kernel bytes (64-wide groups: value j | value j+32 << 4);
+    the Triton kernel (`_nibble_kernels`) on CUDA."""
     if kernels.enabled(packed) and packed.dim() == 3:
         rows = packed.shape[1]
-        return _split_halves_fast(packed, rows, 2 * packed.shape[2], kernels.plain_rows(rows, rows), fmt)
-    return _split_halves_torch(packed, fmt)
+        return _split_halves_fast(packed, rows, 2 * packed.shape[2], kernels.plain_rows(rows, rows))
+    return _split_halves_torch(packed)
 
 
 @functools.lru_cache(maxsize=16)
-def _split_spec(half_k: int, fmt: str = "mxfp4") -> kernels.WordGather:
+def _split_spec(half_k: int) -> kernels.WordGather:
     """_split_halves as a word gather: rows stay, every 8 output words read one 32-byte group of their row."""
-    return kernels.derive(functools.partial(_split_halves_torch, fmt=fmt), (2, half_k), (1, 8))
+    return kernels.derive(_split_halves_torch, (2, half_k), (1, 8))
 
 
-def _split_halves_fast(src: torch.Tensor, rows: int, k: int, row_map: kernels.RowMap, fmt: str) -> torch.Tensor:
+def _split_halves_fast(src: torch.Tensor, rows: int, k: int, row_map: kernels.RowMap) -> torch.Tensor:
     """_split_halves of the padded [E, rows, k/2] matrix whose rows `row_map` maps to the checkpoint's `src`."""
     out = src.new_empty((src.shape[0], rows, k // 2))
-    kernels.gather_words(_split_spec(k // 2, fmt), src, out, n_slabs=1, slab_src=(0, 0), dst_slab_stride=0,
+    kernels.gather_words(_split_spec(k // 2), src, out, n_slabs=1, slab_src=(0, 0), dst_slab_stride=0,
                          dst_row_stride=k // 8, block=(rows, k // 8), rows=row_map, logical_cols=src.shape[-1])
     return out
 
 
-def _group_codes(codes: torch.Tensor, fmt: str) -> torch.Tensor:
-    """[..., groups, 64] codes in K order -> [..., groups, 2, 32]: the low and the high nibbles' values in byte
-    order (NVFP4: K = 16c + 8j + 4h + i -> [h][16j + 4c + i]; MXFP4: K = 32h + j -> [h][j])."""
-    if fmt == "nvfp4":
-        lead = codes.shape[:-1]
-        return codes.reshape(*lead, 4, 2, 2, 4).permute(*range(len(lead)), -2, -3, -4, -1).reshape(*lead, 2, 32)
-    return codes.reshape(*codes.shape[:-1], 2, 32)
-
-
-def _ungroup_codes(halves: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Inverse of _group_codes."""
-    if fmt == "nvfp4":
-        lead = halves.shape[:-2]
-        return halves.reshape(*lead, 2, 2, 4, 4).permute(*range(len(lead)), -2, -3, -4, -1).reshape(*lead, 64)
-    return halves.reshape(*halves.shape[:-2], 64)
-
-
-def _split_halves_torch(packed: torch.Tensor, fmt: str = "mxfp4") -> torch.Tensor:
+def _split_halves_torch(packed: torch.Tensor) -> torch.Tensor:
     """The definition of _split_halves in pure torch (CPU, meta, and the reference of the kernel)."""
     groups = packed.shape[-1] // 32  # explicit, so that zero experts reshape too
-    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], groups, 64)
-    halves = _group_codes(codes, fmt)
-    return (halves[..., 0, :] | (halves[..., 1, :] << 4)).reshape(packed.shape).contiguous()
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], groups, 2, 32)
+    return (codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(packed.shape).contiguous()
 
 
-def _join_halves(packed: torch.Tensor, fmt: str = "mxfp4") -> torch.Tensor:
+def _join_halves(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of _split_halves."""
     groups = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 32, 32)
-    codes = _ungroup_codes(torch.stack([groups & 15, groups >> 4], dim=-2), fmt)
-    codes = codes.reshape(*packed.shape[:-1], packed.shape[-1], 2)
+    codes = torch.stack([groups & 15, groups >> 4], dim=-2).reshape(*packed.shape[:-1], packed.shape[-1], 2)
     return (codes[..., 0] | (codes[..., 1] << 4)).reshape(packed.shape).contiguous()
 
 
@@ -223,7 +199,7 @@ def to_kernel_layout(
     fix = _deinterleave_rows if gate_up_layout == "interleaved" else (lambda t: None if t is None else t.contiguous())
     return TritonMoEWeights(
         format=format,
-        w13=_split_halves(fix(w13), format), w13_scale=_to_words(fix(s13), format), w2=_split_halves(w2, format),
+        w13=_split_halves(fix(w13)), w13_scale=_to_words(fix(s13), format), w2=_split_halves(w2),
         w2_scale=_to_words(s2, format),
         w13_bias=None if w13_bias is None else fix(w13_bias),
         w2_bias=None if w2_bias is None else w2_bias.contiguous(),
@@ -237,8 +213,8 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
     scale_dtype = torch.uint8 if kw.format == "mxfp4" else torch.float8_e4m3fn
     s13 = _from_words(kw.w13_scale, kw.format, kw.hidden_size)
     s2 = _from_words(kw.w2_scale, kw.format, kw.intermediate_size)
-    out = {"format": kw.format, "w13": fix(_join_halves(kw.w13, kw.format)), "w13_scale": fix(s13).view(scale_dtype),
-           "w2": _join_halves(kw.w2, kw.format), "w2_scale": s2.view(scale_dtype),
+    out = {"format": kw.format, "w13": fix(_join_halves(kw.w13)), "w13_scale": fix(s13).view(scale_dtype),
+           "w2": _join_halves(kw.w2), "w2_scale": s2.view(scale_dtype),
            "w13_bias": None if kw.w13_bias is None else fix(kw.w13_bias), "w2_bias": kw.w2_bias,
            "gate_up_layout": gate_up_layout}
     if kw.format == "nvfp4":
@@ -269,10 +245,9 @@ class TritonMoELayout(Layout):
             side = kernels.padded_side_tensors(w, hidden, inter, "gate_up", scales=False)
             words = _scale_words_fast(w, hidden, inter)
             tensors = {
-                "w13": _split_halves_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "gate_up", w.I, inter),
-                                          w.format),
+                "w13": _split_halves_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "gate_up", w.I, inter)),
                 "w13_scale": words["w13_scale"],
-                "w2": _split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden), w.format),
+                "w2": _split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden)),
                 "w2_scale": words["w2_scale"],
                 "w13_bias": side["w13_bias"], "w2_bias": side["w2_bias"],
                 "w13_global_scale": None if w.w13_global_scale is None else w.w13_global_scale.float().contiguous(),

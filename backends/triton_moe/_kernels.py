@@ -9,15 +9,13 @@ Every program works on one (row block, column block) tile of one expert; row blo
 grid is a static upper bound (programs past the padded end return at once): CUDA-graph safe.
 There are no atomics anywhere, so the result is bit-identical from run to run.
 
-Weights stay packed E2M1 until the K loop (layout: backends.layouts.triton_moe; the low and the high
-nibbles of a tile's bytes are two K sets that meet the matching activation columns in two MMAs - no
-interleaving shuffle: MXFP4 bytes hold values k and k+32 of a 64-wide group; NVFP4 uses the "shared K
-order", where the 4 consecutive bytes an mma.sync thread holds carry one 16-value block, so a swap-AB
-thread decodes one block scale per 16 values, and _act_columns gathers the activations in that order).
-A K step loads its bytes as one tile of 16-byte row copies and the scales as words (MXFP4, plain NVFP4)
-or bytes (swap-AB NVFP4), broadcast in registers. On the GPU an inline-PTX routine turns 4 bytes into 8
-scaled bf16 values with one bf16x2 FMA per pair (~2.25 SASS per value: the block scale carries the 2^126
-of the bit trick); the CPU interpreter computes the same values in fp32. Products FP4 x block scale
+Weights stay packed E2M1 until the K loop (layout: backends.layouts.triton_moe; a byte holds
+values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile are two K halves
+that meet the matching activation columns in two MMAs - no interleaving shuffle). A K step loads
+its bytes as [rows, scale blocks, bytes per block] (16-byte row copies) and one scale word per
+(row, block), broadcast in registers. On the GPU an inline-PTX routine turns 4 bytes into 8 scaled
+bf16 values with one bf16x2 FMA per pair (~2.25 SASS per value: the block scale carries the 2^126 of
+the bit trick); the CPU interpreter computes the same values in fp32. Products FP4 x block scale
 are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
 so nothing is rounded that the format did not round.
 """
@@ -27,16 +25,210 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton_moe._dequant import (  # the K step's operands (see that module)
-    _act_halves,
-    _act_tile,
-    _scale_rows,
-    _weight_tile,
-    _weight_tile_nvfp4_k_order,
-)
-
 ACT_SILU = 0
 ACT_SWIGLUOAI = 1
+
+
+# E2M1 -> bf16x2, 4 bytes (8 values) per asm instance. prmt moves byte j into the high byte of a 16-bit lane
+# (t = b << 8). A low nibble (bits 8..11) becomes the bf16 pattern of value * 2^-126 (subnormal for 0.5) as
+# ((t << 4) | (t >> 2)) & 0x81C081C0 (sign to bit 15, magnitude to bits 6..8; 3 SASS ops); a high nibble (bits
+# 12..15) as (t & 0x80008000) | ((t >> 6) & 0x01C001C0) (3 ops; bit 8 of t belongs to the low nibble). One
+# bf16x2 FMA then applies a "folded" scale, 2^126 * block scale (exact: <= 6 significant bits), built by
+# _scale_pair. $0,$1: low nibbles of bytes 0-1, 2-3; $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8:
+# the folded scales of the low / high values. ~2.25 SASS per value.
+_E2M1_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 t01, t23, a, b, z, nz;
+mov.b32 z, 0;
+mov.b32 nz, 0x80008000;
+prmt.b32 t01, $4, z, 0x1404;
+prmt.b32 t23, $4, z, 0x3424;
+shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $0, a, $5, nz;
+shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $1, a, $6, nz;
+shr.b32 a, t01, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t01, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 $2, a, $7, nz;
+shr.b32 a, t23, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t23, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 $3, a, $8, nz;
+}
+""")
+# Unfolded variant (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first
+# multiply by 2^126, then by the block scale itself (two exact FMAs).
+_E2M1_BF16X2_UNFOLDED_ASM = tl.constexpr("""
+{
+.reg .b32 t01, t23, a, b, z, nz, k126;
+mov.b32 z, 0;
+mov.b32 nz, 0x80008000;
+mov.b32 k126, 0x7E807E80;
+prmt.b32 t01, $4, z, 0x1404;
+prmt.b32 t23, $4, z, 0x3424;
+shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $0, a, $5, nz;
+shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $1, a, $6, nz;
+shr.b32 a, t01, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t01, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 $2, a, $7, nz;
+shr.b32 a, t23, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t23, 0x80008000; or.b32 a, a, b;
+fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 $3, a, $8, nz;
+}
+""")
+
+#: NVFP4 scales are folded with an extra 2^-NVFP4_FOLD_SHIFT = 2^-16 (E4M3 up to 448 * 2^126 would overflow
+#: bf16): the dequantized weights are W * 2^-16 (all normal: |W| in [2^-10, 2688]) and the GEMM epilogues
+#: multiply by 2^16 = 65536.0 (exact).
+NVFP4_FOLD_SHIFT = 16
+
+
+@triton.jit
+def _e2m1_value_f32(codes):
+    """4-bit E2M1 codes (int32) -> fp32 values * 2^-126 (the asm's bf16 pattern), through fp16 (exact)."""
+    bits = (((codes & 8) << 12) | ((codes & 7) << 9)).to(tl.int16)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0 * 1.1754943508222875e-38  # * 2^14 * 2^-126
+
+
+@triton.jit
+def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+    """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16."""
+    if USE_ASM:
+        if FOLDED:
+            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r,r,r,r",
+                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
+                                               is_pure=True, pack=4)
+        else:
+            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_UNFOLDED_ASM, "=r,=r,=r,=r,r,r,r,r,r",
+                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
+                                               is_pure=True, pack=4)
+    else:  # the CPU interpreter cannot run PTX: the same products in fp32 (each exact), rounded once
+        b = packed.to(tl.int32)
+        lo = _e2m1_value_f32(b & 15)
+        hi = _e2m1_value_f32(b >> 4)
+        if not FOLDED:
+            lo = lo * 8.507059173023462e37  # 2^126
+            hi = hi * 8.507059173023462e37
+        lo = (lo * scale_lo.to(tl.float32)).to(tl.bfloat16)
+        hi = (hi * scale_hi.to(tl.float32)).to(tl.bfloat16)
+    return lo, hi
+
+
+# NVFP4 block scales, both of a dequantization step's pair at once: $1 holds the low values' E4M3 byte in bits
+# 0-7 and the high values' one in bits 16-23 (other bits ignored); $0 = bf16x2 (2^110 * low, 2^110 * high).
+# The bf16 pattern (s & 0x80) << 8 | (s & 0x7F) << 4 is scale * 2^-120 for every E4M3 code, subnormals
+# included (E4M3 and bf16 subnormals line up: both are m/8 of the smallest normal); two exact bf16x2 FMAs
+# by 2^115 fold it. ~6 SASS per pair (the fp16 -> fp32 -> bf16 route took ~12).
+_E4M3_PAIR_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 a, b, k, nz;
+mov.b32 nz, 0x80008000;
+mov.b32 k, 0x79007900;
+shl.b32 a, $1, 8; and.b32 a, a, 0x80008000;
+shl.b32 b, $1, 4; and.b32 b, b, 0x07F007F0;
+or.b32 a, a, b;
+fma.rn.bf16x2 a, a, k, nz;
+fma.rn.bf16x2 $0, a, k, nz;
+}
+""")
+
+
+# MXFP4 folded scales, both of a pair at once: $1 holds the low values' E8M0 exponent in bits 0-7 and the high
+# values' one in bits 8-15 (e <= 128, see _scale_bf16); $0 = bf16x2 (2^(e_lo - 1), 2^(e_hi - 1)): prmt moves
+# byte 1 to byte 2 (zeros elsewhere), then (e + 126) << 7 per 16-bit lane (no carry: e + 126 <= 254).
+_E8M0_PAIR_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 y, z;
+mov.b32 z, 0;
+prmt.b32 y, $1, z, 0x4140;
+shl.b32 y, y, 7;
+add.u32 $0, y, 0x3F003F00;
+}
+""")
+
+
+@triton.jit
+def _e4m3_folded_f32(s):
+    """E4M3 byte (int32, bits above the low byte ignored) -> fp32 2^(126 - NVFP4_FOLD_SHIFT) * scale, exact: the
+    asm's pattern as fp32 bits (the interpreter's bf16 -> fp32 loses subnormals), times 2^115 twice."""
+    bits = (((s & 0x80) << 24) | ((s & 0x7F) << 20)).to(tl.float32, bitcast=True)
+    return bits * 4.1538374868278621e34 * 4.1538374868278621e34
+
+
+@triton.jit
+def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+    """A scale word shifted so that its low byte is the low values' scale -> (low, high) bf16 factors that
+    _dequant_pairs applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1)."""
+    if NVFP4:
+        if USE_ASM:
+            pair = tl.inline_asm_elementwise(_E4M3_PAIR_BF16X2_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True,
+                                             pack=1)
+            lo = (pair & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            lo = _e4m3_folded_f32(x).to(tl.bfloat16)
+            hi = _e4m3_folded_f32(x >> 16).to(tl.bfloat16)
+    elif FOLDED and USE_ASM:
+        pair = tl.inline_asm_elementwise(_E8M0_PAIR_BF16X2_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+        lo = (pair & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        lo = _scale_bf16(x, FOLDED)
+        hi = _scale_bf16(x >> 8, FOLDED)
+    return lo, hi
+
+
+@triton.jit
+def _scale_bf16(s, FOLDED: tl.constexpr):
+    """MXFP4 scale byte (int32, bits above the low byte ignored) -> the bf16 factor _dequant_pairs applies (exact).
+
+    E8M0 e, scale 2^(e-127): folded 2^126 * scale = 2^(e-1), valid for e <= 128 (forward.py checks);
+    unfolded 2^(e-127) (e = 0: the bf16 subnormal 2^-127; both give the same products).
+    """
+    s = s & 0xFF
+    if FOLDED:
+        return ((s + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.where(s == 0, 0x40, s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
+    activation columns of _act_halves (value k = k0 + 64*(b//32) + b%32, and k + 32).
+
+    The bytes load as one 2-D tile (each row's BLOCK_K/2 bytes contiguous: 16-byte copies); the scales as
+    one word per (row, scale block of the low values), broadcast over its SCALE_BLOCK columns in registers.
+    """
+    HALF: tl.constexpr = BLOCK_K // 2
+    NSUB: tl.constexpr = HALF // SCALE_BLOCK  # scale blocks among a step's low values
+    j = tl.arange(0, NSUB)
+    col = (k0 // 2 + j * SCALE_BLOCK)[:, None] + tl.arange(0, SCALE_BLOCK)[None, :]  # [NSUB, SCALE_BLOCK] bytes
+    k_first = k0 + 64 * ((j * SCALE_BLOCK) // 32) + (j * SCALE_BLOCK) % 32  # first low value of sub-block j
+    block_lo = k_first // SCALE_BLOCK  # its scale block; the high values' block is 32 // SCALE_BLOCK further
+    w_ptrs = w_rows[:, None, None] + col[None, :, :]
+    s_ptrs = words_ptr[:, None] + (block_lo // 4)[None, :] * stride_sc
+    if EVEN_K:
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None], other=0)
+        words = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+    else:
+        packed = tl.load(w_ptrs, mask=row_ok[:, None, None] & (col < K // 2)[None, :, :], other=0)
+        words = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
+    scale_lo, scale_hi = _scale_pair(words >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
+    ROWS: tl.constexpr = packed.shape[0]
+    lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, None], (ROWS, NSUB, SCALE_BLOCK)),
+                            tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM)
+    return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
+
+
+@triton.jit
+def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each."""
+    b = tl.arange(0, BLOCK_K // 2)
+    col = k0 + 64 * (b // 32) + b % 32
+    if EVEN_K:
+        mask = row_ok[:, None]
+    else:
+        mask = row_ok[:, None] & (col < K)[None, :]
+    lo = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
+    hi = tl.load(a_rows[:, None] + (col + 32)[None, :], mask=mask, other=0.0)
+    return lo, hi
 
 
 @triton.jit
@@ -67,7 +259,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h."""
-    if NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (_dequant._scale_pair): undo it, exactly
+    if NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_pair): undo it, exactly
         global_scale = tl.load(gs_ptr + expert)
         acc_g = acc_g * 65536.0 / global_scale
         acc_u = acc_u * 65536.0 / global_scale
@@ -147,26 +339,19 @@ def gemm1_act_kernel(
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     wg_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
     wu_rows = wg_rows + N * stride_wn
-    sg_ptrs = _scale_rows(s_ptr, expert * stride_se + offs_n, NVFP4 and SWAP_AB)
-    su_ptrs = _scale_rows(s_ptr, expert * stride_se + offs_n + N, NVFP4 and SWAP_AB)
+    sg_ptrs = s_ptr + expert * stride_se + offs_n
+    su_ptrs = sg_ptrs + N
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        if NVFP4 and not SWAP_AB:  # natural K order: one activation tile, one MMA per matrix
-            a = _act_tile(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
-            g = _weight_tile_nvfp4_k_order(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, EVEN_K, USE_ASM)
-            u = _weight_tile_nvfp4_k_order(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, EVEN_K, USE_ASM)
-            acc_g = _mma(acc_g, a, g, SWAP_AB, DOT_FP32)
-            acc_u = _mma(acc_u, a, u, SWAP_AB, DOT_FP32)
-        else:
-            a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
-            g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
-            u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
-            acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
-            acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
+        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+        acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
+        acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -231,18 +416,14 @@ def gemm2_kernel(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
-    s_ptrs = _scale_rows(s_ptr, expert * stride_se + offs_n, NVFP4 and SWAP_AB)
+    s_ptrs = s_ptr + expert * stride_se + offs_n
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        if NVFP4 and not SWAP_AB:  # natural K order (see GEMM1)
-            w = _weight_tile_nvfp4_k_order(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, EVEN_K, USE_ASM)
-            acc = _mma(acc, _act_tile(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K), w, SWAP_AB, DOT_FP32)
-        else:
-            a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, NVFP4)
-            w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
-            acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)
     if NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
