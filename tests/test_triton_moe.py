@@ -191,11 +191,13 @@ def test_cuda_folded_and_unfolded_scales_give_the_same_bits(monkeypatch, tokens)
 @requires_cuda
 @pytest.mark.gpu
 def test_cuda_scale_decode_is_exact_for_every_code():
-    """The PTX decode of block-scale pairs is exact: all 254 E4M3 codes (NVFP4; integer bit moves + two bf16x2
-    FMAs, subnormals included, which the layer tests never draw) and every E8M0 exponent of the folded MXFP4 path."""
-    from triton_moe_scale_probe import e4m3_decode_mismatches, e8m0_folded_decode_mismatches
+    """The PTX decodes are exact: all 254 E4M3 codes (NVFP4; integer bit moves + two bf16x2 FMAs, subnormals
+    included, which the layer tests never draw), every E8M0 exponent of the folded MXFP4 path, and both E2M1
+    codes of every byte (folded and unfolded scales)."""
+    from triton_moe_scale_probe import e2m1_decode_mismatches, e4m3_decode_mismatches, e8m0_folded_decode_mismatches
 
     assert e4m3_decode_mismatches("cuda") == []
+    assert e2m1_decode_mismatches("cuda") == []
     assert e8m0_folded_decode_mismatches("cuda") == []
 
 

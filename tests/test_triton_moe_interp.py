@@ -30,6 +30,8 @@ CASES = {
     "mxfp4-swigluoai-bias-plain": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "plain"),
     "nvfp4-silu-k-tail-swap": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "swap"),
     "nvfp4-silu-k-tail-plain": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "plain"),
+    # NVFP4 swap-AB with two 64-wide groups per K step, the second one past K in both GEMMs (192 = 128 + 64, 64)
+    "nvfp4-silu-k-tail-swap-bk128": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "swap128"),
     "mxfp4-silu-top1-swap": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk", "swap"),
     "nvfp4-swigluoai-one-expert": ("nvfp4", 4, 3, 64, 64, "swigluoai", True, 20, "interleaved", "one_expert", "plain"),
     "mxfp4-swigluoai-bias-split-k": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "split"),
@@ -56,6 +58,8 @@ def _run_case(name: str, spec) -> dict:
     swap = tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2)
     plain = tuning.LaunchConfig(32, 32, 128, 2, False, 4, 2)  # K tail: 192 = 128 + 64
     configs = {"swap": tuning.MoEConfig(swap, swap, "test"),
+               "swap128": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 128, 1, True, 4, 2),
+                                           tuning.LaunchConfig(16, 32, 128, 1, True, 4, 2), "test"),
                "plain": tuning.MoEConfig(plain, tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"),
                # split-K: K tails, empty slices (K=64 in 3 slices), bias only in slice 0
                "split": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=2),
@@ -246,9 +250,10 @@ def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_result
 
 
 def _check_e4m3_scale_decode() -> dict:
-    from triton_moe_scale_probe import e4m3_decode_mismatches, e8m0_folded_decode_mismatches
+    from triton_moe_scale_probe import e2m1_decode_mismatches, e4m3_decode_mismatches, e8m0_folded_decode_mismatches
 
-    return {"mismatches": e4m3_decode_mismatches("cpu"), "e8m0_mismatches": e8m0_folded_decode_mismatches("cpu")}
+    return {"mismatches": e4m3_decode_mismatches("cpu"), "e8m0_mismatches": e8m0_folded_decode_mismatches("cpu"),
+            "e2m1_mismatches": e2m1_decode_mismatches("cpu")}
 
 
 def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
@@ -256,6 +261,7 @@ def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
     assert "error" not in row, row.get("error")
     assert row["mismatches"] == [], f"E4M3 codes decoded wrong: {row['mismatches']}"
     assert row["e8m0_mismatches"] == [], f"E8M0 exponents decoded wrong (folded): {row['e8m0_mismatches']}"
+    assert row["e2m1_mismatches"] == [], f"[folded, byte] of E2M1 bytes decoded wrong: {row['e2m1_mismatches']}"
 
 
 CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding,

@@ -29,6 +29,35 @@ def _decode_kernel(codes_ptr, lo_ptr, hi_ptr, N: tl.constexpr, NVFP4: tl.constex
     tl.store(hi_ptr + offs, hi)
 
 
+@triton.jit
+def _e2m1_kernel(bytes_ptr, lo_ptr, hi_ptr, scale_bits, N: tl.constexpr, FOLDED: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    offs = tl.arange(0, N)
+    packed = tl.load(bytes_ptr + offs)
+    scale = tl.full((N,), scale_bits, tl.int16).to(tl.bfloat16, bitcast=True)
+    lo, hi = _kernels._dequant_pairs(packed, scale, scale, FOLDED, USE_ASM)
+    tl.store(lo_ptr + offs, lo)
+    tl.store(hi_ptr + offs, hi)
+
+
+def e2m1_decode_mismatches(device: str) -> list[list[int]]:
+    """[folded, byte] for every byte whose two E2M1 codes the kernels' dequantization (folded: scale 2^126 * 1;
+    unfolded: 1) does not turn into the exact values (0, +-0.5 .. +-6, -0 for code 8)."""
+    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    byte = torch.arange(256, device=device)
+    ref_lo, ref_hi = (table[(byte & 15).cpu()].bfloat16(), table[(byte >> 4).cpu()].bfloat16())
+    bad = []
+    for folded, bits in ((True, 0x7E80), (False, 0x3F80)):  # bf16 2^126, 1.0
+        lo = torch.empty(256, dtype=torch.bfloat16, device=device)
+        hi = torch.empty_like(lo)
+        _e2m1_kernel[(1,)](byte.to(torch.uint8), lo, hi, bits, N=256, FOLDED=folded, USE_ASM=device != "cpu",
+                           num_warps=1)
+        wrong = (lo.cpu().view(torch.int16) != ref_lo.view(torch.int16)) | (
+            hi.cpu().view(torch.int16) != ref_hi.view(torch.int16))
+        bad += [[int(folded), b] for b in wrong.nonzero().flatten().tolist()]
+    return bad
+
+
 def e4m3_decode_mismatches(device: str) -> list[int]:
     """E4M3 codes (all 254 non-NaN ones, subnormals and negatives included, as the low and as the high scale
     of a word) whose decoded bf16 is not 2^(126 - NVFP4_FOLD_SHIFT) * scale exactly (torch's float8_e4m3fn is
