@@ -29,46 +29,44 @@ ACT_SILU = 0
 ACT_SWIGLUOAI = 1
 
 
-# E2M1 -> bf16x2, 4 bytes (8 values) per asm instance. prmt moves byte j into the high byte of a 16-bit lane
-# (t = b << 8). A low nibble (bits 8..11) becomes the bf16 pattern of value * 2^-126 (subnormal for 0.5) as
-# ((t << 4) | (t >> 2)) & 0x81C081C0 (sign to bit 15, magnitude to bits 6..8; 3 SASS ops); a high nibble (bits
-# 12..15) as (t & 0x80008000) | ((t >> 6) & 0x01C001C0) (3 ops; bit 8 of t belongs to the low nibble). One
-# bf16x2 FMA then applies a "folded" scale, 2^126 * block scale (exact: <= 6 significant bits), built by
-# _scale_pair. $0,$1: low nibbles of bytes 0-1, 2-3; $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8:
-# the folded scales of the low / high values. ~2.25 SASS per value.
+# E2M1 -> bf16x2, 4 bytes (8 values) per asm instance. prmt moves bytes 0, 1 (2, 3) into the low bytes of the two
+# 16-bit lanes; a nibble n (lane bits 0-3 for the low nibbles, 4-7 for the high ones, masked by one and) becomes the
+# bf16 pattern of value * 2^-126 (subnormal for 0.5), (n & 8) << 12 | (n & 7) << 6, as one integer multiply by
+# 2^6 + 2^12 (2^2 + 2^8 for the high nibble: the two copies cannot overlap or carry) and one and with 0x81C081C0:
+# and, mul, and per 2 values, the multiply on the FMA pipe (the shift/or/and version took 3 ALU-pipe ops). One
+# bf16x2 FMA then applies a "folded" scale, 2^126 * block scale (exact: <= 6 significant bits). $0,$1: low nibbles
+# of bytes 0-1, 2-3; $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8: the folded scales of the low / high values.
 _E2M1_BF16X2_ASM = tl.constexpr("""
 {
-.reg .b32 t01, t23, a, b, z, nz;
+.reg .b32 t01, t23, a, z, nz;
 mov.b32 z, 0;
 mov.b32 nz, 0x80008000;
-prmt.b32 t01, $4, z, 0x1404;
-prmt.b32 t23, $4, z, 0x3424;
-shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $0, a, $5, nz;
-shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $1, a, $6, nz;
-shr.b32 a, t01, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t01, 0x80008000; or.b32 a, a, b;
-fma.rn.bf16x2 $2, a, $7, nz;
-shr.b32 a, t23, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t23, 0x80008000; or.b32 a, a, b;
-fma.rn.bf16x2 $3, a, $8, nz;
+prmt.b32 t01, $4, z, 0x4140;
+prmt.b32 t23, $4, z, 0x4342;
+and.b32 a, t01, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $0, a, $5, nz;
+and.b32 a, t23, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $1, a, $6, nz;
+and.b32 a, t01, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $2, a, $7, nz;
+and.b32 a, t23, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $3, a, $8, nz;
 }
 """)
 # Unfolded variant (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first
 # multiply by 2^126, then by the block scale itself (two exact FMAs).
 _E2M1_BF16X2_UNFOLDED_ASM = tl.constexpr("""
 {
-.reg .b32 t01, t23, a, b, z, nz, k126;
+.reg .b32 t01, t23, a, z, nz, k126;
 mov.b32 z, 0;
 mov.b32 nz, 0x80008000;
 mov.b32 k126, 0x7E807E80;
-prmt.b32 t01, $4, z, 0x1404;
-prmt.b32 t23, $4, z, 0x3424;
-shl.b32 a, t01, 4; shr.b32 b, t01, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+prmt.b32 t01, $4, z, 0x4140;
+prmt.b32 t23, $4, z, 0x4342;
+and.b32 a, t01, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
 fma.rn.bf16x2 $0, a, $5, nz;
-shl.b32 a, t23, 4; shr.b32 b, t23, 2; or.b32 a, a, b; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+and.b32 a, t23, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
 fma.rn.bf16x2 $1, a, $6, nz;
-shr.b32 a, t01, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t01, 0x80008000; or.b32 a, a, b;
-fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 $2, a, $7, nz;
-shr.b32 a, t23, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t23, 0x80008000; or.b32 a, a, b;
-fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 $3, a, $8, nz;
+and.b32 a, t01, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $2, a, $7, nz;
+and.b32 a, t23, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
+fma.rn.bf16x2 $3, a, $8, nz;
 }
 """)
 
