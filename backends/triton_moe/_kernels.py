@@ -14,8 +14,9 @@ values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile 
 that meet the matching activation columns in two MMAs - no interleaving shuffle). A K step loads
 its bytes as [rows, scale blocks, bytes per block] (16-byte row copies) and one scale word per
 (row, block), broadcast in registers. On the GPU an inline-PTX routine turns 4 bytes into 8 scaled
-bf16 values with one bf16x2 FMA per pair (~2.25 SASS per value: the block scale carries the 2^126 of
-the bit trick); the CPU interpreter computes the same values in fp32. Products FP4 x block scale
+bf16 values: and / integer multiply / and per value pair builds the bit pattern (the multiply on the FMA
+pipe, which the ALU-bound decode regime has to spare), one bf16x2 FMA applies the block scale, which carries
+the 2^126 of the bit trick; the CPU interpreter computes the same values in fp32. Products FP4 x block scale
 are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
 so nothing is rounded that the format did not round.
 """
