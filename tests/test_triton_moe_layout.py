@@ -65,6 +65,18 @@ def test_scale_words_hold_four_block_scales_little_endian(fmt, k):
     assert torch.equal(_from_words(words, fmt, k), scales)
 
 
+@pytest.mark.parametrize("fmt,k", [("mxfp4", 64), ("nvfp4", 64), ("mxfp4", 256)])
+def test_scale_words_invert_whatever_their_strides(fmt, k):
+    """A copy of the words (loaded, cloned, moved) has standard strides; with one K chunk its size-1 dim's stride
+    differs from _to_words' own, and the inverse must not depend on it."""
+    block = 32 if fmt == "mxfp4" else 16
+    scales = torch.randint(0, 256, (2, 3, k // block), dtype=torch.uint8)
+    words = _to_words(scales, fmt)
+    for copy_ in (words, words.clone(memory_format=torch.contiguous_format), torch.empty(words.shape,
+                                                                                          dtype=torch.int32).copy_(words)):
+        assert torch.equal(_from_words(copy_, fmt, k), scales)
+
+
 def test_bytes_hold_k_and_k_plus_32_of_each_64_group():
     packed = torch.randint(0, 256, (3, 128), dtype=torch.uint8)  # K = 256
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(3, 256)

@@ -158,8 +158,11 @@ def _scale_words_fast(w: MoEWeights, hidden: int, inter: int) -> dict:
 
 def _from_words(words: torch.Tensor, fmt: str, k: int) -> torch.Tensor:
     """Inverse of _to_words: [E, chunks, rows] words -> [E, rows, K/B] uint8."""
-    e, _, rows = words.shape
-    return words.transpose(1, 2).contiguous().view(torch.uint8).reshape(e, rows, -1)[..., :k // SCALE_BLOCK[fmt]]
+    e, chunks, rows = words.shape
+    # a fresh [E, rows, chunks] copy: .contiguous() keeps any stride on a size-1 dim, and a single chunk
+    # (K <= 128 / 64) with standard strides then has stride(-1) == rows, which view(uint8) refuses
+    row_major = words.new_empty((e, rows, chunks)).copy_(words.transpose(1, 2))
+    return row_major.view(torch.uint8).reshape(e, rows, -1)[..., :k // SCALE_BLOCK[fmt]]
 
 
 def to_kernel_layout(
