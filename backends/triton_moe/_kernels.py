@@ -7,7 +7,8 @@
 Every program works on one (row block, column block) tile of one expert; row blocks come from
 `_routing.align` (pairs sorted by expert, padded to BLOCK_M), so no host sync is needed and the
 grid is a static upper bound (programs past the padded end return at once): CUDA-graph safe.
-There are no atomics anywhere, so the result is bit-identical from run to run.
+No atomics touch data (the one atomic counts a split-K tile's finished slices), so the result is
+bit-identical from run to run.
 
 Weights stay packed E2M1 until the K loop (layout: backends.layouts.triton_moe; a byte holds
 values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile are two K halves
@@ -315,11 +316,12 @@ def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexp
 
 @triton.jit
 def gemm1_act_kernel(
-    x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr,
+    x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
     stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm,
     alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    LAST_SLICE_ACTIVATES: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
@@ -328,7 +330,9 @@ def gemm1_act_kernel(
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
     SPLIT_K > 1: program (tile, s) sums K slice s only and stores raw fp32 gate/up sums of its real rows
-    to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ...
+    to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ... or, with
+    LAST_SLICE_ACTIVATES, the tile's program that finishes last does (_last_slice_sum: one launch fewer, same
+    bits). Its tickets (int32, one per tile = program_id(0)) must be zero at launch: the alignment zeroes them.
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -363,6 +367,29 @@ def gemm1_act_kernel(
         ok = row_ok[:, None] & col_ok[None, :]
         tl.store(p_ptrs, acc_g, mask=ok)
         tl.store(p_ptrs + N, acc_u, mask=ok)
+        if LAST_SLICE_ACTIVATES:
+            # every thread's slice is stored (CTA barrier) before the tile's ticket is drawn (release at GPU scope);
+            # the program that draws SPLIT_K - 1 comes after all the others' releases (acquire) and activates
+            tl.debug_barrier()
+            if tl.atomic_add(ticket_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+                acc_g, acc_u = _last_slice_sum(part_ptr + offs_m.to(tl.int64)[:, None] * stride_pm + offs_n[None, :],
+                                               ok, stride_ps, N, SPLIT_K, BLOCK_M, BLOCK_N)
+                _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
+                           stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32)
+
+
+@triton.jit
+def _last_slice_sum(p_ptrs, ok, stride_ps, N: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """(gate, up) = part[0] + part[1] + ... in the order s = 0 .. SPLIT_K - 1, from 0: gemm1_split_epilogue_kernel's
+    sum, bit for bit (kept as its own copy there, so that the tests comparing the two paths catch a change of order).
+    Loads bypass L1 (.cg): other SMs wrote the slices during this launch."""
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc_g += tl.load(p_ptrs + s * stride_ps, mask=ok, other=0.0, cache_modifier=".cg")
+        acc_u += tl.load(p_ptrs + s * stride_ps + N, mask=ok, other=0.0, cache_modifier=".cg")
+    return acc_g, acc_u
 
 
 @triton.jit

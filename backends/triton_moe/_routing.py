@@ -56,7 +56,11 @@ class Alignment:
 
     sorted_pairs: int32 [num_blocks * BLOCK_M], pad entries hold num_pairs (masked by the kernels);
     block_expert: int32 [num_blocks], the expert of each row block (unused past padded_total);
-    padded_total: int32 [1] on the device, rows in use (a multiple of BLOCK_M).
+    padded_total: int32 [1] on the device, rows in use (a multiple of BLOCK_M);
+    tickets: int32 [num_blocks * tickets_per_block] zeroes written by the alignment launch itself (None when
+    tickets_per_block = 0): the split-K GEMM1's per-tile counters of this call (_kernels.gemm1_act_kernel,
+    LAST_SLICE_ACTIVATES). Allocated per call like the other outputs, so every call, stream and CUDA-graph
+    replay gets zeroed tickets before its GEMM1, whatever an earlier (perhaps aborted) call left.
     """
 
     sorted_pairs: torch.Tensor
@@ -64,6 +68,7 @@ class Alignment:
     padded_total: torch.Tensor
     num_blocks: int
     block_m: int
+    tickets: torch.Tensor | None = None
 
 
 #: Up to this many (token, slot) pairs the alignment runs as one Triton program (one launch); above, the
@@ -85,13 +90,16 @@ def align_path(num_pairs: int, have_kernels: bool = True) -> str:
             else "torch")
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, path: str | None = None) -> Alignment:
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, path: str | None = None,
+          tickets_per_block: int = 0) -> Alignment:
     """Counting sort of the pairs by expert, with per-expert padding to BLOCK_M; stable in pair order.
 
     With `kernels` (the Triton module): one launch for few pairs, two (histograms per chunk, then scatter)
     up to MULTI_ALIGN_PAIRS; otherwise a fixed sequence of torch ops. All give the same result without a
-    host sync. path: force one of ALIGN_PATHS (tests, benchmarks).
+    host sync. path: force one of ALIGN_PATHS (tests, benchmarks). tickets_per_block: also return that many
+    zeroed tickets per row block (Alignment.tickets; GEMM1's column tiles per row block), zeroed in the same launch.
     """
+    _check_tickets_per_block("align", tickets_per_block)
     num_pairs = topk_ids.numel()
     if path is None:
         path = align_path(num_pairs, kernels is not None)
@@ -100,17 +108,30 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, 
     if path != "torch" and (kernels is None or num_pairs == 0):
         raise ValueError(f"align: path={path!r} needs the Triton kernels module and at least one pair")
     if path == "one-program":
-        return _align_fused(topk_ids, num_experts, block_m, kernels)
+        return _align_fused(topk_ids, num_experts, block_m, kernels, tickets_per_block)
     if path == "multi-program":
-        return _align_multi(topk_ids, num_experts, block_m, kernels)
-    return _align_torch(topk_ids, num_experts, block_m)
+        return _align_multi(topk_ids, num_experts, block_m, kernels, tickets_per_block)
+    return _align_torch(topk_ids, num_experts, block_m, tickets_per_block)
+
+
+def _check_tickets_per_block(caller: str, tickets_per_block) -> None:
+    if isinstance(tickets_per_block, bool) or not isinstance(tickets_per_block, int) or tickets_per_block < 0:
+        raise ValueError(f"{caller}: tickets_per_block={tickets_per_block!r} must be an int >= 0 (GEMM1's column "
+                         f"tiles per row block when its split-K slices activate in-kernel, else 0)")
+
+
+def _empty_tickets(num_blocks: int, tickets_per_block: int, device) -> torch.Tensor | None:
+    """The uninitialized ticket buffer an alignment kernel zeroes (None for none)."""
+    if not tickets_per_block:
+        return None
+    return torch.empty(num_blocks * tickets_per_block, dtype=torch.int32, device=device)
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _align_fused(topk_ids, num_experts, block_m, kernels, routing=None) -> Alignment:
+def _align_fused(topk_ids, num_experts, block_m, kernels, tickets_per_block=0, routing=None) -> Alignment:
     """One launch; routing = (router_logits, top_k, renormalize, route_weights): route first, in the same program,
     writing topk_ids (int32 [T, k]) and route_weights (fp32 [T, k])."""
     device = topk_ids.device
@@ -121,9 +142,11 @@ def _align_fused(topk_ids, num_experts, block_m, kernels, routing=None) -> Align
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
     padded_total = torch.empty(1, dtype=torch.int32, device=device)
     scratch = torch.empty(2 * e_block, dtype=torch.int32, device=device)
+    tickets = _empty_tickets(num_blocks, tickets_per_block, device)
     logits, top_k, renormalize, route_weights = routing or (scratch, 1, True, scratch)
     kernels.align_small_kernel[(1,)](
-        topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch, num_pairs, num_blocks,
+        topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch,
+        scratch if tickets is None else tickets, num_pairs, 0 if tickets is None else tickets.numel(), num_blocks,
         E=num_experts, E_BLOCK=e_block, P_BLOCK=max(16, _pow2(num_pairs)), BLOCK_M=block_m,
         ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
         logits_ptr=logits, weights_ptr=route_weights, stride_t=logits.stride(0), ROUTE=routing is not None,
@@ -131,7 +154,7 @@ def _align_fused(topk_ids, num_experts, block_m, kernels, routing=None) -> Align
         K_BLOCK=_pow2(top_k), RENORMALIZE=bool(renormalize),
         num_warps=4 if num_pairs <= 512 else 8 if num_pairs <= 1024 else 16,  # one program sorts all pairs
     )
-    return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m)
+    return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m, tickets)
 
 
 #: Routing runs inside the one-program alignment (route_and_align: one launch, not two) while T * E <= this: its
@@ -142,10 +165,11 @@ ROUTE_IN_ALIGN_LOGITS = 512
 
 
 def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int, block_m: int,
-                    kernels):
+                    kernels, tickets_per_block: int = 0):
     """(topk_ids int32 [T, k], topk_weights fp32 [T, k], Alignment) in one launch: `route` then `align`, with
     route's selection and formulas, for T >= 1 with T * E <= 4096 (one program holds the logits; by default
-    only T * E <= ROUTE_IN_ALIGN_LOGITS takes this path: see there)."""
+    only T * E <= ROUTE_IN_ALIGN_LOGITS takes this path: see there). tickets_per_block: as in `align`."""
+    _check_tickets_per_block("route_and_align", tickets_per_block)
     tokens = router_logits.shape[0]
     if not 1 <= tokens or tokens * num_experts > 4096:
         raise ValueError(f"route_and_align: T={tokens} with E={num_experts} must have 1 <= T and T * E <= 4096; "
@@ -153,11 +177,11 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
     logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    al = _align_fused(ids, num_experts, block_m, kernels, (logits, top_k, renormalize, weights))
+    al = _align_fused(ids, num_experts, block_m, kernels, tickets_per_block, (logits, top_k, renormalize, weights))
     return ids, weights, al
 
 
-def _align_multi(topk_ids, num_experts, block_m, kernels) -> Alignment:
+def _align_multi(topk_ids, num_experts, block_m, kernels, tickets_per_block=0) -> Alignment:
     device = topk_ids.device
     num_pairs = topk_ids.numel()
     num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
@@ -169,19 +193,22 @@ def _align_multi(topk_ids, num_experts, block_m, kernels) -> Alignment:
     padded_total = torch.empty(1, dtype=torch.int32, device=device)
     counts = torch.empty(num_chunks, e_block, dtype=torch.int32, device=device)
     scratch = torch.empty(num_chunks, e_block, dtype=torch.int32, device=device)
+    tickets = _empty_tickets(num_blocks, tickets_per_block, device)
+    num_tickets = 0 if tickets is None else tickets.numel()
     rows = num_blocks * block_m
     kernels.align_count_kernel[(num_chunks,)](
-        flat, counts, sorted_pairs, num_pairs, rows, -(-rows // num_chunks),
+        flat, counts, sorted_pairs, counts if tickets is None else tickets, num_pairs, rows, -(-rows // num_chunks),
+        num_tickets, -(-num_tickets // num_chunks),
         E=num_experts, E_BLOCK=e_block, CHUNK=MULTI_ALIGN_CHUNK, ROWS_CHUNK=256, num_warps=4)
     kernels.align_scatter_kernel[(num_chunks,)](
         flat, counts, scratch, sorted_pairs, block_expert, padded_total, num_pairs, num_chunks, num_blocks,
         -(-num_blocks // num_chunks), E=num_experts, E_BLOCK=e_block, CHUNK=MULTI_ALIGN_CHUNK,
         C_STEP=max(1, min(16, 4096 // e_block)), BLOCK_M=block_m, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
         num_warps=4)
-    return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m)
+    return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m, tickets)
 
 
-def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, tickets_per_block: int = 0) -> Alignment:
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     num_pairs = flat.numel()
@@ -201,4 +228,6 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
     block_start = torch.arange(num_blocks, device=device, dtype=torch.int64) * block_m
     block_expert = torch.searchsorted(padded_end, block_start, right=True).clamp_(max=num_experts - 1)
     padded_total = padded_end[-1:].to(torch.int32)
-    return Alignment(sorted_pairs, block_expert.to(torch.int32), padded_total, num_blocks, block_m)
+    tickets = (torch.zeros(num_blocks * tickets_per_block, dtype=torch.int32, device=device) if tickets_per_block
+               else None)
+    return Alignment(sorted_pairs, block_expert.to(torch.int32), padded_total, num_blocks, block_m, tickets)

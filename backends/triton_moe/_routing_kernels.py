@@ -5,6 +5,8 @@ top-k + softmax (three kernels at decode sizes: a gather, a bitonic sort and a s
 per token; align_small_kernel sorts the (token, slot) pairs by expert in one program (at decode sizes
 routing them first, in the same launch); align_count_kernel + align_scatter_kernel are the two-launch
 multi-program alignment for more pairs. All sums are exact integer counts: the results never depend on timing.
+The alignment launch also zeroes the split-K GEMM1's tile tickets of the same call (zero_tickets): it runs
+before GEMM1 in the same stream on every call, captured or not, so no ticket outlives an aborted call.
 """
 
 from __future__ import annotations
@@ -77,8 +79,18 @@ def _route_tokens(logits_ptr, ids_ptr, weights_ptr, tokens, stride_t, E: tl.cons
 
 
 @triton.jit
-def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr, scratch_ptr, num_pairs,
-                       num_blocks: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,
+def _zero_tickets(tickets_ptr, first, count, end, CHUNK: tl.constexpr):
+    """tickets[first : min(first + count, end)] = 0 (the split-K GEMM1's per-tile counters, see
+    _kernels.gemm1_act_kernel); count = 0: nothing."""
+    for t0 in range(0, count, CHUNK):
+        t = first + t0 + tl.arange(0, CHUNK)
+        tl.store(tickets_ptr + t, 0, mask=(t < end) & (t < first + count))
+
+
+@triton.jit
+def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr, scratch_ptr, tickets_ptr,
+                       num_pairs, num_tickets, num_blocks: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr,
+                       P_BLOCK: tl.constexpr,
                        BLOCK_M: tl.constexpr, ROWS_CHUNK: tl.constexpr, BLOCKS_CHUNK: tl.constexpr,
                        logits_ptr, weights_ptr, stride_t, ROUTE: tl.constexpr, T_BLOCK: tl.constexpr,
                        LOGITS_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
@@ -89,7 +101,9 @@ def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total
     histograms the experts, and scatters each pair to padded_start[e] + its rank inside e.
     ROUTE: first routes the num_pairs / TOP_K tokens from their logits as topk_route_kernel does (writing
     ids_ptr and weights_ptr), so decode takes one launch for routing and alignment together.
+    Also zeroes tickets[0 : num_tickets] (GEMM1's split-K tile tickets; 0: none).
     """
+    _zero_tickets(tickets_ptr, 0, num_tickets, num_tickets, ROWS_CHUNK)
     if ROUTE:
         _route_tokens(logits_ptr, ids_ptr, weights_ptr, num_pairs // TOP_K, stride_t, E, T_BLOCK, LOGITS_BLOCK,
                       TOP_K, K_BLOCK, RENORMALIZE)
@@ -122,11 +136,14 @@ def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total
 
 
 @triton.jit
-def align_count_kernel(ids_ptr, counts_ptr, sorted_pairs_ptr, num_pairs, total_rows, rows_per_program,
+def align_count_kernel(ids_ptr, counts_ptr, sorted_pairs_ptr, tickets_ptr, num_pairs, total_rows, rows_per_program,
+                       num_tickets, tickets_per_program,
                        E: tl.constexpr, E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, ROWS_CHUNK: tl.constexpr):
     """Multi-program alignment, pass 1 (program c): the expert histogram of pairs [c*CHUNK, (c+1)*CHUNK) into
-    counts[c], and the sentinel num_pairs into its share of sorted_pairs (pass 2 overwrites the real rows)."""
+    counts[c], and the sentinel num_pairs into its share of sorted_pairs (pass 2 overwrites the real rows); zeroes
+    its share of tickets[0 : num_tickets] (GEMM1's split-K tile tickets; 0: none)."""
     c = tl.program_id(0)
+    _zero_tickets(tickets_ptr, c * tickets_per_program, tickets_per_program, num_tickets, ROWS_CHUNK)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     expert = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E).to(tl.int32)
     bins = tl.arange(0, E_BLOCK)

@@ -5,16 +5,19 @@
       2. align      pairs sorted by expert, padded to BLOCK_M, no host sync         _routing.align
                     (router logits with T * E <= 512: 1 + 2 in one launch, _routing.route_and_align)
       3. GEMM1      gate/up tiles, FP4 dequantized in registers, bias, activation   _kernels.gemm1_act_kernel
-                    (split-K: fp32 slices, summed + activated by an epilogue launch)
+                    (split-K: fp32 slices, summed + activated by the tile's last slice program, or by an
+                    epilogue launch: SPLIT_EPILOGUE_ENV / split_epilogue=)
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
 Tiles come from tuning (configs/*.yaml, per GPU and shape bucket); a config's split_k > 1 splits a GEMM's
-K loop over programs (decode), the slices summed in a fixed order afterwards. No atomics: every run gives the
-same bits (`deterministic=True` is therefore always honoured). CUDA-graph capturable.
+K loop over programs (decode), the slices summed in a fixed order afterwards. No atomics on data (a split-K tile's
+slices only count themselves in on a ticket the alignment launch zeroed): every run gives the same bits
+(`deterministic=True` is therefore always honoured). CUDA-graph capturable.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from importlib.metadata import version
 
@@ -31,6 +34,14 @@ __all__ = ["moe_forward"]
 require_triton_version(version("triton"))  # read from metadata: importing triton here would fix its mode early
 
 _FN = "backends.triton_moe.moe_forward"
+
+#: How a split-K GEMM1 (config gemm1.split_k > 1, decode sizes) sums its K slices and activates, same bits either
+#: way: "fused" - the tile's last-finishing slice program does it inside GEMM1 (one launch fewer); "launch" - a
+#: separate gemm1_split_epilogue_kernel launch (the reference, and the A/B baseline). moe_forward's split_epilogue=
+#: wins over this environment variable (read at every call), which wins over DEFAULT_SPLIT_EPILOGUE.
+SPLIT_EPILOGUES = ("fused", "launch")
+SPLIT_EPILOGUE_ENV = "MOE_ORACLE_TRITON_SPLIT_EPILOGUE"
+DEFAULT_SPLIT_EPILOGUE = "fused"
 
 
 def _fail(kind, message: str):
@@ -123,11 +134,13 @@ def moe_forward(
     swiglu_limit: float = 7.0,
     deterministic: bool = False,
     config: tuning.MoEConfig | None = None,
+    split_epilogue: str | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]); same contract as the emulation.
 
-    deterministic: accepted for the rules' sake; the kernels use no atomics, so runs are always
-    bit-identical. config: override the tuned launch config (benchmark sweeps).
+    deterministic: accepted for the rules' sake; no atomics touch data, so runs are always bit-identical.
+    config: override the tuned launch config (benchmark sweeps). split_epilogue: "fused" or "launch", where a
+    split-K GEMM1 sums its slices (SPLIT_EPILOGUES; None: $MOE_ORACLE_TRITON_SPLIT_EPILOGUE, else "fused").
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -135,6 +148,7 @@ def moe_forward(
         _fail(TypeError, f"weights must be the KernelWeights of backends.layouts.triton_moe:converter (or its "
               f"TritonMoEWeights view), got {type(weights).__name__}; convert the checkpoint once with it")
     _check_inputs(x, weights, activation)
+    fused_epilogue = _split_epilogue(split_epilogue) == "fused"
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
               f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
@@ -149,14 +163,35 @@ def moe_forward(
         config = tuning.select_config(device_name=device_name, format=weights.format, tokens=tokens,
                                       experts=experts, top_k=k, hidden_size=hidden, intermediate_size=inter)
     kernels = _kernels_for(x.device)
+    c1 = config.gemm1
+    # the fused split epilogue's tile tickets (one per GEMM1 column tile of each row block), zeroed by the alignment
+    tickets_per_block = _cdiv(inter, c1.block_n) if fused_epilogue and c1.split_k > 1 else 0
     if ids is None:  # decode with router logits: routing and alignment in one launch
-        ids, route_w, al = route_and_align(router_logits, k, renormalize, experts, config.gemm1.block_m, kernels)
+        ids, route_w, al = route_and_align(router_logits, k, renormalize, experts, c1.block_m, kernels,
+                                           tickets_per_block)
     else:
-        al = align(ids, experts, config.gemm1.block_m, kernels)
+        al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
             _scales_fold(weights))
     return out
+
+
+def _split_epilogue(choice: str | None) -> str:
+    """The split-K GEMM1 epilogue to use (one of SPLIT_EPILOGUES): the argument, else the environment, else the
+    default; an unknown value of either is an error, never a fallback."""
+    if choice is not None:
+        if choice not in SPLIT_EPILOGUES:
+            _fail(ValueError, f"split_epilogue={choice!r} must be one of {SPLIT_EPILOGUES} or None (then "
+                  f"${SPLIT_EPILOGUE_ENV}, else {DEFAULT_SPLIT_EPILOGUE!r})")
+        return choice
+    from_env = os.environ.get(SPLIT_EPILOGUE_ENV)
+    if from_env is None:
+        return DEFAULT_SPLIT_EPILOGUE
+    if from_env not in SPLIT_EPILOGUES:
+        _fail(ValueError, f"environment variable {SPLIT_EPILOGUE_ENV}={from_env!r} must be one of {SPLIT_EPILOGUES}; "
+              f"set one of them or unset it (default {DEFAULT_SPLIT_EPILOGUE!r})")
+    return from_env
 
 
 #: id(w13_scale) -> (weakref to it, w13/w2 scale versions, verdict) of _scales_fold's one-time check.
@@ -187,10 +222,11 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded):
-    """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids (four with a
-    split-K GEMM1, whose activation runs in a separate epilogue after the fixed-order slice sum; folding that
-    epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200, because every
-    GEMM2 column program re-reads the fp32 slices: benchmarks/README-moe.md, round 4)."""
+    """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids. A split-K GEMM1
+    sums its fp32 slices in fixed order and activates either in the tile's last slice program (al.tickets: the
+    alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
+    (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
+    because every GEMM2 column program re-reads the fp32 slices: benchmarks/README-moe.md, round 4.)"""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -209,19 +245,26 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
-    kernels.gemm1_act_kernel[(al.num_blocks * _cdiv(inter, c1.block_n), c1.split_k)](
-        x, weights.w13, weights.w13_scale, gs13, b13, h, part,
+    tiles = al.num_blocks * _cdiv(inter, c1.block_n)
+    last_slice_activates = c1.split_k > 1 and al.tickets is not None
+    if last_slice_activates and al.tickets.numel() != tiles:  # the alignment was sized for another config
+        _fail(ValueError, f"the alignment holds {al.tickets.numel()} tickets but GEMM1 launches {tiles} tiles; "
+              f"align with tickets_per_block = ceil(I / gemm1.block_n) of the config that launches")
+    tickets = al.tickets if last_slice_activates else al.padded_total  # any int32 tensor when unused (never read)
+    kernels.gemm1_act_kernel[(tiles, c1.split_k)](
+        x, weights.w13, weights.w13_scale, gs13, b13, h, part, tickets,
         al.sorted_pairs, al.block_expert, al.padded_total,
         num_pairs, al.num_blocks, hidden, inter,
         x.stride(0), weights.w13.stride(0), weights.w13.stride(1), weights.w13_scale.stride(0),
         weights.w13_scale.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), *swiglu,
-        SPLIT_K=c1.split_k, K_SPLIT=_k_split(hidden, c1), EVEN_K=_even_k(hidden, c1), TOP_K=k,
+        SPLIT_K=c1.split_k, K_SPLIT=_k_split(hidden, c1), EVEN_K=_even_k(hidden, c1),
+        LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k,
         BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
         ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
-    if c1.split_k > 1:
+    if c1.split_k > 1 and not last_slice_activates:
         epi_n = 256
         kernels.gemm1_split_epilogue_kernel[(al.num_blocks, _cdiv(inter, epi_n))](
             part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, num_pairs, inter,
