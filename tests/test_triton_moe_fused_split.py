@@ -21,6 +21,7 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
 
+from conftest import requires_cuda
 from tolerances import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,6 +355,79 @@ def test_align_tickets_per_block_must_be_a_count(value):
 
     with pytest.raises(ValueError, match="tickets_per_block"):
         _routing.align(torch.zeros(2, 2, dtype=torch.int32), 4, 16, path="torch", tickets_per_block=value)
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA: concurrent slice programs (the last to arrive is whichever finishes last), real layer sizes
+# --------------------------------------------------------------------------------------------
+
+def _cuda_layer(name):
+    import torch
+
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
+
+    shape = SHAPES[name]
+    ckpt = random_checkpoint(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    return shape, to_kernel_layout(**ckpt), activation_kwargs(shape)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [2, 4, 8])
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+def test_cuda_fused_split_epilogue_gives_the_two_launch_bits(name, split_k):
+    """Same h and output as the two-launch path, 5 fused runs each (poisoned allocations), at T = 1, 4, 8
+    (route + align in one launch) and 64 (one-program or multi-program alignment)."""
+    import torch
+
+    from backends.triton_moe import tuning
+
+    shape, weights, act = _cuda_layer(name)
+    config = tuning.MoEConfig(tuning.LaunchConfig(16, 64, 128, 1, True, 4, 4, split_k=split_k),
+                              tuning.LaunchConfig(16, 32, 128, 1, False, 4, 3, split_k=2), "test")
+    gen = torch.Generator("cuda").manual_seed(split_k)
+    for tokens in (1, 4, 8, 64):
+        x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+        route = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
+                 "top_k": shape.top_k}
+        ref_out, ref_h, _ = _layer("launch", x, weights, route, act, config)
+        for _ in range(5):
+            out, h, launches = _layer("fused", x, weights, route, act, config)
+            assert launches == ["gemm1_act_kernel[fused]", "gemm2_kernel"], launches
+            assert _same_bits(h, ref_h) and _same_bits(out, ref_out), f"T={tokens}: fused bits differ"
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_fused_split_epilogue_graph_replays_zero_their_tickets():
+    """Captured (the capture being the fused path's first call on its stream) and replayed with new inputs:
+    every replay matches the two-launch path on them - each replay's alignment zeroes its tickets again."""
+    import torch
+
+    from backends.triton_moe import moe_forward, tuning
+
+    shape, weights, act = _cuda_layer("gpt-oss-120b")
+    config = tuning.MoEConfig(tuning.LaunchConfig(16, 64, 128, 1, True, 4, 4, split_k=4),
+                              tuning.LaunchConfig(16, 32, 128, 1, False, 4, 3), "test")
+    x = torch.randn(4, shape.hidden_size, device="cuda").bfloat16()
+    logits = torch.randn(4, shape.experts, device="cuda")
+
+    def run(split_epilogue):
+        return moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **act, config=config,
+                           split_epilogue=split_epilogue)
+
+    run("fused")  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run("fused")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        logits.copy_(torch.randn_like(logits))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _same_bits(captured, run("launch")), "a replay differs from the two-launch path on its inputs"
 
 
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
