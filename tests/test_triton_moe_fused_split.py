@@ -357,6 +357,21 @@ def test_align_tickets_per_block_must_be_a_count(value):
         _routing.align(torch.zeros(2, 2, dtype=torch.int32), 4, 16, path="torch", tickets_per_block=value)
 
 
+def test_launch_refuses_tickets_sized_for_another_config():
+    """The alignment's tickets must cover GEMM1's grid exactly: a mismatch is one clear error before any launch."""
+    import torch
+
+    from backends.triton_moe import _kernels, _routing, forward
+
+    x, weights, _kw = _tiny_layer()  # TritonMoEWeights: I = 64
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    config = _config(2)  # gemm1 BLOCK_N = 32: I = 64 has 2 column tiles per row block
+    al = _routing.align(ids, 4, 16, path="torch", tickets_per_block=1)
+    with pytest.raises(ValueError, match=r"holds 4 tickets but GEMM1 launches 8 tiles"):
+        forward._launch(_kernels, x, weights, al, torch.full((2, 2), 0.5), torch.empty_like(x), config, "silu",
+                        (1.702, 1.0, 7.0), False, False)
+
+
 # --------------------------------------------------------------------------------------------
 # CUDA: concurrent slice programs (the last to arrive is whichever finishes last), real layer sizes
 # --------------------------------------------------------------------------------------------
