@@ -218,7 +218,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c1.split_k, K_SPLIT=_k_split(hidden, c1), EVEN_K=_even_k(hidden, c1), TOP_K=k,
         BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
-        ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
+        ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab,
+        STORED_K_ORDER=_dot_in_stored_order(c1), DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1:
@@ -239,7 +240,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2), EVEN_K=_even_k(inter, c2),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
-        DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
+        STORED_K_ORDER=_dot_in_stored_order(c2), DOT_FP32=interpreted, USE_ASM=not interpreted,
+        num_warps=c2.num_warps, num_stages=c2.num_stages,
         maxnreg=c2.maxnreg,
     )
     sum_block = 1024
@@ -248,6 +250,15 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, BLOCK_N=sum_block,
         INTERPRETED=interpreted,
     )
+
+
+def _dot_in_stored_order(c) -> bool:
+    """Whether the GEMM's K loop multiplies in the weights' stored byte order (activations permuted to it) rather
+    than in K order (weights permuted back). 1-2 warp tiles run mma.sync, whose operands take any K order both
+    share and give each thread 4 consecutive tile bytes: the stored order is then free and the activations' permute
+    cheap. 4-8 warp tiles run wgmma, whose register operand wants K bytes 2t, 2t+1, 2t+8, 2t+9 per thread: the K
+    order, which the stored order makes one 4-byte word (the layout's point)."""
+    return c.num_warps < 4
 
 
 def _k_split(k_size: int, c) -> int:
