@@ -74,6 +74,11 @@ fma.rn.bf16x2 $3, a, $8, nz;
 }
 """)
 
+# The same two routines, first waiting for the warpgroup's wgmmas (see _dequant_pairs, RETIRE_WGMMA).
+_RETIRE_WGMMA_PTX = "wgmma.wait_group.sync.aligned 0;"
+_E2M1_BF16X2_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_BF16X2_ASM.value)
+_E2M1_BF16X2_UNFOLDED_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_BF16X2_UNFOLDED_ASM.value)
+
 #: NVFP4 scales are folded with an extra 2^-NVFP4_FOLD_SHIFT = 2^-16 (E4M3 up to 448 * 2^126 would overflow
 #: bf16): the dequantized weights are W * 2^-16 (all normal: |W| in [2^-10, 2688]) and the GEMM epilogues
 #: multiply by 2^16 = 65536.0 (exact).
@@ -88,17 +93,31 @@ def _e2m1_value_f32(codes):
 
 
 @triton.jit
-def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
-    """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16."""
+def _e2m1_asm(packed, scale_lo, scale_hi, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, scale_lo, scale_hi],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr,
+                   RETIRE_WGMMA: tl.constexpr = False):
+    """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16.
+
+    RETIRE_WGMMA (register-operand wgmma tiles): each routine first waits for the warpgroup's wgmmas. Triton 3.6
+    leaves a K step's last wgmma in flight into the next step, whose dequantization then rewrites the registers
+    that wgmma reads (PTX: undefined; seen on an H200 as wrong, run-to-run varying sums): the wait puts every
+    write of those registers after it. Only the first wait of a step waits; the others find nothing in flight.
+    """
     if USE_ASM:
         if FOLDED:
-            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r,r,r,r",
-                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
-                                               is_pure=True, pack=4)
+            if RETIRE_WGMMA:
+                lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_RETIRING_ASM)
+            else:
+                lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_ASM)
+        elif RETIRE_WGMMA:
+            lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_UNFOLDED_RETIRING_ASM)
         else:
-            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_UNFOLDED_ASM, "=r,=r,=r,=r,r,r,r,r,r",
-                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
-                                               is_pure=True, pack=4)
+            lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_UNFOLDED_ASM)
     else:  # the CPU interpreter cannot run PTX: the same products in fp32 (each exact), rounded once
         b = packed.to(tl.int32)
         lo = _e2m1_value_f32(b & 15)
@@ -204,7 +223,7 @@ def _to_stored_order(t, ROWS: tl.constexpr, COLS: tl.constexpr):
 @triton.jit
 def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
-                 STORED_K_ORDER: tl.constexpr, USE_ASM: tl.constexpr):
+                 STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
     activation columns of _act_halves (K byte b: value k = k0 + 64*(b//32) + b%32, and k + 32; with
     STORED_K_ORDER the columns stay in the stored byte order and _act_halves permutes the activations alike).
@@ -232,7 +251,8 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     if not STORED_K_ORDER:
         packed = tl.reshape(_to_k_order(tl.reshape(packed, (ROWS, HALF)), ROWS, HALF), (ROWS, NSUB, SCALE_BLOCK))
     lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, None], (ROWS, NSUB, SCALE_BLOCK)),
-                            tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM)
+                            tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM,
+                            RETIRE_WGMMA)
     return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
 
 
@@ -349,7 +369,7 @@ def gemm1_act_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
-    DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
+    RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
@@ -372,9 +392,9 @@ def gemm1_act_kernel(
         k0 = k_base + k_step
         a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
         g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
         u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
         acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
         acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
@@ -427,7 +447,8 @@ def gemm2_kernel(
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
+    SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
 
@@ -447,7 +468,7 @@ def gemm2_kernel(
         k0 = k_base + k_step
         a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)

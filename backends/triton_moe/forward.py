@@ -15,6 +15,7 @@ same bits (`deterministic=True` is therefore always honoured). CUDA-graph captur
 
 from __future__ import annotations
 
+import functools
 import weakref
 from importlib.metadata import version
 
@@ -195,6 +196,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
     c1, c2 = config.gemm1, config.gemm2
+    wgmma1, wgmma2 = _runs_wgmma(c1, x.device), _runs_wgmma(c2, x.device)
     nvfp4 = weights.format == "nvfp4"
     scale_block = SCALE_BLOCK[weights.format]
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
@@ -219,7 +221,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
         ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab,
-        STORED_K_ORDER=_dot_in_stored_order(c1), DOT_FP32=interpreted,
+        STORED_K_ORDER=not wgmma1, RETIRE_WGMMA=wgmma1 and c1.swap_ab, DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1:
@@ -240,7 +242,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2), EVEN_K=_even_k(inter, c2),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
-        STORED_K_ORDER=_dot_in_stored_order(c2), DOT_FP32=interpreted, USE_ASM=not interpreted,
+        STORED_K_ORDER=not wgmma2, RETIRE_WGMMA=wgmma2 and c2.swap_ab, DOT_FP32=interpreted, USE_ASM=not interpreted,
         num_warps=c2.num_warps, num_stages=c2.num_stages,
         maxnreg=c2.maxnreg,
     )
@@ -252,13 +254,21 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     )
 
 
-def _dot_in_stored_order(c) -> bool:
-    """Whether the GEMM's K loop multiplies in the weights' stored byte order (activations permuted to it) rather
-    than in K order (weights permuted back). 1-2 warp tiles run mma.sync, whose operands take any K order both
-    share and give each thread 4 consecutive tile bytes: the stored order is then free and the activations' permute
-    cheap. 4-8 warp tiles run wgmma, whose register operand wants K bytes 2t, 2t+1, 2t+8, 2t+9 per thread: the K
-    order, which the stored order makes one 4-byte word (the layout's point)."""
-    return c.num_warps < 4
+def _runs_wgmma(c, device: torch.device) -> bool:
+    """Whether Triton runs this GEMM's dots as wgmma: 4-8 warp tiles on Hopper (the interpreter follows the same
+    rule, so that CPU tests cover both branches below).
+
+    wgmma tiles multiply in K order: their register operand wants K bytes 2t, 2t+1, 2t+8, 2t+9 per thread, which
+    the stored byte order makes one 4-byte word (the layout's point), and a swap-AB tile, whose weights are that
+    register operand, retires its wgmmas before each step's dequantization (_kernels._dequant_pairs). Other tiles
+    (mma.sync) multiply in the stored order: their operands take any K order both share and give each thread 4
+    consecutive tile bytes, so only the activations are permuted, which is cheap."""
+    return c.num_warps >= 4 and (device.type != "cuda" or _capability(device)[0] == 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 def _k_split(k_size: int, c) -> int:
