@@ -103,9 +103,27 @@ def sweep_candidates(tokens):
                                            (256, 64, 128, 64, 8, 3), (256, 64, 128, 64, 8, 4))]
 
 
+def wgmma_decode_candidates(tokens):
+    """Round 6, T <= 256: 4-warp swap-AB tiles (wgmma, 16-32 tokens) now that the weights' stored byte order makes
+    their register operand one word per thread (round 5's wgmma tiles assembled it from 2-byte loads, and lost to
+    the 1-2 warp mma.sync tiles here); with split-K where few tokens leave the GPU idle."""
+    L = tuning.LaunchConfig
+    if tokens > 256:
+        return []
+    tiles = (L(16, 64, 64, 1, True, 4, 3), L(16, 64, 64, 1, True, 4, 4), L(16, 128, 64, 1, True, 4, 3),
+             L(16, 128, 64, 1, True, 4, 4), L(16, 64, 128, 1, True, 4, 3), L(16, 128, 128, 1, True, 4, 3))
+    if tokens >= 64:
+        tiles += (L(32, 128, 64, 1, True, 4, 4), L(16, 256, 64, 1, True, 8, 3))
+    splits = ((1, 1), (2, 1), (4, 2)) if tokens <= 16 else ((1, 1), (2, 1))
+    group = 1 if tokens <= 64 else 8
+    return [(dataclasses.replace(c, split_k=s1, group_m=group), dataclasses.replace(c, split_k=s2, group_m=group))
+            for c in tiles for s1, s2 in splits]
+
+
 #: --candidates: what a sweep times at each T after the committed entry (which is always timed first).
 CANDIDATES = {"default": lambda tokens, entry: sweep_candidates(tokens),
               "decode-wide": lambda tokens, entry: decode_wide_candidates(tokens),
               "prefill-swap": lambda tokens, entry: prefill_swap_candidates(tokens),
               "register-cap": register_cap_candidates,
-              "mid-swap": lambda tokens, entry: mid_swap_candidates(tokens)}
+              "mid-swap": lambda tokens, entry: mid_swap_candidates(tokens),
+              "wgmma-decode": lambda tokens, entry: wgmma_decode_candidates(tokens)}

@@ -4,7 +4,8 @@ Triton fixes compiled-vs-interpreted when it is first imported, and other tests 
 import it compiled, so the cases run in one `TRITON_INTERPRET=1` subprocess (this file run as a
 script) that prints one JSON line per case; each test below checks its case's line. Shapes are tiny
 (the interpreter runs numpy per tile) but cover both formats, both activations, biases, both gate/up
-layouts, both routings, the K tail, swap-AB and plain tiles, split-K (empty slices too), one expert taking every token,
+layouts, both routings, the K tail, swap-AB and plain tiles, both K orders of the K loop (stored and K order),
+split-K (empty slices too), one expert taking every token,
 folded and unfolded scales (same bits; MXFP4 block scales above 2), and
 bit-identical repeated runs.
 """
@@ -38,6 +39,11 @@ CASES = {
     "nvfp4-silu-k-tail-split-k": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits", "split"),
     "mxfp4-silu-top1-split-k": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk", "split"),
     "mxfp4-default-config": ("mxfp4", 8, 2, 64, 64, "swigluoai", True, 5, "interleaved", "logits", None),
+    # 1-2 warp tiles multiply in the weights' stored byte order (activations permuted to it; 4-8 warps: K order)
+    "mxfp4-swigluoai-bias-swap-stored-order": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits",
+                                               "swap-2warps"),
+    "nvfp4-silu-k-tail-swap-bk128-stored-order": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits",
+                                                  "swap128-2warps"),
 }
 
 
@@ -60,9 +66,13 @@ def _run_case(name: str, spec) -> dict:
     configs = {"swap": tuning.MoEConfig(swap, swap, "test"),
                "swap128": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 128, 1, True, 4, 2),
                                            tuning.LaunchConfig(16, 32, 128, 1, True, 4, 2), "test"),
+               "swap-2warps": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 64, 1, True, 2, 2),
+                                               tuning.LaunchConfig(16, 32, 64, 1, True, 1, 2), "test"),
+               "swap128-2warps": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 128, 1, True, 2, 2),
+                                                  tuning.LaunchConfig(16, 32, 128, 1, True, 2, 2), "test"),
                "plain": tuning.MoEConfig(plain, tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"),
                # split-K: K tails, empty slices (K=64 in 3 slices), bias only in slice 0
-               "split": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=2),
+               "split": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 64, 1, True, 2, 2, split_k=2),
                                          tuning.LaunchConfig(16, 32, 64, 1, False, 4, 2, split_k=3), "test"),
                None: None}
     shape = Shape(name, fmt, e, k, h, i, act, biases)

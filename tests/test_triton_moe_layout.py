@@ -77,12 +77,16 @@ def test_scale_words_invert_whatever_their_strides(fmt, k):
         assert torch.equal(_from_words(copy_, fmt, k), scales)
 
 
-def test_bytes_hold_k_and_k_plus_32_of_each_64_group():
+def test_bytes_hold_k_and_k_plus_32_of_each_64_group_in_wgmma_order():
+    """Stored byte 16r + 4w + 2h + p of a 64-wide group holds K byte j = 16r + 8h + 2w + p (values j, j + 32), so
+    K bytes 2w, 2w+1, 2w+8, 2w+9 of each 16-wide run (a wgmma register operand's share per thread) are one word."""
     packed = torch.randint(0, 256, (3, 128), dtype=torch.uint8)  # K = 256
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(3, 256)
     split = _split_halves(packed)
     for byte in range(128):
-        g, j = divmod(byte, 32)
+        g, stored = divmod(byte, 32)
+        run, w, h, p = stored // 16, stored % 16 // 4, stored % 4 // 2, stored % 2
+        j = 16 * run + 8 * h + 2 * w + p
         assert torch.equal(split[:, byte] & 15, codes[:, 64 * g + j])
         assert torch.equal(split[:, byte] >> 4, codes[:, 64 * g + 32 + j])
     assert torch.equal(_join_halves(split), packed)

@@ -21,6 +21,14 @@ def _default_table() -> dict:
     return copy.deepcopy(tuning.load_table(str(tuning.CONFIG_DIR / "default.yaml")))
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in tuning.CONFIG_DIR.glob("*.yaml")))
+def test_every_shipped_table_parses_and_validates(name):
+    """The tables are read only when a CUDA layer selects a config, so a YAML or schema slip would reach a GPU
+    first: parse and validate each one here (a quote in a single-quoted `why` once broke one)."""
+    table = tuning.load_table(str(tuning.CONFIG_DIR / name))
+    assert table["entries"], name
+
+
 def test_a_register_cap_is_an_optional_launch_field():
     table = _default_table()
     table["entries"][0]["gemm1"]["maxnreg"] = 128

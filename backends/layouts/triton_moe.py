@@ -1,9 +1,10 @@
 """Weight layout of this project's Triton MoE kernels (backends.triton_moe), and the way back.
 
 Kernel layout (per expert e, rows K-major, two E2M1 codes per byte "split by halves": in each
-64-wide K group g, byte 32g+j holds value 64g+j in its low nibble and value 64g+32+j in its high
+64-wide K group g, K byte 32g+j holds value 64g+j in its low nibble and value 64g+32+j in its high
 nibble, so a tile's low and high nibbles are two contiguous K halves; the checkpoint's bytes hold
-values 2i, 2i+1):
+values 2i, 2i+1). Each 16-byte run stores its K bytes in the order 0,1,8,9, 2,3,10,11, ... (the
+wgmma register operand's order, `_wgmma_byte_order`):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
     w13_scale  int32 [E, ceil(H/C), 2I]: "scale words", one word per row and C-wide K chunk holding
                that chunk's 4 E8M0 exponents (MXFP4: B=32, C=128) or 4 E4M3 bytes (NVFP4: B=16, C=64),
@@ -123,12 +124,21 @@ def _split_halves_torch(packed: torch.Tensor) -> torch.Tensor:
     """The definition of _split_halves in pure torch (CPU, meta, and the reference of the kernel)."""
     groups = packed.shape[-1] // 32  # explicit, so that zero experts reshape too
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], groups, 2, 32)
-    return (codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(packed.shape).contiguous()
+    return _wgmma_byte_order(codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(packed.shape).contiguous()
+
+
+def _wgmma_byte_order(split: torch.Tensor) -> torch.Tensor:
+    """[..., 32] bytes in K order -> each 16-byte run stored as K bytes 0,1,8,9, 2,3,10,11, 4,5,12,13, 6,7,14,15:
+    a thread's share of a wgmma register operand (bytes 2t, 2t+1, 2t+8, 2t+9 of a 16-wide K step) is then one
+    4-byte word (see WGMMA_BYTE_ORDER in backends.triton_moe._kernels)."""
+    runs = split.reshape(*split.shape[:-1], 2, 2, 4, 2)  # [run, h, w, p]: K byte 16 run + 8h + 2w + p
+    return runs.transpose(-3, -2).reshape(split.shape)  # stored at 4w + 2h + p
 
 
 def _join_halves(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of _split_halves."""
-    groups = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 32, 32)
+    stored = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 32, 2, 4, 2, 2)  # [run, w, h, p]
+    groups = stored.transpose(-3, -2).reshape(*packed.shape[:-1], packed.shape[-1] // 32, 32)
     codes = torch.stack([groups & 15, groups >> 4], dim=-2).reshape(*packed.shape[:-1], packed.shape[-1], 2)
     return (codes[..., 0] | (codes[..., 1] << 4)).reshape(packed.shape).contiguous()
 

@@ -12,8 +12,11 @@ bit-identical from run to run.
 
 Weights stay packed E2M1 until the K loop (layout: backends.layouts.triton_moe; a byte holds
 values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile are two K halves
-that meet the matching activation columns in two MMAs - no interleaving shuffle). A K step loads
-its bytes as [rows, scale blocks, bytes per block] (16-byte row copies) and one scale word per
+that meet the matching activation columns in two MMAs - no interleaving shuffle; each 16-byte run
+stores K bytes 0,1,8,9, 2,3,10,11, ..., so that a thread's share of a wgmma register operand is one
+word: wgmma tiles permute the bytes back to K order for free, mma.sync tiles multiply in the stored
+order and permute the activations instead, see forward._dot_in_stored_order). A K step loads its
+bytes as [rows, scale blocks, bytes per block] (16-byte row copies) and one scale word per
 (row, block), broadcast in registers. On the GPU an inline-PTX routine turns 4 bytes into 8 scaled
 bf16 values: and / integer multiply / and per value pair builds the bit pattern (the multiply on the FMA
 pipe, which the ALU-bound decode regime has to spare), one bf16x2 FMA applies the block scale, which carries
@@ -72,6 +75,11 @@ fma.rn.bf16x2 $3, a, $8, nz;
 }
 """)
 
+# The same two routines, first waiting for the warpgroup's wgmmas (see _dequant_pairs, RETIRE_WGMMA).
+_RETIRE_WGMMA_PTX = "wgmma.wait_group.sync.aligned 0;"
+_E2M1_BF16X2_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_BF16X2_ASM.value)
+_E2M1_BF16X2_UNFOLDED_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_BF16X2_UNFOLDED_ASM.value)
+
 #: NVFP4 scales are folded with an extra 2^-NVFP4_FOLD_SHIFT = 2^-16 (E4M3 up to 448 * 2^126 would overflow
 #: bf16): the dequantized weights are W * 2^-16 (all normal: |W| in [2^-10, 2688]) and the GEMM epilogues
 #: multiply by 2^16 = 65536.0 (exact).
@@ -86,17 +94,31 @@ def _e2m1_value_f32(codes):
 
 
 @triton.jit
-def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
-    """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16."""
+def _e2m1_asm(packed, scale_lo, scale_hi, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, scale_lo, scale_hi],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr,
+                   RETIRE_WGMMA: tl.constexpr = False):
+    """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16.
+
+    RETIRE_WGMMA (register-operand wgmma tiles): each routine first waits for the warpgroup's wgmmas. Triton 3.6
+    leaves a K step's last wgmma in flight into the next step, whose dequantization then rewrites the registers
+    that wgmma reads (PTX: undefined; seen on an H200 as wrong, run-to-run varying sums): the wait puts every
+    write of those registers after it. Only the first wait of a step waits; the others find nothing in flight.
+    """
     if USE_ASM:
         if FOLDED:
-            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r,r,r,r",
-                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
-                                               is_pure=True, pack=4)
+            if RETIRE_WGMMA:
+                lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_RETIRING_ASM)
+            else:
+                lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_ASM)
+        elif RETIRE_WGMMA:
+            lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_UNFOLDED_RETIRING_ASM)
         else:
-            lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_UNFOLDED_ASM, "=r,=r,=r,=r,r,r,r,r,r",
-                                               [packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16),
-                                               is_pure=True, pack=4)
+            lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_UNFOLDED_ASM)
     else:  # the CPU interpreter cannot run PTX: the same products in fp32 (each exact), rounded once
         b = packed.to(tl.int32)
         lo = _e2m1_value_f32(b & 15)
@@ -187,14 +209,29 @@ def _scale_bf16(s, FOLDED: tl.constexpr):
 
 
 @triton.jit
+def _to_k_order(t, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """[ROWS, COLS] in the stored byte order of backends.layouts.triton_moe (each 16-wide run holds K
+    0,1,8,9, 2,3,10,11, ...) -> K order. On a wgmma operand this is free: it is the register layout."""
+    return tl.reshape(tl.permute(tl.reshape(t, (ROWS, COLS // 16, 4, 2, 2)), (0, 1, 3, 2, 4)), (ROWS, COLS))
+
+
+@triton.jit
+def _to_stored_order(t, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Inverse of _to_k_order."""
+    return tl.reshape(tl.permute(tl.reshape(t, (ROWS, COLS // 16, 2, 4, 2)), (0, 1, 3, 2, 4)), (ROWS, COLS))
+
+
+@triton.jit
 def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_ASM: tl.constexpr):
+                 STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
-    activation columns of _act_halves (value k = k0 + 64*(b//32) + b%32, and k + 32).
+    activation columns of _act_halves (K byte b: value k = k0 + 64*(b//32) + b%32, and k + 32; with
+    STORED_K_ORDER the columns stay in the stored byte order and _act_halves permutes the activations alike).
 
     The bytes load as one 2-D tile (each row's BLOCK_K/2 bytes contiguous: 16-byte copies); the scales as
-    one word per (row, scale block of the low values), broadcast over its SCALE_BLOCK columns in registers.
+    one word per (row, scale block of the low values), broadcast over its SCALE_BLOCK columns in registers
+    (a stored 16-byte run lies inside one scale block, so either order sees the same scale per column).
     """
     HALF: tl.constexpr = BLOCK_K // 2
     NSUB: tl.constexpr = HALF // SCALE_BLOCK  # scale blocks among a step's low values
@@ -212,14 +249,19 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
         words = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
     scale_lo, scale_hi = _scale_pair(words >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
     ROWS: tl.constexpr = packed.shape[0]
+    if not STORED_K_ORDER:
+        packed = tl.reshape(_to_k_order(tl.reshape(packed, (ROWS, HALF)), ROWS, HALF), (ROWS, NSUB, SCALE_BLOCK))
     lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, None], (ROWS, NSUB, SCALE_BLOCK)),
-                            tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM)
+                            tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM,
+                            RETIRE_WGMMA)
     return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
 
 
 @triton.jit
-def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each."""
+def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                STORED_K_ORDER: tl.constexpr):
+    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each, loaded in K
+    order (16-byte copies); STORED_K_ORDER permutes them in registers to the weights' stored order."""
     b = tl.arange(0, BLOCK_K // 2)
     col = k0 + 64 * (b // 32) + b % 32
     if EVEN_K:
@@ -228,6 +270,10 @@ def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN
         mask = row_ok[:, None] & (col < K)[None, :]
     lo = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
     hi = tl.load(a_rows[:, None] + (col + 32)[None, :], mask=mask, other=0.0)
+    if STORED_K_ORDER:
+        ROWS: tl.constexpr = lo.shape[0]
+        lo = _to_stored_order(lo, ROWS, BLOCK_K // 2)
+        hi = _to_stored_order(hi, ROWS, BLOCK_K // 2)
     return lo, hi
 
 
@@ -324,8 +370,8 @@ def gemm1_act_kernel(
     LAST_SLICE_ACTIVATES: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
-    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
+    RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
@@ -348,11 +394,11 @@ def gemm1_act_kernel(
     acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
         g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
         u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
         acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
         acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
@@ -428,7 +474,8 @@ def gemm2_kernel(
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
+    SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
 
@@ -446,9 +493,9 @@ def gemm2_kernel(
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)

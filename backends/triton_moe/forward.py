@@ -17,6 +17,7 @@ slices only count themselves in on a ticket the alignment launch zeroed): every 
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from importlib.metadata import version
@@ -231,6 +232,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
     c1, c2 = config.gemm1, config.gemm2
+    wgmma1, wgmma2 = _runs_wgmma(c1, x.device), _runs_wgmma(c2, x.device)
     nvfp4 = weights.format == "nvfp4"
     scale_block = SCALE_BLOCK[weights.format]
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
@@ -261,7 +263,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k,
         BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
-        ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab, DOT_FP32=interpreted,
+        ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab,
+        STORED_K_ORDER=not wgmma1, RETIRE_WGMMA=wgmma1 and c1.swap_ab, DOT_FP32=interpreted,
         USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1 and not last_slice_activates:
@@ -282,7 +285,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2), EVEN_K=_even_k(inter, c2),
         BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
-        DOT_FP32=interpreted, USE_ASM=not interpreted, num_warps=c2.num_warps, num_stages=c2.num_stages,
+        STORED_K_ORDER=not wgmma2, RETIRE_WGMMA=wgmma2 and c2.swap_ab, DOT_FP32=interpreted, USE_ASM=not interpreted,
+        num_warps=c2.num_warps, num_stages=c2.num_stages,
         maxnreg=c2.maxnreg,
     )
     sum_block = 1024
@@ -291,6 +295,23 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, BLOCK_N=sum_block,
         INTERPRETED=interpreted,
     )
+
+
+def _runs_wgmma(c, device: torch.device) -> bool:
+    """Whether Triton runs this GEMM's dots as wgmma: 4-8 warp tiles on Hopper (the interpreter follows the same
+    rule, so that CPU tests cover both branches below).
+
+    wgmma tiles multiply in K order: their register operand wants K bytes 2t, 2t+1, 2t+8, 2t+9 per thread, which
+    the stored byte order makes one 4-byte word (the layout's point), and a swap-AB tile, whose weights are that
+    register operand, retires its wgmmas before each step's dequantization (_kernels._dequant_pairs). Other tiles
+    (mma.sync) multiply in the stored order: their operands take any K order both share and give each thread 4
+    consecutive tile bytes, so only the activations are permuted, which is cheap."""
+    return c.num_warps >= 4 and (device.type != "cuda" or _capability(device)[0] == 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 def _k_split(k_size: int, c) -> int:
