@@ -213,14 +213,21 @@ def _check_consecutive_calls() -> dict:
 
 
 def _check_switch() -> dict:
-    """The environment variable picks the path when the keyword is None; the keyword wins over it."""
+    """The keyword wins over the environment variable, which wins over the config's gemm1.split_epilogue, which
+    wins over the default (the two-launch path)."""
+    import dataclasses
+
+    from backends.triton_moe import tuning
+
     spec = ("nvfp4", 4, 1, 128, 64, "silu", False, 2, 2, "ids", None)
     _ckpt, weights, x, route, act = _inputs(spec, 7)
     config = _config(2)
+    fused_config = tuning.MoEConfig(dataclasses.replace(config.gemm1, split_epilogue="fused"), config.gemm2, "test")
     runs = {}
-    for name, keyword, env in [("env-launch", None, "launch"), ("env-fused", None, "fused"),
-                               ("keyword-over-env", "launch", "fused"), ("default", None, None)]:
-        runs[name] = _layer(keyword, x, weights, route, act, config, env=env)[2]
+    for name, keyword, env, cfg in [("env-launch", None, "launch", fused_config), ("env-fused", None, "fused", config),
+                                    ("keyword-over-env", "launch", "fused", config),
+                                    ("config-fused", None, None, fused_config), ("default", None, None, config)]:
+        runs[name] = _layer(keyword, x, weights, route, act, cfg, env=env)[2]
     return {"launches": runs}
 
 
@@ -300,7 +307,7 @@ def test_split_epilogue_switch_env_and_keyword(worker):
     two_launch = ["gemm1_act_kernel", "gemm1_split_epilogue_kernel", "gemm2_kernel"]
     fused = ["gemm1_act_kernel[fused]", "gemm2_kernel"]
     assert row["launches"] == {"env-launch": two_launch, "env-fused": fused, "keyword-over-env": two_launch,
-                               "default": fused}
+                               "config-fused": fused, "default": two_launch}
 
 
 def test_alignment_zeroes_the_tickets_on_every_path(worker):

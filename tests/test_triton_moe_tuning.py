@@ -67,3 +67,20 @@ def test_a_register_cap_changes_no_bits_on_cuda():
                                   dataclasses.replace(config.gemm2, maxnreg=96), "capped")
         run = {"router_logits": logits, "top_k": shape.top_k, **activation_kwargs(shape)}
         assert torch.equal(moe_forward(x, weights, **run, config=capped), moe_forward(x, weights, **run, config=config))
+
+
+def test_the_split_epilogue_is_an_optional_launch_field():
+    table = _default_table()
+    table["entries"][0]["gemm1"]["split_epilogue"] = "fused"
+    tuning.validate_table(table, "x.yaml")
+    fused = tuning.LaunchConfig(**table["entries"][0]["gemm1"])
+    assert fused.split_epilogue == "fused" and tuning.launch_dict(fused)["split_epilogue"] == "fused"
+    assert "split_epilogue" not in tuning.launch_dict(tuning.LaunchConfig(**table["entries"][0]["gemm2"]))
+
+
+@pytest.mark.parametrize("bad", ["Fused", "auto", True, None])
+def test_a_bad_split_epilogue_names_the_place(bad):
+    table = _default_table()
+    table["entries"][0]["gemm1"]["split_epilogue"] = bad
+    with pytest.raises(ValueError, match=r"x.yaml: entries/0/gemm1/split_epilogue"):
+        tuning.validate_table(table, "x.yaml")

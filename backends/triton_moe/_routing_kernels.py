@@ -81,10 +81,13 @@ def _route_tokens(logits_ptr, ids_ptr, weights_ptr, tokens, stride_t, E: tl.cons
 @triton.jit
 def _zero_tickets(tickets_ptr, first, count, end, CHUNK: tl.constexpr):
     """tickets[first : min(first + count, end)] = 0 (the split-K GEMM1's per-tile counters, see
-    _kernels.gemm1_act_kernel); count = 0: nothing."""
-    for t0 in range(0, count, CHUNK):
+    _kernels.gemm1_act_kernel); count = 0: nothing. Loops over runtime bounds are `while` loops in this module:
+    triton 3.6's interpreter turns such a `range` bound into a 1-element array that numpy 2 refuses as an int."""
+    t0 = 0
+    while t0 < count:
         t = first + t0 + tl.arange(0, CHUNK)
         tl.store(tickets_ptr + t, 0, mask=(t < end) & (t < first + count))
+        t0 += CHUNK
 
 
 @triton.jit
@@ -149,9 +152,11 @@ def align_count_kernel(ids_ptr, counts_ptr, sorted_pairs_ptr, tickets_ptr, num_p
     bins = tl.arange(0, E_BLOCK)
     tl.store(counts_ptr + c * E_BLOCK + bins, tl.where(bins < E, tl.histogram(expert, E_BLOCK), 0))
     first = c * rows_per_program
-    for r0 in range(0, rows_per_program, ROWS_CHUNK):
+    r0 = 0
+    while r0 < rows_per_program:  # not a range over a runtime bound (see _zero_tickets)
         rows = first + r0 + tl.arange(0, ROWS_CHUNK)
         tl.store(sorted_pairs_ptr + rows, num_pairs, mask=(rows < total_rows) & (rows < first + rows_per_program))
+        r0 += ROWS_CHUNK
 
 
 @triton.jit
@@ -166,11 +171,13 @@ def align_scatter_kernel(ids_ptr, counts_ptr, scratch_ptr, sorted_pairs_ptr, blo
     bins = tl.arange(0, E_BLOCK)
     total = tl.zeros([E_BLOCK], tl.int32)
     before = tl.zeros([E_BLOCK], tl.int32)
-    for c0 in range(0, num_chunks, C_STEP):
+    c0 = 0
+    while c0 < num_chunks:  # runtime bounds loop as `while` (see _zero_tickets)
         cs = c0 + tl.arange(0, C_STEP)
         tile = tl.load(counts_ptr + cs[:, None] * E_BLOCK + bins[None, :], mask=(cs < num_chunks)[:, None], other=0)
         total += tl.sum(tile, 0)
         before += tl.sum(tl.where((cs < c)[:, None], tile, 0), 0)
+        c0 += C_STEP
     padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_end = tl.cumsum(padded, 0)
     tl.store(scratch_ptr + c * E_BLOCK + bins, padded_end - padded + before)  # first row of chunk c's pairs of e
@@ -187,8 +194,10 @@ def align_scatter_kernel(ids_ptr, counts_ptr, scratch_ptr, sorted_pairs_ptr, blo
     tl.store(sorted_pairs_ptr + dest, offs, mask=real)
     ends = tl.where(bins < E, padded_end, 2147483647)
     first = c * blocks_per_program
-    for b0 in range(0, blocks_per_program, BLOCKS_CHUNK):  # expert of block b = #experts whose padded end <= b*BM
+    b0 = 0
+    while b0 < blocks_per_program:  # expert of block b = #experts whose padded end <= b*BM
         blocks = first + b0 + tl.arange(0, BLOCKS_CHUNK)
         owner = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), 1)
         tl.store(block_expert_ptr + blocks, tl.minimum(owner, E - 1),
                  mask=(blocks < num_blocks) & (blocks < first + blocks_per_program))
+        b0 += BLOCKS_CHUNK

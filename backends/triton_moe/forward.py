@@ -39,10 +39,11 @@ _FN = "backends.triton_moe.moe_forward"
 #: How a split-K GEMM1 (config gemm1.split_k > 1, decode sizes) sums its K slices and activates, same bits either
 #: way: "fused" - the tile's last-finishing slice program does it inside GEMM1 (one launch fewer); "launch" - a
 #: separate gemm1_split_epilogue_kernel launch (the reference, and the A/B baseline). moe_forward's split_epilogue=
-#: wins over this environment variable (read at every call), which wins over DEFAULT_SPLIT_EPILOGUE.
+#: wins over this environment variable (read at every call), which wins over the config's gemm1.split_epilogue
+#: (the tuning tables say where fused measured faster), which wins over DEFAULT_SPLIT_EPILOGUE.
 SPLIT_EPILOGUES = ("fused", "launch")
 SPLIT_EPILOGUE_ENV = "MOE_ORACLE_TRITON_SPLIT_EPILOGUE"
-DEFAULT_SPLIT_EPILOGUE = "fused"
+DEFAULT_SPLIT_EPILOGUE = "launch"
 
 
 def _fail(kind, message: str):
@@ -141,7 +142,8 @@ def moe_forward(
 
     deterministic: accepted for the rules' sake; no atomics touch data, so runs are always bit-identical.
     config: override the tuned launch config (benchmark sweeps). split_epilogue: "fused" or "launch", where a
-    split-K GEMM1 sums its slices (SPLIT_EPILOGUES; None: $MOE_ORACLE_TRITON_SPLIT_EPILOGUE, else "fused").
+    split-K GEMM1 sums its slices (SPLIT_EPILOGUES; None: $MOE_ORACLE_TRITON_SPLIT_EPILOGUE, else the config's
+    gemm1.split_epilogue, else DEFAULT_SPLIT_EPILOGUE).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -149,7 +151,7 @@ def moe_forward(
         _fail(TypeError, f"weights must be the KernelWeights of backends.layouts.triton_moe:converter (or its "
               f"TritonMoEWeights view), got {type(weights).__name__}; convert the checkpoint once with it")
     _check_inputs(x, weights, activation)
-    fused_epilogue = _split_epilogue(split_epilogue) == "fused"
+    forced_epilogue = _forced_split_epilogue(split_epilogue)
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
               f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
@@ -165,6 +167,7 @@ def moe_forward(
                                       experts=experts, top_k=k, hidden_size=hidden, intermediate_size=inter)
     kernels = _kernels_for(x.device)
     c1 = config.gemm1
+    fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
     # the fused split epilogue's tile tickets (one per GEMM1 column tile of each row block), zeroed by the alignment
     tickets_per_block = _cdiv(inter, c1.block_n) if fused_epilogue and c1.split_k > 1 else 0
     if ids is None:  # decode with router logits: routing and alignment in one launch
@@ -178,20 +181,18 @@ def moe_forward(
     return out
 
 
-def _split_epilogue(choice: str | None) -> str:
-    """The split-K GEMM1 epilogue to use (one of SPLIT_EPILOGUES): the argument, else the environment, else the
-    default; an unknown value of either is an error, never a fallback."""
+def _forced_split_epilogue(choice: str | None) -> str | None:
+    """The split-K GEMM1 epilogue the caller forces (one of SPLIT_EPILOGUES): the argument, else the environment,
+    else None (the config decides); an unknown value of either is an error, never a fallback."""
     if choice is not None:
         if choice not in SPLIT_EPILOGUES:
             _fail(ValueError, f"split_epilogue={choice!r} must be one of {SPLIT_EPILOGUES} or None (then "
-                  f"${SPLIT_EPILOGUE_ENV}, else {DEFAULT_SPLIT_EPILOGUE!r})")
+                  f"${SPLIT_EPILOGUE_ENV}, else the config's gemm1.split_epilogue)")
         return choice
     from_env = os.environ.get(SPLIT_EPILOGUE_ENV)
-    if from_env is None:
-        return DEFAULT_SPLIT_EPILOGUE
-    if from_env not in SPLIT_EPILOGUES:
+    if from_env is not None and from_env not in SPLIT_EPILOGUES:
         _fail(ValueError, f"environment variable {SPLIT_EPILOGUE_ENV}={from_env!r} must be one of {SPLIT_EPILOGUES}; "
-              f"set one of them or unset it (default {DEFAULT_SPLIT_EPILOGUE!r})")
+              f"set one of them or unset it (then the config's gemm1.split_epilogue decides)")
     return from_env
 
 

@@ -32,6 +32,7 @@ class LaunchConfig:
     num_stages: int
     split_k: int = 1  # K slices summed afterwards in fixed order (decode: more programs, shorter K loops)
     maxnreg: int | None = None  # register cap per thread: more resident blocks per SM, at the risk of spills
+    split_epilogue: str | None = None  # gemm1, split_k > 1: "fused" (last slice program) or "launch" (the default)
 
 
 def launch_dict(config: LaunchConfig) -> dict:
