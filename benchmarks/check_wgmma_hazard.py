@@ -1,0 +1,130 @@
+"""Ahead-of-time check, no GPU needed: do the register-operand wgmma tiles rewrite an in-flight wgmma's registers?
+
+Triton 3.6 leaves the last wgmma of a K step in flight into the next step. In a swap-AB tile (weights as the
+register A operand) the next step's dequantization then writes the registers that wgmma still reads, which PTX
+leaves undefined; on an H200 it gave wrong, run-to-run varying sums (NVFP4 GEMM2 64x128x64, 4 warps, 3 stages).
+The kernels therefore retire the warpgroup's wgmmas before each step's dequantization (`RETIRE_WGMMA`, see
+`backends.triton_moe._kernels._dequant_pairs`). This script compiles every swap-AB wgmma entry of the tuning
+tables for sm_90 and reads the SASS of the K loop: the registers of the wgmmas still in flight at the loop's
+back edge (issued after its last WARPGROUP.DEPBAR) must not be written before the next step's first wait.
+
+    python benchmarks/check_wgmma_hazard.py               # every swap-AB 4-8 warp entry of the shipped tables
+    python benchmarks/check_wgmma_hazard.py --no-retire   # the same kernels without the wait: shows the hazard
+
+Exit status 1 when a checked kernel has the hazard. The verdict is for the installed triton and its ptxas; the
+GPU machines run triton 3.6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from backends.triton_moe import _kernels as K  # noqa: E402
+from backends.triton_moe import forward, tuning  # noqa: E402
+from backends.triton_moe.testing import SHAPES  # noqa: E402
+
+POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32", "gs_ptr": "*fp32", "bias_ptr": "*fp32",
+            "part_ptr": "*fp32", "ticket_ptr": "*i32", "route_w_ptr": "*fp32", "out_ptr": "*fp32",
+            "sorted_pair_ptr": "*i32", "block_expert_ptr": "*i32", "padded_total_ptr": "*i32"}
+
+
+def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):
+    """One GEMM of `shape` with launch config `c`, compiled for sm_90 as forward._launch would launch it."""
+    fn = K.gemm1_act_kernel if gemm == 1 else K.gemm2_kernel
+    k_size, n = (shape.hidden_size, shape.intermediate_size) if gemm == 1 else (shape.intermediate_size,
+                                                                                 shape.hidden_size)
+    nvfp4 = shape.format == "nvfp4"
+    consts = dict(K=k_size, N=n, SPLIT_K=c.split_k, K_SPLIT=forward._k_split(k_size, c),
+                  EVEN_K=forward._even_k(k_size, c), LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k,
+                  BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                  SCALE_BLOCK=16 if nvfp4 else 32, NVFP4=nvfp4, FOLDED=True, ACTIVATION=int(not nvfp4),
+                  HAS_BIAS=not nvfp4, SWAP_AB=c.swap_ab, STORED_K_ORDER=False, RETIRE_WGMMA=retire, DOT_FP32=False,
+                  USE_ASM=True)
+    consts = {name: value for name, value in consts.items() if name in fn.arg_names}
+    signature = {name: "constexpr" if name in consts else POINTERS.get(name, "fp32" if name in ("alpha", "beta",
+                 "limit") else "i32") for name in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)  # pointers and strides
+               if signature[name] not in ("constexpr", "fp32") and name not in ("num_pairs", "num_m_blocks")}
+    source = ASTSource(fn=fn, signature=signature, attrs=aligned,
+                       constexprs={(fn.arg_names.index(name),): value for name, value in consts.items()})
+    options = {"num_warps": c.num_warps, "num_stages": c.num_stages}
+    if c.maxnreg:
+        options["maxnreg"] = c.maxnreg
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def k_loop_hazards(compiled) -> tuple[int, list[str]]:
+    """(wgmmas in flight at the back edge, writes of their A registers before the next step's first wait)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+    code, labels = [], {}
+    for line in text.splitlines():
+        label = re.match(r"^\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(code)
+        ins = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if ins:
+            code.append(ins.group(1))
+    loops = [(labels[m.group(1)], j) for j, ins in enumerate(code)
+             if (m := re.search(r"BRA `\((\.L_x_\d+)\)", ins)) and labels.get(m.group(1), j) < j]
+    top, end = max(loops, key=lambda span: span[1] - span[0])  # the K loop: the longest backward branch
+    body = code[top:end + 1]
+    waits = [i for i, ins in enumerate(body) if "WARPGROUP.DEPBAR" in ins]
+    in_flight = [ins for ins in body[(waits[-1] + 1 if waits else 0):] if "HGMMA" in ins]
+    registers = set()
+    for ins in in_flight:
+        a = re.search(r"HGMMA\.\S+ R\d+, R(\d+),", ins)
+        if a:
+            registers |= set(range(int(a.group(1)), int(a.group(1)) + 4))
+    writes = []
+    for ins in body[:waits[0] if waits else len(body)]:
+        dest = re.match(r"(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)\s+R(\d+)", ins)
+        if dest and not dest.group(2).startswith(("ST", "LDGSTS", "HGMMA", "BAR", "RED", "ATOM")):
+            width = 4 if ".128" in dest.group(2) else 2 if ".64" in dest.group(2) else 1
+            if registers & set(range(int(dest.group(3)), int(dest.group(3)) + width)):
+                writes.append(ins)
+    return len(in_flight), writes
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--no-retire", action="store_true", help="compile without the wait (RETIRE_WGMMA=False)")
+    args = p.parse_args()
+    by_size = {(s.format, s.hidden_size, s.intermediate_size): s for s in SHAPES.values()}
+    print("| table entry | GEMM | config | wgmmas in flight at the back edge | A-register writes before the wait |")
+    print("|---|---|---|---|---|")
+    bad = 0
+    for path in sorted(tuning.CONFIG_DIR.glob("*.yaml")):
+        for index, entry in enumerate(tuning.load_table(str(path))["entries"]):
+            when = entry["when"]
+            shape = by_size.get((when.get("format"), when.get("hidden_size"), when.get("intermediate_size")))
+            for gemm in (1, 2):
+                c = tuning.LaunchConfig(**entry[f"gemm{gemm}"])
+                if shape is None or not (c.swap_ab and c.num_warps >= 4):
+                    continue
+                in_flight, writes = k_loop_hazards(compile_gemm(gemm, shape, c, retire=not args.no_retire))
+                bad += bool(writes)
+                tile = f"{c.block_m}x{c.block_n}x{c.block_k}, {c.num_warps} warps, {c.num_stages} stages"
+                print(f"| {path.name}#{index} ({shape.name}, T <= {when.get('max_tokens', 'any')}) | {gemm} | {tile} "
+                      f"| {in_flight} | {len(writes)}{' (' + writes[0] + ', ...)' if writes else ''} |", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
