@@ -118,6 +118,37 @@ def test_cuda_all_tokens_on_one_expert(name, tokens):
     assert_matches_emulation(out, ref)
 
 
+def _table_entries():
+    """(file#index, shape name, T, config) of every entry of the shipped tables whose shape is one of SHAPES."""
+    from backends.triton_moe import tuning
+
+    by_size = {(s.format, s.experts, s.top_k, s.hidden_size, s.intermediate_size): name for name, s in SHAPES.items()}
+    cases = []
+    for path in sorted(tuning.CONFIG_DIR.glob("*.yaml")):
+        for index, entry in enumerate(tuning.load_table(str(path))["entries"]):
+            when = entry["when"]
+            name = by_size.get(tuple(when.get(key) for key in ("format", "experts", "top_k", "hidden_size",
+                                                                  "intermediate_size")))
+            if name:
+                tokens = min(when["max_tokens"] // 2 + 1, 1000) if "max_tokens" in when else 1000
+                config = tuning.MoEConfig(tuning.LaunchConfig(**entry["gemm1"]), tuning.LaunchConfig(**entry["gemm2"]),
+                                          f"{path.name}#{index}")
+                cases.append(pytest.param(name, tokens, config, id=f"{path.name}#{index}-{name}-T{tokens}"))
+    return cases
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, tokens, config", _table_entries())
+def test_cuda_every_tuned_tile_matches_emulation_and_repeats_its_bits(name, tokens, config):
+    """Each tile the tables ship (decode mma.sync, wgmma with the retiring wait, split-K, fused epilogue) against
+    the emulation, and three runs bit-identical: a register race (see _kernels._dequant_pairs) shows as either."""
+    out, ref = run_both(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)
+    assert_matches_emulation(out, ref)
+    again = [run_both(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)[0] for _ in range(2)]
+    assert all(torch.equal(out.view(torch.int16), o.view(torch.int16)) for o in again)
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 1000])
