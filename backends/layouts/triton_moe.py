@@ -130,7 +130,7 @@ def _split_halves_torch(packed: torch.Tensor) -> torch.Tensor:
 def _wgmma_byte_order(split: torch.Tensor) -> torch.Tensor:
     """[..., 32] bytes in K order -> each 16-byte run stored as K bytes 0,1,8,9, 2,3,10,11, 4,5,12,13, 6,7,14,15:
     a thread's share of a wgmma register operand (bytes 2t, 2t+1, 2t+8, 2t+9 of a 16-wide K step) is then one
-    4-byte word (see WGMMA_BYTE_ORDER in backends.triton_moe._kernels)."""
+    4-byte word (the wgmma tiles permute it back in registers: backends.triton_moe._kernels._to_k_order)."""
     runs = split.reshape(*split.shape[:-1], 2, 2, 4, 2)  # [run, h, w, p]: K byte 16 run + 8h + 2w + p
     return runs.transpose(-3, -2).reshape(split.shape)  # stored at 4w + 2h + p
 

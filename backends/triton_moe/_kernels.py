@@ -15,7 +15,7 @@ values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile 
 that meet the matching activation columns in two MMAs - no interleaving shuffle; each 16-byte run
 stores K bytes 0,1,8,9, 2,3,10,11, ..., so that a thread's share of a wgmma register operand is one
 word: wgmma tiles permute the bytes back to K order for free, mma.sync tiles multiply in the stored
-order and permute the activations instead, see forward._dot_in_stored_order). A K step loads its
+order and permute the activations instead, see forward._runs_wgmma). A K step loads its
 bytes as [rows, scale blocks, bytes per block] (16-byte row copies) and one scale word per
 (row, block), broadcast in registers. On the GPU an inline-PTX routine turns 4 bytes into 8 scaled
 bf16 values: and / integer multiply / and per value pair builds the bit pattern (the multiply on the FMA
