@@ -84,3 +84,21 @@ def test_a_bad_split_epilogue_names_the_place(bad):
     table["entries"][0]["gemm1"]["split_epilogue"] = bad
     with pytest.raises(ValueError, match=r"x.yaml: entries/0/gemm1/split_epilogue"):
         tuning.validate_table(table, "x.yaml")
+
+
+def test_a_table_for_one_gpu_kind_wins_over_a_shared_one(tmp_path, monkeypatch):
+    """sm90-h100-h200.yaml sorts before sm90-h100.yaml; the H100-only table must still serve the H100."""
+    import yaml
+
+    shared = _default_table()
+    shared["gpus"] = ["H100", "H200"]
+    only = copy.deepcopy(shared)
+    only["gpus"] = ["H100"]
+    only["entries"][-1]["gemm1"]["num_stages"] = shared["entries"][-1]["gemm1"]["num_stages"] + 1
+    for name, table in (("default.yaml", _default_table()), ("sm90-h100-h200.yaml", shared),
+                        ("sm90-h100.yaml", only)):
+        (tmp_path / name).write_text(yaml.safe_dump(table))
+    monkeypatch.setattr(tuning, "CONFIG_DIR", tmp_path)
+    assert tuning.table_for_device("NVIDIA H100 80GB HBM3")[0] == "sm90-h100.yaml"
+    assert tuning.table_for_device("NVIDIA H200")[0] == "sm90-h100-h200.yaml"
+    assert tuning.table_for_device("NVIDIA A100-SXM4-80GB")[0] == "default.yaml"

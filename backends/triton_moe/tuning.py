@@ -87,14 +87,19 @@ def load_table(path: str) -> dict:
 
 
 def table_for_device(device_name: str | None) -> tuple[str, dict]:
-    """(file name, table) of the first config file naming this device; default.yaml otherwise."""
+    """(file name, table) of the config file naming this device, the one naming the fewest GPUs (a table swept on
+    one GPU kind wins over a table it shares) and then the first by file name; default.yaml otherwise."""
     fallback = None
+    naming = []
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
         table = load_table(str(path))
         if table["gpus"] == ["*"]:
             fallback = (path.name, table)
         elif device_name and any(g.lower() in device_name.lower() for g in table["gpus"]):
-            return path.name, table
+            naming.append((len(table["gpus"]), path.name, table))
+    if naming:
+        _, name, table = min(naming, key=lambda found: found[:2])
+        return name, table
     if fallback is None:
         raise FileNotFoundError(f"no fallback config (gpus: ['*']) in {CONFIG_DIR}")
     return fallback
