@@ -1,7 +1,11 @@
 """Shared fixtures: one Oracle over the shipped rules for the whole session."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,25 @@ import pytest
 from oracle import Oracle
 
 SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules"
+REPO_ROOT = SHIPPED_RULES.parent
+
+
+def interpreter_worker_rows(script: str, *arg_sets: tuple[str, ...], drop_env: tuple[str, ...] = ()) -> dict:
+    """Run the test file `script` as a TRITON_INTERPRET=1 subprocess (one per argument set, in parallel) and key
+    the JSON lines it prints by their "case". Triton fixes compiled vs interpreted at its first import, and other
+    tests may import it compiled, so interpreter cases run in a fresh process. drop_env: variables the worker
+    must not inherit."""
+    path = [str(REPO_ROOT), str(REPO_ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {key: value for key, value in os.environ.items() if key not in drop_env}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path))
+    workers = [subprocess.Popen([sys.executable, script, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for args in (arg_sets or ((),))]
+    rows = {}
+    for worker in workers:
+        out, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, f"interpreter worker failed:\n{err[-4000:]}"
+        rows.update((row["case"], row) for row in map(json.loads, out.splitlines()))
+    return rows
 
 
 def edited_rules(tmp_path: Path, *edits: tuple[str, str, str]) -> Oracle:

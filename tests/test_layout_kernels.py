@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 
 from backends.layouts import _nibble_kernels as kernels
 
-from conftest import requires_cuda
+from conftest import interpreter_worker_rows, requires_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,17 +142,7 @@ def _negative_scale_refused(device: str, loads: str) -> dict:
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
     pytest.importorskip("triton", reason="triton is not installed; the layout kernels cannot run")
-    path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {k: v for k, v in os.environ.items() if k != kernels.ENV}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path))
-    workers = [subprocess.Popen([sys.executable, __file__, loads], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for loads in LOADS]  # one per core
-    results = {}
-    for worker in workers:
-        out, err = worker.communicate(timeout=600)
-        assert worker.returncode == 0, f"interpreter worker failed:\n{err[-4000:]}"
-        results.update((row["case"], row) for row in map(json.loads, out.splitlines()))
-    return results
+    return interpreter_worker_rows(__file__, *((loads,) for loads in LOADS), drop_env=(kernels.ENV,))  # one per core
 
 
 @pytest.mark.parametrize("loads", LOADS)

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
 
-from conftest import requires_cuda
+from conftest import interpreter_worker_rows, requires_cuda
 from tolerances import tolerance
 
-ROOT = Path(__file__).resolve().parents[1]
 POISON_INT = 0x2A2A2A2A  # far from any ticket count: a ticket left at it never reaches SPLIT_K - 1
 
 # name -> (format, E, k, H, I, activation, biases, T, gemm1 split_k, routing, alignment path)
@@ -264,13 +260,7 @@ CHECKS = {"order": _check_order, "consecutive": _check_consecutive_calls, "switc
 
 @pytest.fixture(scope="module")
 def worker() -> dict:
-    path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path))
-    env.pop("MOE_ORACLE_TRITON_SPLIT_EPILOGUE", None)
-    proc = subprocess.run([sys.executable, __file__], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return {row["case"]: row for row in map(json.loads, proc.stdout.splitlines())}
+    return interpreter_worker_rows(__file__, drop_env=("MOE_ORACLE_TRITON_SPLIT_EPILOGUE",))
 
 
 @pytest.mark.parametrize("case", sorted(BIT_CASES))

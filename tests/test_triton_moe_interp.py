@@ -13,18 +13,14 @@ bit-identical repeated runs.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
 
+from conftest import interpreter_worker_rows
 from tolerances import tolerance
 
-ROOT = Path(__file__).resolve().parents[1]
 # name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, routing, config)
 CASES = {
     "mxfp4-swigluoai-bias-swap": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 9, "interleaved", "logits", "swap"),
@@ -214,11 +210,7 @@ def _check_scale_folding() -> dict:
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
-    path = [str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path))
-    proc = subprocess.run([sys.executable, __file__], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return {row["case"]: row for row in map(json.loads, proc.stdout.splitlines())}
+    return interpreter_worker_rows(__file__)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
