@@ -45,6 +45,15 @@ def compare_with_tolerances(out, ref) -> dict:
 
 def run_both(shape: Shape, tokens: int, *, device, seed=0, routing="logits", gate_up_layout="interleaved",
              renormalize=True, config=None):
+    """(kernel output, emulation reference) of one random layer and input."""
+    layer, ref = layer_and_reference(shape, tokens, device=device, seed=seed, routing=routing,
+                                     gate_up_layout=gate_up_layout, renormalize=renormalize, config=config)
+    return layer(), ref
+
+
+def layer_and_reference(shape: Shape, tokens: int, *, device, seed=0, routing="logits", gate_up_layout="interleaved",
+                        renormalize=True, config=None):
+    """(a function running the kernels on one random layer and input, converted once; the emulation's output)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     ckpt = random_checkpoint(shape, device=device, generator=gen, gate_up_layout=gate_up_layout)
     x = torch.randn(tokens, shape.hidden_size, device=device, generator=gen).bfloat16()
@@ -58,8 +67,8 @@ def run_both(shape: Shape, tokens: int, *, device, seed=0, routing="logits", gat
         route = {"topk_ids": ids, "topk_weights": weights / weights.sum(-1, keepdim=True)}
     act = activation_kwargs(shape)
     ref = emulation.moe_forward(x, **ckpt, **route, **act)
-    out = moe_forward(x, to_kernel_layout(**ckpt), **route, **act, config=config)
-    return out, ref
+    weights = to_kernel_layout(**ckpt)
+    return (lambda: moe_forward(x, weights, **route, **act, config=config)), ref
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,10 +152,10 @@ def _table_entries():
 def test_cuda_every_tuned_tile_matches_emulation_and_repeats_its_bits(name, tokens, config):
     """Each tile the tables ship (decode mma.sync, wgmma with the retiring wait, split-K, fused epilogue) against
     the emulation, and three runs bit-identical: a register race (see _kernels._dequant_pairs) shows as either."""
-    out, ref = run_both(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)
+    layer, ref = layer_and_reference(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)
+    out = layer()
     assert_matches_emulation(out, ref)
-    again = [run_both(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)[0] for _ in range(2)]
-    assert all(torch.equal(out.view(torch.int16), o.view(torch.int16)) for o in again)
+    assert all(torch.equal(out.view(torch.int16), layer().view(torch.int16)) for _ in range(2))
 
 
 @requires_cuda
