@@ -4,7 +4,7 @@ Triton 3.6 leaves the last wgmma of a K step in flight into the next step. In a 
 register A operand) the next step's dequantization then writes the registers that wgmma still reads, which PTX
 leaves undefined; on an H200 it gave wrong, run-to-run varying sums (NVFP4 GEMM2 64x128x64, 4 warps, 3 stages).
 The kernels therefore retire the warpgroup's wgmmas before each step's dequantization (`RETIRE_WGMMA`, see
-`backends.triton_moe._kernels._dequant_pairs`). This script compiles every swap-AB wgmma entry of the tuning
+`backends.triton_moe._kernels._dequant_words`). This script compiles every swap-AB wgmma entry of the tuning
 tables for sm_90 and reads the SASS of the K loop: the registers of the wgmmas still in flight at the loop's
 back edge (issued after its last WARPGROUP.DEPBAR) must not be written before the next step's first wait.
 

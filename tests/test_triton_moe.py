@@ -151,7 +151,7 @@ def _table_entries():
 @pytest.mark.parametrize("name, tokens, config", _table_entries())
 def test_cuda_every_tuned_tile_matches_emulation_and_repeats_its_bits(name, tokens, config):
     """Each tile the tables ship (decode mma.sync, wgmma with the retiring wait, split-K, fused epilogue) against
-    the emulation, and three runs bit-identical: a register race (see _kernels._dequant_pairs) shows as either."""
+    the emulation, and three runs bit-identical: a register race (see _kernels._dequant_words) shows as either."""
     layer, ref = layer_and_reference(SHAPES[name], tokens, device="cuda", seed=tokens, config=config)
     out = layer()
     assert_matches_emulation(out, ref)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from backends.layouts.triton_moe import (
+    WORD_SLOTS,
     _from_words,
     _join_halves,
     _split_halves,
@@ -77,18 +78,23 @@ def test_scale_words_invert_whatever_their_strides(fmt, k):
         assert torch.equal(_from_words(copy_, fmt, k), scales)
 
 
-def test_bytes_hold_k_and_k_plus_32_of_each_64_group_in_wgmma_order():
+def test_words_hold_k_and_k_plus_32_of_each_64_group_in_wgmma_order_at_their_slots():
     """Stored byte 16r + 4w + 2h + p of a 64-wide group holds K byte j = 16r + 8h + 2w + p (values j, j + 32), so
-    K bytes 2w, 2w+1, 2w+8, 2w+9 of each 16-wide run (a wgmma register operand's share per thread) are one word."""
+    K bytes 2w, 2w+1, 2w+8, 2w+9 of each 16-wide run (a wgmma register operand's share per thread) are one word;
+    within its word, the code of byte b's low (high) value sits at WORD_SLOTS[b, 0] ([b, 1]): sign, magnitude."""
     packed = torch.randint(0, 256, (3, 128), dtype=torch.uint8)  # K = 256
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(3, 256)
     split = _split_halves(packed)
+    words = split.view(torch.int32).long() & 0xFFFFFFFF
     for byte in range(128):
         g, stored = divmod(byte, 32)
         run, w, h, p = stored // 16, stored % 16 // 4, stored % 4 // 2, stored % 2
         j = 16 * run + 8 * h + 2 * w + p
-        assert torch.equal(split[:, byte] & 15, codes[:, 64 * g + j])
-        assert torch.equal(split[:, byte] >> 4, codes[:, 64 * g + 32 + j])
+        for nibble, k in ((0, 64 * g + j), (1, 64 * g + 32 + j)):
+            sign, mag = WORD_SLOTS[byte % 4, nibble]
+            word = words[:, byte // 4]
+            assert torch.equal((((word >> sign) & 1) << 3) | ((word >> mag) & 7), codes[:, k].long()), (byte, nibble)
+    assert sorted(b for sign, mag in WORD_SLOTS.values() for b in (sign, mag, mag + 1, mag + 2)) == list(range(32))
     assert torch.equal(_join_halves(split), packed)
 
 

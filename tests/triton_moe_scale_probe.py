@@ -30,31 +30,41 @@ def _decode_kernel(codes_ptr, lo_ptr, hi_ptr, N: tl.constexpr, NVFP4: tl.constex
 
 
 @triton.jit
-def _e2m1_kernel(bytes_ptr, lo_ptr, hi_ptr, scale_bits, N: tl.constexpr, FOLDED: tl.constexpr,
-                 USE_ASM: tl.constexpr):
+def _e2m1_kernel(words_ptr, out_ptr, scale_bits, N: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+    """The 8 values of each stored word, as [N, 8] in the routine's order (low codes of bytes 0-3, then high)."""
     offs = tl.arange(0, N)
-    packed = tl.load(bytes_ptr + offs)
+    words = tl.load(words_ptr + offs)
     scale = tl.full((N,), scale_bits, tl.int16).to(tl.bfloat16, bitcast=True)
-    lo, hi = _kernels._dequant_pairs(packed, scale, scale, FOLDED, USE_ASM)
-    tl.store(lo_ptr + offs, lo)
-    tl.store(hi_ptr + offs, hi)
+    e0, e1, e2, e3, e4, e5, e6, e7 = _kernels._dequant_words(words, scale, scale, FOLDED, USE_ASM)
+    tl.store(out_ptr + offs * 8, e0)
+    tl.store(out_ptr + offs * 8 + 1, e1)
+    tl.store(out_ptr + offs * 8 + 2, e2)
+    tl.store(out_ptr + offs * 8 + 3, e3)
+    tl.store(out_ptr + offs * 8 + 4, e4)
+    tl.store(out_ptr + offs * 8 + 5, e5)
+    tl.store(out_ptr + offs * 8 + 6, e6)
+    tl.store(out_ptr + offs * 8 + 7, e7)
 
 
 def e2m1_decode_mismatches(device: str) -> list[list[int]]:
-    """[folded, byte] for every byte whose two E2M1 codes the kernels' dequantization (folded: scale 2^126 * 1;
-    unfolded: 1) does not turn into the exact values (0, +-0.5 .. +-6, -0 for code 8)."""
+    """[folded, word, value] for every value of the probe words that the kernels' dequantization (folded: scale
+    2^126 * 1; unfolded: 1) does not turn into the exact E2M1 value (0, +-0.5 .. +-6, -0 for code 8). The words
+    are the layout's encoding (backends.layouts.triton_moe._encode_words) of 256 byte quadruples that put every
+    code pair in every byte (byte b of word i: i, 255 - i, i ^ 0x5A, 37 i mod 256)."""
+    from backends.layouts.triton_moe import _encode_words
+
     table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
-    byte = torch.arange(256, device=device)
-    ref_lo, ref_hi = (table[(byte & 15).cpu()].bfloat16(), table[(byte >> 4).cpu()].bfloat16())
+    i = torch.arange(256)
+    quads = torch.stack([i, 255 - i, i ^ 0x5A, (37 * i) % 256], dim=1).to(torch.uint8)  # [word, byte]
+    codes = torch.cat([quads & 15, quads >> 4], dim=1).long()  # [word, 8]: low codes of bytes 0-3, then high
+    ref = table[codes].bfloat16()
+    words = _encode_words(quads.reshape(1, -1)).view(torch.int32).reshape(256).to(device)
     bad = []
     for folded, bits in ((True, 0x7E80), (False, 0x3F80)):  # bf16 2^126, 1.0
-        lo = torch.empty(256, dtype=torch.bfloat16, device=device)
-        hi = torch.empty_like(lo)
-        _e2m1_kernel[(1,)](byte.to(torch.uint8), lo, hi, bits, N=256, FOLDED=folded, USE_ASM=device != "cpu",
-                           num_warps=1)
-        wrong = (lo.cpu().view(torch.int16) != ref_lo.view(torch.int16)) | (
-            hi.cpu().view(torch.int16) != ref_hi.view(torch.int16))
-        bad += [[int(folded), b] for b in wrong.nonzero().flatten().tolist()]
+        out = torch.empty((256, 8), dtype=torch.bfloat16, device=device)
+        _e2m1_kernel[(1,)](words, out, bits, N=256, FOLDED=folded, USE_ASM=device != "cpu", num_warps=1)
+        wrong = out.cpu().view(torch.int16) != ref.view(torch.int16)
+        bad += [[int(folded), int(w), int(v)] for w, v in wrong.nonzero().tolist()]
     return bad
 
 

@@ -4,7 +4,9 @@ Kernel layout (per expert e, rows K-major, two E2M1 codes per byte "split by hal
 64-wide K group g, K byte 32g+j holds value 64g+j in its low nibble and value 64g+32+j in its high
 nibble, so a tile's low and high nibbles are two contiguous K halves; the checkpoint's bytes hold
 values 2i, 2i+1). Each 16-byte run stores its K bytes in the order 0,1,8,9, 2,3,10,11, ... (the
-wgmma register operand's order, `_wgmma_byte_order`):
+wgmma register operand's order, `_wgmma_byte_order`), and each little-endian 4-byte word then has its 8 codes
+moved to the bit slots WORD_SLOTS (`_encode_words`: a fixed bit permutation that the kernels' decode turns
+into bf16 lanes without byte permutes):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
     w13_scale  int32 [E, ceil(H/C), 2I]: "scale words", one word per row and C-wide K chunk holding
                that chunk's 4 E8M0 exponents (MXFP4: B=32, C=128) or 4 E4M3 bytes (NVFP4: B=16, C=64),
@@ -124,7 +126,8 @@ def _split_halves_torch(packed: torch.Tensor) -> torch.Tensor:
     """The definition of _split_halves in pure torch (CPU, meta, and the reference of the kernel)."""
     groups = packed.shape[-1] // 32  # explicit, so that zero experts reshape too
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], groups, 2, 32)
-    return _wgmma_byte_order(codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(packed.shape).contiguous()
+    stored = _wgmma_byte_order(codes[..., 0, :] | (codes[..., 1, :] << 4))
+    return _encode_words(stored.reshape(packed.shape)).contiguous()
 
 
 def _wgmma_byte_order(split: torch.Tensor) -> torch.Tensor:
@@ -135,9 +138,39 @@ def _wgmma_byte_order(split: torch.Tensor) -> torch.Tensor:
     return runs.transpose(-3, -2).reshape(split.shape)  # stored at 4w + 2h + p
 
 
+#: Where each E2M1 code of a 4-byte word goes in the stored 32-bit word: (byte, nibble) -> (sign bit, lowest of the
+#: 3 magnitude bits). Word byte l (0, 1) and 2 + l have their low (k) and high (k + 32) codes in 16-bit lane l at
+#: slots A, B, C, D; the kernel's routine (_kernels._E2M1_WORD_BODY) turns each slot into a bf16 lane with
+#: 1 to 4 integer ops and no byte permutes.
+WORD_SLOTS = {(0, 0): (15, 6), (1, 0): (31, 22), (2, 0): (12, 3), (3, 0): (28, 19),
+              (0, 1): (14, 0), (1, 1): (30, 16), (2, 1): (13, 9), (3, 1): (29, 25)}
+
+
+def _encode_words(stored: torch.Tensor) -> torch.Tensor:
+    """[..., n] bytes (two codes each, n % 4 == 0) -> the same bytes with every little-endian 4-byte word's
+    8 codes moved to WORD_SLOTS (a bit permutation of each word)."""
+    words = stored.reshape(*stored.shape[:-1], stored.shape[-1] // 4, 4).to(torch.int64)  # explicit: zero experts
+    out = torch.zeros(words.shape[:-1], dtype=torch.int64, device=stored.device)
+    for (byte, nibble), (sign, mag) in WORD_SLOTS.items():
+        code = (words[..., byte] >> (4 * nibble)) & 15
+        out |= ((code >> 3) << sign) | ((code & 7) << mag)
+    return torch.stack([(out >> (8 * b)) & 0xFF for b in range(4)], dim=-1).to(torch.uint8).reshape(stored.shape)
+
+
+def _decode_words(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of _encode_words."""
+    raw = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 4, 4).to(torch.int64)
+    word = raw[..., 0] | (raw[..., 1] << 8) | (raw[..., 2] << 16) | (raw[..., 3] << 24)
+    out = torch.zeros_like(raw)
+    for (byte, nibble), (sign, mag) in WORD_SLOTS.items():
+        code = (((word >> sign) & 1) << 3) | ((word >> mag) & 7)
+        out[..., byte] |= code << (4 * nibble)
+    return out.to(torch.uint8).reshape(packed.shape)
+
+
 def _join_halves(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of _split_halves."""
-    stored = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 32, 2, 4, 2, 2)  # [run, w, h, p]
+    stored = _decode_words(packed).reshape(*packed.shape[:-1], packed.shape[-1] // 32, 2, 4, 2, 2)  # [run, w, h, p]
     groups = stored.transpose(-3, -2).reshape(*packed.shape[:-1], packed.shape[-1] // 32, 32)
     codes = torch.stack([groups & 15, groups >> 4], dim=-2).reshape(*packed.shape[:-1], packed.shape[-1], 2)
     return (codes[..., 0] | (codes[..., 1] << 4)).reshape(packed.shape).contiguous()

@@ -15,13 +15,13 @@ values k and k+32 of a 64-wide group, so the low and the high nibbles of a tile 
 that meet the matching activation columns in two MMAs - no interleaving shuffle; each 16-byte run
 stores K bytes 0,1,8,9, 2,3,10,11, ..., so that a thread's share of a wgmma register operand is one
 word: wgmma tiles permute the bytes back to K order for free, mma.sync tiles multiply in the stored
-order and permute the activations instead, see forward._runs_wgmma). A K step loads its
-bytes as [rows, scale blocks, bytes per block] (16-byte row copies) and one scale word per
-(row, block), broadcast in registers. On the GPU an inline-PTX routine turns 4 bytes into 8 scaled
-bf16 values: and / integer multiply / and per value pair builds the bit pattern (the multiply on the FMA
-pipe, which the ALU-bound decode regime has to spare), one bf16x2 FMA applies the block scale, which carries
-the 2^126 of the bit trick; the CPU interpreter computes the same values in fp32. Products FP4 x block scale
-are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
+order and permute the activations instead, see forward._runs_wgmma; within each 4-byte word the 8 codes sit
+at bit slots that need no byte permutes, layout WORD_SLOTS). A K step loads its weights as int32 words
+[rows, scale blocks, words per block] (16-byte row copies) and one scale word per (row, block), broadcast
+in registers. On the GPU an inline-PTX routine turns each word into 8 scaled bf16 values: 1 to 4 integer ops
+per value pair build the bit pattern, one bf16x2 FMA applies the block scale, which carries the 2^126 of the
+bit trick; the CPU interpreter computes the same values in fp32. Products FP4 x block scale are exact in
+bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
 so nothing is rounded that the format did not round.
 """
 
@@ -34,51 +34,48 @@ ACT_SILU = 0
 ACT_SWIGLUOAI = 1
 
 
-# E2M1 -> bf16x2, 4 bytes (8 values) per asm instance. prmt moves bytes 0, 1 (2, 3) into the low bytes of the two
-# 16-bit lanes; a nibble n (lane bits 0-3 for the low nibbles, 4-7 for the high ones, masked by one and) becomes the
-# bf16 pattern of value * 2^-126 (subnormal for 0.5), (n & 8) << 12 | (n & 7) << 6, as one integer multiply by
-# 2^6 + 2^12 (2^2 + 2^8 for the high nibble: the two copies cannot overlap or carry) and one and with 0x81C081C0:
-# and, mul, and per 2 values, the multiply on the FMA pipe (the shift/or/and version took 3 ALU-pipe ops). One
-# bf16x2 FMA then applies a "folded" scale, 2^126 * block scale (exact: <= 6 significant bits). $0,$1: low nibbles
-# of bytes 0-1, 2-3; $2,$3: high nibbles; $4: the 4 bytes; $5,$6 / $7,$8: the folded scales of the low / high values.
-_E2M1_BF16X2_ASM = tl.constexpr("""
-{
-.reg .b32 t01, t23, a, z, nz;
-mov.b32 z, 0;
+# E2M1 words -> 8 bf16, one asm instance per 32-bit weight word (backends.layouts.triton_moe._encode_words):
+# each 16-bit lane l holds the codes of 4 values, bits [s e1 e0 m] at
+#   A (low half, word byte l):     s 15, e1e0m 8-6      -> and                                   (1 op)
+#   B (low half, word byte 2+l):   s 12, e1e0m 5-3      -> shl 3, and                            (2 ops)
+#   C (high half, word byte l):    s 14, e1e0m 2-0      -> and, mul by 2^1 + 2^6, and            (3 ops)
+#   D (high half, word byte 2+l):  s 13, e1e0m 11-9     -> and, (t << 2 | t >> 3) & mask         (4 ops)
+# so that every value lands as the bf16 pattern (s << 15) | (e1e0m << 6) = value * 2^-126 (subnormal for 0.5) in
+# its lane of a bf16x2 without byte permutes; no shifted copy reaches a masked bit of the other lane or carries.
+# One bf16x2 FMA per pair applies the "folded" scale (2^126 * block scale, exact: <= 6 significant bits).
+# $0..$3: low-half values of word bytes 0, 1, 2, 3; $4..$7: the high-half ones; $8: the word; $9 / $10: the folded
+# scales of the low / high values.
+_E2M1_WORD_BODY = """
+.reg .b32 a, b, c, d, t, u, nz, slo, shi;
 mov.b32 nz, 0x80008000;
-prmt.b32 t01, $4, z, 0x4140;
-prmt.b32 t23, $4, z, 0x4342;
-and.b32 a, t01, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $0, a, $5, nz;
-and.b32 a, t23, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $1, a, $6, nz;
-and.b32 a, t01, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $2, a, $7, nz;
-and.b32 a, t23, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 $3, a, $8, nz;
-}
-""")
-# Unfolded variant (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first
-# multiply by 2^126, then by the block scale itself (two exact FMAs).
-_E2M1_BF16X2_UNFOLDED_ASM = tl.constexpr("""
-{
-.reg .b32 t01, t23, a, z, nz, k126;
-mov.b32 z, 0;
-mov.b32 nz, 0x80008000;
+mov.b32 slo, {$9, $9};
+mov.b32 shi, {$10, $10};
+and.b32 a, $8, 0x81C081C0;
+shl.b32 b, $8, 3; and.b32 b, b, 0x81C081C0;
+and.b32 c, $8, 0x40074007; mul.lo.u32 c, c, 0x42; and.b32 c, c, 0x81C081C0;
+and.b32 t, $8, 0x2E002E00; shl.b32 u, t, 2; shr.u32 t, t, 3; or.b32 d, u, t; and.b32 d, d, 0x81C081C0;
+"""
+_E2M1_WORD_FOLDED = """
+fma.rn.bf16x2 a, a, slo, nz; fma.rn.bf16x2 b, b, slo, nz;
+fma.rn.bf16x2 c, c, shi, nz; fma.rn.bf16x2 d, d, shi, nz;
+"""
+# Unfolded (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first times 2^126, then
+# the block scale itself (two exact FMAs).
+_E2M1_WORD_UNFOLDED = """
+.reg .b32 k126;
 mov.b32 k126, 0x7E807E80;
-prmt.b32 t01, $4, z, 0x4140;
-prmt.b32 t23, $4, z, 0x4342;
-and.b32 a, t01, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
-fma.rn.bf16x2 $0, a, $5, nz;
-and.b32 a, t23, 0x000F000F; mul.lo.u32 a, a, 0x1040; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
-fma.rn.bf16x2 $1, a, $6, nz;
-and.b32 a, t01, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
-fma.rn.bf16x2 $2, a, $7, nz;
-and.b32 a, t23, 0x00F000F0; mul.lo.u32 a, a, 0x104; and.b32 a, a, 0x81C081C0; fma.rn.bf16x2 a, a, k126, nz;
-fma.rn.bf16x2 $3, a, $8, nz;
-}
-""")
-
-# The same two routines, first waiting for the warpgroup's wgmmas (see _dequant_pairs, RETIRE_WGMMA).
+fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 b, b, k126, nz;
+fma.rn.bf16x2 c, c, k126, nz; fma.rn.bf16x2 d, d, k126, nz;
+""" + _E2M1_WORD_FOLDED
+_E2M1_WORD_OUT = """
+mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; mov.b32 {$4, $5}, c; mov.b32 {$6, $7}, d;
+"""
+# The routines first waiting for the warpgroup's wgmmas (see _dequant_words, RETIRE_WGMMA).
 _RETIRE_WGMMA_PTX = "wgmma.wait_group.sync.aligned 0;"
-_E2M1_BF16X2_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_BF16X2_ASM.value)
-_E2M1_BF16X2_UNFOLDED_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_BF16X2_UNFOLDED_ASM.value)
+_E2M1_WORD_ASM = tl.constexpr("{" + _E2M1_WORD_BODY + _E2M1_WORD_FOLDED + _E2M1_WORD_OUT + "}")
+_E2M1_WORD_UNFOLDED_ASM = tl.constexpr("{" + _E2M1_WORD_BODY + _E2M1_WORD_UNFOLDED + _E2M1_WORD_OUT + "}")
+_E2M1_WORD_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_WORD_ASM.value)
+_E2M1_WORD_UNFOLDED_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_WORD_UNFOLDED_ASM.value)
 
 #: NVFP4 scales are folded with an extra 2^-NVFP4_FOLD_SHIFT = 2^-16 (E4M3 up to 448 * 2^126 would overflow
 #: bf16): the dequantized weights are W * 2^-16 (all normal: |W| in [2^-10, 2688]) and the GEMM epilogues
@@ -94,15 +91,25 @@ def _e2m1_value_f32(codes):
 
 
 @triton.jit
-def _e2m1_asm(packed, scale_lo, scale_hi, ASM: tl.constexpr):
-    return tl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, scale_lo, scale_hi],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+def _scaled_code(words, SIGN: tl.constexpr, MAG: tl.constexpr, scale, FOLDED: tl.constexpr):
+    """The interpreter's decode of the word slot with sign bit SIGN and magnitude bits MAG..MAG+2 (layout:
+    WORD_SLOTS): the asm's bf16 pattern as fp32, times 2^126 unless folded, times the scale, rounded once."""
+    value = _e2m1_value_f32(((words >> (SIGN - 3)) & 8) | ((words >> MAG) & 7))
+    if not FOLDED:
+        value = value * 8.507059173023462e37  # 2^126
+    return (value * scale.to(tl.float32)).to(tl.bfloat16)
 
 
 @triton.jit
-def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr,
+def _e2m1_words_asm(words, scale_lo, scale_hi, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, scale_lo, scale_hi],
+                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _dequant_words(words, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.constexpr,
                    RETIRE_WGMMA: tl.constexpr = False):
-    """bytes (low nibble = value k, high nibble = value k+32 of its 64-wide group) -> (low, high) bf16.
+    """int32 weight words -> 8 bf16 tensors: the low-half values of the word's bytes 0-3, then the high-half ones.
 
     RETIRE_WGMMA (register-operand wgmma tiles): each routine first waits for the warpgroup's wgmmas. Triton 3.6
     leaves a K step's last wgmma in flight into the next step, whose dequantization then rewrites the registers
@@ -112,23 +119,36 @@ def _dequant_pairs(packed, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl
     if USE_ASM:
         if FOLDED:
             if RETIRE_WGMMA:
-                lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_RETIRING_ASM)
+                e0, e1, e2, e3, e4, e5, e6, e7 = _e2m1_words_asm(words, scale_lo, scale_hi, _E2M1_WORD_RETIRING_ASM)
             else:
-                lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_ASM)
+                e0, e1, e2, e3, e4, e5, e6, e7 = _e2m1_words_asm(words, scale_lo, scale_hi, _E2M1_WORD_ASM)
         elif RETIRE_WGMMA:
-            lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_UNFOLDED_RETIRING_ASM)
+            e0, e1, e2, e3, e4, e5, e6, e7 = _e2m1_words_asm(words, scale_lo, scale_hi,
+                                                             _E2M1_WORD_UNFOLDED_RETIRING_ASM)
         else:
-            lo, hi = _e2m1_asm(packed, scale_lo, scale_hi, _E2M1_BF16X2_UNFOLDED_ASM)
+            e0, e1, e2, e3, e4, e5, e6, e7 = _e2m1_words_asm(words, scale_lo, scale_hi, _E2M1_WORD_UNFOLDED_ASM)
     else:  # the CPU interpreter cannot run PTX: the same products in fp32 (each exact), rounded once
-        b = packed.to(tl.int32)
-        lo = _e2m1_value_f32(b & 15)
-        hi = _e2m1_value_f32(b >> 4)
-        if not FOLDED:
-            lo = lo * 8.507059173023462e37  # 2^126
-            hi = hi * 8.507059173023462e37
-        lo = (lo * scale_lo.to(tl.float32)).to(tl.bfloat16)
-        hi = (hi * scale_hi.to(tl.float32)).to(tl.bfloat16)
-    return lo, hi
+        e0 = _scaled_code(words, 15, 6, scale_lo, FOLDED)
+        e1 = _scaled_code(words, 31, 22, scale_lo, FOLDED)
+        e2 = _scaled_code(words, 12, 3, scale_lo, FOLDED)
+        e3 = _scaled_code(words, 28, 19, scale_lo, FOLDED)
+        e4 = _scaled_code(words, 14, 0, scale_hi, FOLDED)
+        e5 = _scaled_code(words, 30, 16, scale_hi, FOLDED)
+        e6 = _scaled_code(words, 13, 9, scale_hi, FOLDED)
+        e7 = _scaled_code(words, 29, 25, scale_hi, FOLDED)
+    return e0, e1, e2, e3, e4, e5, e6, e7
+
+
+@triton.jit
+def _per_word(scale, ROWS: tl.constexpr, NSUB: tl.constexpr, WORDS: tl.constexpr):
+    """[ROWS, NSUB] block scales -> [ROWS, WORDS]: each word's (a stored 16-byte run lies inside one block)."""
+    return tl.reshape(tl.broadcast_to(scale[:, :, None], (ROWS, NSUB, WORDS // NSUB)), (ROWS, WORDS))
+
+
+@triton.jit
+def _words_to_bytes(e0, e1, e2, e3):
+    """Four [..., W] tensors (a word's bytes 0..3) -> [..., W, 4] in byte order (the joins keep them in-thread)."""
+    return tl.join(tl.join(e0, e2), tl.join(e1, e3))
 
 
 # NVFP4 block scales, both of a dequantization step's pair at once: $1 holds the low values' E4M3 byte in bits
@@ -175,7 +195,7 @@ def _e4m3_folded_f32(s):
 @triton.jit
 def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
     """A scale word shifted so that its low byte is the low values' scale -> (low, high) bf16 factors that
-    _dequant_pairs applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1)."""
+    _dequant_words applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1)."""
     if NVFP4:
         if USE_ASM:
             pair = tl.inline_asm_elementwise(_E4M3_PAIR_BF16X2_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True,
@@ -197,7 +217,7 @@ def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.conste
 
 @triton.jit
 def _scale_bf16(s, FOLDED: tl.constexpr):
-    """MXFP4 scale byte (int32, bits above the low byte ignored) -> the bf16 factor _dequant_pairs applies (exact).
+    """MXFP4 scale byte (int32, bits above the low byte ignored) -> the bf16 factor _dequant_words applies (exact).
 
     E8M0 e, scale 2^(e-127): folded 2^126 * scale = 2^(e-1), valid for e <= 128 (forward.py checks);
     unfolded 2^(e-127) (e = 0: the bf16 subnormal 2^-127; both give the same products).
@@ -229,32 +249,36 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     activation columns of _act_halves (K byte b: value k = k0 + 64*(b//32) + b%32, and k + 32; with
     STORED_K_ORDER the columns stay in the stored byte order and _act_halves permutes the activations alike).
 
-    The bytes load as one 2-D tile (each row's BLOCK_K/2 bytes contiguous: 16-byte copies); the scales as
-    one word per (row, scale block of the low values), broadcast over its SCALE_BLOCK columns in registers
-    (a stored 16-byte run lies inside one scale block, so either order sees the same scale per column).
+    The weights load as int32 words [ROWS, scale blocks, words per block] (16-byte row copies), one asm routine
+    per word; the scales as one word per (row, scale block of the low values), broadcast in registers (a stored
+    16-byte run lies inside one scale block, so either order sees the same scale per column).
     """
     HALF: tl.constexpr = BLOCK_K // 2
     NSUB: tl.constexpr = HALF // SCALE_BLOCK  # scale blocks among a step's low values
+    WORDS: tl.constexpr = HALF // 4
     j = tl.arange(0, NSUB)
-    col = (k0 // 2 + j * SCALE_BLOCK)[:, None] + tl.arange(0, SCALE_BLOCK)[None, :]  # [NSUB, SCALE_BLOCK] bytes
+    col = k0 // 8 + tl.arange(0, WORDS)
     k_first = k0 + 64 * ((j * SCALE_BLOCK) // 32) + (j * SCALE_BLOCK) % 32  # first low value of sub-block j
     block_lo = k_first // SCALE_BLOCK  # its scale block; the high values' block is 32 // SCALE_BLOCK further
-    w_ptrs = w_rows[:, None, None] + col[None, :, :]
+    w_ptrs = w_rows.to(tl.pointer_type(tl.int32))[:, None] + col[None, :]
     s_ptrs = words_ptr[:, None] + (block_lo // 4)[None, :] * stride_sc
     if EVEN_K:
-        packed = tl.load(w_ptrs, mask=row_ok[:, None, None], other=0)
-        words = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+        words = tl.load(w_ptrs, mask=row_ok[:, None], other=0)
+        scales = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
     else:
-        packed = tl.load(w_ptrs, mask=row_ok[:, None, None] & (col < K // 2)[None, :, :], other=0)
-        words = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
-    scale_lo, scale_hi = _scale_pair(words >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
-    ROWS: tl.constexpr = packed.shape[0]
+        words = tl.load(w_ptrs, mask=row_ok[:, None] & (col < K // 8)[None, :], other=0)
+        scales = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
+    scale_lo, scale_hi = _scale_pair(scales >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
+    ROWS: tl.constexpr = words.shape[0]
+    e0, e1, e2, e3, e4, e5, e6, e7 = _dequant_words(
+        words, _per_word(scale_lo, ROWS, NSUB, WORDS), _per_word(scale_hi, ROWS, NSUB, WORDS), FOLDED, USE_ASM,
+        RETIRE_WGMMA)
+    lo = tl.reshape(_words_to_bytes(e0, e1, e2, e3), (ROWS, HALF))
+    hi = tl.reshape(_words_to_bytes(e4, e5, e6, e7), (ROWS, HALF))
     if not STORED_K_ORDER:
-        packed = tl.reshape(_to_k_order(tl.reshape(packed, (ROWS, HALF)), ROWS, HALF), (ROWS, NSUB, SCALE_BLOCK))
-    lo, hi = _dequant_pairs(packed, tl.broadcast_to(scale_lo[:, :, None], (ROWS, NSUB, SCALE_BLOCK)),
-                            tl.broadcast_to(scale_hi[:, :, None], (ROWS, NSUB, SCALE_BLOCK)), FOLDED, USE_ASM,
-                            RETIRE_WGMMA)
-    return tl.reshape(lo, (ROWS, HALF)), tl.reshape(hi, (ROWS, HALF))
+        lo = _to_k_order(lo, ROWS, HALF)
+        hi = _to_k_order(hi, ROWS, HALF)
+    return lo, hi
 
 
 @triton.jit

@@ -304,7 +304,7 @@ def _runs_wgmma(c, device: torch.device) -> bool:
 
     wgmma tiles multiply in K order: their register operand wants K bytes 2t, 2t+1, 2t+8, 2t+9 per thread, which
     the stored byte order makes one 4-byte word (the layout's point), and a swap-AB tile, whose weights are that
-    register operand, retires its wgmmas before each step's dequantization (_kernels._dequant_pairs). Other tiles
+    register operand, retires its wgmmas before each step's dequantization (_kernels._dequant_words). Other tiles
     (mma.sync) multiply in the stored order: their operands take any K order both share and give each thread 4
     consecutive tile bytes, so only the activations are permuted, which is cheap."""
     return c.num_warps >= 4 and (device.type != "cuda" or _capability(device)[0] == 9)
