@@ -11,11 +11,15 @@ import pytest
 import torch
 
 from backends.layouts.triton_moe import (
+    TILE_BYTES,
+    TILE_ROWS,
     WORD_SLOTS,
     _from_words,
     _join_halves,
     _split_halves,
+    _tile_rows,
     _to_words,
+    _untile_rows,
     from_kernel_layout,
     to_kernel_layout,
 )
@@ -46,7 +50,7 @@ def test_interleaved_rows_become_gate_then_up():
     kw = to_kernel_layout(**ckpt)
     inter = SMALL_MX.intermediate_size
     scale_bytes = _from_words(kw.w13_scale, "mxfp4", SMALL_MX.hidden_size)
-    for src, dst in (("w13", _join_halves(kw.w13)), ("w13_scale", scale_bytes), ("w13_bias", kw.w13_bias)):
+    for src, dst in (("w13", _join_halves(_untile_rows(kw.w13))), ("w13_scale", scale_bytes), ("w13_bias", kw.w13_bias)):
         assert torch.equal(dst[:, :inter], ckpt[src][:, 0::2]) and torch.equal(dst[:, inter:], ckpt[src][:, 1::2]), src
 
 
@@ -96,6 +100,23 @@ def test_words_hold_k_and_k_plus_32_of_each_64_group_in_wgmma_order_at_their_slo
             assert torch.equal((((word >> sign) & 1) << 3) | ((word >> mag) & 7), codes[:, k].long()), (byte, nibble)
     assert sorted(b for sign, mag in WORD_SLOTS.values() for b in (sign, mag, mag + 1, mag + 2)) == list(range(32))
     assert torch.equal(_join_halves(split), packed)
+
+
+def test_rows_are_stored_in_contiguous_tiles_and_the_tiling_inverts():
+    """Byte (row n, K byte c) of the row-major kernel bytes sits at flat offset ((n // TILE_ROWS) * (K/2 //
+    TILE_BYTES) + c // TILE_BYTES) * TILE_ROWS * TILE_BYTES + (n % TILE_ROWS) * TILE_BYTES + c % TILE_BYTES of its
+    expert: every tile is TILE_ROWS x TILE_BYTES contiguous bytes, a row group's tiles in K order."""
+    experts, rows, half = 2, 3 * TILE_ROWS, 4 * TILE_BYTES
+    split = torch.randint(0, 256, (experts, rows, half), dtype=torch.uint8)
+    tiled = _tile_rows(split)
+    assert tiled.shape == split.shape
+    flat = tiled.reshape(experts, -1)
+    for n in range(rows):
+        for c in range(half):
+            at = ((n // TILE_ROWS) * (half // TILE_BYTES) + c // TILE_BYTES) * TILE_ROWS * TILE_BYTES \
+                + (n % TILE_ROWS) * TILE_BYTES + c % TILE_BYTES
+            assert torch.equal(flat[:, at], split[:, n, c]), (n, c)
+    assert torch.equal(_untile_rows(tiled), split)
 
 
 def test_layout_rejects_bad_checkpoints():

@@ -6,8 +6,13 @@ nibble, so a tile's low and high nibbles are two contiguous K halves; the checkp
 values 2i, 2i+1). Each 16-byte run stores its K bytes in the order 0,1,8,9, 2,3,10,11, ... (the
 wgmma register operand's order, `_wgmma_byte_order`), and each little-endian 4-byte word then has its 8 codes
 moved to the bit slots WORD_SLOTS (`_encode_words`: a fixed bit permutation that the kernels' decode turns
-into bf16 lanes without byte permutes):
-    w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved)
+into bf16 lanes without byte permutes). Rows are stored in tiles (`_tile_rows`): TILE_ROWS rows x TILE_BYTES
+bytes contiguous, a row group's tiles in K order, and the kernels load a K step tile by tile, so a warp's 32
+16-byte copies read 512 contiguous bytes. Row-major rows made each warp copy read 8 rows' short pieces, which
+streamed at 0.35-0.65 of the read bandwidth (benchmarks/probe_weight_streaming.py; contiguous warp reads 0.90+);
+the tiles made the decode-regime layers 1.2-1.4x faster on an H100 (benchmarks/README-moe.md, round 7):
+    w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved);
+               row n, K byte c at (n // TILE_ROWS, c // TILE_BYTES, n % TILE_ROWS, c % TILE_BYTES), row-major
     w13_scale  int32 [E, ceil(H/C), 2I]: "scale words", one word per row and C-wide K chunk holding
                that chunk's 4 E8M0 exponents (MXFP4: B=32, C=128) or 4 E4M3 bytes (NVFP4: B=16, C=64),
                little-endian (byte j = sub-block j), chunk-major so a K step loads BN consecutive words;
@@ -38,6 +43,11 @@ FORMATS = ("mxfp4", "nvfp4")
 SCALE_BLOCK = {"mxfp4": 32, "nvfp4": 16}
 #: H and I must be multiples of this (the 64-wide nibble groups of the byte layout).
 SIZE_ALIGNMENT = 64
+#: Rows and bytes per row of the contiguous weight tiles (`_tile_rows`): 32 rows divide every tile the tuning
+#: tables use (BLOCK_N >= 32) and 32 bytes every K step (BLOCK_K >= 64), so a step reads whole tiles; 16 rows x
+#: 32 bytes are one warp's 512-byte read.
+TILE_ROWS = 32
+TILE_BYTES = 32
 #: K elements covered by one 32-bit scale word (4 block scales).
 SCALE_CHUNK = {"mxfp4": 128, "nvfp4": 64}
 
@@ -176,6 +186,21 @@ def _join_halves(packed: torch.Tensor) -> torch.Tensor:
     return (codes[..., 0] | (codes[..., 1] << 4)).reshape(packed.shape).contiguous()
 
 
+def _tile_rows(split: torch.Tensor) -> torch.Tensor:
+    """[E, rows, K/2] row-major kernel bytes -> the same shape holding [E, rows/TILE_ROWS, K/2/TILE_BYTES,
+    TILE_ROWS, TILE_BYTES]: each TILE_ROWS x TILE_BYTES tile contiguous, a row group's tiles in K order."""
+    e, rows, half = split.shape
+    tiles = split.reshape(e, rows // TILE_ROWS, TILE_ROWS, half // TILE_BYTES, TILE_BYTES)
+    return tiles.transpose(2, 3).contiguous().reshape(e, rows, half)
+
+
+def _untile_rows(tiled: torch.Tensor) -> torch.Tensor:
+    """Inverse of _tile_rows."""
+    e, rows, half = tiled.shape
+    tiles = tiled.reshape(e, rows // TILE_ROWS, half // TILE_BYTES, TILE_ROWS, TILE_BYTES)
+    return tiles.transpose(2, 3).contiguous().reshape(e, rows, half)
+
+
 def _to_words(scale_bytes: torch.Tensor, fmt: str) -> torch.Tensor:
     """[E, rows, K/B] uint8 -> [E, ceil(K/C), rows] int32 words (zero bytes pad the last chunk)."""
     per_word = 4
@@ -245,7 +270,8 @@ def to_kernel_layout(
     fix = _deinterleave_rows if gate_up_layout == "interleaved" else (lambda t: None if t is None else t.contiguous())
     return TritonMoEWeights(
         format=format,
-        w13=_split_halves(fix(w13)), w13_scale=_to_words(fix(s13), format), w2=_split_halves(w2),
+        w13=_tile_rows(_split_halves(fix(w13))), w13_scale=_to_words(fix(s13), format),
+        w2=_tile_rows(_split_halves(w2)),
         w2_scale=_to_words(s2, format),
         w13_bias=None if w13_bias is None else fix(w13_bias),
         w2_bias=None if w2_bias is None else w2_bias.contiguous(),
@@ -259,8 +285,8 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
     scale_dtype = torch.uint8 if kw.format == "mxfp4" else torch.float8_e4m3fn
     s13 = _from_words(kw.w13_scale, kw.format, kw.hidden_size)
     s2 = _from_words(kw.w2_scale, kw.format, kw.intermediate_size)
-    out = {"format": kw.format, "w13": fix(_join_halves(kw.w13)), "w13_scale": fix(s13).view(scale_dtype),
-           "w2": _join_halves(kw.w2), "w2_scale": s2.view(scale_dtype),
+    out = {"format": kw.format, "w13": fix(_join_halves(_untile_rows(kw.w13))), "w13_scale": fix(s13).view(scale_dtype),
+           "w2": _join_halves(_untile_rows(kw.w2)), "w2_scale": s2.view(scale_dtype),
            "w13_bias": None if kw.w13_bias is None else fix(kw.w13_bias), "w2_bias": kw.w2_bias,
            "gate_up_layout": gate_up_layout}
     if kw.format == "nvfp4":
@@ -291,9 +317,10 @@ class TritonMoELayout(Layout):
             side = kernels.padded_side_tensors(w, hidden, inter, "gate_up", scales=False)
             words = _scale_words_fast(w, hidden, inter)
             tensors = {
-                "w13": _split_halves_fast(w.w13, 2 * inter, hidden, kernels.w13_rows(w.gate_up, "gate_up", w.I, inter)),
+                "w13": _tile_rows(_split_halves_fast(w.w13, 2 * inter, hidden,
+                                                     kernels.w13_rows(w.gate_up, "gate_up", w.I, inter))),
                 "w13_scale": words["w13_scale"],
-                "w2": _split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden)),
+                "w2": _tile_rows(_split_halves_fast(w.w2, hidden, inter, kernels.plain_rows(w.H, hidden))),
                 "w2_scale": words["w2_scale"],
                 "w13_bias": side["w13_bias"], "w2_bias": side["w2_bias"],
                 "w13_global_scale": None if w.w13_global_scale is None else w.w13_global_scale.float().contiguous(),

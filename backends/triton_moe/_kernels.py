@@ -16,10 +16,10 @@ that meet the matching activation columns in two MMAs - no interleaving shuffle;
 stores K bytes 0,1,8,9, 2,3,10,11, ..., so that a thread's share of a wgmma register operand is one
 word: wgmma tiles permute the bytes back to K order for free, mma.sync tiles multiply in the stored
 order and permute the activations instead, see forward._runs_wgmma; within each 4-byte word the 8 codes sit
-at bit slots that need no byte permutes, layout WORD_SLOTS). A K step loads its weights as int32 words
-[rows, scale blocks, words per block] (16-byte row copies) and one scale word per (row, block), broadcast
-in registers. On the GPU an inline-PTX routine turns each word into 8 scaled bf16 values: 1 to 4 integer ops
-per value pair build the bit pattern, one bf16x2 FMA applies the block scale, which carries the 2^126 of the
+at bit slots that need no byte permutes, layout WORD_SLOTS). Rows are stored in 32 x 32-byte tiles; a K step loads its
+weights tile by tile as int32 words (a warp's 16-byte copies read 512 contiguous bytes) and one scale word per
+(row, block), broadcast in registers. On the GPU an inline-PTX routine turns each word into 8 scaled bf16
+values: 1 to 4 integer ops per value pair build the bit pattern, one bf16x2 FMA applies the block scale, which carries the 2^126 of the
 bit trick; the CPU interpreter computes the same values in fp32. Products FP4 x block scale are exact in
 bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
 so nothing is rounded that the format did not round.
@@ -29,6 +29,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from backends.layouts import triton_moe as _layout
+
+#: The weights' contiguous tiles (backends.layouts.triton_moe._tile_rows): rows x bytes.
+TILE_ROWS: tl.constexpr = tl.constexpr(_layout.TILE_ROWS)
+TILE_BYTES: tl.constexpr = tl.constexpr(_layout.TILE_BYTES)
 
 ACT_SILU = 0
 ACT_SWIGLUOAI = 1
@@ -137,6 +143,14 @@ def _dequant_words(words, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.
         e6 = _scaled_code(words, 13, 9, scale_hi, FOLDED)
         e7 = _scaled_code(words, 29, 25, scale_hi, FOLDED)
     return e0, e1, e2, e3, e4, e5, e6, e7
+
+
+@triton.jit
+def _weight_rows(w_expert, rows, stride_wn):
+    """Byte pointers to each row's first tile (layout: TILE_ROWS x TILE_BYTES tiles, a row group's tiles in K
+    order); _weight_tile adds the K offset. stride_wn: bytes per row (K/2)."""
+    rows = rows.to(tl.int64)
+    return w_expert + (rows // TILE_ROWS) * (TILE_ROWS * stride_wn) + (rows % TILE_ROWS) * TILE_BYTES
 
 
 @triton.jit
@@ -249,27 +263,33 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     activation columns of _act_halves (K byte b: value k = k0 + 64*(b//32) + b%32, and k + 32; with
     STORED_K_ORDER the columns stay in the stored byte order and _act_halves permutes the activations alike).
 
-    The weights load as int32 words [ROWS, scale blocks, words per block] (16-byte row copies), one asm routine
-    per word; the scales as one word per (row, scale block of the low values), broadcast in registers (a stored
-    16-byte run lies inside one scale block, so either order sees the same scale per column).
+    The weights load as int32 words [tiles, ROWS, words per tile] (layout: TILE_ROWS x TILE_BYTES tiles, so a
+    warp's 16-byte copies cover consecutive rows of one tile: 512 contiguous bytes), viewed as [ROWS, words] for
+    one asm routine per word; the scales as one word per (row, scale block of the low values), broadcast in
+    registers (a stored 16-byte run lies inside one scale block, so either order sees the same scale per column).
     """
     HALF: tl.constexpr = BLOCK_K // 2
     NSUB: tl.constexpr = HALF // SCALE_BLOCK  # scale blocks among a step's low values
     WORDS: tl.constexpr = HALF // 4
+    NKT: tl.constexpr = HALF // TILE_BYTES  # the weight tiles a row crosses in one step
+    TILE_WORDS: tl.constexpr = TILE_BYTES // 4
     j = tl.arange(0, NSUB)
-    col = k0 // 8 + tl.arange(0, WORDS)
+    kt = k0 // (2 * TILE_BYTES) + tl.arange(0, NKT)
     k_first = k0 + 64 * ((j * SCALE_BLOCK) // 32) + (j * SCALE_BLOCK) % 32  # first low value of sub-block j
     block_lo = k_first // SCALE_BLOCK  # its scale block; the high values' block is 32 // SCALE_BLOCK further
-    w_ptrs = w_rows.to(tl.pointer_type(tl.int32))[:, None] + col[None, :]
+    # [tiles, rows, words]: the rows of one tile are contiguous in memory, so a warp's threads read one run
+    w_ptrs = (w_rows.to(tl.pointer_type(tl.int32))[None, :, None] + (kt * (TILE_ROWS * TILE_WORDS))[:, None, None]
+              + tl.arange(0, TILE_WORDS)[None, None, :])
     s_ptrs = words_ptr[:, None] + (block_lo // 4)[None, :] * stride_sc
     if EVEN_K:
-        words = tl.load(w_ptrs, mask=row_ok[:, None], other=0)
+        tiles = tl.load(w_ptrs, mask=row_ok[None, :, None], other=0)
         scales = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
     else:
-        words = tl.load(w_ptrs, mask=row_ok[:, None] & (col < K // 8)[None, :], other=0)
+        tiles = tl.load(w_ptrs, mask=row_ok[None, :, None] & (kt < K // (2 * TILE_BYTES))[:, None, None], other=0)
         scales = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
+    ROWS: tl.constexpr = tiles.shape[1]
+    words = tl.reshape(tl.permute(tiles, (1, 0, 2)), (ROWS, WORDS))
     scale_lo, scale_hi = _scale_pair(scales >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
-    ROWS: tl.constexpr = words.shape[0]
     e0, e1, e2, e3, e4, e5, e6, e7 = _dequant_words(
         words, _per_word(scale_lo, ROWS, NSUB, WORDS), _per_word(scale_hi, ROWS, NSUB, WORDS), FOLDED, USE_ASM,
         RETIRE_WGMMA)
@@ -410,8 +430,8 @@ def gemm1_act_kernel(
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
-    wg_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
-    wu_rows = wg_rows + N * stride_wn
+    wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
+    wu_rows = _weight_rows(w_ptr + expert * stride_we, offs_n + N, stride_wn)
     sg_ptrs = s_ptr + expert * stride_se + offs_n
     su_ptrs = sg_ptrs + N
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
@@ -512,7 +532,7 @@ def gemm2_kernel(
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
-    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
+    w_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
     s_ptrs = s_ptr + expert * stride_se + offs_n
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
