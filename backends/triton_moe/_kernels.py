@@ -20,9 +20,9 @@ at bit slots that need no byte permutes, layout WORD_SLOTS). Rows are stored in 
 weights tile by tile as int32 words (a warp's 16-byte copies read 512 contiguous bytes) and one scale word per
 (row, block), broadcast in registers. On the GPU an inline-PTX routine turns each word into 8 scaled bf16
 values: 1 to 4 integer ops per value pair build the bit pattern, one bf16x2 FMA applies the block scale,
-which carries the 2^126 of the bit trick; the CPU interpreter computes the same values in fp32. Products FP4 x block scale are exact in
-bf16; the fp32 accumulator is divided by the NVFP4 per-expert global multiplier,
-so nothing is rounded that the format did not round.
+which carries the 2^126 of the bit trick; the CPU interpreter computes the same values in fp32. Products
+FP4 x block scale are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global
+multiplier, so nothing is rounded that the format did not round.
 """
 
 from __future__ import annotations
