@@ -133,7 +133,8 @@ def _dequant_words(words, scale_lo, scale_hi, FOLDED: tl.constexpr, USE_ASM: tl.
                                                              _E2M1_WORD_UNFOLDED_RETIRING_ASM)
         else:
             e0, e1, e2, e3, e4, e5, e6, e7 = _e2m1_words_asm(words, scale_lo, scale_hi, _E2M1_WORD_UNFOLDED_ASM)
-    else:  # the CPU interpreter cannot run PTX: the same products in fp32 (each exact), rounded once
+    else:  # the CPU interpreter cannot run PTX: the same products in fp32 (each exact), rounded once; the
+        # (sign, magnitude) bits are WORD_SLOTS' (triton_moe_scale_probe checks this path and the asm against it)
         e0 = _scaled_code(words, 15, 6, scale_lo, FOLDED)
         e1 = _scaled_code(words, 31, 22, scale_lo, FOLDED)
         e2 = _scaled_code(words, 12, 3, scale_lo, FOLDED)
@@ -161,7 +162,8 @@ def _per_word(scale, ROWS: tl.constexpr, NSUB: tl.constexpr, WORDS: tl.constexpr
 
 @triton.jit
 def _words_to_bytes(e0, e1, e2, e3):
-    """Four [..., W] tensors (a word's bytes 0..3) -> [..., W, 4] in byte order (the joins keep them in-thread)."""
+    """Four [..., W] tensors (a word's bytes 0..3) -> [..., W, 2, 2], bytes 0..3 in row-major order (joins keep
+    them in-thread)."""
     return tl.join(tl.join(e0, e2), tl.join(e1, e3))
 
 
