@@ -9,7 +9,7 @@ moved to the bit slots WORD_SLOTS (`_encode_words`: a fixed bit permutation that
 into bf16 lanes without byte permutes). Rows are stored in tiles (`_tile_rows`): TILE_ROWS rows x TILE_BYTES
 bytes contiguous, a row group's tiles in K order, and the kernels load a K step tile by tile, so a warp's 32
 16-byte copies read 512 contiguous bytes. Row-major rows made each warp copy read 8 rows' short pieces, which
-streamed at 0.26-0.66 of the read bandwidth (benchmarks/probe_weight_streaming.py; contiguous warp reads 0.90+);
+streamed at 0.26-0.66 of the read bandwidth (benchmarks/probe_weight_streaming.py; contiguous warp reads 0.85-1.00);
 the tiles made the decode-regime layers 1.2-1.4x faster on an H100 (benchmarks/README-moe.md, round 7):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved);
                row n, K byte c at (n // TILE_ROWS, c // TILE_BYTES, n % TILE_ROWS, c % TILE_BYTES), row-major
