@@ -268,7 +268,8 @@ def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: fl
     the entry's own config, timed in the same sweep, by more than min_gain; other entries stay. Returns the changes."""
     import yaml
 
-    rows = json.load(open(sweep_json))["rows"]
+    sweep = json.load(open(sweep_json))
+    rows, gpu = sweep["rows"], sweep["gpu"]
     table = yaml.safe_load(open(table_path))
     changes = []
     for entry in table["entries"]:
@@ -285,7 +286,7 @@ def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: fl
         best = min(swept, key=lambda r: r["us"])
         if best["us"] < current[0]["us"] * (1 - min_gain):
             entry["gemm1"], entry["gemm2"] = best["gemm1"], best["gemm2"]
-            entry["why"] = (f"{head}: {best['us']:.1f} us on an NVIDIA H200 ({note}; {current[0]['us']:.1f} us with "
+            entry["why"] = (f"{head}: {best['us']:.1f} us on an {gpu} ({note}; {current[0]['us']:.1f} us with "
                             f"the previous entry in the same sweep)")
             changes.append((name, tokens, current[0]["us"], best["us"]))
     tuning.validate_table(table, "merged sweep")

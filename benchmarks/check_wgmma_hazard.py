@@ -51,7 +51,7 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):
                   BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                   SCALE_BLOCK=16 if nvfp4 else 32, NVFP4=nvfp4, FOLDED=True, ACTIVATION=int(not nvfp4),
                   HAS_BIAS=not nvfp4, SWAP_AB=c.swap_ab, STORED_K_ORDER=False, RETIRE_WGMMA=retire, DOT_FP32=False,
-                  USE_ASM=True)
+                  USE_ASM=True, STACK_GATE_UP=bool(c.stack_gate_up))
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}
     signature = {name: "constexpr" if name in consts else POINTERS.get(name, "fp32" if name in ("alpha", "beta",
                  "limit") else "i32") for name in fn.arg_names}

@@ -120,10 +120,33 @@ def wgmma_decode_candidates(tokens):
             for c in tiles for s1, s2 in splits]
 
 
+def stacked_prefill_candidates(tokens):
+    """Round 8, T >= 1024: GEMM1 with its gate and up rows stacked into one weight tile (stack_gate_up). Without it a
+    swap-AB tile of 64 weight rows per half sends its dequantized weights through shared memory (Triton's layout
+    propagation gives up; SASS: STS + LDSM in the K loop), so 128-token tiles lost to 64-token ones although they
+    dequantize each weight for twice the tokens (K loop: 269 vs 419 instructions for the same MMA work); stacked, the
+    128 rows stay in registers. GEMM2 pairs with 128-row weight tiles of the same BLOCK_M."""
+    L = tuning.LaunchConfig
+    if tokens < 1024:
+        return []
+    pairs = []
+    for bm, bn1, bk1, w1, st1, bn2, bk2, w2, st2 in (
+            (64, 128, 64, 4, 5, 128, 64, 4, 5), (128, 64, 64, 4, 3, 128, 64, 4, 3), (128, 64, 64, 4, 4, 128, 64, 4, 4),
+            (128, 64, 64, 4, 4, 64, 64, 4, 4), (128, 64, 128, 4, 3, 128, 64, 4, 3), (128, 128, 64, 8, 3, 128, 64, 4, 3),
+            (128, 64, 64, 4, 3, 128, 128, 8, 3), (256, 64, 64, 8, 3, 128, 64, 8, 3),
+            (256, 64, 64, 8, 2, 128, 64, 8, 2)):
+        pairs.append((L(bm, bn1, bk1, 8, True, w1, st1, stack_gate_up=True), L(bm, bn2, bk2, 8, True, w2, st2)))
+    if tokens <= 2048:  # ~32 pairs per expert at T = 1024: tiles of 32-64 tokens waste less padding
+        for bm, bn1, bn2, st in ((32, 128, 128, 4), (32, 64, 128, 4), (64, 64, 128, 4), (64, 128, 128, 4)):
+            pairs.append((L(bm, bn1, 64, 8, True, 4, st, stack_gate_up=True), L(bm, bn2, 64, 8, True, 4, st)))
+    return pairs
+
+
 #: --candidates: what a sweep times at each T after the committed entry (which is always timed first).
 CANDIDATES = {"default": lambda tokens, entry: sweep_candidates(tokens),
               "decode-wide": lambda tokens, entry: decode_wide_candidates(tokens),
               "prefill-swap": lambda tokens, entry: prefill_swap_candidates(tokens),
               "register-cap": register_cap_candidates,
               "mid-swap": lambda tokens, entry: mid_swap_candidates(tokens),
-              "wgmma-decode": lambda tokens, entry: wgmma_decode_candidates(tokens)}
+              "wgmma-decode": lambda tokens, entry: wgmma_decode_candidates(tokens),
+              "stacked-prefill": lambda tokens, entry: stacked_prefill_candidates(tokens)}

@@ -106,7 +106,7 @@ def test_the_sweep_merge_writes_the_tuning_tables_modeline(tmp_path):
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "backends" / "triton_moe" / "configs", configs)
     sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps({"rows": []}))
+    sweep.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "rows": []}))
     out = configs / "merged.yaml"
     assert bench.merge_sweep(str(sweep), str(configs / "default.yaml"), str(out)) == []
     first = out.read_text().splitlines()[0]

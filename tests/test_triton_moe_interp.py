@@ -12,6 +12,7 @@ bit-identical repeated runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -40,6 +41,14 @@ CASES = {
                                                "swap-2warps"),
     "nvfp4-silu-k-tail-swap-bk128-stored-order": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits",
                                                   "swap128-2warps"),
+    # GEMM1 with gate and up stacked into one weight tile: wgmma swap-AB, a column tail (I = 192 in 128-wide tiles),
+    # mma.sync with split-K, and the plain (weights on the N side) tile
+    "mxfp4-swigluoai-bias-stacked-swap": ("mxfp4", 8, 2, 128, 192, "swigluoai", True, 9, "interleaved", "logits",
+                                          "stacked-swap"),
+    "nvfp4-silu-k-tail-stacked-split-k": ("nvfp4", 8, 3, 192, 64, "silu", False, 9, "contiguous", "logits",
+                                          "stacked-split"),
+    "mxfp4-silu-top1-stacked-plain": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk",
+                                      "stacked-plain"),
 }
 
 
@@ -70,6 +79,13 @@ def _run_case(name: str, spec) -> dict:
                # split-K: K tails, empty slices (K=64 in 3 slices), bias only in slice 0
                "split": tuning.MoEConfig(tuning.LaunchConfig(16, 32, 64, 1, True, 2, 2, split_k=2),
                                          tuning.LaunchConfig(16, 32, 64, 1, False, 4, 2, split_k=3), "test"),
+               "stacked-swap": tuning.MoEConfig(tuning.LaunchConfig(16, 128, 64, 1, True, 4, 2, stack_gate_up=True),
+                                                swap, "test"),
+               "stacked-split": tuning.MoEConfig(
+                   tuning.LaunchConfig(16, 32, 64, 1, True, 2, 2, split_k=2, stack_gate_up=True),
+                   tuning.LaunchConfig(16, 32, 64, 1, True, 2, 2), "test"),
+               "stacked-plain": tuning.MoEConfig(dataclasses.replace(plain, stack_gate_up=True),
+                                                 tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"),
                None: None}
     shape = Shape(name, fmt, e, k, h, i, act, biases)
     gen = torch.Generator().manual_seed(len(name))

@@ -417,7 +417,7 @@ def gemm1_act_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
-    RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr,
+    RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
@@ -432,24 +432,42 @@ def gemm1_act_kernel(
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
-    wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
-    wu_rows = _weight_rows(w_ptr + expert * stride_we, offs_n + N, stride_wn)
-    sg_ptrs = s_ptr + expert * stride_se + offs_n
-    su_ptrs = sg_ptrs + N
-    acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    for k_step in range(0, K_SPLIT, BLOCK_K):
-        k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
-        g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
-        u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
-        acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
-        acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
-    if SWAP_AB:
-        acc_g = tl.trans(acc_g)
-        acc_u = tl.trans(acc_u)
+    if STACK_GATE_UP:
+        # one [2 * BLOCK_N]-row weight tile: the tile's gate rows, then its up rows (one dot per half-step)
+        r = tl.arange(0, 2 * BLOCK_N)
+        w_col = pid_n * BLOCK_N + r % BLOCK_N
+        w_row = w_col + (r // BLOCK_N) * N
+        w_rows = _weight_rows(w_ptr + expert * stride_we, w_row, stride_wn)
+        s_ptrs = s_ptr + expert * stride_se + w_row
+        acc = _zero_acc(BLOCK_M, 2 * BLOCK_N, SWAP_AB)
+        for k_step in range(0, K_SPLIT, BLOCK_K):
+            k0 = k_base + k_step
+            a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+            w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_col < N, K, BLOCK_K,
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+            acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
+        if SWAP_AB:
+            acc = tl.trans(acc)
+        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    else:
+        wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
+        wu_rows = _weight_rows(w_ptr + expert * stride_we, offs_n + N, stride_wn)
+        sg_ptrs = s_ptr + expert * stride_se + offs_n
+        su_ptrs = sg_ptrs + N
+        acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+        acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+        for k_step in range(0, K_SPLIT, BLOCK_K):
+            k0 = k_base + k_step
+            a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+            g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+            u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+            acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
+            acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
+        if SWAP_AB:
+            acc_g = tl.trans(acc_g)
+            acc_u = tl.trans(acc_u)
     if SPLIT_K == 1:
         _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
                    stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32)

@@ -266,7 +266,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
         ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab,
         STORED_K_ORDER=not wgmma1, RETIRE_WGMMA=wgmma1 and c1.swap_ab, DOT_FP32=interpreted,
-        USE_ASM=not interpreted, num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
+        USE_ASM=not interpreted, STACK_GATE_UP=bool(c1.stack_gate_up), num_warps=c1.num_warps,
+        num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1 and not last_slice_activates:
         epi_n = 256

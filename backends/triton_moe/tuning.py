@@ -33,6 +33,11 @@ class LaunchConfig:
     split_k: int = 1  # K slices summed afterwards in fixed order (decode: more programs, shorter K loops)
     maxnreg: int | None = None  # register cap per thread: more resident blocks per SM, at the risk of spills
     split_epilogue: str | None = None  # gemm1, split_k > 1: "fused" (last slice program) or "launch" (the default)
+    stack_gate_up: bool | None = None  # gemm1: gate and up rows as one weight tile, one dot per step (default: two)
+
+
+#: Fields only GEMM1 reads; a table setting one on gemm2 is refused rather than silently ignored.
+GEMM1_ONLY_FIELDS = ("split_epilogue", "stack_gate_up")
 
 
 def launch_dict(config: LaunchConfig) -> dict:
@@ -77,6 +82,10 @@ def validate_table(table: dict, origin: str) -> None:
         if entry["gemm1"]["block_m"] != entry["gemm2"]["block_m"]:
             raise ValueError(f"{origin}: entries/{index}: gemm1.block_m and gemm2.block_m must be equal "
                              f"(both GEMMs walk the same per-expert row blocks)")
+        for field in GEMM1_ONLY_FIELDS:
+            if field in entry["gemm2"]:
+                raise ValueError(f"{origin}: entries/{index}: gemm2.{field} is a GEMM1 setting (GEMM2 has no split "
+                                 f"epilogue and no gate/up halves); move it to gemm1 or drop it")
 
 
 @functools.cache
