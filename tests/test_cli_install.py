@@ -94,6 +94,29 @@ def test_modelines_resolve_inside_a_copy_of_their_directory(tmp_path, directory)
     assert not unchecked, f"{directory}: YAML files no pattern of MODELINE_DIRECTORIES covers: {unchecked}"
 
 
+def test_the_sweep_merge_names_the_sweeps_own_gpu(tmp_path):
+    """A merged entry's why names the GPU the sweep ran on (the sweep JSON's "gpu"), not a fixed one."""
+    pytest.importorskip("torch", reason="benchmarks/bench_moe.py imports torch")
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("bench_moe", ROOT / "benchmarks" / "bench_moe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    table_path = ROOT / "backends" / "triton_moe" / "configs" / "sm90-h100.yaml"
+    entry = next(e for e in yaml.safe_load(table_path.read_text())["entries"]
+                 if e["why"].startswith("gpt-oss-120b T=16384:"))
+    faster = {**entry["gemm1"], "num_stages": entry["gemm1"]["num_stages"] + 1}
+    rows = [{"shape": "gpt-oss-120b", "tokens": 16384, "gemm1": entry["gemm1"], "gemm2": entry["gemm2"], "us": 100.0},
+            {"shape": "gpt-oss-120b", "tokens": 16384, "gemm1": faster, "gemm2": entry["gemm2"], "us": 90.0}]
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "rows": rows}))
+    out = tmp_path / "merged.yaml"
+    assert bench.merge_sweep(str(sweep), str(table_path), str(out), note="n") == [("gpt-oss-120b", 16384, 100.0, 90.0)]
+    merged = next(e for e in yaml.safe_load(out.read_text())["entries"] if e["why"].startswith("gpt-oss-120b T=16384:"))
+    assert merged["gemm1"] == faster
+    assert "90.0 us on an NVIDIA H100 80GB HBM3 (n; 100.0 us" in merged["why"], merged["why"]
+
+
 def test_the_sweep_merge_writes_the_tuning_tables_modeline(tmp_path):
     """benchmarks/bench_moe.py's writer puts TUNING_MODELINE first: the same line as the shipped tables, resolving
     in configs/ (an empty sweep changes no entry, so the written table is the input's)."""

@@ -86,6 +86,51 @@ def test_a_bad_split_epilogue_names_the_place(bad):
         tuning.validate_table(table, "x.yaml")
 
 
+def test_stacked_gate_up_is_an_optional_gemm1_field():
+    table = _default_table()
+    table["entries"][0]["gemm1"]["stack_gate_up"] = True
+    tuning.validate_table(table, "x.yaml")
+    stacked = tuning.LaunchConfig(**table["entries"][0]["gemm1"])
+    assert stacked.stack_gate_up is True and tuning.launch_dict(stacked)["stack_gate_up"] is True
+    assert "stack_gate_up" not in tuning.launch_dict(tuning.LaunchConfig(**table["entries"][0]["gemm2"]))
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_a_bad_stacked_gate_up_names_the_place(bad):
+    table = _default_table()
+    table["entries"][0]["gemm1"]["stack_gate_up"] = bad
+    with pytest.raises(ValueError, match=r"x.yaml: entries/0/gemm1/stack_gate_up"):
+        tuning.validate_table(table, "x.yaml")
+
+
+@pytest.mark.parametrize(("field", "value"), [("stack_gate_up", True), ("split_epilogue", "fused")])
+def test_a_gemm1_field_on_gemm2_is_refused_not_ignored(field, value):
+    table = _default_table()
+    table["entries"][0]["gemm2"][field] = value
+    with pytest.raises(ValueError, match=rf"x.yaml: entries/0: gemm2.{field} is a GEMM1 setting.*move it to gemm1"):
+        tuning.validate_table(table, "x.yaml")
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+def test_stacking_gate_and_up_changes_no_bits_on_cuda(name):
+    """One dot over the stacked rows sums every output in the order of the two dots it replaces."""
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    weights = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    tiles = [tuning.LaunchConfig(128, 64, 64, 8, True, 4, 3), tuning.LaunchConfig(16, 64, 128, 1, True, 2, 3),
+             tuning.LaunchConfig(64, 64, 64, 8, False, 4, 3)]
+    for tokens, gemm1 in ((2048, tiles[0]), (16, tiles[1]), (1024, tiles[2])):
+        x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+        run = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen), "top_k": shape.top_k,
+               **activation_kwargs(shape)}
+        gemm2 = dataclasses.replace(gemm1, block_n=128) if gemm1.swap_ab else gemm1
+        two_dots = tuning.MoEConfig(gemm1, gemm2, "two dots")
+        stacked = tuning.MoEConfig(dataclasses.replace(gemm1, stack_gate_up=True), gemm2, "stacked")
+        assert torch.equal(moe_forward(x, weights, **run, config=stacked), moe_forward(x, weights, **run,
+                                                                                      config=two_dots)), gemm1
+
+
 def test_a_table_for_one_gpu_kind_wins_over_a_shared_one(tmp_path, monkeypatch):
     """sm90-h100-h200.yaml sorts before sm90-h100.yaml; the H100-only table must still serve the H100."""
     import yaml
