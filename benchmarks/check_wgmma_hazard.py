@@ -46,13 +46,11 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):
     k_size, n = (shape.hidden_size, shape.intermediate_size) if gemm == 1 else (shape.intermediate_size,
                                                                                  shape.hidden_size)
     nvfp4 = shape.format == "nvfp4"
-    consts = dict(K=k_size, N=n, SPLIT_K=c.split_k, K_SPLIT=forward._k_split(k_size, c),
-                  EVEN_K=forward._even_k(k_size, c), LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k,
-                  BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-                  SCALE_BLOCK=16 if nvfp4 else 32, NVFP4=nvfp4, FOLDED=True, ACTIVATION=int(not nvfp4),
-                  HAS_BIAS=not nvfp4, SWAP_AB=c.swap_ab, STORED_K_ORDER=False, RETIRE_WGMMA=retire, DOT_FP32=False,
-                  USE_ASM=True, STACK_GATE_UP=bool(c.stack_gate_up))
-    consts = {name: value for name, value in consts.items() if name in fn.arg_names}
+    consts = forward.gemm_constexprs(gemm, c, k_size=k_size, nvfp4=nvfp4, wgmma=True, interpreted=False, folded=True,
+                                     has_bias=not nvfp4)
+    consts.update(K=k_size, N=n, RETIRE_WGMMA=retire)
+    if gemm == 1:
+        consts.update(LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k, ACTIVATION=int(not nvfp4))
     signature = {name: "constexpr" if name in consts else POINTERS.get(name, "fp32" if name in ("alpha", "beta",
                  "limit") else "i32") for name in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)  # pointers and strides

@@ -142,6 +142,20 @@ def stacked_prefill_candidates(tokens):
     return pairs
 
 
+def stacked_t1024_candidates(tokens):
+    """Round 8, 512 < T <= 2048 (about 32 pairs per expert for deepseek-nvfp4 at T = 1024): 64-token stacked GEMM1
+    tiles with more warps or a longer K step, against GEMM2 tiles of 128-256 weight rows (ncu: GEMM1 runs 2 warps
+    per scheduler at 246 registers there, GEMM2 3 at 159)."""
+    L = tuning.LaunchConfig
+    if not 512 < tokens <= 2048:
+        return []
+    gemm1 = (L(64, 128, 64, 8, True, 4, 4, stack_gate_up=True), L(64, 128, 64, 8, True, 8, 4, stack_gate_up=True),
+             L(64, 64, 128, 8, True, 4, 3, stack_gate_up=True), L(64, 128, 128, 8, True, 4, 3, stack_gate_up=True),
+             L(64, 64, 64, 8, True, 4, 5, stack_gate_up=True))
+    gemm2 = (L(64, 128, 64, 8, True, 4, 4), L(64, 256, 64, 8, True, 8, 4), L(64, 128, 128, 8, True, 4, 3))
+    return [(c1, c2) for c1 in gemm1 for c2 in gemm2]
+
+
 #: --candidates: what a sweep times at each T after the committed entry (which is always timed first).
 CANDIDATES = {"default": lambda tokens, entry: sweep_candidates(tokens),
               "decode-wide": lambda tokens, entry: decode_wide_candidates(tokens),
@@ -149,4 +163,5 @@ CANDIDATES = {"default": lambda tokens, entry: sweep_candidates(tokens),
               "register-cap": register_cap_candidates,
               "mid-swap": lambda tokens, entry: mid_swap_candidates(tokens),
               "wgmma-decode": lambda tokens, entry: wgmma_decode_candidates(tokens),
-              "stacked-prefill": lambda tokens, entry: stacked_prefill_candidates(tokens)}
+              "stacked-prefill": lambda tokens, entry: stacked_prefill_candidates(tokens),
+              "stacked-t1024": lambda tokens, entry: stacked_t1024_candidates(tokens)}

@@ -100,6 +100,28 @@ def test_bad_inputs_name_the_argument():
         moe_forward(x, kw, router_logits=logits, top_k=2,
                     config=MoEConfig(tile, dataclasses.replace(tile, block_m=16), "test"))
 
+def _hand_built(shape_format: str, **replace):
+    shape = Shape("small", shape_format, 8, 2, 128, 64, "silu", True)
+    weights = to_kernel_layout(**random_checkpoint(shape))
+    return dataclasses.replace(weights, **replace), torch.randn(4, 128).bfloat16(), torch.randn(4, 8)
+
+
+@pytest.mark.parametrize(("fmt", "field", "make", "message"), [
+    # a strided view has the right shape but not the row length the kernels step by
+    ("mxfp4", "w13", lambda w: w.w13.transpose(1, 2).contiguous().transpose(1, 2), r"weights.w13 has strides .* "
+     r"contiguous tensor; pass weights.w13.contiguous\(\)"),
+    ("mxfp4", "w2_scale", lambda w: w.w2_scale.float(), r"weights.w2_scale must be torch.int32 of shape \(8, 1, 128\)"),
+    ("mxfp4", "w13_bias", lambda w: w.w13_bias[:, :64], r"weights.w13_bias must be torch.float32 of shape \(8, 128\)"),
+    ("mxfp4", "w13_scale", lambda w: w.w13_scale.repeat_interleave(2, dim=-1)[..., ::2],
+     r"weights.w13_scale has strides .* unit stride in the last dimension"),
+    ("nvfp4", "w2_global_scale", lambda w: None, r"weights.w2_global_scale must be torch.float32 of shape \(8,\)"),
+])
+def test_hand_built_weights_the_kernels_cannot_address_are_refused(fmt, field, make, message):
+    weights, x, logits = _hand_built(fmt)
+    bad = dataclasses.replace(weights, **{field: make(weights)})
+    with pytest.raises(ValueError, match=message):
+        moe_forward(x, bad, router_logits=logits, top_k=2)
+
 
 # --------------------------------------------------------------------------------------------
 # CUDA: the real layers

@@ -24,7 +24,7 @@ from importlib.metadata import version
 
 import torch
 
-from backends.layouts.triton_moe import SCALE_BLOCK, TritonMoEWeights, triton_weights
+from backends.layouts.triton_moe import FORMATS, SCALE_BLOCK, SCALE_CHUNK, TritonMoEWeights, triton_weights
 from backends.triton_moe import _routing, tuning
 from backends.triton_moe._routing import align, route, route_and_align
 from backends.triton_moe.capabilities import ACTIVATIONS, require_triton_version
@@ -62,6 +62,39 @@ def _kernels_for(device: torch.device):
         _fail(RuntimeError, "x is on the CPU but Triton's interpreter is off in this process; start it with "
               "TRITON_INTERPRET=1 (before triton is imported), run on CUDA, or use the EMULATION backend")
     return _kernels
+
+
+def _check_weights(w: TritonMoEWeights) -> None:
+    """The tensors as the kernels address them: packed rows contiguous (the kernels step through the weight tiles
+    with the row length K/2 as stride), scale words and biases with unit inner stride. The converter's output
+    always passes; a hand-built TritonMoEWeights (a slice, a transposed copy) gets one message, not wrong sums."""
+    if w.format not in FORMATS:
+        _fail(ValueError, f"weights.format={w.format!r} must be one of {FORMATS}")
+    if not isinstance(w.w13, torch.Tensor) or w.w13.dim() != 3:
+        _fail(ValueError, "weights.w13 must be a uint8 tensor [E, 2I, H/2] in the triton_moe layout; convert the "
+              "checkpoint with backends.layouts.triton_moe:converter")
+    experts, hidden, inter, chunk = w.num_experts, w.hidden_size, w.intermediate_size, SCALE_CHUNK[w.format]
+    expected = {"w13": (torch.uint8, (experts, 2 * inter, hidden // 2)),
+                "w2": (torch.uint8, (experts, hidden, inter // 2)),
+                "w13_scale": (torch.int32, (experts, -(-hidden // chunk), 2 * inter)),
+                "w2_scale": (torch.int32, (experts, -(-inter // chunk), hidden)),
+                "w13_bias": (torch.float32, (experts, 2 * inter)), "w2_bias": (torch.float32, (experts, hidden))}
+    if w.format == "nvfp4":
+        expected.update(w13_global_scale=(torch.float32, (experts,)), w2_global_scale=(torch.float32, (experts,)))
+    for name, (dtype, shape) in expected.items():
+        t = getattr(w, name)
+        if t is None and name.endswith("bias"):
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            _fail(ValueError, f"weights.{name} must be {dtype} of shape {shape} (E={experts}, H={hidden}, I={inter}), "
+                  f"got {got}; convert the checkpoint with backends.layouts.triton_moe:converter")
+        if (not t.is_contiguous()) if name in ("w13", "w2") else t.stride(-1) != 1:
+            _fail(ValueError, f"weights.{name} has strides {t.stride()}: the kernels need "
+                  f"{'a contiguous tensor' if name in ('w13', 'w2') else 'unit stride in the last dimension'}; "
+                  f"pass weights.{name}.contiguous()")
+        if t.device != w.device:
+            _fail(ValueError, f"weights.{name} is on {t.device} but weights.w13 on {w.device}; keep them together")
 
 
 def _check_inputs(x, w: TritonMoEWeights, activation):
@@ -150,6 +183,7 @@ def moe_forward(
     elif not isinstance(weights, TritonMoEWeights):
         _fail(TypeError, f"weights must be the KernelWeights of backends.layouts.triton_moe:converter (or its "
               f"TritonMoEWeights view), got {type(weights).__name__}; convert the checkpoint once with it")
+    _check_weights(weights)
     _check_inputs(x, weights, activation)
     forced_epilogue = _forced_split_epilogue(split_epilogue)
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
@@ -235,7 +269,6 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     c1, c2 = config.gemm1, config.gemm2
     wgmma1, wgmma2 = _runs_wgmma(c1, x.device), _runs_wgmma(c2, x.device)
     nvfp4 = weights.format == "nvfp4"
-    scale_block = SCALE_BLOCK[weights.format]
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
     gs13 = weights.w13_global_scale if nvfp4 else unused
     gs2 = weights.w2_global_scale if nvfp4 else unused
@@ -260,14 +293,10 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         num_pairs, al.num_blocks, hidden, inter,
         x.stride(0), weights.w13.stride(0), weights.w13.stride(1), weights.w13_scale.stride(0),
         weights.w13_scale.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), *swiglu,
-        SPLIT_K=c1.split_k, K_SPLIT=_k_split(hidden, c1), EVEN_K=_even_k(hidden, c1),
-        LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k,
-        BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, GROUP_M=c1.group_m,
-        SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded,
-        ACTIVATION=act_id, HAS_BIAS=weights.w13_bias is not None, SWAP_AB=c1.swap_ab,
-        STORED_K_ORDER=not wgmma1, RETIRE_WGMMA=wgmma1 and c1.swap_ab, DOT_FP32=interpreted,
-        USE_ASM=not interpreted, STACK_GATE_UP=bool(c1.stack_gate_up), num_warps=c1.num_warps,
-        num_stages=c1.num_stages, maxnreg=c1.maxnreg,
+        **gemm_constexprs(1, c1, k_size=hidden, nvfp4=nvfp4, wgmma=wgmma1, interpreted=interpreted, folded=folded,
+                          has_bias=weights.w13_bias is not None),
+        LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id,
+        num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1 and not last_slice_activates:
         epi_n = 256
@@ -284,12 +313,9 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         num_pairs, al.num_blocks, inter, hidden,
         h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
         weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
-        SPLIT_K=c2.split_k, K_SPLIT=_k_split(inter, c2), EVEN_K=_even_k(inter, c2),
-        BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, GROUP_M=c2.group_m,
-        SCALE_BLOCK=scale_block, NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=weights.w2_bias is not None, SWAP_AB=c2.swap_ab,
-        STORED_K_ORDER=not wgmma2, RETIRE_WGMMA=wgmma2 and c2.swap_ab, DOT_FP32=interpreted, USE_ASM=not interpreted,
-        num_warps=c2.num_warps, num_stages=c2.num_stages,
-        maxnreg=c2.maxnreg,
+        **gemm_constexprs(2, c2, k_size=inter, nvfp4=nvfp4, wgmma=wgmma2, interpreted=interpreted, folded=folded,
+                          has_bias=weights.w2_bias is not None),
+        num_warps=c2.num_warps, num_stages=c2.num_stages, maxnreg=c2.maxnreg,
     )
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](
@@ -297,6 +323,22 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, BLOCK_N=sum_block,
         INTERPRETED=interpreted,
     )
+
+
+def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, interpreted: bool, folded: bool,
+                    has_bias: bool) -> dict:
+    """The compile-time arguments that GEMM1 (gemm=1, its K = H) or GEMM2 (gemm=2, K = I) shares with every launch of
+    config c: tiles, split-K, the weights' byte order and wgmma handling, and which decode runs. _launch adds GEMM1's
+    own (the activation, top-k, the fused split epilogue); benchmarks/check_wgmma_hazard.py compiles the same set."""
+    constexprs = dict(
+        SPLIT_K=c.split_k, K_SPLIT=_k_split(k_size, c), EVEN_K=_even_k(k_size, c),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"], NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=has_bias,
+        SWAP_AB=c.swap_ab, STORED_K_ORDER=not wgmma, RETIRE_WGMMA=wgmma and c.swap_ab, DOT_FP32=interpreted,
+        USE_ASM=not interpreted)
+    if gemm == 1:
+        constexprs["STACK_GATE_UP"] = bool(c.stack_gate_up)
+    return constexprs
 
 
 def _runs_wgmma(c, device: torch.device) -> bool:
