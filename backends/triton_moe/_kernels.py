@@ -347,6 +347,26 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
+def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl.constexpr, K_SPLIT: tl.constexpr,
+                  BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                  NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                  STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
+                  USE_ASM: tl.constexpr):
+    """fp32 [BLOCK_M, ROWS]: the activation rows times ROWS weight rows over this program's K slice, one weight tile
+    per step (GEMM2, and GEMM1 with its gate and up rows stacked)."""
+    acc = _zero_acc(BLOCK_M, ROWS, SWAP_AB)
+    for k_step in range(0, K_SPLIT, BLOCK_K):
+        k0 = k_base + k_step
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_ok, K, BLOCK_K,
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    return acc
+
+
+@triton.jit
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
@@ -439,15 +459,9 @@ def gemm1_act_kernel(
         w_row = w_col + (r // BLOCK_N) * N
         w_rows = _weight_rows(w_ptr + expert * stride_we, w_row, stride_wn)
         s_ptrs = s_ptr + expert * stride_se + w_row
-        acc = _zero_acc(BLOCK_M, 2 * BLOCK_N, SWAP_AB)
-        for k_step in range(0, K_SPLIT, BLOCK_K):
-            k0 = k_base + k_step
-            a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
-            w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_col < N, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
-            acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
-        if SWAP_AB:
-            acc = tl.trans(acc)
+        acc = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, BLOCK_M,
+                            2 * BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER,
+                            RETIRE_WGMMA, DOT_FP32, USE_ASM)
         acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
     else:
         wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
@@ -554,15 +568,9 @@ def gemm2_kernel(
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
     w_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
     s_ptrs = s_ptr + expert * stride_se + offs_n
-    acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    for k_step in range(0, K_SPLIT, BLOCK_K):
-        k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
-        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
-        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
-    if SWAP_AB:
-        acc = tl.trans(acc)
+    acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, BLOCK_M, BLOCK_N,
+                        BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32,
+                        USE_ASM)
     if NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
         acc = acc * 65536.0 / tl.load(gs_ptr + expert)
     if HAS_BIAS:
