@@ -277,8 +277,13 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     TILE_WORDS: tl.constexpr = TILE_BYTES // 4
     j = tl.arange(0, NSUB)
     kt = k0 // (2 * TILE_BYTES) + tl.arange(0, NKT)
-    k_first = k0 + 64 * ((j * SCALE_BLOCK) // 32) + (j * SCALE_BLOCK) % 32  # first low value of sub-block j
+    j_first = 64 * ((j * SCALE_BLOCK) // 32) + (j * SCALE_BLOCK) % 32  # sub-block j's first low value in the step
+    k_first = k0 + j_first
     block_lo = k_first // SCALE_BLOCK  # its scale block; the high values' block is 32 // SCALE_BLOCK further
+    if BLOCK_K % (4 * SCALE_BLOCK) == 0:  # steps start on scale words (k0 is a multiple of BLOCK_K): a known byte
+        scale_byte = (j_first // SCALE_BLOCK) % 4
+    else:  # MXFP4 with 64-wide steps: two steps share a word
+        scale_byte = block_lo % 4
     # [tiles, rows, words]: the rows of one tile are contiguous in memory, so a warp's threads read one run
     w_ptrs = (w_rows.to(tl.pointer_type(tl.int32))[None, :, None] + (kt * (TILE_ROWS * TILE_WORDS))[:, None, None]
               + tl.arange(0, TILE_WORDS)[None, None, :])
@@ -291,7 +296,7 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
         scales = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
     ROWS: tl.constexpr = tiles.shape[1]
     words = tl.reshape(tl.permute(tiles, (1, 0, 2)), (ROWS, WORDS))
-    scale_lo, scale_hi = _scale_pair(scales >> (8 * (block_lo % 4))[None, :], NVFP4, FOLDED, USE_ASM)
+    scale_lo, scale_hi = _scale_pair(scales >> (8 * scale_byte)[None, :], NVFP4, FOLDED, USE_ASM)
     e0, e1, e2, e3, e4, e5, e6, e7 = _dequant_words(
         words, _per_word(scale_lo, ROWS, NSUB, WORDS), _per_word(scale_hi, ROWS, NSUB, WORDS), FOLDED, USE_ASM,
         RETIRE_WGMMA)
