@@ -49,6 +49,11 @@ CASES = {
                                           "stacked-split"),
     "mxfp4-silu-top1-stacked-plain": ("mxfp4", 6, 1, 64, 192, "silu", True, 9, "contiguous", "softmax_topk",
                                       "stacked-plain"),
+    # half_rows: 32-row blocks of 1-20 pairs per expert, so some run their first 16 rows only and some run all 32
+    "mxfp4-swigluoai-bias-half-rows": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 60, "interleaved", "logits",
+                                       "half-rows"),
+    "nvfp4-silu-k-tail-half-rows-split-k": ("nvfp4", 8, 3, 192, 64, "silu", False, 40, "contiguous", "logits",
+                                            "half-rows-split"),
 }
 
 
@@ -86,6 +91,12 @@ def _run_case(name: str, spec) -> dict:
                    tuning.LaunchConfig(16, 32, 64, 1, True, 2, 2), "test"),
                "stacked-plain": tuning.MoEConfig(dataclasses.replace(plain, stack_gate_up=True),
                                                  tuning.LaunchConfig(32, 64, 64, 1, False, 4, 2), "test"),
+               "half-rows": tuning.MoEConfig(
+                   tuning.LaunchConfig(32, 64, 64, 1, True, 4, 2, stack_gate_up=True, half_rows=True),
+                   tuning.LaunchConfig(32, 32, 64, 1, True, 4, 2, half_rows=True), "test"),
+               "half-rows-split": tuning.MoEConfig(
+                   tuning.LaunchConfig(32, 32, 64, 1, True, 2, 2, split_k=2, half_rows=True),
+                   tuning.LaunchConfig(32, 32, 64, 1, False, 4, 2, split_k=3, half_rows=True), "test"),
                None: None}
     shape = Shape(name, fmt, e, k, h, i, act, biases)
     gen = torch.Generator().manual_seed(len(name))

@@ -111,6 +111,38 @@ def test_a_gemm1_field_on_gemm2_is_refused_not_ignored(field, value):
         tuning.validate_table(table, "x.yaml")
 
 
+def test_half_rows_needs_blocks_of_32_rows():
+    table = _default_table()
+    entry = table["entries"][-1]
+    entry["gemm1"]["half_rows"] = entry["gemm2"]["half_rows"] = True
+    entry["gemm1"]["block_m"] = entry["gemm2"]["block_m"] = 16
+    with pytest.raises(ValueError, match=r"entries/\d+: gemm1.half_rows needs block_m >= 32"):
+        tuning.validate_table(table, "x.yaml")
+    entry["gemm1"]["block_m"] = entry["gemm2"]["block_m"] = 32
+    tuning.validate_table(table, "x.yaml")
+    assert tuning.LaunchConfig(**entry["gemm2"]).half_rows is True
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+def test_half_rows_change_no_bits_on_cuda(name):
+    """A block that multiplies only its first half computes the same sums for its real rows."""
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    weights = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    for tokens, gemm1, gemm2 in ((1024, tuning.LaunchConfig(64, 64, 64, 8, True, 4, 4, stack_gate_up=True),
+                                  tuning.LaunchConfig(64, 128, 64, 8, True, 4, 4)),
+                                 (2048, tuning.LaunchConfig(128, 64, 64, 8, True, 4, 3, stack_gate_up=True),
+                                  tuning.LaunchConfig(128, 128, 64, 8, True, 4, 3))):
+        x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+        run = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen), "top_k": shape.top_k,
+               **activation_kwargs(shape)}
+        full = tuning.MoEConfig(gemm1, gemm2, "full")
+        half = tuning.MoEConfig(dataclasses.replace(gemm1, half_rows=True), dataclasses.replace(gemm2, half_rows=True),
+                                "half")
+        assert torch.equal(moe_forward(x, weights, **run, config=half), moe_forward(x, weights, **run, config=full))
+
+
 @requires_cuda
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
 def test_stacking_gate_and_up_changes_no_bits_on_cuda(name):

@@ -410,10 +410,10 @@ def _tile_ids(num_m_blocks, n_size, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr
 
 @triton.jit
 def _block_rows(pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N: tl.constexpr, K_SPLIT: tl.constexpr,
-                SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     """The GEMMs' shared prologue: expert, row indices and pairs, columns, and the K slice's start."""
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, ROWS)
     pair = tl.load(sorted_pair_ptr + offs_m)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_base = 0  # split-K: slice program_id(1), K_SPLIT wide (see _k_split in forward.py)
@@ -432,7 +432,8 @@ def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexp
 
 
 @triton.jit
-def gemm1_act_kernel(
+def _gemm1_tile(
+    pid_m, pid_n, ROWS: tl.constexpr,
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
@@ -444,18 +445,9 @@ def gemm1_act_kernel(
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
 ):
-    """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
-
-    SPLIT_K > 1: program (tile, s) sums K slice s only and stores raw fp32 gate/up sums of its real rows
-    to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ... or, with
-    LAST_SLICE_ACTIVATES, the tile's program that finishes last does (_last_slice_sum: one launch fewer, same
-    bits). Its tickets (int32, one per tile = program_id(0)) must be zero at launch: the alignment zeroes them.
-    """
-    pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
-        return
+    """gemm1_act_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
-        pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
+        pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     if STACK_GATE_UP:
         # one [2 * BLOCK_N]-row weight tile: the tile's gate rows, then its up rows (one dot per half-step)
@@ -464,17 +456,17 @@ def gemm1_act_kernel(
         w_row = w_col + (r // BLOCK_N) * N
         w_rows = _weight_rows(w_ptr + expert * stride_we, w_row, stride_wn)
         s_ptrs = s_ptr + expert * stride_se + w_row
-        acc = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, BLOCK_M,
+        acc = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, ROWS,
                             2 * BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER,
                             RETIRE_WGMMA, DOT_FP32, USE_ASM)
-        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
     else:
         wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
         wu_rows = _weight_rows(w_ptr + expert * stride_we, offs_n + N, stride_wn)
         sg_ptrs = s_ptr + expert * stride_se + offs_n
         su_ptrs = sg_ptrs + N
-        acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-        acc_u = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+        acc_g = _zero_acc(ROWS, BLOCK_N, SWAP_AB)
+        acc_u = _zero_acc(ROWS, BLOCK_N, SWAP_AB)
         for k_step in range(0, K_SPLIT, BLOCK_K):
             k0 = k_base + k_step
             a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
@@ -502,9 +494,52 @@ def gemm1_act_kernel(
             tl.debug_barrier()
             if tl.atomic_add(ticket_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
                 acc_g, acc_u = _last_slice_sum(part_ptr + offs_m.to(tl.int64)[:, None] * stride_pm + offs_n[None, :],
-                                               ok, stride_ps, N, SPLIT_K, BLOCK_M, BLOCK_N)
+                                               ok, stride_ps, N, SPLIT_K, ROWS, BLOCK_N)
                 _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
                            stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32)
+
+
+@triton.jit
+def gemm1_act_kernel(
+    x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
+    num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm,
+    alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    LAST_SLICE_ACTIVATES: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
+    RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
+    HALF_ROWS: tl.constexpr,
+):
+    """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
+
+    SPLIT_K > 1: program (tile, s) sums K slice s only and stores raw fp32 gate/up sums of its real rows
+    to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ... or, with
+    LAST_SLICE_ACTIVATES, the tile's program that finishes last does (_last_slice_sum: one launch fewer, same
+    bits). Its tickets (int32, one per tile = program_id(0)) must be zero at launch: the alignment zeroes them.
+    """
+    pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
+        return
+    half = False  # a block whose expert run fills at most half of it multiplies only that half (HALF_ROWS)
+    if HALF_ROWS:
+        real = tl.sum((tl.load(sorted_pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) < num_pairs).to(tl.int32))
+        half = real <= BLOCK_M // 2
+    if half:
+        _gemm1_tile(pid_m, pid_n, BLOCK_M // 2, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
+            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
+            stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
+            K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
+            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP)
+    else:
+        _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
+            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
+            stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
+            K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
+            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP)
+
 
 
 @triton.jit
@@ -549,7 +584,8 @@ def gemm1_split_epilogue_kernel(
 
 
 @triton.jit
-def gemm2_kernel(
+def _gemm2_tile(
+    pid_m, pid_n, ROWS: tl.constexpr,
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
@@ -560,20 +596,13 @@ def gemm2_kernel(
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr,
 ):
-    """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
-
-    SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] (bias in slice 0 only); the
-    top-k sum kernel adds the slices in fixed order.
-    """
-    pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
-        return
+    """gemm2_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
-        pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N)
+        pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
     w_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
     s_ptrs = s_ptr + expert * stride_se + offs_n
-    acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, BLOCK_M, BLOCK_N,
+    acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, ROWS, BLOCK_N,
                         BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32,
                         USE_ASM)
     if NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
@@ -589,6 +618,44 @@ def gemm2_kernel(
     if SPLIT_K > 1:
         out_ptrs += tl.program_id(1) * stride_os
     tl.store(out_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def gemm2_kernel(
+    h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
+    num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os,
+    SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
+    USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr,
+):
+    """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
+
+    SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] (bias in slice 0 only); the
+    top-k sum kernel adds the slices in fixed order.
+    """
+    pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
+        return
+    half = False  # a block whose expert run fills at most half of it multiplies only that half (HALF_ROWS)
+    if HALF_ROWS:
+        real = tl.sum((tl.load(sorted_pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) < num_pairs).to(tl.int32))
+        half = real <= BLOCK_M // 2
+    if half:
+        _gemm2_tile(pid_m, pid_n, BLOCK_M // 2, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
+            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_hm, stride_we,
+            stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, SPLIT_K, K_SPLIT, EVEN_K, BLOCK_M,
+            BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA,
+            DOT_FP32, USE_ASM)
+    else:
+        _gemm2_tile(pid_m, pid_n, BLOCK_M, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
+            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_hm, stride_we,
+            stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, SPLIT_K, K_SPLIT, EVEN_K, BLOCK_M,
+            BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA,
+            DOT_FP32, USE_ASM)
 
 
 @triton.jit

@@ -189,6 +189,10 @@ def moe_forward(
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
               f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
+    if config is not None and (config.gemm1.half_rows or config.gemm2.half_rows) \
+            and config.gemm1.block_m < tuning.MIN_HALF_ROWS_BLOCK_M:
+        _fail(ValueError, f"config: half_rows needs block_m >= {tuning.MIN_HALF_ROWS_BLOCK_M} (got "
+              f"{config.gemm1.block_m}): half a block must still be a 16-row MMA tile")
     ids, route_w, k = _routing_inputs(x, weights, router_logits, topk_ids, topk_weights, top_k, renormalize)
     tokens, hidden = x.shape
     inter, experts = weights.intermediate_size, weights.num_experts
@@ -335,7 +339,7 @@ def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, inte
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"], NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=has_bias,
         SWAP_AB=c.swap_ab, STORED_K_ORDER=not wgmma, RETIRE_WGMMA=wgmma and c.swap_ab, DOT_FP32=interpreted,
-        USE_ASM=not interpreted)
+        USE_ASM=not interpreted, HALF_ROWS=bool(c.half_rows))
     if gemm == 1:
         constexprs["STACK_GATE_UP"] = bool(c.stack_gate_up)
     return constexprs

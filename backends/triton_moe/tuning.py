@@ -34,7 +34,11 @@ class LaunchConfig:
     maxnreg: int | None = None  # register cap per thread: more resident blocks per SM, at the risk of spills
     split_epilogue: str | None = None  # gemm1, split_k > 1: "fused" (last slice program) or "launch" (the default)
     stack_gate_up: bool | None = None  # gemm1: gate and up rows as one weight tile, one dot per step (default: two)
+    half_rows: bool | None = None  # blocks whose expert run fills at most half of BLOCK_M multiply only that half
 
+
+#: half_rows runs half blocks, and an MMA tile has at least 16 rows.
+MIN_HALF_ROWS_BLOCK_M = 32
 
 #: Fields only GEMM1 reads; a table setting one on gemm2 is refused rather than silently ignored.
 GEMM1_ONLY_FIELDS = ("split_epilogue", "stack_gate_up")
@@ -82,6 +86,11 @@ def validate_table(table: dict, origin: str) -> None:
         if entry["gemm1"]["block_m"] != entry["gemm2"]["block_m"]:
             raise ValueError(f"{origin}: entries/{index}: gemm1.block_m and gemm2.block_m must be equal "
                              f"(both GEMMs walk the same per-expert row blocks)")
+        for gemm in ("gemm1", "gemm2"):
+            if entry[gemm].get("half_rows") and entry[gemm]["block_m"] < MIN_HALF_ROWS_BLOCK_M:
+                raise ValueError(f"{origin}: entries/{index}: {gemm}.half_rows needs block_m >= "
+                                 f"{MIN_HALF_ROWS_BLOCK_M} (half a block must still be a 16-row MMA tile); drop it or "
+                                 f"raise block_m")
         for field in GEMM1_ONLY_FIELDS:
             if field in entry["gemm2"]:
                 raise ValueError(f"{origin}: entries/{index}: gemm2.{field} is a GEMM1 setting (GEMM2 has no split "
