@@ -223,9 +223,11 @@ def main(argv: list[str]) -> int:
         with open(argv[1], encoding="utf-8") as fh:
             schema = json.load(fh)
         schema["$defs"]["condition"] = generated
-        with open(argv[1], "w", encoding="utf-8") as fh:
-            json.dump(schema, fh, indent=1)
-            fh.write("\n")
+        from pathlib import Path
+
+        from .safewrite import write_inside
+
+        write_inside(Path(argv[1]), json.dumps(schema, indent=1) + "\n")
         return 0
     print(json.dumps(generated, indent=1))
     return 0

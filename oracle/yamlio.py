@@ -147,4 +147,16 @@ def load_yaml_file(path: str, display_name: str | None = None) -> Located:
             text = fh.read()
     except OSError as exc:
         raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        raise RuleError([utf8_diagnostic(name, exc)]) from None
     return load_yaml_text(text, name)
+
+
+def utf8_diagnostic(name: str, exc: UnicodeDecodeError) -> Diagnostic:
+    """Where a file stops being UTF-8: line and column of the first bad byte."""
+    raw = exc.object if isinstance(exc.object, bytes) else bytes(exc.object)
+    before = raw[:exc.start]
+    line = before.count(b"\n") + 1
+    col = exc.start - (before.rfind(b"\n") + 1) + 1
+    return Diagnostic(name, line, col, f"byte 0x{raw[exc.start]:02x} is not UTF-8; rule files are UTF-8 text "
+                                       "(save the file as UTF-8)")

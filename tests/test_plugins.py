@@ -37,7 +37,7 @@ def _package(site: Path, name: str, manifest: str | None, fragment: str | None, 
 
 def _fresh_registry() -> None:
     registry.plugin_entry_points.cache_clear()
-    registry.problem.cache_clear()
+    registry.clear_cache()
     plugins._reported.clear()
 
 

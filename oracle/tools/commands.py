@@ -196,7 +196,9 @@ def _sweep(args: argparse.Namespace) -> int:
     render_fn = {"md": to_markdown, "csv": to_csv, "json": to_json, "html": to_html}[args.format]
     text = render_fn(ms)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        from ..safewrite import write_inside
+
+        write_inside(Path(args.output), text)
         print(f"wrote {args.output}: {sum(len(m.rows) for m in ms)} configuration classes x platforms, "
               f"{sum(m.decisions for m in ms)} decisions")
     else:
@@ -215,8 +217,12 @@ def _schema(args: argparse.Namespace) -> int:
         if not target.is_dir():
             raise OracleError(f"--write {args.write}: not a directory; name the rules directory (the one with "
                               "profiles.yaml), whose files' modelines say $schema=../rules.schema.json")
+        from ..safewrite import resolve_inside, write_inside
+
+        for name in RULES_DIR_SCHEMAS:  # every target checked before the first write
+            resolve_inside(target / name, target)
         for name in RULES_DIR_SCHEMAS:
-            (target / name).write_text((schemas_dir() / name).read_text(encoding="utf-8"), encoding="utf-8")
+            write_inside(target / name, (schemas_dir() / name).read_text(encoding="utf-8"), target)
             print(f"wrote {target / name}")
         return EXIT_OK
     path = schemas_dir() / f"{args.which}.schema.json"
