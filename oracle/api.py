@@ -103,7 +103,17 @@ class Oracle:
 
         `rewrite`: a deployment's change of the question's policy (oracle.overrides), part of the cache key.
         `strict`: a warning about the question (a look-alike env var) is answered `error` instead.
-        The snapshot is read once, so the answer and its cache entry come from one version of the rules."""
+        The snapshot is read once, so the answer and its cache entry come from one version of the rules.
+        Anything unforeseen (a bug, a Python limit) is an `error` answer too, naming the exception."""
+        try:
+            return self._select(scenario, rewrite, strict)
+        except OracleError as exc:  # e.g. the rules of the profile a question names are broken
+            return error_decision(str(exc))
+        except Exception as exc:  # never raise: a server calls this per request
+            return error_decision(internal_error(exc))
+
+    def _select(self, scenario: Scenario | Mapping[str, Any], rewrite: PolicyRewrite | None,
+                strict: bool) -> Decision:
         if not isinstance(scenario, Scenario):
             try:
                 scenario = self.prepare(scenario, strict=strict)
@@ -266,6 +276,13 @@ def _first_step(table: Table, policy: Policy) -> Fn | None:
 
 _default: Oracle | None = None
 _default_lock = threading.Lock()
+
+
+def internal_error(exc: BaseException) -> str:
+    """The `error` text of a failure no check foresaw: the exception, and that it is a bug to report."""
+    text = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+    return (f"internal error {type(exc).__name__}: {text[:300]}; this is a bug of moe-oracle: please report it "
+            "with the question")
 
 
 def default_oracle() -> Oracle:

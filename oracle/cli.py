@@ -70,18 +70,23 @@ def _parse_env(items: Sequence[str]) -> dict[str, str]:
 
 
 def _read_scenario(path: str) -> dict[str, Any]:
-    import yaml
+    from .limits import MAX_SCENARIO_DEPTH, depth_over
+    from .yamlio import load_yaml_text, utf8_diagnostic
 
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        text = sys.stdin.read() if path == "-" else Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
         raise UsageError(f"--scenario {path}: cannot read ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)  # JSON is YAML; safe_load never builds objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise UsageError(f"{path}{where}: not valid JSON or YAML ({getattr(exc, 'problem', exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(str(utf8_diagnostic(path, exc)).replace("rule files", "scenarios")) from None
+    try:  # JSON is YAML; the safe loader never builds objects, and a duplicate key is an error, not the last one
+        data = load_yaml_text(text, path).data
+    except RuleError as exc:
+        raise UsageError(str(exc).replace(": YAML syntax error: ", ": not valid JSON or YAML: ")
+                         .replace(" in rule files (rules never build objects)", " in scenarios")) from None
+    if depth_over(data, MAX_SCENARIO_DEPTH):
+        raise UsageError(f"{path}: the scenario nests deeper than {MAX_SCENARIO_DEPTH} levels (the limit; a "
+                         "scenario nests 3)")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a scenario must be a mapping with at least 'policy'")
     return data
@@ -226,13 +231,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                   "message": d.message} for d in diagnostics]
         print(render(found, args.format, "validate", f"{len(diagnostics)} problem(s) in {checked} file(s)"))
         return EXIT_RULES if diagnostics else EXIT_OK
-    for d in diagnostics:
+    from .limits import MAX_REPORTED_ERRORS
+
+    for d in diagnostics[:MAX_REPORTED_ERRORS]:
         if args.format == "github":
             print(f"::error file={d.file},line={d.line},col={d.col}::{d.message}")
         else:
             print(d)
     if diagnostics:
-        to_stderr(f"{len(diagnostics)} problem(s) in {checked} file(s)")
+        more = len(diagnostics) - MAX_REPORTED_ERRORS
+        shown = f" (the first {MAX_REPORTED_ERRORS} listed; --format json lists all)" if more > 0 else ""
+        to_stderr(f"{len(diagnostics)} problem(s) in {checked} file(s){shown}")
         return EXIT_RULES
     print(f"ok: {checked} rule file(s) valid")
     return EXIT_OK

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Diagnostic, RuleError, did_you_mean
+from .limits import MAX_FILE_BYTES
 from .resources import rules_dir
 from .schema import SECTIONS, schema_diagnostics
 from .yamlio import Located, load_yaml_file, load_yaml_text, utf8_diagnostic
@@ -208,7 +209,10 @@ def read_source(path: Path) -> Source:
     name = display_name(path)
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            raw = fh.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {MAX_FILE_BYTES:,} bytes (the limit "
+                                                    "of a rule file); split it into several files")])
         text = raw.decode("utf-8")
     except OSError as exc:
         raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None

@@ -69,7 +69,7 @@ def test_malformed_scenarios_are_errors_that_name_the_field(oracle):
         "env.VLLM_MXFP4_USE_MARLIN: values are strings": {"env": {"VLLM_MXFP4_USE_MARLIN": 0}},
         "packages.flashinfr: unknown field (did you mean 'flashinfer'?)": {"packages": {"flashinfr": True}},
         "moe.activation: 'swiglu' is not an activation (did you mean 'swigluoai'?)": {"moe": {"activation": "swiglu"}},
-        "moe.parallel.dp_size: expected an integer >= 1, got '2'": {"moe": {"parallel": {"dp_size": "2"}}},
+        "moe.parallel.dp_size: expected an integer from 1 to 65536, got '2'": {"moe": {"parallel": {"dp_size": "2"}}},
     }
     for message, patch in cases.items():
         d = oracle.select({"policy": "mxfp4", **patch})

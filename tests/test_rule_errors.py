@@ -30,8 +30,8 @@ EXPECTED = {
     "misspelt_step_field": "45:9: unknown field 'whn' in policies.pol.steps.0 (did you mean 'when'?)",
     "python_tag": "2:17: tag tag:yaml.org,2002:python/object/apply:os.system is not allowed in rule files (rules never build objects)",
     "runner_outside_backends": "25:81: runner 'os:system': module 'os' is outside the allowed packages (backends); "
-                               "put the code under backends/ or register its package as an entry point of group "
-                               "moe_oracle.backends",
+                               "put the code under backends/, or in the package of a plugin (entry point group "
+                               "moe_oracle.backends) whose fragments validate",
     "two_actions_in_step": "45:9: policies.pol.steps.0: give exactly one of the alternatives "
                            "(outcome, use, use_explicit, use_named_backend, drop, try, call, result, return_call_result, emit, "
                            "candidates, move, request_activation, prefer_activation)",
@@ -127,9 +127,9 @@ def test_a_scalar_with_a_tag_that_does_not_fit_is_a_located_error_and_loading_ke
     assert [str(d) for d in caught.value.diagnostics] == [
         "f.yaml:2:4: 'many' is not a valid int (tag !!int); remove the tag or fix the value",
         "f.yaml:3:4: 'maybe' is not a valid bool (tag !!bool); remove the tag or fix the value"]
-    doc = yamlio.load_yaml_text("a: [1, 2.5, true, null, x]\n7: {b: 0x10}\n", "f.yaml")
-    assert doc.data == {"a": [1, 2.5, True, None, "x"], 7: {"b": 16}}
-    assert doc.where(("a", 4)) == (1, 25) and doc.where((7, "b")) == (2, 5)
+    doc = yamlio.load_yaml_text("a: [1, 2.5, true, null, x]\n'7': {b: 0x10}\n", "f.yaml")
+    assert doc.data == {"a": [1, 2.5, True, None, "x"], "7": {"b": 16}}
+    assert doc.where(("a", 4)) == (1, 25) and doc.where(("7", "b")) == (2, 7)
     assert yamlio._scalar_constructor.constructed_objects == {}, "no node is kept after a load"
 
 

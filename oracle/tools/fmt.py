@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ..errors import RuleError
+from ..yamlio import load_yaml_text
 
 MODELINE = "# yaml-language-server: $schema="
 _BLOCK = re.compile(r"(:|^-|\s-)\s*[|>][-+0-9]*\s*(#.*)?$")
@@ -94,8 +95,9 @@ def whitespace(lines: list[str]) -> list[str]:
     return out
 
 
-def format_text(text: str, schema_ref: str | None = None) -> str:
-    original = yaml.safe_load(text)
+def format_text(text: str, schema_ref: str | None = None, name: str = "<text>") -> str:
+    """The canonical layout of `text`; RuleError (file:line:col) when it is not YAML a rule file may hold."""
+    original = load_yaml_text(text, name).data
     lines = text.replace("\r\n", "\n").expandtabs(2).split("\n")
     if schema_ref and not any(line.startswith(MODELINE) for line in lines[:3]):
         lines.insert(0, MODELINE + schema_ref)
@@ -107,8 +109,8 @@ def format_text(text: str, schema_ref: str | None = None) -> str:
 
 def _same(data: Any, text: str) -> bool:
     try:
-        return bool(yaml.safe_load(text) == data)
-    except yaml.YAMLError:
+        return bool(load_yaml_text(text, "<formatted>").data == data)
+    except RuleError:
         return False
 
 
@@ -141,11 +143,7 @@ def format_paths(paths: list[Path], check: bool = False) -> list[Path]:
                               ) from None
         except OSError as exc:
             raise OracleError(f"{f}: cannot read ({exc.strerror}); name readable rule files") from None
-        try:
-            new = format_text(text)
-        except yaml.YAMLError as exc:
-            raise OracleError(f"{f}: not valid YAML, left as it is; run `moe-oracle validate` for the place "
-                              f"({str(exc).splitlines()[0]})") from None
+        new = format_text(text, name=str(f))
         if new != text:
             planned.append((f, root, new))
     if not check:
