@@ -13,6 +13,7 @@ from typing import Any
 from . import literals, operators, registry
 from .errors import Diagnostic, did_you_mean
 from .facts import FACTS, MESSAGE_WORDS
+from .limits import MAX_CONDITION_DEPTH
 from .loader import Entry, RuleSet
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.]+)\}")
@@ -42,6 +43,11 @@ class Semantics:
         return False
 
     def condition(self, entry: Entry, cond: Any, *sub: Any) -> None:
+        deep = operators.too_deep(cond, MAX_CONDITION_DEPTH)
+        if deep is not None:
+            self.err(entry, f"conditions nested more than {MAX_CONDITION_DEPTH} deep (the limit); name an inner "
+                            "part as a derived fact ({ref: name}) or flatten all/any", *sub, *deep)
+            return
         for node, head, path in operators.walk(cond):
             where = (*sub, *path)
             name = node[head.key]

@@ -64,6 +64,16 @@ EXPECTED = {
                        "or \"10.0\"",
     "env_default_unparsable": "6:5: default 'no' of VLLM_FORCE_TRITON is not a value int_bool can produce "
                               "(it parses to true or false); write default: false",
+    # closed vocabularies: a literal a fact can never take is an error, not a condition that never matches
+    "unknown_moe_backend": "10:35: unknown moe_backend string 'auot' (did you mean 'auto'?); moe.moe_backend is one "
+                           "of auto",
+    "capability_two_digit_minor": "10:39: capability '7.50' in 'ge' is not a capability: the major is 1 to 20 and "
+                                  "the minor one digit (did you mean \"7.5\"?); write e.g. \"9.0\" or \"10.3\"",
+    "nan_literal": "10:36: nan in 'eq': a fact is never NaN or infinite (and NaN equals nothing); write a finite "
+                   "number",
+    "bool_fact_number": "10:28: moe.lora is true or false, never 1; write eq: true",
+    "unknown_scale_format": "10:45: unknown Quark scale format 'e80m' (did you mean 'e8m0'?); "
+                            "quark.weight.scale_format is one of e8m0, e4m3, float32, float16, bfloat16",
     "runner_attribute_missing": "25:81: runner 'backends.emulation:moe_forwrd': module 'backends.emulation' defines "
                                 "no top-level 'moe_forwrd' (did you mean 'moe_forward'?); define it or fix the path",
 }
