@@ -98,7 +98,7 @@ def test_cli_validate_exit_codes(capsys):
 def test_cli_validate_github_format(capsys):
     assert main(["validate", "--format", "github", str(BAD / "unknown_backend_in_candidates.yaml")]) == 3
     line = capsys.readouterr().out.strip()
-    assert line.startswith("::error file=") and ",line=43,col=18::unknown backend 'TRITN'" in line
+    assert line.startswith("::error file=") and ",line=43,col=18::invalid-rules: unknown backend 'TRITN'" in line
 
 
 def test_shipped_rules_are_valid():
