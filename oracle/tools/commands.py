@@ -130,10 +130,9 @@ def _rules(args: argparse.Namespace) -> str | None:
 
 def _lint(args: argparse.Namespace) -> int:
     from ..resources import rules_dir
+    from .baseline import apply_baseline, baseline_text, read_baseline
     from .lint import lint_source
     from .sources import load_source
-
-    from .baseline import apply_baseline, baseline_text, read_baseline
 
     targets = args.paths or [_rules(args) or str(rules_dir())]
     baseline = read_baseline(Path(args.baseline)) if args.baseline else None

@@ -61,7 +61,7 @@ def _instrument(table: Table, counts: _Counts) -> Table:
 
 def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
     table, rs = p.table, p.rs
-    space = Space.of([(rs, table)], vary, vary_linked=True)
+    space = Space.of([(rs, table)], vary)
     counts = _Counts()
     coarse = Coarse(table)
     inst = _instrument(coarse.table, counts)
@@ -112,6 +112,11 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
                         found.append(_f("shadowed-kernel", k.at, f"profile {p.name}: kernel alternative {k.name} of "
                                         f"backend {b.name} is never chosen: an earlier alternative accepts every "
                                         "input it accepts", allow))
+    recheck = {(pol.name, st.id) for pol in table.policies.values() for i, st in enumerate(pol.steps)
+               if st.when is not None and counts.reached[(pol.name, st.id)] and (
+                   counts.matched[(pol.name, st.id)] in (0, counts.reached[(pol.name, st.id)]))}
+    if recheck:
+        _recheck_linked(p, vary, recheck, counts)
     for pol in table.policies.values():
         last = len(pol.steps) - 1
         raw_steps = rs.sections["policies"][pol.name].data.get("steps") or []
@@ -148,6 +153,59 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
 
 
 _DECIDING = ("outcome", "use", "use_explicit", "result")
+
+
+class _Stop(Exception):
+    """Ends a run once the steps being rechecked have been tested."""
+
+
+def _recheck_linked(p: Profiled, vary: tuple[str, ...], steps: set[tuple[str, str]], counts: _Counts) -> None:
+    """Counts again, over a space that also splits the facts conditions compare with each other (`same_as`,
+    `differs_from`), how often the steps whose condition looked constant are reached and matched. Kept at
+    their defaults two such facts never differ, so a condition on their difference would look always false;
+    splitting them everywhere multiplies the whole exploration, so each run stops after the last such step."""
+    space = Space.of([(p.rs, p.table)], vary, vary_linked=True)
+    if not space.c.linked:
+        return
+    coarse = Coarse(p.table)
+    again = _Counts()
+    last = {name: max(i for i, st in enumerate(pol.steps) if (name, st.id) in steps)
+            for name, pol in p.table.policies.items() if any((name, st.id) in steps for st in pol.steps)}
+
+    def wrap(policy: Policy, step: Step, stop: bool) -> Step:
+        key, test = (policy.name, step.id), step.test
+
+        def recorded(ctx: Ctx) -> bool:
+            again.run_reached.add(key)
+            ok = True if test is None else bool(test(ctx))
+            if ok:
+                again.run_matched.add(key)
+            if stop:
+                raise _Stop
+            return ok
+        return replace(step, test=recorded)
+
+    policies = {n: replace(pol, steps=tuple(wrap(pol, s, n in last and i == last[n]) for i, s in enumerate(pol.steps)))
+                for n, pol in coarse.table.policies.items()}
+    inst = replace(coarse.table, policies=MappingProxyType(policies))
+    hook = call_hook(inst)
+    for name in last:
+        policy = inst.policies[name]
+        nullable, fixed = nullable_facts(policy), fixed_facts(space, policy)
+
+        def one(r: Refiner, policy: Policy = policy, nullable: frozenset[str] = nullable,
+                fixed: dict[str, Any] = fixed) -> Any:
+            try:
+                run(policy, coarse.ctx(r, nullable, fixed), None, hook)
+            except (EnvValueError, _Stop):
+                pass
+            again.end_run()
+            return None
+
+        for _ in explore_coarse(space, coarse, one):
+            pass
+    for key in steps:
+        counts.reached[key], counts.matched[key] = again.reached[key], again.matched[key]
 
 
 def _derived_constants(p: Profiled, space: Space) -> list[Finding]:
