@@ -224,20 +224,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate_paths
 
     diagnostics, checked = validate_paths([Path(p) for p in args.paths] if args.paths else None, args.rules)
-    if args.format in ("json", "sarif"):
-        from .tools.report import render
+    if args.format != "text":
+        from .tools.report import problem_findings, render
 
-        found = [{"rule": "invalid-rules", "level": "error", "at": f"{d.file}:{d.line}", "col": d.col,
-                  "message": d.message} for d in diagnostics]
-        print(render(found, args.format, "validate", f"{len(diagnostics)} problem(s) in {checked} file(s)"))
+        summary = f"{len(diagnostics)} problem(s) in {checked} file(s)" if diagnostics else \
+            f"ok: {checked} rule file(s) valid"
+        print(render(problem_findings(RuleError(diagnostics)) if diagnostics else [], args.format, "validate",
+                     summary))
         return EXIT_RULES if diagnostics else EXIT_OK
     from .limits import MAX_REPORTED_ERRORS
 
     for d in diagnostics[:MAX_REPORTED_ERRORS]:
-        if args.format == "github":
-            print(f"::error file={d.file},line={d.line},col={d.col}::{d.message}")
-        else:
-            print(d)
+        print(d)
     if diagnostics:
         more = len(diagnostics) - MAX_REPORTED_ERRORS
         shown = f" (the first {MAX_REPORTED_ERRORS} listed; --format json lists all)" if more > 0 else ""
@@ -336,6 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _report_problem(args: argparse.Namespace, exc: Exception) -> None:
+    """The message on stderr; with a CI format (--format json|github|sarif) the same problems on stdout in
+    that format too, so a CI step that reads the report gets a valid one (SARIF listing the errors)."""
+    from .tools.report import FORMATS, problem_findings, render
+
+    fmt = getattr(args, "format", "text")
+    if fmt in FORMATS and fmt != "text":
+        found = problem_findings(exc)
+        print(render(found, fmt, args.command, f"{len(found)} problem(s): nothing was checked"))
+    to_stderr(str(exc))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(global_options_first(sys.argv[1:] if argv is None else argv))
@@ -353,10 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_profiles(oracle)
         return _cmd_select(args, oracle, explain=args.command == "explain")
     except RuleError as exc:
-        to_stderr(str(exc))
+        _report_problem(args, exc)
         return EXIT_RULES
     except (UsageError, OracleError) as exc:  # OracleError covers ScenarioError
-        to_stderr(str(exc))
+        _report_problem(args, exc)
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK

@@ -15,7 +15,16 @@ from typing import Any
 
 from .errors import did_you_mean
 from .facts import CAPABILITY_RANGES, FACTS, PLATFORM_KINDS
-from .vocabulary import ACTIVATIONS, ALL2ALL_BACKENDS, QUARK_QSCHEMES, QUARK_SCALE_FORMATS, ROUTING_METHODS
+from .vocabulary import (
+    ACTIVATIONS,
+    ALL2ALL_BACKENDS,
+    BY_OCP_DTYPE,
+    BY_QUANT_KEY,
+    FORMATS,
+    QUARK_QSCHEMES,
+    QUARK_SCALE_FORMATS,
+    ROUTING_METHODS,
+)
 
 CAPABILITY = re.compile(r"^[0-9]+\.[0-9]+$")
 _EQUALITY = ("eq", "ne", "in", "not_in")
@@ -133,3 +142,12 @@ def env_default_problem(name: str, spec: Mapping[str, Any]) -> str | None:
         return (f"default {default!r} of {name} is not what 'lower' produces (a lower-case string); "
                 f"write {str(default).lower()!r}")
     return None
+
+
+def weight_format(name: Any) -> tuple[str, int] | None:
+    """(name, block size) of a weight format named by its vLLM quant key (kMxfp4Static) or its OCP MX / codec
+    name (mxfp4, nvfp4), None for a name with no block (per tensor or channel) or none known."""
+    if not isinstance(name, str):
+        return None
+    fmt = BY_QUANT_KEY.get(name) or BY_OCP_DTYPE.get(name) or next((f for f in FORMATS if f.codec == name), None)
+    return (name, fmt.block) if fmt is not None and fmt.block else None

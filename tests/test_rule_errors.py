@@ -74,6 +74,18 @@ EXPECTED = {
     "bool_fact_number": "10:28: moe.lora is true or false, never 1; write eq: true",
     "unknown_scale_format": "10:45: unknown Quark scale format 'e80m' (did you mean 'e8m0'?); "
                             "quark.weight.scale_format is one of e8m0, e4m3, float32, float16, bfloat16",
+    # mistakes that would otherwise change nothing, silently
+    "move_not_a_candidate": "50:9: move: NONE is not a candidate of policy 'pol' (neither in its candidates nor in a "
+                            "step's candidates), so this step would change nothing; name a candidate or add it to the "
+                            "candidates",
+    "round_up_after_catch_all": "28:9: round_up row 2 is never used: the earlier row 1 at line 27 names no backends "
+                                "and has no 'when', so it answers for every backend first; move this row above it or "
+                                "delete it",
+    "round_up_shadowed_row": "28:9: round_up row 2 is never used: an earlier row without 'when' answers first for "
+                             "TRITON (row 1 at line 27); move this row above it or delete it",
+    "round_up_not_block_multiple": "27:30: round_up intermediate alignment 100 is not a multiple of 32, the block size "
+                                   "of kMxfp4Static weights (every 32 elements share a scale); use a multiple of 32 "
+                                   "(e.g. 128) or 1 for the sizes as they are",
     "runner_attribute_missing": "25:81: runner 'backends.emulation:moe_forwrd': module 'backends.emulation' defines "
                                 "no top-level 'moe_forwrd' (did you mean 'moe_forward'?); define it or fix the path",
 }
@@ -108,7 +120,7 @@ def test_cli_validate_exit_codes(capsys):
 def test_cli_validate_github_format(capsys):
     assert main(["validate", "--format", "github", str(BAD / "unknown_backend_in_candidates.yaml")]) == 3
     line = capsys.readouterr().out.strip()
-    assert line.startswith("::error file=") and ",line=43,col=18::unknown backend 'TRITN'" in line
+    assert line.startswith("::error file=") and ",line=43,col=18::invalid-rules: unknown backend 'TRITN'" in line
 
 
 def test_shipped_rules_are_valid():
@@ -211,3 +223,15 @@ def test_the_older_profile_holds_only_its_differences():
             for key, value in items.items():
                 same = {k: v for k, v in value.items() if k != "override"} == parent_entries.get((section, key))
                 assert not same, f"{f.name}: {section}.{key} is a copy of vllm-0.20's; delete it"
+
+
+def test_a_yaml_syntax_error_reports_only_itself(tmp_path):
+    """The broken file contributes no names; the files that refer to them are not blamed (no ghost errors)."""
+    case = BAD / "syntax_error_in_one_file"
+    for f in case.iterdir():
+        (tmp_path / f.name).write_text(f.read_text())
+    problems, _ = validate_paths([tmp_path])
+    assert [f"{Path(d.file).name}:{d.line}:{d.col}: {d.message}" for d in problems] == [
+        "kernels.yaml:4:29: YAML syntax error: mapping values are not allowed in this context"]
+    (tmp_path / "kernels.yaml").write_text((case / "kernels.yaml").read_text().replace("]: broken", "]"))
+    assert validate_paths([tmp_path])[0] == []
