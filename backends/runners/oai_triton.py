@@ -52,16 +52,17 @@ class OaiTritonRunner:
         if spec.swiglu.get("swiglu_beta", 1.0) != 1.0:
             raise spec.unavailable(f"swiglu_fn adds 1 to the up projection, but swiglu_beta="
                                    f"{spec.swiglu['swiglu_beta']}", "pass swiglu_beta=1.0 or force another backend")
-        if spec.device.type != "cuda":
-            raise spec.unavailable(f"triton_kernels' matmul_ogs runs on GPUs, the layer is on {spec.device}",
-                                   "build the layer with device='cuda', or force moe_backend='emulation'")
         names = ("triton_kernels.matmul_ogs", "triton_kernels.tensor", "triton_kernels.tensor_details.layout",
                  "triton_kernels.numerics", "triton_kernels.swiglu", "triton_kernels.topk")
         m = {name.rsplit(".", 1)[-1]: require_module(spec, name, HOW_TO_GET) for name in names}
         ogs, tensor, layout, numerics = m["matmul_ogs"], m["tensor"], m["layout"], m["numerics"]
-        if not hasattr(tensor, "SparseMatrix") or "reduction_n" not in ogs.FnSpecs.__dataclass_fields__:
+        if not hasattr(tensor, "SparseMatrix") or "reduction_n" not in getattr(ogs.FnSpecs, "__dataclass_fields__",
+                                                                                  {}):
             raise spec.unavailable("the importable triton_kernels predates the triton 3.6 API (no "
                                    "tensor.SparseMatrix / FnSpecs.reduction_n)", HOW_TO_GET)
+        if spec.device.type != "cuda":
+            raise spec.unavailable(f"triton_kernels' matmul_ogs runs on GPUs, the layer is on {spec.device}",
+                                   "build the layer with device='cuda', or force moe_backend='emulation'")
         with torch.cuda.device(spec.device):
             value_layout, value_opts = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
             scale_layout, scale_opts = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
