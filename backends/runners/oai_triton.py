@@ -94,7 +94,8 @@ class OaiTritonRunner:
         dense.scatter_(1, ids, weights.to(torch.bfloat16))
         sparse = m["topk"].topk(dense, k, apply_softmax=False, y_indx=ids.to(torch.int16))
         dispatch, combine = sparse.mask_metadata.row_sorted_indx, sparse.mask_metadata.col_sorted_indx
-        ragged = tensor.make_ragged_tensor_metadata(sparse.mask_metadata.col_sum, dispatch.shape[0])
+        # the bitmatrix pads its columns to a multiple of 32: keep the experts' histogram only
+        ragged = tensor.make_ragged_tensor_metadata(sparse.mask_metadata.col_sum[:spec.num_experts], dispatch.shape[0])
         route = ogs.RoutingData(sparse.vals.flatten()[combine], ragged.slice_sizes, spec.num_experts, k, ragged)
         x16 = x.to(torch.bfloat16)
         hidden = ogs.matmul_ogs(x16, w["w13"], w["w13_bias"], route, gather_indx=ogs.GatherIndx(combine, dispatch),
