@@ -322,8 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("profiles", help="list the rule-set profiles and the policies each one has")
     sub.add_parser("plugins", help="list registered plugins and check their rule fragments (exit 3 if broken)")
     from .tools.commands import add_tool_parsers
+    from .tools.tune_verb import add_tune_parser
 
     add_tool_parsers(sub)
+    add_tune_parser(sub)
     return p
 
 
@@ -335,6 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.command in TOOL_COMMANDS:
             return run_tool(args)
+        if args.command == "tune":
+            from .tools.tune_verb import run_tune
+
+            return run_tune(args)
         if args.command == "validate":
             return _cmd_validate(args)
         if args.command == "plugins":
