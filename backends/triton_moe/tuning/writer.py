@@ -48,10 +48,11 @@ def merge_entries(table: dict, new: list[dict]) -> dict:
     return {**table, "entries": kept + new}
 
 
-def write_table(path: str | Path, table: dict) -> Path:
-    """Validate, then write atomically with the modeline, and put the schema next to it (editors resolve it)."""
+def write_table(path: str | Path, table: dict, *, shipped_ok: bool = False) -> Path:
+    """Validate, then write atomically with the modeline, and put the schema next to it (editors resolve it).
+    shipped_ok: the maintainers' merge (benchmarks/bench_moe.py --merge-sweep) may rewrite a shipped table."""
     path = Path(path)
-    if path.resolve().parent == TABLE_DIR.resolve():
+    if not shipped_ok and path.resolve().parent == TABLE_DIR.resolve():
         raise TuningTableError(f"{path}: shipped tables are read-only; write user tables to the tuning directory")
     validate_table(table, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
