@@ -32,11 +32,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from backends.gpu_timing import Flusher, events_ms, expert_bytes, graph_of, measure_ceilings  # noqa: E402
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.model_shapes import MATRIX, SHAPES  # noqa: E402
 from backends.triton_moe import moe_forward, tuning  # noqa: E402
 from backends.triton_moe.testing import activation_kwargs, random_checkpoint  # noqa: E402
-from backends.triton_moe.tuning.measure import Flusher, events_ms, floor_us, graph_of, measure_ceilings  # noqa: E402
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 COLUMNS = ("run_id", "date", "gpu", "commit", "shape", "format", "experts", "top_k", "hidden_size",
@@ -134,7 +134,7 @@ def main() -> int:
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run_id = args.run_id or f"{gpu.split()[-1] if gpu.startswith('NVIDIA') else gpu}-{date}".replace(" ", "-")
     os.makedirs(args.out, exist_ok=True)
-    ceilings = measure_ceilings()
+    ceilings = dict(zip(("bandwidth_gbs", "copy_gbs", "read_gbs", "matmul_tflops"), measure_ceilings(), strict=True))
     arch, gpu_info = tuning.device_gpu(torch.device("cuda"))
     env = {"run_id": run_id, "date": date, "gpu": gpu, "sm_count": gpu_info.sm_count, "arch": arch.name,
            "commit": args.commit, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -176,7 +176,8 @@ def main() -> int:
             x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
             logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
             touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
-            floor = floor_us(shape, touched, ceilings["bandwidth_gbs"])
+            floor = touched * expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size) / (
+                ceilings["bandwidth_gbs"] * 1e3)
             problem = tuning.Problem(tokens=tokens, **shape.fields())
 
             emit = functools.partial(_emit, writer, out, {**base_row, "tokens": tokens}, floor)

@@ -28,25 +28,23 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from backends import emulation  # noqa: E402
+from backends import emulation, gpu_timing  # noqa: E402
+from backends.gpu_timing import GIB, Flusher, events_ms, graph_of, measure_ceilings  # noqa: E402
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.triton_moe import moe_forward, tuning  # noqa: E402
 from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint  # noqa: E402
 from backends.triton_moe.tuning import writer  # noqa: E402
 from backends.triton_moe.tuning.candidates import sweep_candidates  # noqa: E402
-from backends.triton_moe.tuning.measure import (  # noqa: E402
-    GIB,
-    Flusher,
-    events_ms,
-    expert_bytes,
-    graph_of,
-    measure_ceilings,
-    time_layer,
-)
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 _events_ms = events_ms  # benchmarks/probe_weight_streaming.py's name for it
+time_layer = gpu_timing.time_graph  # µs
 __all__ = ["GIB", "Flusher", "_events_ms", "expert_bytes", "graph_of", "time_layer"]
+
+
+def expert_bytes(shape) -> int:
+    """Packed FP4 + block scales of one expert (both GEMMs) of a registry shape."""
+    return gpu_timing.expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size)
 
 
 def _select(gpu_arch, shape, tokens, use_tables=True):
@@ -224,8 +222,7 @@ def main():
     torch.manual_seed(0)
     started = time.perf_counter()
     gpu = torch.cuda.get_device_name()
-    ceilings = measure_ceilings()
-    bw, copy, read, mm = (ceilings[k] for k in ("bandwidth_gbs", "copy_gbs", "read_gbs", "matmul_tflops"))
+    bw, copy, read, mm = measure_ceilings()
     gpu_arch = tuning.device_gpu(torch.device("cuda"))
     print(f"# {gpu}: copy {copy:.0f} GB/s, read-only {read:.0f} GB/s -> bandwidth {bw:.0f} GB/s; "
           f"bf16 8192^3 matmul {mm:.1f} TFLOP/s", flush=True)

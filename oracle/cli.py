@@ -1,4 +1,4 @@
-"""moe-oracle command line: select, explain, validate, profiles.
+"""moe-oracle command line: select, explain, validate, profiles, bench (GPU timing of the runnable backends).
 
 Exit codes: 0 answered (selected or none) / rules valid; 1 the answer is invalid or
 unsupported; 2 bad usage or a malformed scenario; 3 broken rule files. Bad input never
@@ -321,10 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text; json; github (workflow annotations); sarif (code scanning)")
     sub.add_parser("profiles", help="list the rule-set profiles and the policies each one has")
     sub.add_parser("plugins", help="list registered plugins and check their rule fragments (exit 3 if broken)")
+    from .tools.bench_cli import add_bench_parser
     from .tools.commands import add_tool_parsers
     from .tools.tune_verb import add_tune_parser
 
     add_tool_parsers(sub)
+    add_bench_parser(sub)
     add_tune_parser(sub)
     return p
 
@@ -345,6 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_validate(args)
         if args.command == "plugins":
             return _cmd_plugins(args)
+        if args.command == "bench":
+            from .tools.bench_cli import run_bench
+
+            return run_bench(args)
         oracle = Oracle(args.rules)
         if args.command == "profiles":
             return _cmd_profiles(oracle)

@@ -52,7 +52,8 @@ def split(path: str) -> tuple[str, str]:
     """('module', 'attr') of 'module:attr'; RegistryError when it is not of that form."""
     found = _PATH.match(path) if isinstance(path, str) else None
     if found is None:
-        raise RegistryError(f"{path!r} is not a 'module:attribute' path, e.g. backends.emulation:moe_forward")
+        raise RegistryError(f"{path!r} is not a 'module:attribute' path, e.g. "
+                            f"backends.runners.emulation:EmulationRunner")
     return found.group(1), found.group(2)
 
 

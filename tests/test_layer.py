@@ -109,7 +109,7 @@ def test_forward_equals_emulation_on_the_checkpoint(rules, case, renormalize):
     weights = _checkpoint(case["fmt"], case["gate_up"], bias=case["bias"])
     layer = _build(rules, weights, activation=case["activation"], top_k=2, renormalize=renormalize,
                    swiglu_alpha=1.5, swiglu_limit=3.0)
-    assert (layer.decision.backend, layer.decision.runner) == ("EMULATION", "backends.emulation:moe_forward")
+    assert (layer.decision.backend, layer.decision.runner) == ("EMULATION", "backends.runners.emulation:EmulationRunner")
     x, logits = _inputs(weights)
     expected = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=2,
                                      renormalize=renormalize, activation=case["activation"], swiglu_alpha=1.5,
@@ -166,9 +166,9 @@ def test_explain_shows_decision_converter_runner_and_rule_locations(rules):
     layer = _build(rules, _checkpoint("mxfp4", "interleaved", bias=True))
     text = layer.explain()
     assert "profile moe-oracle" in text and "mxfp4-gpt-oss" in text
-    assert "converter none" in text and "runner backends.emulation:moe_forward" in text
+    assert "converter none" in text and "runner backends.runners.emulation:EmulationRunner" in text
     assert "EMULATION" in text and "moe-oracle/w4a16.yaml:" in text  # the trace locates its rules
-    assert layer.decision.to_dict(with_trace=False)["runner"] == "backends.emulation:moe_forward"
+    assert layer.decision.to_dict(with_trace=False)["runner"] == "backends.runners.emulation:EmulationRunner"
 
 
 def test_decision_is_logged_once_per_distinct_decision(rules, caplog, monkeypatch):

@@ -56,7 +56,7 @@ def test_explain_prints_the_runner(capsys):
     assert main(["explain", "--profile", "vllm-0.20", "--policy", "nvfp4", "--platform", "cuda:7.0",
                  "--env", "VLLM_BATCH_INVARIANT=1"]) == 0
     out = capsys.readouterr().out
-    assert "selected EMULATION" in out and "runner backends.emulation:moe_forward" in out
+    assert "selected EMULATION" in out and "runner backends.runners.emulation:EmulationRunner" in out
     assert "converter none" in out and "reads the checkpoint layout" in out
 
 

@@ -54,11 +54,12 @@ def tune_shape(shape, tokens_list=TOKENS, *, iters: int = 10, progress_stream=sy
     depend on the values)."""
     import torch
 
+    from backends.gpu_timing import Flusher
+    from backends.gpu_timing import time_graph as time_layer
     from backends.layouts.triton_moe import to_kernel_layout
     from backends.triton_moe import moe_forward
     from backends.triton_moe.testing import activation_kwargs, random_checkpoint
     from backends.triton_moe.tuning import device_gpu, heuristic_config
-    from backends.triton_moe.tuning.measure import Flusher, time_layer
 
     device = torch.device("cuda")
     arch, gpu = device_gpu(device)
