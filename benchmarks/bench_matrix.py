@@ -117,6 +117,64 @@ def _emit(writer, out, base: dict, floor: float, impl: str, us, config: str = ""
           f"{config} | {note} |", flush=True)
 
 
+def _layer(name, args, arch, gpu_info, ceilings, writer, out, flush, peers, run_id, date, gpu) -> None:
+    """All rows of one matrix layer."""
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
+    ours_weights = to_kernel_layout(**ckpt)
+    act = activation_kwargs(shape)
+    runners = {peer: prepare_peer(peer, shape, ckpt) for peer in peers}
+    base_row = {"run_id": run_id, "date": date, "gpu": gpu, "commit": args.commit, "shape": name,
+                **shape.fields()}
+    print(f"\n## {name} {shape.fields()} peers: " + ", ".join(f"{k}: {'ok' if r else why}"
+                                                               for k, (r, why) in runners.items()), flush=True)
+    for tokens in map(int, args.tokens.split(",")):
+        x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+        logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
+        touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
+        floor = touched * expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size) / (
+            ceilings["bandwidth_gbs"] * 1e3)
+        problem = tuning.Problem(tokens=tokens, **shape.fields())
+
+        emit = functools.partial(_emit, writer, out, {**base_row, "tokens": tokens}, floor)
+
+        emit(FLOOR, floor, note=f"{touched} experts touched")
+        emit(MATMUL, 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
+             / (ceilings["matmul_tflops"] * 1e6))
+        tuned = tuning.select_config(arch, gpu_info, problem)
+        heuristic = tuning.select_config(arch, gpu_info, problem, use_tables=False)
+        ours_out = ours_us = None
+        for impl, config in ((OURS, tuned), (OURS_HEURISTIC, heuristic)):
+            if impl == OURS_HEURISTIC and (config.gemm1, config.gemm2) == (tuned.gemm1, tuned.gemm2):
+                emit(impl, ours_us, describe(config), "same config as the tuned row (timed once)")
+                continue
+            try:
+                ours_us, y = timed(functools.partial(moe_forward, x, ours_weights, router_logits=logits,
+                                                     top_k=shape.top_k, config=config, **act), flush, args.iters)
+            except Exception as exc:  # noqa: BLE001
+                emit(impl, None, describe(config), f"failed: {type(exc).__name__}: {exc}"[:300])
+                ours_us = None
+                continue
+            ours_out = y.clone() if ours_out is None else ours_out
+            emit(impl, ours_us, describe(config), "" if impl == OURS else f"rel L2 vs tuned "
+                                                                            f"{rel_l2(y, ours_out):.1e}")
+        for peer, (runner, why) in runners.items():
+            if runner is None:
+                emit(peer, None, note=f"cannot run: {why}")
+                continue
+            routing = importlib.import_module("backends.runners.base").Routing(router_logits=logits)
+            try:
+                us, y = timed(functools.partial(runner.apply, x, routing), flush, args.iters)
+            except Exception as exc:  # noqa: BLE001  a peer failing at one T is a result
+                emit(peer, None, note=f"failed: {type(exc).__name__}: {exc}"[:300])
+                traceback.print_exc()
+                torch.cuda.synchronize()
+                continue
+            emit(peer, us, note=f"rel L2 vs this project {rel_l2(y, ours_out):.1e}" if ours_out is not None
+                 else "")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="run directory: matrix.csv and environment.json go here")
@@ -162,61 +220,10 @@ def main() -> int:
         if time.perf_counter() - started > args.budget_s:
             print(f"# budget spent: {name} and later layers not measured", flush=True)
             break
-        shape = SHAPES[name]
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        ckpt = random_checkpoint(shape, device="cuda", generator=gen)
-        ours_weights = to_kernel_layout(**ckpt)
-        act = activation_kwargs(shape)
-        runners = {peer: prepare_peer(peer, shape, ckpt) for peer in peers}
-        base_row = {"run_id": run_id, "date": date, "gpu": gpu, "commit": args.commit, "shape": name,
-                    **shape.fields()}
-        print(f"\n## {name} {shape.fields()} peers: " + ", ".join(f"{k}: {'ok' if r else why}"
-                                                                   for k, (r, why) in runners.items()), flush=True)
-        for tokens in map(int, args.tokens.split(",")):
-            x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
-            logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
-            touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
-            floor = touched * expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size) / (
-                ceilings["bandwidth_gbs"] * 1e3)
-            problem = tuning.Problem(tokens=tokens, **shape.fields())
-
-            emit = functools.partial(_emit, writer, out, {**base_row, "tokens": tokens}, floor)
-
-            emit(FLOOR, floor, note=f"{touched} experts touched")
-            emit(MATMUL, 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
-                 / (ceilings["matmul_tflops"] * 1e6))
-            tuned = tuning.select_config(arch, gpu_info, problem)
-            heuristic = tuning.select_config(arch, gpu_info, problem, use_tables=False)
-            ours_out = ours_us = None
-            for impl, config in ((OURS, tuned), (OURS_HEURISTIC, heuristic)):
-                if impl == OURS_HEURISTIC and (config.gemm1, config.gemm2) == (tuned.gemm1, tuned.gemm2):
-                    emit(impl, ours_us, describe(config), "same config as the tuned row (timed once)")
-                    continue
-                try:
-                    ours_us, y = timed(functools.partial(moe_forward, x, ours_weights, router_logits=logits,
-                                                         top_k=shape.top_k, config=config, **act), flush, args.iters)
-                except Exception as exc:  # noqa: BLE001
-                    emit(impl, None, describe(config), f"failed: {type(exc).__name__}: {exc}"[:300])
-                    ours_us = None
-                    continue
-                ours_out = y.clone() if ours_out is None else ours_out
-                emit(impl, ours_us, describe(config), "" if impl == OURS else f"rel L2 vs tuned "
-                                                                                f"{rel_l2(y, ours_out):.1e}")
-            for peer, (runner, why) in runners.items():
-                if runner is None:
-                    emit(peer, None, note=f"cannot run: {why}")
-                    continue
-                routing = importlib.import_module("backends.runners.base").Routing(router_logits=logits)
-                try:
-                    us, y = timed(functools.partial(runner.apply, x, routing), flush, args.iters)
-                except Exception as exc:  # noqa: BLE001  a peer failing at one T is a result
-                    emit(peer, None, note=f"failed: {type(exc).__name__}: {exc}"[:300])
-                    traceback.print_exc()
-                    torch.cuda.synchronize()
-                    continue
-                emit(peer, us, note=f"rel L2 vs this project {rel_l2(y, ours_out):.1e}" if ours_out is not None
-                     else "")
-        del ckpt, ours_weights, runners
+        try:
+            _layer(name, args, arch, gpu_info, ceilings, writer, out, flush, peers, run_id, date, gpu)
+        except Exception:  # noqa: BLE001  one layer failing (memory, a library) must not lose the others
+            traceback.print_exc()
         torch.cuda.empty_cache()
     out.close()
     print(f"# done in {time.perf_counter() - started:.0f} s", flush=True)
