@@ -264,7 +264,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     sums its fp32 slices in fixed order and activates either in the tile's last slice program (al.tickets: the
     alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
-    because every GEMM2 column program re-reads the fp32 slices: benchmarks/README-moe.md, round 4.)"""
+    because every GEMM2 column program re-reads the fp32 slices.)"""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
