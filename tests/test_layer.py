@@ -332,7 +332,8 @@ for name, case, hidden, inter in [("gpt-oss", t.GPT_OSS, 96, 64), ("nvfp4", t.GE
     out = layer.forward(x, logits)
     ref = emulation.moe_forward(x.float(), **w.emulation_kwargs(), router_logits=logits, top_k=2,
                                 activation=case["activation"])
-    print(json.dumps({"name": name, "backend": layer.decision.backend, "shape": list(out.shape),
+    print(json.dumps({"name": name, "backend": layer.decision.backend, "runner": type(layer.runner).__name__,
+                      "shape": list(out.shape),
                       "padded": [layer.padded_hidden_size, layer.padded_intermediate_size],
                       "rel_l2": float((out.float() - ref).norm() / ref.norm())}))
 """
@@ -351,6 +352,7 @@ def test_layer_runs_the_triton_kernels_under_the_interpreter():
     for name, fmt, hidden, inter in [("gpt-oss", "mxfp4", 96, 64), ("nvfp4", "nvfp4", 48, 80)]:
         row, (align,) = rows[name], families[fmt]["round_up"]
         assert row["backend"] == "TRITON_MOE" and row["shape"] == [5, hidden]
+        assert row["runner"] == "TritonMoERunner"  # the protocol, under the interpreter
         assert row["padded"] == [-(-hidden // align["hidden"]) * align["hidden"],
                                  -(-inter // align["intermediate"]) * align["intermediate"]]
         assert row["rel_l2"] <= tolerance("w4a16_moe_rel_l2")["rtol"], row

@@ -83,6 +83,8 @@ class HummingRunner:
                                    f"{type(weights).__name__}", "set `converter: null` for this backend")
         if spec.activation not in GATED_ACTIVATIONS:
             raise spec.unavailable(f"activation {spec.activation!r} is not gated", f"use one of {GATED_ACTIVATIONS}")
+        layer_module = require_module(spec, "humming.layer", HOW_TO_GET)
+        tune = require_module(spec, "humming.tune", HOW_TO_GET)
         if spec.device.type != "cuda":
             raise spec.unavailable(f"humming-kernels runs on CUDA GPUs only, the layer is on {spec.device}",
                                    "build the layer with device='cuda', or force moe_backend='emulation'")
@@ -90,8 +92,6 @@ class HummingRunner:
         if capability < (7, 5):
             raise spec.unavailable(f"humming-kernels needs compute capability 7.5+, this GPU has "
                                    f"{capability[0]}.{capability[1]}", "run on a newer GPU")
-        layer_module = require_module(spec, "humming.layer", HOW_TO_GET)
-        tune = require_module(spec, "humming.tune", HOW_TO_GET)
         config = ({"quant_method": "mxfp4"} if weights.format == "mxfp4"
                   else {"quant_method": "modelopt", "quant_algo": "NVFP4"})
         experts, hidden, inter = weights.E, weights.H, weights.I

@@ -52,16 +52,17 @@ class OaiTritonRunner:
         if spec.swiglu.get("swiglu_beta", 1.0) != 1.0:
             raise spec.unavailable(f"swiglu_fn adds 1 to the up projection, but swiglu_beta="
                                    f"{spec.swiglu['swiglu_beta']}", "pass swiglu_beta=1.0 or force another backend")
-        if spec.device.type != "cuda":
-            raise spec.unavailable(f"triton_kernels' matmul_ogs runs on GPUs, the layer is on {spec.device}",
-                                   "build the layer with device='cuda', or force moe_backend='emulation'")
         names = ("triton_kernels.matmul_ogs", "triton_kernels.tensor", "triton_kernels.tensor_details.layout",
                  "triton_kernels.numerics", "triton_kernels.swiglu", "triton_kernels.topk")
         m = {name.rsplit(".", 1)[-1]: require_module(spec, name, HOW_TO_GET) for name in names}
         ogs, tensor, layout, numerics = m["matmul_ogs"], m["tensor"], m["layout"], m["numerics"]
-        if not hasattr(tensor, "SparseMatrix") or "reduction_n" not in ogs.FnSpecs.__dataclass_fields__:
+        if not hasattr(tensor, "SparseMatrix") or "reduction_n" not in getattr(ogs.FnSpecs, "__dataclass_fields__",
+                                                                                  {}):
             raise spec.unavailable("the importable triton_kernels predates the triton 3.6 API (no "
                                    "tensor.SparseMatrix / FnSpecs.reduction_n)", HOW_TO_GET)
+        if spec.device.type != "cuda":
+            raise spec.unavailable(f"triton_kernels' matmul_ogs runs on GPUs, the layer is on {spec.device}",
+                                   "build the layer with device='cuda', or force moe_backend='emulation'")
         with torch.cuda.device(spec.device):
             value_layout, value_opts = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
             scale_layout, scale_opts = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
@@ -93,7 +94,8 @@ class OaiTritonRunner:
         dense.scatter_(1, ids, weights.to(torch.bfloat16))
         sparse = m["topk"].topk(dense, k, apply_softmax=False, y_indx=ids.to(torch.int16))
         dispatch, combine = sparse.mask_metadata.row_sorted_indx, sparse.mask_metadata.col_sorted_indx
-        ragged = tensor.make_ragged_tensor_metadata(sparse.mask_metadata.col_sum, dispatch.shape[0])
+        # the bitmatrix pads its columns to a multiple of 32: keep the experts' histogram only
+        ragged = tensor.make_ragged_tensor_metadata(sparse.mask_metadata.col_sum[:spec.num_experts], dispatch.shape[0])
         route = ogs.RoutingData(sparse.vals.flatten()[combine], ragged.slice_sizes, spec.num_experts, k, ragged)
         x16 = x.to(torch.bfloat16)
         hidden = ogs.matmul_ogs(x16, w["w13"], w["w13_bias"], route, gather_indx=ogs.GatherIndx(combine, dispatch),
