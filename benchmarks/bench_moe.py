@@ -160,10 +160,10 @@ def best_entries(sweep: dict, run: str) -> list:
 
 
 def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: float = 0.02) -> list:
-    """Fold a sweep into a table: at each swept (shape, T) the fastest config replaces the entries whose T range it
-    overlaps, when it beats the config the table gives there (timed in the same sweep) by more than min_gain, or
-    when the table has no entry there. Entries are found by shape and T range, never by text. Returns the
-    changes as (T, shape, old µs or None, new µs)."""
+    """Fold a sweep into a table: at each swept (shape, T) the fastest config replaces the entry covering that T
+    (keeping its T range) when it beats that entry's config, timed in the same sweep, by more than min_gain; where
+    the table has no entry, it is added with the range around the swept T. Entries are found by shape and T range,
+    never by text. Returns the changes as (T, shape, old µs or None, new µs)."""
     import yaml
 
     sweep = json.load(open(sweep_json))
@@ -182,6 +182,7 @@ def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: fl
                               None)
             if current_us is None or new["measured"]["us"] >= current_us * (1 - min_gain):
                 continue
+            new = {**new, "tokens": dict(current["tokens"])}  # it takes over exactly the range it beat
         kept.append(new)
         changes.append((problem.tokens, new["shape"], current_us, new["measured"]["us"]))
     writer.write_table(out_path, writer.merge_entries(table, kept), shipped_ok=True)
