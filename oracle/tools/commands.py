@@ -158,11 +158,12 @@ def _lint(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     from .diff import diff_sources, findings, render_text
+    from .fingerprint import unchanged
     from .sources import load_source
 
     a = load_source(args.a, _rules(args), args.profile if args.a.startswith("git:") or Path(args.a).is_dir() else None)
     b = load_source(args.b, _rules(args), args.profile if args.b.startswith("git:") or Path(args.b).is_dir() else None)
-    diffs = diff_sources(a, b, args.policy, tuple(args.vary))
+    diffs = [] if unchanged(a, b, args.policy) else diff_sources(a, b, args.policy, tuple(args.vary))
     found = findings(diffs, a, b)
     if args.format == "text":
         print(render_text(diffs, a, b, args.limit))
