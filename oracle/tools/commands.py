@@ -62,7 +62,10 @@ def add_tool_parsers(sub: Any) -> None:
     fmt_flag(s)
     vary_flag(s)
     s = sub.add_parser("test", help="run golden decision files ({scenario, expected}) with coverage")
-    s.add_argument("files", nargs="+", help="JSONL or YAML golden files")
+    s.add_argument("files", nargs="+", help="JSONL or YAML golden files; builtin:NAME for a shipped sample "
+                                            "(builtin:golden-sample, builtin:golden-sample-vllm-0.33)")
+    s.add_argument("--record", action="store_true",
+                   help="write today's answers into the files' expected fields and list what changed (exit 0)")
     s.add_argument("--min-coverage", type=float, default=0.0, metavar="N",
                    help="fail (exit 1) when steps+kernels+backends+outcomes coverage is below N percent")
     fmt_flag(s)
@@ -177,9 +180,12 @@ def _test(args: argparse.Namespace) -> int:
     from ..api import Oracle
     from .golden import coverage_text, run_cases
 
-    must_exist(args.files, "golden files (JSONL or YAML)")
+    files = [golden_file(f, args.record) for f in args.files]
+    must_exist([str(f) for f in files], "golden files (JSONL or YAML)")
     oracle = Oracle(_rules(args))
-    failures, n, cov = run_cases(oracle, [Path(f) for f in args.files])
+    if args.record:
+        return _record(oracle, files, args.format)
+    failures, n, cov = run_cases(oracle, files)
     pct = cov.percent()
     low = pct < args.min_coverage
     summary = f"{n - len(failures)}/{n} passed; coverage {pct:.1f}%" + (
@@ -197,6 +203,44 @@ def _test(args: argparse.Namespace) -> int:
         extra = [] if not low else [{"rule": "coverage", "level": "error", "at": None, "message": summary}]
         print(render(failures + extra, args.format, "test", summary))
     return EXIT_FINDINGS if failures or low else EXIT_OK
+
+
+def golden_file(name: str, record: bool = False) -> Path:
+    """A golden file argument: a path, or builtin:NAME for a sample shipped with the package."""
+    from ..resources import golden_dir
+
+    if not name.startswith("builtin:"):
+        return Path(name)
+    shipped = sorted(p.stem for p in golden_dir().glob("*.jsonl"))
+    stem = name.removeprefix("builtin:").removesuffix(".jsonl")
+    if stem not in shipped:
+        raise OracleError(f"{name}: no such shipped golden sample{did_you_mean(stem, shipped)}; one of "
+                          f"{', '.join('builtin:' + s for s in shipped)}")
+    if record:
+        raise OracleError(f"{name}: --record rewrites files, never the shipped samples; copy it first "
+                          f"(cp {golden_dir() / (stem + '.jsonl')} my-golden.jsonl) and record into the copy")
+    return golden_dir() / f"{stem}.jsonl"
+
+
+def _record(oracle: Any, files: list[Path], fmt: str) -> int:
+    from .golden import record_cases
+
+    changes: list[str] = []
+    cases = 0
+    for path in files:
+        found, n = record_cases(oracle, path)
+        changes += found
+        cases += n
+        if fmt == "text":
+            print(f"{'recorded' if found else 'unchanged'} {path}: {n} case(s), {len(found)} field(s) changed")
+    summary = f"recorded {cases} case(s) in {len(files)} file(s); {len(changes)} expected field(s) changed"
+    if fmt == "text":
+        print("\n".join(changes + [summary]))
+    else:
+        found_list = [{"rule": "golden-recorded", "level": "note", "at": c.split(": ", 1)[0],
+                       "message": c} for c in changes]
+        print(render(found_list, fmt, "test", summary))
+    return EXIT_OK
 
 
 def _sweep(args: argparse.Namespace) -> int:
