@@ -127,3 +127,18 @@ def test_a_copied_rules_directory_passes_every_gate(capsys, tmp_path, command):
     shutil.copytree(rules_dir(), copy)
     code, out, err = run(capsys, *command, str(copy))
     assert code == 0, out + err
+
+
+def test_an_acknowledgement_that_acknowledges_nothing_is_reported(capsys, tmp_path):
+    root = _only_profile(tmp_path, "moe-oracle")
+    path = root / "moe-oracle" / "w4a16.yaml"
+    text = path.read_text()
+    old = "      - id: auto\n"
+    assert text.count(old) >= 1
+    path.write_text(text.replace(old, old + '        lint_allow: {always-false: "it used to be false on every '
+                                             'input"}\n', 1))
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "lint_allow: {always-false" in t)
+    code, out, _ = run(capsys, "lint", str(root))
+    assert code == 1 and f"w4a16.yaml:{line}: warning [unused-acknowledgement] lint_allow names always-false" in out
+    code, out, _ = run(capsys, "lint", str(root), "--profile", "moe-oracle")
+    assert code == 0 and "unused-acknowledgement" not in out  # one profile alone cannot tell

@@ -141,8 +141,9 @@ def _lint(args: argparse.Namespace) -> int:
     baseline = read_baseline(Path(args.baseline)) if args.baseline else None
     findings = []
     for t in targets:
-        findings += lint_source(load_source(t, _rules(args), args.profile) if args.profile or not Path(t).is_dir()
-                                else load_source(t), tuple(args.vary))
+        whole = not args.profile and Path(t).is_dir()  # every profile: an acknowledgement used by none is stale
+        findings += lint_source(load_source(t) if whole else load_source(t, _rules(args), args.profile),
+                                tuple(args.vary), unused_allows=whole)
     if baseline is not None:
         for stale in apply_baseline(findings, baseline, Path(args.baseline)):
             to_stderr(stale, "warning")
