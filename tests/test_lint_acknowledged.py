@@ -121,11 +121,12 @@ def test_shipped_pre_commit_hooks_pass_on_a_fresh_copy(capsys, tmp_path, monkeyp
         assert code == 0, f"hook {hook['id']} failed on a fresh copy of the shipped rules:\n{out}\n{err}"
 
 
-@pytest.mark.parametrize("command", [["validate"], ["lint"], ["fmt", "--check"]])
+@pytest.mark.parametrize("command", [["validate", "{copy}"], ["lint", "{copy}"], ["fmt", "--check", "{copy}"],
+                                     ["--rules", "{copy}", "validate"], ["--rules", "{copy}", "lint"]])
 def test_a_copied_rules_directory_passes_every_gate(capsys, tmp_path, command):
     copy = tmp_path / "my-rules"
     shutil.copytree(rules_dir(), copy)
-    code, out, err = run(capsys, *command, str(copy))
+    code, out, err = run(capsys, *(part.format(copy=copy) for part in command))
     assert code == 0, out + err
 
 

@@ -131,3 +131,27 @@ def test_diff_with_no_change_is_answered_from_content_hashes(capsys, tmp_path, m
     assert code == 0 and "no input class changes its answer" in out
     code, out, _ = run(capsys, "diff", "git:HEAD", "rules", "--profile", "moe-oracle", "--format", "json")
     assert code in (0, 1)  # the working tree may differ from HEAD; when it does not, nothing was explored
+
+
+def test_diff_tags_changes_through_an_edited_kernel(capsys, tmp_path):
+    """A kernel edit changes answers through an unchanged `try` step: still the edit's own change."""
+    a, b = _only_profile(tmp_path / "a", "moe-oracle"), _only_profile(tmp_path / "b", "moe-oracle")
+    path = b / "moe-oracle" / "w4a16.yaml"
+    text = path.read_text()
+    old = "    activations: [swigluoai, silu]\n"
+    assert text.count(old) == 1
+    path.write_text(text.replace(old, "    activations: [swigluoai]\n"))
+    code, out, _ = run(capsys, "diff", str(a), str(b), "--format", "json")
+    found = json.loads(out)["findings"]
+    assert code == 1 and found and all(f["edited_rules"] for f in found)
+    assert all("TRITON_MOE" in f["message"].split("->")[0] for f in found)
+
+
+def test_fmt_check_in_ci_formats(capsys, tmp_path):
+    path = tmp_path / "rules" / "r.yaml"
+    path.parent.mkdir()
+    path.write_text((BAD / "valid.yaml").read_text() + "\n\n")
+    code, out, _ = run(capsys, "fmt", "--check", str(path.parent), "--format", "github")
+    assert code == 1 and out.startswith(f"::error file={path},line=1::fmt: {path} is not in canonical layout")
+    code, out, _ = run(capsys, "fmt", "--check", str(path.parent), "--format", "sarif")
+    assert code == 1 and json.loads(out)["runs"][0]["results"][0]["ruleId"] == "fmt"

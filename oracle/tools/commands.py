@@ -83,6 +83,7 @@ def add_tool_parsers(sub: Any) -> None:
     s = sub.add_parser("fmt", help="format rule files canonically, keeping comments")
     s.add_argument("paths", nargs="+", help="rule files or directories")
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 and list files that would change")
+    fmt_flag(s)
 
 
 def package_version() -> str:
@@ -298,6 +299,13 @@ def _fmt(args: argparse.Namespace) -> int:
 
     must_exist(args.paths, "rule files or directories")
     changed = format_paths([Path(p) for p in args.paths], check=args.check)
+    if args.format != "text":
+        found = [{"rule": "fmt", "level": "error" if args.check else "note", "at": f"{path}:1",
+                  "message": f"{path} is not in canonical layout; run `moe-oracle fmt {path}`" if args.check
+                  else f"reformatted {path}"} for path in changed]
+        print(render(found, args.format, "fmt", f"{len(changed)} file(s) " + (
+            "would be reformatted" if args.check else "reformatted")))
+        return EXIT_FINDINGS if changed and args.check else EXIT_OK
     for path in changed:
         print(("would reformat " if args.check else "reformatted ") + str(path))
     if not changed:

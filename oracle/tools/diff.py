@@ -3,10 +3,11 @@
 Both sides are explored over one shared partition (the classes of both rule sets' constants), so a
 class is either unchanged everywhere inside it or changed everywhere inside it.
 
-Reading order: changes decided by a rule the edit touched (a changed step, or a `try: candidates` step of a
-reordered candidate list) come first, those reached only through an env var the edit declared (all their
-classes set it) after the others of their kind; classes of one change that differ only by the value of such a
-new env var are shown as one (its values joined with `|`).
+Reading order: changes through a rule the edit touched (decided by a changed step or by a `try: candidates`
+step of a reordered candidate list; to or from a backend or kernel whose definition changed; a new round_up
+alignment where the family's rows changed) come first, those reached only through an env var the edit
+declared (all their classes set it) after the others of their kind; classes of one change that differ only
+by the value of such a new env var are shown as one (its values joined with `|`).
 """
 from __future__ import annotations
 
@@ -64,13 +65,18 @@ def diff_policy(a: Profiled, b: Profiled, policy: str, vary: tuple[str, ...] = (
             groups.setdefault(k, Change(a.name, policy, x, y)).classes.append(leaf)
     new_env = {"env:" + n for n in b.rs.sections["env_vars"]} - {"env:" + n for n in a.rs.sections["env_vars"]}
     edited_a, edited_b = edited_steps(a, b, policy)
+    backends, kernels, round_up = edited_entries(a, b, pb.family.name)
     changes = list(groups.values())
     for c in changes:
         c.explored = len(c.classes)
         c.classes = collapse(c.classes, new_env, b)
         through_new = bool(new_env) and all(any(var in new_env and not _is_default(var, cl, b) for var, cl in
                                                 leaf.items()) for leaf in c.classes)
-        c.edited = c.before.at in edited_a or c.after.at in edited_b
+        c.edited = (c.before.at in edited_a or c.after.at in edited_b
+                    or bool({c.before.backend, c.after.backend} & backends)
+                    or bool({c.before.kernel, c.after.kernel} & kernels)
+                    or (round_up and (c.before.align_hidden, c.before.align_intermediate)
+                        != (c.after.align_hidden, c.after.align_intermediate)))
         c.through_new_env = through_new
     changes.sort(key=lambda c: (not c.edited, c.through_new_env, -len(c.classes)))
     return PolicyDiff(a.name, policy, total, changes)
@@ -96,6 +102,21 @@ def edited_steps(a: Profiled, b: Profiled, policy: str) -> tuple[set[str], set[s
         return {at for sid, (s, at) in mine.items()
                 if other.get(sid, (None,))[0] != s or (reordered and s.get("try") == "candidates")}
     return edited(sa, sb), edited(sb, sa)
+
+
+def edited_entries(a: Profiled, b: Profiled, family: str) -> tuple[set[str], set[str], bool]:
+    """What else the edit touched that an answer names: backends of the family (by enum value) and kernels
+    (by name) whose definition differs between the sides, and whether the family's round_up rows differ."""
+    def data(p: Profiled, section: str, name: str) -> Any:
+        entry = p.rs.sections[section].get(name)
+        return entry.data if entry is not None else None
+
+    fa, fb = data(a, "families", family) or {}, data(b, "families", family) or {}
+    ba, bb = fa.get("backends") or {}, fb.get("backends") or {}
+    backends = {str((bb.get(n) or ba.get(n) or {}).get("value", n)) for n in {*ba, *bb} if ba.get(n) != bb.get(n)}
+    names = {*a.rs.sections["kernels"], *b.rs.sections["kernels"]}
+    kernels = {n for n in names if data(a, "kernels", n) != data(b, "kernels", n)}
+    return backends, kernels, fa.get("round_up") != fb.get("round_up")
 
 
 def _is_default(var: str, cl: Cls, b: Profiled) -> bool:
