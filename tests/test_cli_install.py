@@ -177,6 +177,10 @@ def test_explain_of_a_non_editable_install_names_its_rule_files(tmp_path):
     _locations_exist(proc.stdout, cwd, embedded)
     for f in sorted(embedded.rglob("*.yaml")):  # the installed rules' modelines resolve there too
         assert _schema_named_by(f).is_file(), f
+    proc = subprocess.run([str(env_dir / "bin" / "moe-oracle"), "test", "builtin:golden-sample"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "passed" in proc.stdout, proc.stderr  # the samples the docs name are installed
+    assert (site / "_embedded" / "golden" / "golden-sample.jsonl").is_file()
     tables = sorted((site.parent / "backends" / "triton_moe" / "tuning" / "tables").glob("*.yaml"))
     assert tables, "the wheel has no tuning tables"
     for f in tables:  # and so do the installed tuning tables'
