@@ -42,6 +42,7 @@ def tiny_config(model_type: str, **sizes):
     common = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=n, max_position_embeddings=512,
                   num_experts_per_tok=k, tie_word_embeddings=False)
     if model_type == "gpt_oss":
+        common["max_position_embeddings"] = 131072  # the release's YaRN context (4096 x 32)
         return transformers.GptOssConfig(**common, intermediate_size=i, num_local_experts=e, num_attention_heads=2,
                                          num_key_value_heads=1, head_dim=32, sliding_window=16,
                                          layer_types=["sliding_attention", "full_attention"] * (n // 2) +
