@@ -34,7 +34,8 @@ def quark_config(weight_dtype: str) -> dict[str, Any]:
 
 
 def tiny_config(model_type: str, **sizes):
-    """A few-layer config of the real architecture (sizes: hidden, inter, experts, top_k, layers, vocab)."""
+    """A few-layer config of the real architecture (sizes: hidden, inter, experts, top_k, layers, vocab, and
+    DeepSeek-V3's n_group / topk_group); attention stays small (2 heads): the experts are what is tested."""
     import transformers
 
     h, i = sizes.get("hidden", 64), sizes.get("inter", 32)
@@ -53,7 +54,8 @@ def tiny_config(model_type: str, **sizes):
                                            norm_topk_prob=True)
     if model_type == "deepseek_v3":  # layer 0 dense (first_k_dense_replace), the rest MoE with a shared expert
         return transformers.DeepseekV3Config(**common, intermediate_size=2 * i, moe_intermediate_size=i,
-                                             n_routed_experts=e, n_group=2, topk_group=1, n_shared_experts=1,
+                                             n_routed_experts=e, n_group=sizes.get("n_group", 2),
+                                             topk_group=sizes.get("topk_group", 1), n_shared_experts=1,
                                              first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2,
                                              q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
                                              qk_nope_head_dim=16, v_head_dim=16, routed_scaling_factor=2.5,
@@ -73,7 +75,8 @@ def quantized_model(model_type: str, layout: str, directory: Path, *, seed: int 
 
     torch.manual_seed(seed)
     config = tiny_config(model_type, **sizes)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(device=device, dtype=torch.float32).eval()
+    with torch.device(device):  # initialised where it runs (a real-size layer would be slow to init on the CPU)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     released, layers = {}, {}
     for name, tensor in model.state_dict().items():
         if ".experts." not in name:
