@@ -246,9 +246,11 @@ def test_missing_key_names_it_and_the_index_searched(tmp_path):
     path = write_checkpoint(tmp_path / "c", tensors, config={"hidden_size": H, "num_local_experts": E,
                                                              "intermediate_size": I,
                                                              "quantization_config": {"quant_method": "mxfp4"}})
+    ckpt = Checkpoint(path)
     with pytest.raises(CheckpointError, match=r"'model.layers.1.mlp.experts.down_proj_scales' is missing from "
                        r".*model.safetensors.index.json \(gpt-oss MXFP4 layout"):
-        load_moe_weights(path, layer=1)
+        load_moe_weights(ckpt, layer=1)
+    assert ckpt.reads == []
 
 
 @pytest.mark.parametrize("change, message", [
@@ -341,3 +343,36 @@ def test_quark_w_mxfp4_maps_onto_moe_weights_and_mxfp6_runs_the_quark_layer(tmp_
     expected = moe_forward(x, w13=w13.bfloat16(), w13_scale=None, w2=w2.bfloat16(), w2_scale=None, format="bf16",
                            router_logits=logits, top_k=TOP_K, activation="silu", gate_up_layout="contiguous")
     torch.testing.assert_close(layer.forward(x, logits), expected, **tolerance("fp32_reordered"))
+
+
+# ---------------------------------------------------------------------- where the config and tensors come from
+def test_one_safetensors_file_and_modelopt_hf_quant_config(tmp_path):
+    """A single model.safetensors (no index) and ModelOpt's older hf_quant_config.json read like the sharded form."""
+    from safetensors.torch import save_file
+
+    weights = modelopt_weights()
+    tensors = {k: v.contiguous() for k, v in {**DENSE, **modelopt.released_tensors(weights, PREFIX.format(1))}.items()}
+    (tmp_path / "c").mkdir()
+    save_file(tensors, str(tmp_path / "c" / "model.safetensors"))
+    (tmp_path / "c" / "config.json").write_text(json.dumps({"hidden_size": H, "num_local_experts": E,
+                                                            "intermediate_size": I}))
+    (tmp_path / "c" / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
+    assert_same_weights(load_moe_weights(tmp_path / "c", layer=1), weights)
+    assert_same_weights(load_moe_weights(tmp_path / "c" / "model.safetensors", layer=1), weights)
+
+
+def test_quark_layer_quant_config_pattern_overrides_the_global_scheme(tmp_path):
+    """Quark's layer_quant_config (fnmatch on module names) gives the experts MXFP6 under a global MXFP4 config."""
+    weights = quark_weights("fp6_e2m3")
+    path = write(tmp_path, quark.LAYOUT, {1: weights})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "quark", "global_quant_config": quark_layer_config("fp4"),
+                                     "layer_quant_config": {"*.mlp.experts.*": quark_layer_config("fp6_e2m3")},
+                                     "exclude": ["lm_head"]}
+    (path / "config.json").write_text(json.dumps(config))
+    assert_same_weights(load_moe_weights(path, layer=1), weights)
+    config["quantization_config"]["layer_quant_config"] = {}  # the global fp4 scheme: fp6 bytes have the wrong shape
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"'model.layers.1.mlp.experts.0.gate_proj.weight' in .*: shape "
+                       r"\(64, 48\), expected \(64, 32\) \(Quark OCP-MX fp4 expert layout"):
+        load_moe_weights(path, layer=1)
