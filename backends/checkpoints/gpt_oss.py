@@ -51,7 +51,7 @@ def load(ckpt: Checkpoint, prefix: str, sizes: tuple[int, int, int], experts: li
     e, h, i = sizes
     specs = expected(e, h, i)
     for suffix, (dtypes, shape) in specs.items():  # every header checked before any data is read
-        ckpt.require(prefix + suffix, dtypes, shape, f"gpt-oss MXFP4 layout, E={e} H={h} I={i}")
+        ckpt.require(prefix + suffix, dtypes, [shape], f"gpt-oss MXFP4 layout, E={e} H={h} I={i}")
     ex: list = [experts] if experts is not None else [slice(None)]
     rows13 = slice(2 * inter.start, 2 * inter.stop)
     cols2 = slice(inter.start // _BLOCK, inter.stop // _BLOCK)

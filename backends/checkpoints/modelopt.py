@@ -45,13 +45,13 @@ _PROJ = ("gate_proj", "up_proj", "down_proj")
 _SCALAR = ((), (1,))
 
 
-def expected(h: int, i: int) -> dict[str, tuple[tuple[str, ...], tuple]]:
+def expected(h: int, i: int) -> dict[str, tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]]:
     """key suffix after ``experts.<e>.`` -> (dtypes, shape or shapes) of one expert."""
-    specs: dict[str, tuple[tuple[str, ...], tuple]] = {}
+    specs: dict[str, tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
     for proj in _PROJ:
         rows, k = (h, i) if proj == "down_proj" else (i, h)
-        specs[f"{proj}.weight"] = (("U8",), (rows, k // 2))
-        specs[f"{proj}.weight_scale"] = (("F8_E4M3",), (rows, k // _BLOCK))
+        specs[f"{proj}.weight"] = (("U8",), ((rows, k // 2),))
+        specs[f"{proj}.weight_scale"] = (("F8_E4M3",), ((rows, k // _BLOCK),))
         specs[f"{proj}.weight_scale_2"] = (("F32",), _SCALAR)
     return specs
 
@@ -67,8 +67,8 @@ def load(ckpt: Checkpoint, prefix: str, sizes: tuple[int, int, int], experts: li
     what = f"ModelOpt NVFP4 expert layout, H={h} I={i}"
     with_input = prefix + f"{ids[0]}.gate_proj.input_scale" in ckpt.weight_map
     for x in ids:  # every header checked before any data is read
-        for suffix, (dtypes, shape) in specs.items():
-            ckpt.require(f"{prefix}{x}.{suffix}", dtypes, shape, what)
+        for suffix, (dtypes, shapes) in specs.items():
+            ckpt.require(f"{prefix}{x}.{suffix}", dtypes, shapes, what)
         if with_input:
             for proj in _PROJ:
                 ckpt.require(f"{prefix}{x}.{proj}.input_scale", ("F32",), _SCALAR, what)

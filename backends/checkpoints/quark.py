@@ -101,13 +101,13 @@ def layer_config(quantization_config: Mapping[str, Any], prefix: str) -> dict[st
     return dict(config)
 
 
-def expected(weight_dtype: str, h: int, i: int) -> dict[str, tuple[tuple[str, ...], tuple]]:
+def expected(weight_dtype: str, h: int, i: int) -> dict[str, tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]]:
     packed = WEIGHT_DTYPES[weight_dtype][1]
-    specs: dict[str, tuple[tuple[str, ...], tuple]] = {}
+    specs: dict[str, tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
     for proj in _PROJ:
         rows, k = (h, i) if proj == "down_proj" else (i, h)
-        specs[f"{proj}.weight"] = (("U8",), (rows, packed(k)))
-        specs[f"{proj}.weight_scale"] = (("U8",), (rows, k // _BLOCK))
+        specs[f"{proj}.weight"] = (("U8",), ((rows, packed(k)),))
+        specs[f"{proj}.weight_scale"] = (("U8",), ((rows, k // _BLOCK),))
     return specs
 
 
@@ -125,8 +125,8 @@ def load(ckpt: Checkpoint, prefix: str, sizes: tuple[int, int, int], experts: li
     ids = list(range(e)) if experts is None else experts
     what = f"Quark OCP-MX {weight_dtype} expert layout, H={h} I={i}"
     for x in ids:
-        for suffix, (dtypes, shape) in expected(weight_dtype, h, i).items():
-            ckpt.require(f"{prefix}{x}.{suffix}", dtypes, shape, what)
+        for suffix, (dtypes, shapes) in expected(weight_dtype, h, i).items():
+            ckpt.require(f"{prefix}{x}.{suffix}", dtypes, shapes, what)
         if static:
             for proj in _PROJ:
                 ckpt.require(f"{prefix}{x}.{proj}.input_scale", ("F32",), _SCALAR, what + ", static input scales")

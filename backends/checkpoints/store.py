@@ -131,20 +131,18 @@ class Checkpoint:
         sl = self._handle(key).get_slice(key)
         return sl.get_dtype(), tuple(sl.get_shape())
 
-    def require(self, key: str, dtypes: Sequence[str], shape: tuple[int, ...] | Sequence[tuple[int, ...]],
-                what: str) -> None:
-        """Fail with key, expected and found unless `key` exists with one of `dtypes` and the `shape`."""
+    def require(self, key: str, dtypes: Sequence[str], shapes: Sequence[tuple[int, ...]], what: str) -> None:
+        """Fail with key, expected and found unless `key` exists with one of `dtypes` and one of `shapes`."""
         if key not in self.weight_map:
             searched = self.directory / (INDEX_FILE if (self.directory / INDEX_FILE).is_file() else SINGLE_FILE)
             raise CheckpointError(f"{key!r} is missing from {searched} ({what}); the checkpoint is incomplete "
                                   f"or not in this layout")
         dtype, found = self.spec(key)
-        shapes = [shape] if shape and isinstance(shape[0], int) else list(shape)  # type: ignore[list-item]
         if dtype not in dtypes:
             raise CheckpointError(f"{key!r} in {self.file_of(key)}: dtype {dtype}, expected {' or '.join(dtypes)} "
                                   f"({what})")
-        if found not in [tuple(s) for s in shapes]:  # type: ignore[arg-type]
-            expected = " or ".join(str(tuple(s)) for s in shapes)  # type: ignore[arg-type]
+        if found not in [tuple(s) for s in shapes]:
+            expected = " or ".join(str(tuple(s)) for s in shapes)
             raise CheckpointError(f"{key!r} in {self.file_of(key)}: shape {found}, expected {expected} ({what}); "
                                   f"check the model config's sizes against the checkpoint")
 
