@@ -15,7 +15,8 @@ from their bf16 rounding).
 
     python benchmarks/gpu_transformers_decode.py OUT_DIR [--steps 64] [--repeats 5]
 
-Writes OUT_DIR/transformers_decode.csv (one row per model and batch) and prints it.
+Writes OUT_DIR/transformers_decode_<model>.csv (one row per batch) as soon as a model is done, so a run cut short
+keeps what it measured; `--models` runs a subset (e.g. one model per call).
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ def main() -> None:
 
     device = torch.device(args.device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    rows = []
     for name in args.models:
+        rows = []
         model_type, layout, sizes = MODELS[name]
         if args.tiny:
             sizes = dict(TINY, **({"n_group": 2, "topk_group": 1} if model_type == "deepseek_v3" else {}))
@@ -138,12 +139,14 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
         del reference, patched, layers
-        torch.cuda.empty_cache()
-    with open(args.out / "transformers_decode.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {args.out / 'transformers_decode.csv'}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        path = args.out / f"transformers_decode_{name}.csv"
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
