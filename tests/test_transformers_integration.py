@@ -85,3 +85,15 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     with pytest.raises(IntegrationError, match=r"layer 0: the checkpoint's experts \(E, H, I\)=\(8, 64, 32\) do not "
                        r"match the model's \(4, 64, 32\)"):
         patch_model(other, tmp_path / "ckpt")
+
+
+def test_patching_chosen_layers_only(tmp_path):
+    reference, _ = quantized_model("gpt_oss", gpt_oss.LAYOUT, tmp_path / "ckpt")
+    model = copy.deepcopy(reference)
+    assert sorted(patch_model(model, tmp_path / "ckpt", layers=[1])) == [1]
+    assert type(model.model.layers[0].mlp.experts).__name__ == "GptOssExperts"
+    assert isinstance(model.model.layers[1].mlp.experts, MoELayerExperts)
+    with torch.no_grad():
+        torch.testing.assert_close(model(PROMPT).logits, reference(PROMPT).logits, **tolerance("fp32_reordered"))
+    with pytest.raises(IntegrationError, match=r"layers \[5\] have no experts in this gpt_oss model"):
+        patch_model(copy.deepcopy(reference), tmp_path / "ckpt", layers=[5])
