@@ -192,9 +192,9 @@ def check(run_dir: str | Path) -> str:
     for row in steps:
         layer = shape_layer[row["shape"]]
         mode = row["mode"]
-        ranks = 1 if mode.startswith("single") else int(row["world"])
-        tokens = int(row["tokens_per_rank"]) * (ranks if mode == "single-all-tokens" else 1)
-        p = predict(layer, "single" if mode.startswith("single") else mode, max(ranks, 1), tokens, net=net)
+        world = int(row["world"])
+        tokens = int(row["tokens_per_rank"]) * (world if mode == "single-all-tokens" else 1)
+        p = predict(layer, "single" if mode.startswith("single") else mode, world, tokens, net=net)
         for step in ("dispatch", "experts", "combine", "total"):
             measured = float(row[f"{step}_us"])
             if step != "total" and measured == 0 and p[step] == 0:
