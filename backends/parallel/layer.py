@@ -62,6 +62,7 @@ DEFAULT_ALL2ALL_BACKEND = "allgather_reducescatter"
 _POLICY = {("mxfp4", "interleaved"): "mxfp4-gpt-oss", ("mxfp4", "contiguous"): "mxfp4",
            ("nvfp4", "interleaved"): "nvfp4", ("nvfp4", "contiguous"): "nvfp4"}
 _WEIGHT_KEY = {"mxfp4": "kMxfp4Static", "nvfp4": "kNvfp4Static"}
+_logged: set[str] = set()
 
 
 def _fail(message: str, kind=ParallelConfigError):
@@ -201,9 +202,11 @@ class ParallelMoELayer:
               timeout=build_timeout)
         assembly = kernel_assembly(oracle, decision, question)
         require_runnable(oracle, decision, question, assembly=assembly)
-        logger.info("moe-oracle: rank %d/%d %s%s: %s / %s, I per rank %s", info.rank, world, parallel,
-                    f" ({chosen})" if chosen else "", decision.backend, decision.kernel,
-                    decision.intermediate_size or per_rank_inter)
+        line = (f"moe-oracle: rank {info.rank}/{world} {parallel}{f' ({chosen})' if chosen else ''}: "
+                f"{decision.backend} / {decision.kernel}, I per rank {decision.intermediate_size or per_rank_inter}")
+        if line not in _logged:  # once per distinct decision, as backends.layer logs (not once per layer)
+            _logged.add(line)
+            logger.info("%s", line)
 
         # only now do weights move: shard, then convert this rank's part once
         if not weights_are_sharded:
