@@ -153,12 +153,18 @@ def _bad_input_cases(rank: int, oracle: Oracle, edited: dict, group) -> dict:
     attempt("rules-refuse-the-dispatch",
             lambda: _build(w, gpt, edited["no_a2a"], group, parallel="ep", all2all_backend="deepep_high_throughput"))
     attempt("unknown-dispatch", lambda: _build(w, gpt, oracle, group, parallel="ep", all2all_backend="pplx"))
+    # rank 1 skips a forward (as if it were stuck elsewhere): rank 0 names it instead of waiting in a collective
+    def stuck():
+        layer = _build(w, gpt, oracle, group, parallel="ep", arrival_timeout=timedelta(seconds=2))
+        layer(*tokens("mxfp4-gpt-oss", 3, "random", 5)) if rank == 0 else time.sleep(3)
+    attempt("rank-late-for-forward", stuck)
+    dist.barrier(group)
     # the last case: rank 1 never builds (as if it had crashed); rank 0 names it after the build timeout
     if rank == 0:
         attempt("rank-missing", lambda: _build(w, gpt, oracle, group, parallel="ep",
                                                build_timeout=timedelta(seconds=3)))
     else:
-        next(group_module._builds)  # stay in step with rank 0's store keys
+        group_module.next_build(tuple(range(WORLD)))  # stay in step with rank 0's store keys
         out["rank-missing"] = {"error": None}
         time.sleep(4)  # keep the store's host alive while rank 0 waits
     dist.barrier(group)
@@ -334,6 +340,13 @@ def test_bad_parallel_input_is_one_clear_error_on_every_rank(ranks, name):
         messages.append(got["message"])
     if name != "rules-refuse-the-dispatch":  # the refusal carries each rank's own trace text; the rest are equal
         assert messages[0] == messages[1] or name.startswith("ranks-disagree")
+
+
+def test_a_rank_late_for_a_forward_is_named_not_waited_for(ranks):
+    got = ranks[0]["bad"]["rank-late-for-forward"]
+    assert got["error"] == "ParallelConfigError"
+    assert "rank(s) [1]" in got["message"] and "did not reach step 0 (forward of 3 tokens) within 2 s" in got["message"]
+    assert ranks[1]["bad"]["rank-late-for-forward"]["error"] is None
 
 
 def test_a_rank_that_never_builds_is_named_not_waited_for(ranks):

@@ -18,13 +18,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["DEFAULT_BUILD_TIMEOUT", "GroupInfo", "ParallelConfigError", "agree", "group_info"]
+__all__ = ["DEFAULT_BUILD_TIMEOUT", "Arrivals", "GroupInfo", "ParallelConfigError", "agree", "group_info", "next_build"]
 
 #: how long a rank waits at build for the others before naming the ones that did not arrive
 DEFAULT_BUILD_TIMEOUT = timedelta(seconds=120)
 
-#: per-process count of agreements, so each build uses fresh store keys (every rank builds layers in one order)
-_builds = itertools.count()
+#: per group (its global ranks), the count of agreements made: each build uses fresh store keys, and the ranks of a
+#: group build its layers in one order
+_builds: dict[tuple[int, ...], itertools.count] = {}
 
 
 class ParallelConfigError(ValueError):
@@ -76,12 +77,17 @@ def digest(payload: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def next_build(global_ranks: tuple[int, ...]) -> int:
+    """The number of this group's next agreement (a rank that skips a build must still count it)."""
+    return next(_builds.setdefault(global_ranks, itertools.count()))
+
+
 def agree(info: GroupInfo, parts: dict[str, Any], *, timeout: timedelta = DEFAULT_BUILD_TIMEOUT) -> None:
     """Every rank of the group publishes the digest of each part; every rank then reads all of them and raises
     the same ParallelConfigError when a part differs (naming the part and which ranks hold which value), or when
     a rank did not publish within `timeout` (naming it)."""
     store = dist.distributed_c10d._get_default_store()
-    build = next(_builds)
+    build = next_build(info.global_ranks)
     prefix = f"moe_oracle/parallel/{'-'.join(map(str, info.global_ranks))}/{build}/"
     mine = {name: digest(value) for name, value in parts.items()}
     store.set(prefix + str(info.rank), json.dumps(mine))
@@ -104,3 +110,30 @@ def agree(info: GroupInfo, parts: dict[str, Any], *, timeout: timedelta = DEFAUL
             _fail(f"the ranks disagree on the {name} ({held}): every rank must build the layer from the same "
                   f"checkpoint shapes, the same rules and the same arguments (this rank's {name}: "
                   f"{json.dumps(parts[name], sort_keys=True, default=str)[:400]})")
+
+
+class Arrivals:
+    """A check, before each collective step of one layer, that every rank of the group arrived within `timeout`;
+    a late rank is named instead of leaving the others blocked in a collective (NCCL and gloo time out without
+    naming it). Debugging aid: it costs a store round trip per rank and step (~0.1-1 ms)."""
+
+    def __init__(self, info: GroupInfo, timeout: timedelta):
+        self.info, self.timeout = info, timeout
+        ranks = "-".join(map(str, info.global_ranks))
+        self.prefix = f"moe_oracle/parallel/{ranks}/steps{next_build(info.global_ranks)}/"
+        self.step = 0
+
+    def __call__(self, what: str) -> None:
+        store = dist.distributed_c10d._get_default_store()
+        step, self.step = self.step, self.step + 1
+        keys = [f"{self.prefix}{step}/{r}" for r in range(self.info.world)]
+        store.set(keys[self.info.rank], what)
+        try:
+            store.wait(keys, self.timeout)
+        except RuntimeError as exc:  # DistStoreError: the wait timed out
+            missing = [self.info.global_ranks[r] for r in range(self.info.world) if not store.check([keys[r]])]
+            _fail(f"rank(s) {missing} of the group (global ranks) did not reach step {step} ({what}) within "
+                  f"{self.timeout.total_seconds():.0f} s ({type(exc).__name__}); every rank of the group must call "
+                  f"forward on this layer, each with its own tokens (zero tokens too)")
+        if step >= 2:  # every rank has left step - 2's wait once all have set step - 1's key
+            store.delete_key(f"{self.prefix}{step - 2}/{self.info.rank}")

@@ -45,7 +45,7 @@ from backends.layer import (
 )
 from backends.parallel import shard as sharding
 from backends.parallel.dispatch import DISPATCHES, Dispatched, reduce_scatter
-from backends.parallel.group import DEFAULT_BUILD_TIMEOUT, GroupInfo, ParallelConfigError, agree, group_info
+from backends.parallel.group import DEFAULT_BUILD_TIMEOUT, Arrivals, GroupInfo, ParallelConfigError, agree, group_info
 from backends.weights import MoEWeights
 from oracle import default_oracle
 from oracle.log import LOGGER_NAME
@@ -89,7 +89,8 @@ class ParallelMoELayer:
 
     def __init__(self, *, info: GroupInfo, parallel: str, decision, scenario: Mapping[str, Any], local: MoELayer,
                  num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, renormalize: bool,
-                 placement: list[int] | None, all2all_backend: str | None, tp_output: str):
+                 placement: list[int] | None, all2all_backend: str | None, tp_output: str,
+                 arrival_timeout: timedelta | None = None):
         self.info, self.parallel = info, parallel
         self.decision, self.scenario = decision, dict(scenario)
         self.local = local  # this rank's shard as a single-device MoELayer (EP: top_k 1 over the local experts)
@@ -98,6 +99,7 @@ class ParallelMoELayer:
         self.placement, self.all2all_backend, self.tp_output = placement, all2all_backend, tp_output
         self.device = local.device
         self._dispatch = None
+        self._arrivals = None if arrival_timeout is None else Arrivals(info, arrival_timeout)
         if parallel == "ep":
             assert placement is not None and all2all_backend is not None
             owner = torch.tensor(placement, dtype=torch.int64, device=self.device)
@@ -117,7 +119,7 @@ class ParallelMoELayer:
                         policy: str | None = None, moe_backend: str = "auto",
                         packages: Mapping[str, bool] | None = None, env: Mapping[str, str] | None = None,
                         deterministic: bool = False, build_timeout: timedelta = DEFAULT_BUILD_TIMEOUT,
-                        oracle=None) -> ParallelMoELayer:
+                        arrival_timeout: timedelta | None = None, oracle=None) -> ParallelMoELayer:
         """Ask the oracle with the group's parallel fields, agree with the other ranks, then shard, convert once
         and bind the runner on this rank.
 
@@ -130,6 +132,8 @@ class ParallelMoELayer:
         tensors): E_local experts of the placement (EP) or I/size (TP).
         tp_output (TP): "all_reduce" (every rank gets y [T, H]) or "reduce_scatter" (sequence-sharded rows).
         build_timeout: how long to wait at build for the other ranks before naming the missing ones.
+        arrival_timeout: when set, every forward first checks (through the store) that every rank arrived within
+        it, and names the ones that did not (a debugging aid for hangs; it adds a store round trip per step).
         The other arguments are MoELayer.from_checkpoint's; the question describes the whole layer (global E, the
         per-rank I under TP, the real top_k).
         """
@@ -228,7 +232,8 @@ class ParallelMoELayer:
                          assembly=assembly)
         return cls(info=info, parallel=parallel, decision=decision, scenario=question, local=local,
                    num_experts=experts, hidden_size=weights.H, intermediate_size=inter, top_k=top_k,
-                   renormalize=renormalize, placement=placement, all2all_backend=chosen, tp_output=tp_output)
+                   renormalize=renormalize, placement=placement, all2all_backend=chosen, tp_output=tp_output,
+                   arrival_timeout=arrival_timeout)
 
     # ------------------------------------------------------------------ running, step by step
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,6 +285,8 @@ class ParallelMoELayer:
         elif tuple(topk_ids.shape) != (x.shape[0], self.top_k) or tuple(topk_weights.shape) != tuple(topk_ids.shape):
             _fail(f"topk_ids / topk_weights must both be ({x.shape[0]}, {self.top_k}), got "
                   f"{tuple(topk_ids.shape)} / {tuple(topk_weights.shape)}", ValueError)
+        if self._arrivals is not None:
+            self._arrivals(f"forward of {x.shape[0]} tokens")
         d = self.dispatch(x, topk_ids.long(), topk_weights.float())
         return self.combine(self.experts(d), d)
 
