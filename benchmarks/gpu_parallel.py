@@ -210,6 +210,12 @@ def time_steps(shape, mode, layer, count, device, flush, iters) -> dict:
             ev[2].record()
             layer(x, logits)
             ev[3].record()
+        elif mode == "tp":  # the slice's runner routes, as forward does; then the all-reduce
+            ev[1].record()
+            ev[2].record()
+            out = layer.local(x, logits)
+            ev[3].record()
+            layer.combine(out, None)
         else:
             ids, w = layer.route(logits)
             ev[1].record()

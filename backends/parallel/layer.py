@@ -252,9 +252,10 @@ class ParallelMoELayer:
             return self.local.forward(d.x, topk_ids=d.local_ids, topk_weights=d.weights)
         return self.local.forward(d.x, topk_ids=d.local_ids.unsqueeze(1), topk_weights=d.weights.unsqueeze(1))
 
-    def combine(self, out: torch.Tensor, d: Dispatched) -> torch.Tensor:
+    def combine(self, out: torch.Tensor, d: Dispatched | None) -> torch.Tensor:
         """EP: sum each token's pairs back on its rank. TP: all-reduce (or reduce-scatter) the partial sums."""
         if self._dispatch is not None:
+            assert d is not None, "expert parallel: pass what dispatch returned"
             return self._dispatch.combine(out, d)
         if self.tp_output == "all_reduce":
             dist.all_reduce(out, group=self.info.group)
@@ -279,6 +280,10 @@ class ParallelMoELayer:
             if tuple(router_logits.shape) != (x.shape[0], self.num_experts):
                 _fail(f"router_logits.shape={tuple(router_logits.shape)} must be ({x.shape[0]}, {self.num_experts}) "
                       f"= (tokens of x, global experts)", ValueError)
+            if self._dispatch is None:  # TP: the runner routes, as on one device (fused on the Triton kernels)
+                if self._arrivals is not None:
+                    self._arrivals(f"forward of {x.shape[0]} tokens")
+                return self.combine(self.local.forward(x, router_logits), None)
             topk_ids, topk_weights = self.route(router_logits)
         elif topk_ids is None or topk_weights is None:
             _fail("pass router_logits [T, E], or both topk_ids and topk_weights [T, top_k]", ValueError)
