@@ -238,6 +238,8 @@ def main() -> None:
     ap.add_argument("out", help="directory for the CSVs")
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="stop starting new timings after this many seconds (what ran is written)")
+    ap.add_argument("--iters", type=int, default=None,
+                    help="timed steps per cell (default 20 at T <= 64, 8 above)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run the script's code paths on CPU processes (gloo, emulation, tiny layers)")
     args = ap.parse_args()
@@ -285,7 +287,8 @@ def main() -> None:
                     continue
                 layer = layers["single" if mode.startswith("single") else mode]
                 n = count * (world if mode == "single-all-tokens" else 1)
-                mine = time_steps(shape, mode, layer, n, device, flush, iters=20 if count <= 64 else 8)
+                mine = time_steps(shape, mode, layer, n, device, flush,
+                                  iters=args.iters or (20 if count <= 64 else 8))
                 every: list = [None] * world
                 dist.all_gather_object(every, mine)
                 for r, m in enumerate(every):

@@ -31,7 +31,9 @@ import torch.distributed as dist
 
 from backends.assembly import kernel_assembly
 from backends.emulation import GATED_ACTIVATIONS
-from backends.layer import (
+from backends.layer import (  # the single-device layer's question and answer helpers, shared
+    _POLICY,
+    _WEIGHT_KEY,
     DEFAULT_PROFILE,
     MoELayer,
     check_input,
@@ -46,11 +48,12 @@ from backends.layer import (
 from backends.parallel import shard as sharding
 from backends.parallel.dispatch import DISPATCHES, Dispatched, reduce_scatter
 from backends.parallel.group import DEFAULT_BUILD_TIMEOUT, Arrivals, GroupInfo, ParallelConfigError, agree, group_info
+from backends.triton_moe._routing import route  # torch top-k + softmax, the emulation's routing (no triton import)
 from backends.weights import MoEWeights
 from oracle import default_oracle
 from oracle.log import LOGGER_NAME
 
-__all__ = ["DEFAULT_ALL2ALL_BACKEND", "PARALLEL_MODES", "TP_OUTPUTS", "ParallelMoELayer", "route"]
+__all__ = ["DEFAULT_ALL2ALL_BACKEND", "PARALLEL_MODES", "TP_OUTPUTS", "ParallelMoELayer"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -58,10 +61,6 @@ PARALLEL_MODES = ("tp", "ep")
 TP_OUTPUTS = ("all_reduce", "reduce_scatter")
 #: vLLM's default --all2all-backend
 DEFAULT_ALL2ALL_BACKEND = "allgather_reducescatter"
-#: the policy a checkpoint asks (as backends.layer)
-_POLICY = {("mxfp4", "interleaved"): "mxfp4-gpt-oss", ("mxfp4", "contiguous"): "mxfp4",
-           ("nvfp4", "interleaved"): "nvfp4", ("nvfp4", "contiguous"): "nvfp4"}
-_WEIGHT_KEY = {"mxfp4": "kMxfp4Static", "nvfp4": "kNvfp4Static"}
 _logged: set[str] = set()
 
 
@@ -71,17 +70,6 @@ def _fail(message: str, kind=ParallelConfigError):
 
 def _fail_typed(kind, message: str):  # check_input's fail(kind, message) convention
     raise kind(f"ParallelMoELayer: {message}")
-
-
-def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_ids int64, topk_weights fp32) [T, top_k], the single-device layer's routing (backends.emulation):
-    renormalize = top-k on the logits then softmax over the k; else softmax over E then the top-k as is."""
-    logits = router_logits.float()
-    if renormalize:
-        top, ids = torch.topk(logits, top_k, dim=-1)
-        return ids, torch.softmax(top, dim=-1)
-    weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
-    return ids, weights
 
 
 class ParallelMoELayer:
