@@ -256,8 +256,10 @@ def main() -> None:
     if dist.get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
     if device.type == "cuda":
+        nccl_version = torch.cuda.nccl.version()
         log(f"{world} x {torch.cuda.get_device_name(device)}, torch {torch.__version__}, NCCL "
-            f"{'.'.join(map(str, torch.cuda.nccl.version()))}")
+            f"{'.'.join(map(str, nccl_version)) if isinstance(nccl_version, tuple) else nccl_version}, "
+            f"NCCL_* env: {sorted(k for k in os.environ if k.startswith('NCCL_'))}")
     else:
         log(f"{world} CPU processes (gloo), torch {torch.__version__}: smoke run of the script, timings meaningless")
     nccl = nccl_bandwidth(device)
