@@ -212,6 +212,16 @@ def _worker(rank: int, port: int, out_dir: str, rules_dirs: dict) -> None:
                 results["correct"][name] = {"y": layer(x, logits)}
             except Exception as exc:  # noqa: BLE001
                 results["correct"][name] = _error(exc)
+    # rules that pad the emulation like the Triton kernels: the rounding applies to the per-rank I (NVFP4 64 / 2 =
+    # 32 -> 64), as vLLM rounds intermediate_size_per_partition
+    shape = SHAPES["nvfp4-deepseek"]
+    try:
+        layer = _build(checkpoint(**shape), shape, edited["padded"], group, parallel="tp")
+        x, logits = case_tokens("nvfp4-deepseek", "tp", 9, 9, "random", rank)
+        results["correct"]["padded-tp"] = {"y": layer(x, logits), "asked": layer.scenario["moe"]["intermediate_size"],
+                                           "padded": layer.local.padded_intermediate_size}
+    except Exception as exc:  # noqa: BLE001
+        results["correct"]["padded-tp"] = _error(exc)
     results["bad"] = _bad_input_cases(rank, oracle, edited, group)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -223,12 +233,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _edited_rules(root: Path, name: str, old: str, new: str) -> str:
+def _edited_rules(root: Path, name: str, old: str, new: str, count: int = 1) -> str:
     target = root / name
     shutil.copytree(RULES, target)
     path = target / "moe-oracle" / "w4a16.yaml"
     text = path.read_text()
-    assert text.count(old) == 1, f"the fixture's anchor {old!r} moved; update it"
+    assert text.count(old) == count, f"the fixture's anchor {old!r} moved; update it"
     path.write_text(text.replace(old, new))
     return str(target)
 
@@ -243,6 +253,8 @@ def ranks(tmp_path_factory) -> list[dict]:
                              "gated experts (edited on one rank)"),
         "no_a2a": _edited_rules(root, "no_a2a", "in: [allgather_reducescatter, deepep_high_throughput]",
                                 "in: [allgather_reducescatter]"),
+        "padded": _edited_rules(root, "padded", "- {backends: [TRITON_MOE], hidden: 64",
+                                "- {backends: [TRITON_MOE, EMULATION], hidden: 64", count=2),
     }
     ctx = mp.start_processes(_worker, args=(_free_port(), str(root), rules_dirs), nprocs=WORLD, join=False,
                              start_method="spawn")
@@ -309,6 +321,14 @@ def test_an_already_sharded_checkpoint_builds_the_same_layer(ranks, shape_name, 
     for rank, g in enumerate(got):
         count, seed = rank_tokens(mode, 9, 3, rank)
         torch.testing.assert_close(g["y"], _reference(shape_name, count, "random", seed), **FP32_TOL)
+
+
+def test_the_rules_round_the_per_rank_intermediate_size(ranks):
+    got = _got(ranks, "correct", "padded-tp")
+    for rank, g in enumerate(got):
+        assert (g["asked"], g["padded"]) == (32, 64), f"rank {rank}: asked I={g['asked']}, padded to {g['padded']}"
+        count, seed = rank_tokens("tp", 9, 9, rank)
+        torch.testing.assert_close(g["y"], _reference("nvfp4-deepseek", count, "random", seed), **FP32_TOL)
 
 
 def test_each_rank_asks_with_the_groups_parallel_fields(ranks):
