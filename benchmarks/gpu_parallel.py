@@ -13,6 +13,7 @@ Writes into OUT_DIR (rank 0):
   of the two ranks; steps_by_rank.csv: each rank's. Modes: single (one GPU, the rank's T tokens),
   single-all-tokens (one GPU, both ranks' tokens: what EP=2 serves), tp, allgather_reducescatter,
   deepep_high_throughput. Shapes gpt-oss-120b (MXFP4) and deepseek-nvfp4 (DeepSeek-V3's routed experts).
+* cuda_graph.csv: TP's forward captured as a CUDA graph (runner + NCCL all-reduce), replayed against eager.
 * cost_model_check.md: benchmarks/parallel_cost_model.py's prediction against these measurements (also printed).
 * log lines on stdout. Eager timing (no CUDA graph: the dispatches read token counts on the host), L2 flushed
   (256 MiB write) and the ranks aligned by a barrier before every step.
@@ -195,6 +196,35 @@ def correctness(shape, layers, device, token_counts) -> list[dict]:
     return [r for part in every for r in part]
 
 
+def tp_graph_check(shape, layer, device) -> dict:
+    """docs/parallel.md says TP is CUDA-graph capturable: capture forward (runner + NCCL all-reduce) at T = 64 and
+    compare a replay with the eager output. Replayed only when every rank captured (a lone replay would wait in
+    the all-reduce)."""
+    x, logits = tokens(shape, 64, "random", 7, device)
+    eager = layer(x, logits)
+    error = ""
+    try:
+        dist.barrier()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(x, logits)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = layer(x, logits)
+    except Exception as exc:  # noqa: BLE001 - recorded: where capture fails is what this row reports
+        error = f"capture: {type(exc).__name__}: {exc}"[:300]
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    if any(errors):
+        return {"ok": False, "max_abs_diff": float("nan"), "error": error or "another rank failed to capture"}
+    graph.replay()
+    torch.cuda.synchronize()
+    diff = (y.float() - eager.float()).abs().max().item()
+    return {"ok": diff == 0.0, "max_abs_diff": diff, "error": ""}
+
+
 def time_steps(shape, mode, layer, count, device, flush, iters) -> dict:
     """Median µs of each step over `iters` eager steps (after 3 warm-up steps that also compile)."""
     x, logits = tokens(shape, count, "random", 11 + dist.get_rank(), device)
@@ -270,7 +300,7 @@ def main() -> None:
                 f"busbw {r['busbw_gbs']:.1f} GB/s")
 
     flush = torch.empty((256 if device.type == "cuda" else 1) << 20, dtype=torch.uint8, device=device)
-    correct, steps, by_rank, skipped = [], [], [], []
+    correct, steps, by_rank, skipped, graphs = [], [], [], [], []
     for name in SHAPE_NAMES:
         shape = shapes[name]
         weights = checkpoint(shape, device)
@@ -279,6 +309,14 @@ def main() -> None:
         del weights
         log(f"{name}: built; rank 0: {layers['tp']!r}, {layers['deepep_high_throughput']!r}")
         correct += correctness(shape, layers, device, token_counts)
+        if device.type == "cuda":
+            graph = tp_graph_check(shape, layers["tp"], device)
+            every_graph: list = [None] * world
+            dist.all_gather_object(every_graph, graph)
+            graphs += [{"shape": name, "mode": "tp", "tokens": 64, "rank": r, **g} for r, g in enumerate(every_graph)]
+            write_csv(out / "cuda_graph.csv", graphs)
+            log(f"{name}: TP forward as a CUDA graph: " + "; ".join(
+                f"rank {r} {'OK' if g['ok'] else 'FAILED'} {g['error']}" for r, g in enumerate(every_graph)))
         write_csv(out / "correctness.csv", correct)
         bad = [r for r in correct if r["shape"] == name and not r["ok"]]
         log(f"{name}: correctness {'OK' if not bad else 'FAILED ' + str(len(bad)) + ' rows'}")
