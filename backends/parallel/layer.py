@@ -36,12 +36,11 @@ from backends.layer import (  # the single-device layer's question and answer he
     _WEIGHT_KEY,
     DEFAULT_PROFILE,
     MoELayer,
+    build_runner,
     check_input,
-    convert_with_quant_config,
     platform_for_device,
     question_for,
     require_runnable,
-    resolve_named,
     select_logged,
     swiglu_for,
 )
@@ -208,16 +207,16 @@ class ParallelMoELayer:
             weights = weights.replace(**{name: value.to(device) for name in weights.__dataclass_fields__
                                          if isinstance(value := getattr(weights, name), torch.Tensor)})
         device = weights.w13.device
-        runner = resolve_named(decision.runner, "runner", decision)
         hidden, padded_inter = decision.hidden_size or weights.H, decision.intermediate_size or weights.I
         swiglu = swiglu_for(decision, activation, swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta,
                             swiglu_limit=swiglu_limit)
-        kernel_weights = (weights.pad(hidden, padded_inter) if decision.converter is None else
-                          convert_with_quant_config(decision, weights, activation, hidden, padded_inter))
+        local_top_k = top_k if parallel == "tp" else 1  # EP: each dispatched (token, expert) pair is one row
+        kernel_weights, runner = build_runner(decision, weights, hidden=hidden, inter=padded_inter,
+                                              activation=activation, top_k=local_top_k, renormalize=renormalize,
+                                              swiglu=swiglu, deterministic=deterministic, assembly=assembly)
         local = MoELayer(decision=decision, scenario=question, weights=weights, kernel_weights=kernel_weights,
-                         runner=runner, top_k=top_k if parallel == "tp" else 1, renormalize=renormalize,
-                         activation=activation, swiglu=swiglu, deterministic=deterministic, device=device,
-                         assembly=assembly)
+                         runner=runner, top_k=local_top_k, renormalize=renormalize, activation=activation,
+                         device=device, assembly=assembly)
         return cls(info=info, parallel=parallel, decision=decision, scenario=question, local=local,
                    num_experts=experts, hidden_size=weights.H, intermediate_size=inter, top_k=top_k,
                    renormalize=renormalize, placement=placement, all2all_backend=chosen, tp_output=tp_output,
