@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 # the fields each level of a scenario mapping allows, in the order messages list them (dicts: O(1) lookups and
 # one C-level subset test for a mapping without unknown fields)
-_TOP = dict.fromkeys(("policy", "profile", "platform", "packages", "env", "moe", "quark", "query", "backend"))
+_TOP = dict.fromkeys(("policy", "profile", "platform", "packages", "flashinfer", "env", "moe", "quark", "query",
+                      "backend"))
 _PLATFORM = dict.fromkeys(("kind", "capability", "gcn_arch", "amx"))
 _MOE = dict.fromkeys([*(k.split(".", 1)[1] for k in FACTS
                         if k.startswith("moe.") and not k.startswith("moe.parallel.")), "parallel"])
@@ -28,6 +29,7 @@ _PARALLEL = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("mo
 _QUARK = dict.fromkeys(("weight", "input", "input_dtype", "weight_dtype"))
 _QUARK_WEIGHT = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.weight."))
 _QUARK_INPUT = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.input."))
+_FLASHINFER = dict.fromkeys(k.split(".", 1)[1] for k in FACTS if k.startswith("flashinfer."))
 _MAJOR, _MINOR = CAPABILITY_RANGES
 # the exact types a fact of each kind takes without further checks (ints also within their range)
 _FAST_TYPES: dict[str, frozenset[type]] = {"int": frozenset({int}), "bool": frozenset({bool}),
@@ -49,6 +51,7 @@ def _specs(prefix: str, keys: dict[str, None]) -> dict[str, tuple[str, frozenset
 
 _MOE_SPECS = _specs("moe.", _MOE)
 _PARALLEL_SPECS = _specs("moe.parallel.", _PARALLEL)
+_FLASHINFER_SPECS = _specs("flashinfer.", _FLASHINFER)
 
 
 class Scenario(tuple):  # type: ignore[type-arg]
@@ -244,6 +247,8 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
             env[str(name)] = value
     _moe(top.get("moe"), facts)
 
+    if "flashinfer" in top:  # what the installed FlashInfer offers; unset: the FlashInfer the profile's vLLM pins
+        _fill(_fields(top["flashinfer"], "flashinfer", _FLASHINFER), _FLASHINFER_SPECS, facts)
     if "quark" in top:
         _quark(top["quark"], facts)
     warnings = env_lookalikes(env, table.env_vars) if env else ()

@@ -158,9 +158,11 @@ class Semantics:
             fact = check.data.get("fact_in_field")
             if fact in self.vocab and isinstance(d.get(field), list):
                 for i, v in enumerate(d[field]):
-                    found = literals.unknown_value(self.vocab[fact], fact, v)
+                    if isinstance(v, dict):
+                        self.condition(e, v.get("when"), field, i, "when")
+                    found = literals.unknown_value(self.vocab[fact], fact, v["is"] if isinstance(v, dict) else v)
                     if found:
-                        self.err(e, found, field, i)
+                        self.err(e, found, field, i, *(("is",) if isinstance(v, dict) else ()))
         schemes = d.get("quant_schemes")
         if isinstance(schemes, list):
             for i, row in enumerate(schemes):
