@@ -1,6 +1,6 @@
 """Reference fused-MoE forward that runs on any torch device: dequantize weights, then plain fp32 GEMMs.
 
-This is the EMULATION backend of the rule tables ("backends.emulation:moe_forward"): slow but
+The EMULATION backend of the rule tables runs it (through "backends.runners.emulation:EmulationRunner"): slow but
 portable, and the numerical yardstick the real kernels are compared against. It loops over the
 experts that received at least one token (never over tokens), dequantizes each active expert's
 weights once per call, and accumulates in fp32.

@@ -3,16 +3,13 @@
     MoEWeights ─┐
     platform (detected from the device, or given), packages, env ─> scenario ─oracle(profile)─> Decision
                 └─ Decision.converter (padded to the decision's sizes, converted ONCE) ─> KernelWeights
-    x, router_logits | topk_ids + topk_weights ─ Decision.runner ─> y [T, H]
+                (``converter: null``: the checkpoint padded to those sizes, a MoEWeights)
+    Decision.runner.prepare(RunnerSpec, weights) ─> Runner          (once, at build)
+    x, router_logits | topk_ids + topk_weights ─ Runner.apply(x, Routing) ─> y [T, H]   (per batch)
 
 The rules name the code (`converter`, `runner` as `module:attr`, resolved only through
-`oracle.registry`); this module never names a backend. Two runner conventions exist:
-
-* a converter is named: ``runner(x, kernel_weights, *, <routing>, top_k, renormalize, activation,
-  swiglu_alpha, swiglu_beta, swiglu_limit, deterministic)``;
-* ``converter: null`` (the backend reads the checkpoint layout as it is, e.g. EMULATION): the
-  layer pads the `MoEWeights` itself and calls ``runner(x, **weights.emulation_kwargs(), <same
-  keywords but deterministic>)``.
+`oracle.registry`); this module never names a backend. Every runner follows the one protocol of
+`backends.runners.base`.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ import torch.nn.functional as F
 from backends.assembly import KernelAssembly, describe_assembly, kernel_assembly
 from backends.emulation import GATED_ACTIVATIONS
 from backends.layouts.quant_config import build_quant_config, gemm1_constants
+from backends.runners.base import Routing, Runner, RunnerSpec, RunnerUnavailableError
 from backends.weights import MoEWeights
 from oracle import OracleError, default_oracle
 from oracle.decision import describe_quant_config
@@ -35,8 +33,9 @@ from oracle.platform import detect_packages, detect_platform, env_snapshot
 from oracle.registry import RegistryError, resolve
 from oracle.trace import render_lines
 
-__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "check_input", "convert_with_quant_config",
-           "platform_for_device", "question_for", "require_runnable", "resolve_named", "select_logged", "swiglu_for"]
+__all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "build_runner", "check_input",
+           "convert_with_quant_config", "platform_for_device", "question_for", "require_runnable", "resolve_named",
+           "select_logged", "swiglu_for"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -100,8 +99,8 @@ class MoELayer:
     """One MoE layer bound to the backend the oracle selected; build it with `from_checkpoint`."""
 
     def __init__(self, *, decision, scenario: Mapping[str, Any], weights: MoEWeights, kernel_weights,
-                 runner, top_k: int, renormalize: bool, activation: str, swiglu: Mapping[str, float],
-                 deterministic: bool, device: torch.device, assembly: KernelAssembly | None = None):
+                 runner: Runner, top_k: int, renormalize: bool, activation: str, device: torch.device,
+                 assembly: KernelAssembly | None = None):
         self.decision = decision
         self.assembly = assembly  # how the rules assemble the kernel (monolithic/modular, batched, in place)
         self.scenario = dict(scenario)
@@ -111,11 +110,8 @@ class MoELayer:
         self.padded_intermediate_size = decision.intermediate_size or weights.I
         self.top_k, self.renormalize, self.activation = top_k, renormalize, activation
         self.device = device
-        self.kernel_weights = kernel_weights  # KernelWeights, or the padded MoEWeights (converter: null)
-        self._runner = runner
-        self._call = dict(top_k=top_k, renormalize=renormalize, activation=activation, **swiglu)
-        if decision.converter is not None:  # kernel runners take it; the checkpoint-layout emulation does not
-            self._call["deterministic"] = deterministic
+        self.kernel_weights = kernel_weights  # what the runner was prepared from (see build_runner)
+        self.runner = runner
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -179,19 +175,17 @@ class MoELayer:
                   f"{decision.backend} was chosen for that platform but would run on this device. Drop platform= "
                   f"to detect it, or move the layer with device=")
 
-        runner = resolve_named(decision.runner, "runner", decision)
-        weights = _moved(weights, device)
-        device = weights.w13.device  # concrete: 'cuda' becomes 'cuda:0', which is what x.device reports
-        hidden, inter = decision.hidden_size or weights.H, decision.intermediate_size or weights.I
         swiglu = swiglu_for(decision, activation, swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta,
                             swiglu_limit=swiglu_limit)
-        if decision.converter is None:
-            kernel_weights = weights.pad(hidden, inter)
-        else:
-            kernel_weights = convert_with_quant_config(decision, weights, activation, hidden, inter)
+        weights = _moved(weights, device)
+        device = weights.w13.device  # concrete: 'cuda' becomes 'cuda:0', which is what x.device reports
+        kernel_weights, runner = build_runner(
+            decision, weights, hidden=decision.hidden_size or weights.H,
+            inter=decision.intermediate_size or weights.I, activation=activation, top_k=top_k,
+            renormalize=renormalize, swiglu=swiglu, deterministic=deterministic, assembly=assembly)
         layer = cls(decision=decision, scenario=question, weights=weights, kernel_weights=kernel_weights,
-                    runner=runner, top_k=top_k, renormalize=renormalize, activation=activation, swiglu=swiglu,
-                    deterministic=deterministic, device=device, assembly=assembly)
+                    runner=runner, top_k=top_k, renormalize=renormalize, activation=activation, device=device,
+                    assembly=assembly)
         logger.debug("built %r", layer)
         return layer
 
@@ -206,10 +200,7 @@ class MoELayer:
         pad = self.padded_hidden_size - self.hidden_size
         if pad:
             x = F.pad(x, (0, pad))
-        if isinstance(self.kernel_weights, MoEWeights):
-            y = self._runner(x, **self.kernel_weights.emulation_kwargs(), **routing, **self._call)
-        else:
-            y = self._runner(x, self.kernel_weights, **routing, **self._call)
+        y = self.runner.apply(x, routing)
         return y[:, :self.hidden_size].contiguous() if pad else y
 
     __call__ = forward
@@ -232,17 +223,17 @@ class MoELayer:
             _fail(ValueError, f"{name} is on {t.device} but the layer is on {self.device}; move it with "
                   f"{name}.to('{self.device}')")
 
-    def _check_routing(self, tokens: int, router_logits, topk_ids, topk_weights) -> dict:
+    def _check_routing(self, tokens: int, router_logits, topk_ids, topk_weights) -> Routing:
         if router_logits is not None:
             if topk_ids is not None or topk_weights is not None:
                 _fail(ValueError, "pass router_logits OR (topk_ids and topk_weights), not both")
             self._check_tensor("router_logits", router_logits, (tokens, self.num_experts), floating=True)
-            return {"router_logits": router_logits}
+            return Routing(router_logits=router_logits)
         if topk_ids is None or topk_weights is None:
             _fail(ValueError, "pass router_logits [T, E], or both topk_ids and topk_weights [T, top_k]")
         self._check_tensor("topk_ids", topk_ids, (tokens, self.top_k), floating=False)
         self._check_tensor("topk_weights", topk_weights, (tokens, self.top_k), floating=True)
-        return {"topk_ids": topk_ids, "topk_weights": topk_weights}
+        return Routing(topk_ids=topk_ids, topk_weights=topk_weights)
 
     # ------------------------------------------------------------------ explaining
     def _summary(self) -> str:
@@ -288,6 +279,34 @@ def swiglu_for(decision, activation: str, **given: float | None) -> dict[str, fl
               f"{decision.backend} (profile {decision.profile}) gives no gemm1 constants for them; add `gemm1: "
               f"{{alpha: .., beta: .., clamp: ..}}` to that kind in the rules, or pass {missing[0]}=")
     return constants
+
+
+def build_runner(decision, weights: MoEWeights, *, hidden: int, inter: int, activation: str, top_k: int,
+                 renormalize: bool, swiglu: Mapping[str, float], deterministic: bool = False,
+                 assembly: KernelAssembly | None = None) -> tuple[Any, Runner]:
+    """(the weights the runner was prepared from, the prepared runner) for a decision with a runner: the rules'
+    converter (or, with ``converter: null``, the checkpoint padded to hidden x inter), then the runner's one-time
+    `prepare`. A refusal of the runner becomes LayerUnavailableError carrying the decision."""
+    factory = resolve_named(decision.runner, "runner", decision)
+    if not callable(getattr(factory, "prepare", None)):
+        raise LayerUnavailableError(f"MoELayer: the runner {decision.runner} of {decision.backend} is not a runner "
+                                    f"(it has no prepare(spec, weights)); name a class following the protocol of "
+                                    f"backends/runners/base.py", decision=decision, assembly=assembly)
+    if decision.converter is None:
+        prepared = weights.pad(hidden, inter)
+    else:
+        prepared = convert_with_quant_config(decision, weights, activation, hidden, inter)
+    spec = RunnerSpec(backend=decision.backend, profile=decision.profile, format=weights.format,
+                      activation=activation, top_k=top_k, renormalize=renormalize, num_experts=weights.E,
+                      hidden_size=weights.H, intermediate_size=weights.I, padded_hidden_size=hidden,
+                      padded_intermediate_size=inter, device=weights.w13.device, swiglu=dict(swiglu),
+                      deterministic=deterministic,
+                      has_bias=weights.w13_bias is not None or weights.w2_bias is not None, decision=decision)
+    try:
+        runner = factory.prepare(spec, prepared)
+    except RunnerUnavailableError as exc:
+        raise LayerUnavailableError(f"MoELayer: {exc}", decision=decision, assembly=assembly) from exc
+    return prepared, runner
 
 
 def convert_with_quant_config(decision, weights: MoEWeights, activation: str, hidden: int, inter: int):

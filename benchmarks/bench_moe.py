@@ -19,7 +19,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -30,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # moe_sweep_cand
 
 from moe_sweep_candidates import CANDIDATES  # noqa: E402  (benchmarks/ is the script's own directory)
 
-from backends import emulation
+from backends import emulation, gpu_timing
+from backends.gpu_timing import Flusher, measure_ceilings
 from backends.layouts.triton_moe import to_kernel_layout
 from backends.triton_moe import moe_forward, tuning
 from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
@@ -49,72 +49,14 @@ PEERS = {
         "deepseek-nvfp4": {"Humming NVFP4": (114.4, 299.8, 920.1, 1935.7, 2606.5, 3216.8, 8323.9, 27086.3)},
     },
 }
-GIB = 1 << 30
 #: First line of every tuning table written here: backends/triton_moe/configs/ ships tuning.schema.json (a copy of
 #: schemas/, tested identical), so editors resolve it from the table's own directory, in a checkout or installed.
 TUNING_MODELINE = "# yaml-language-server: $schema=./tuning.schema.json\n"
 
 
-def _events_ms(fn, flush, iters):
-    samples = []
-    for _ in range(iters):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
-
-
-def measure_ceilings():
-    """(bandwidth GB/s = max(copy, read-only reduction), copy GB/s, read GB/s, bf16 matmul TFLOP/s)."""
-    src = torch.empty(2 * GIB, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-
-    def no_flush():  # the buffers are 40x the L2
-        return None
-
-    copy_ms = min(_events_ms(functools.partial(dst.copy_, src), no_flush, 10) for _ in range(2))
-    read_ms = min(_events_ms(src.view(torch.float32).sum, no_flush, 10) for _ in range(2))
-    src = dst = None
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn_like(a)
-    for _ in range(3):
-        a @ b
-    mm_ms = _events_ms(lambda: a @ b, no_flush, 20)
-    copy = 2 * 2 * GIB / copy_ms / 1e6
-    read = 2 * GIB / read_ms / 1e6
-    return max(copy, read), copy, read, 2 * 8192**3 / mm_ms / 1e9
-
-
-class Flusher:
-    def __init__(self):
-        self.buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-    def __call__(self):
-        self.buf.zero_()
-
-
 def expert_bytes(shape) -> int:
-    """Packed FP4 + block scales of one expert (both GEMMs)."""
-    h, i, block = shape.hidden_size, shape.intermediate_size, 32 if shape.format == "mxfp4" else 16
-    elems = 3 * h * i
-    return elems // 2 + elems // block
-
-
-def graph_of(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+    """Packed FP4 + block scales of one expert (both GEMMs) of a testing.Shape."""
+    return gpu_timing.expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size)
 
 
 class GroupedBf16Layer:
@@ -154,9 +96,7 @@ class GroupedBf16Layer:
         return out.bfloat16()
 
 
-def time_layer(fn, flush, iters):
-    graph = graph_of(fn)
-    return _events_ms(graph.replay, flush, iters) * 1e3  # µs
+time_layer = gpu_timing.time_graph  # µs
 
 
 def profile_kernels(layer, flush, iters=10) -> list:

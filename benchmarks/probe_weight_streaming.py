@@ -5,7 +5,7 @@ well below its limit. This probe removes the arithmetic: each program of a [row 
 [ROWS, STEP-byte] tile per K step, exactly as the GEMM tiles do (cp.async into shared memory, num_stages deep),
 and folds it with xor. It compares layouts of the same bytes (LAYOUTS): row-major (a row's K bytes contiguous,
 rows H/2 bytes apart: a step reads ROWS separate STEP-byte pieces), each program tile contiguous, and row groups
-stored as 16-byte-wide tiles. Same run: the read-only reduction bandwidth of bench_moe.measure_ceilings.
+stored as 16-byte-wide tiles. Same run: the read-only reduction bandwidth of backends.gpu_timing.measure_ceilings.
 
     python benchmarks/probe_weight_streaming.py          # needs a CUDA GPU; prints a markdown table
 """
@@ -21,7 +21,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_moe import GIB, Flusher, _events_ms  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from backends.gpu_timing import GIB, Flusher  # noqa: E402
+from backends.gpu_timing import events_ms as _events_ms  # noqa: E402
 
 #: (name, rows of the matrix, bytes per row): gpt-oss-120b w13 (K = 2880) and deepseek-nvfp4 w13 (K = 7168)
 MATRICES = (("gpt-oss-120b w13", 128 * 5760, 1440), ("deepseek-nvfp4 w13", 128 * 4096, 3584))

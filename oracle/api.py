@@ -28,6 +28,84 @@ PolicyRewrite = Callable[[Policy], Policy]  # hashable; e.g. oracle.overrides.Ov
 Plan = tuple[Table, Policy, CallPolicy, "Fn | None"]  # what answers a question: table, policy, call hook, step_chain
 
 
+def freeze(value: Any) -> Any:
+    """A hashable copy of a JSON-like question (dicts as sorted item tuples), or None when it has other types."""
+    if isinstance(value, Mapping):
+        try:
+            items = sorted(value.items())
+        except TypeError:
+            return None
+        out = []
+        for k, v in items:
+            fv = freeze(v)
+            if fv is None and v is not None:
+                return None
+            out.append((k, fv))
+        return (dict, tuple(out))
+    if isinstance(value, (list, tuple)):
+        parts = [freeze(v) for v in value]
+        if any(f is None and v is not None for f, v in zip(parts, value, strict=True)):
+            return None
+        return (list, tuple(parts))
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return (type(value), value)  # the type keeps 1, 1.0 and True apart: validation treats them differently
+    return None
+
+
+def thaw(frozen: Any) -> Any:
+    """The JSON-like value `freeze` made `frozen` from (a fresh copy: nothing shared with the caller's)."""
+    kind, value = frozen
+    if kind is dict:
+        return {k: thaw(v) for k, v in value}
+    if kind is list:
+        return [thaw(v) for v in value]
+    return value
+
+
+class PreparedScenario(Scenario):
+    """A Scenario that remembers the question it was prepared from (`Oracle.prepare`, `RuleStore.prepare`).
+
+    Equal to (and hashed like) the plain Scenario of the same facts. Its owner answers it from the question
+    resolved against the rules serving now: item 10 is (frozen question or None, a copy of the question, the
+    owner's prepare options), item 11 a one-slot cell [(rules version token, Scenario resolved under it)],
+    replaced in one assignment, so two threads racing store equal values."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, sc: Scenario, raw: Any, token: Any, options: Any = None) -> PreparedScenario:
+        frozen = freeze(raw)
+        copy = None
+        if frozen is None:  # other types than JSON's: keep a copy of the mapping's top level
+            copy = dict(raw) if isinstance(raw, Mapping) else raw
+        prepared: PreparedScenario = tuple.__new__(cls, (*sc[:10], (frozen, copy, options), [None]))
+        prepared[11][0] = (token, prepared)
+        return prepared
+
+    @property
+    def frozen(self) -> Any:
+        """The question as `freeze` made it (hashable), or None when it holds other types than JSON's."""
+        return self[10][0]
+
+    @property
+    def options(self) -> Any:
+        return self[10][2]
+
+    def question(self) -> Any:
+        """A fresh copy of the question this Scenario was prepared from."""
+        frozen, copy, _ = self[10]
+        return thaw(frozen) if frozen is not None else copy
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a copy keeps the question; it is resolved again at first use
+        return (_unpickle_prepared, (tuple(self[:9]), self[10]))
+
+
+def _unpickle_prepared(fields: tuple[Any, ...], question: Any) -> PreparedScenario:
+    prepared: PreparedScenario = tuple.__new__(PreparedScenario, (*fields, [None, None], question, [None]))
+    prepared[11][0] = (None, prepared)
+    return prepared
+
+
 class Oracle:
     """Rule tables of one rules directory, compiled once per profile and shared across threads."""
 
@@ -92,10 +170,31 @@ class Oracle:
     def prepare(self, raw: Mapping[str, Any], default_platform: Mapping[str, Any] | None = None,
                 strict: bool = False) -> Scenario:
         """Validate and freeze a scenario mapping (raises ScenarioError; with `strict`, also for what would
-        only be a warning, such as an env var that looks like a declared one)."""
+        only be a warning, such as an env var that looks like a declared one).
+
+        The Scenario remembers the question, so after `reload()` it is answered exactly as the same mapping
+        would be: what the rules supplied (fact defaults, declared env vars) is resolved again against the rules
+        serving then, never mixed with the version it was prepared under."""
+        sc = self.scenario(raw, default_platform, strict)
+        return PreparedScenario.of(sc, raw, self._snapshot, (default_platform, strict))
+
+    def scenario(self, raw: Mapping[str, Any], default_platform: Mapping[str, Any] | None = None,
+                 strict: bool = False) -> Scenario:
+        """`prepare` for one use now: the Scenario does not remember its question (nothing to re-resolve)."""
         profile = raw.get("profile") if isinstance(raw, Mapping) else None
         table = self.table(profile if isinstance(profile, str) else None)
         return parse_scenario(raw, table, default_platform, strict)
+
+    def _current(self, prepared: PreparedScenario) -> Scenario:
+        """A prepared question resolved against the serving snapshot (cached in the question per snapshot)."""
+        snap = self._snapshot
+        pair = prepared[11][0]
+        if pair[0] is snap:
+            return pair[1]  # type: ignore[no-any-return]
+        default_platform, strict = prepared.options
+        sc = self.scenario(prepared.question(), default_platform, strict)
+        prepared[11][0] = (snap, sc)
+        return sc
 
     def select(self, scenario: Scenario | Mapping[str, Any], rewrite: PolicyRewrite | None = None,
                strict: bool = False) -> Decision:
@@ -103,10 +202,25 @@ class Oracle:
 
         `rewrite`: a deployment's change of the question's policy (oracle.overrides), part of the cache key.
         `strict`: a warning about the question (a look-alike env var) is answered `error` instead.
-        The snapshot is read once, so the answer and its cache entry come from one version of the rules."""
+        The snapshot is read once, so the answer and its cache entry come from one version of the rules.
+        Anything unforeseen (a bug, a Python limit) is an `error` answer too, naming the exception."""
+        try:
+            return self._select(scenario, rewrite, strict)
+        except OracleError as exc:  # e.g. the rules of the profile a question names are broken
+            return error_decision(str(exc))
+        except Exception as exc:  # never raise: a server calls this per request
+            return error_decision(internal_error(exc))
+
+    def _select(self, scenario: Scenario | Mapping[str, Any], rewrite: PolicyRewrite | None,
+                strict: bool) -> Decision:
+        if type(scenario) is PreparedScenario:
+            try:
+                scenario = self._current(scenario)
+            except OracleError as exc:
+                return error_decision(str(exc))
         if not isinstance(scenario, Scenario):
             try:
-                scenario = self.prepare(scenario, strict=strict)
+                scenario = self.scenario(scenario, strict=strict)
             except OracleError as exc:
                 return error_decision(str(exc))
         elif strict and scenario.warnings:
@@ -268,6 +382,13 @@ _default: Oracle | None = None
 _default_lock = threading.Lock()
 
 
+def internal_error(exc: BaseException) -> str:
+    """The `error` text of a failure no check foresaw: the exception, and that it is a bug to report."""
+    text = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+    return (f"internal error {type(exc).__name__}: {text[:300]}; this is a bug of moe-oracle: please report it "
+            "with the question")
+
+
 def default_oracle() -> Oracle:
     global _default
     if _default is None:
@@ -282,5 +403,5 @@ def select(scenario: Scenario | Mapping[str, Any]) -> Decision:
     return default_oracle().select(scenario)
 
 
-__all__ = ["Decision", "Oracle", "Scenario", "Snapshot", "select", "default_oracle", "RuleError", "ScenarioError",
-           "OUTCOMES", "format_capability", "build_table", "check_profile", "rules_problems"]
+__all__ = ["Decision", "Oracle", "Scenario", "PreparedScenario", "Snapshot", "select", "default_oracle", "RuleError",
+           "ScenarioError", "OUTCOMES", "format_capability", "build_table", "check_profile", "rules_problems"]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from .api import Oracle
+from .api import Oracle, internal_error
 from .errors import OracleError
+from .limits import MAX_LINE_BYTES, MAX_SCENARIO_DEPTH, depth_over
 from .overrides import Overrides, load_overrides
 from .tools.commands import EXIT_FINDINGS, EXIT_OK, to_stderr
 
@@ -37,10 +39,20 @@ def _deployment(line: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 def _batch_answer(line_text: str, where: str, args: argparse.Namespace, oracle: Oracle,
                   overrides: Overrides | None) -> dict[str, Any]:
     """One batch line's answer as JSON; a bad line is an `error` answer naming file:line."""
+    if len(line_text) > MAX_LINE_BYTES:
+        return {"outcome": "error", "error": f"{where}: the line has {len(line_text):,} characters; the limit is "
+                                             f"{MAX_LINE_BYTES:,} (a scenario is a few hundred)"}
     try:
         line = json.loads(line_text)
     except json.JSONDecodeError as exc:
         return {"outcome": "error", "error": f"{where}:{exc.colno}: not valid JSON ({exc.msg})"}
+    except (RecursionError, ValueError) as exc:  # nesting past the parser's depth; an int past 4,300 digits
+        why = f"nested deeper than {MAX_SCENARIO_DEPTH} levels (the limit)" if isinstance(exc, RecursionError) \
+            else f"not readable as JSON ({str(exc)[:120]})"
+        return {"outcome": "error", "error": f"{where}: {why}"}
+    if depth_over(line, MAX_SCENARIO_DEPTH):
+        return {"outcome": "error", "error": f"{where}: nested deeper than {MAX_SCENARIO_DEPTH} levels (the limit; "
+                                             "a scenario nests 3)"}
     if not isinstance(line, dict):
         return {"outcome": "error", "error": f"{where}: a line is a JSON object: a scenario, or "
                                              "{\"scenario\": ..., \"model\"/\"layer\"/\"role\": ...}"}
@@ -60,6 +72,33 @@ def _batch_answer(line_text: str, where: str, args: argparse.Namespace, oracle: 
     return out
 
 
+def _safe_answer(text: str, where: str, args: argparse.Namespace, oracle: Oracle,
+                 overrides: Overrides | None) -> dict[str, Any]:
+    """`_batch_answer`, and an `error` answer for anything unforeseen: one line never ends the batch."""
+    try:
+        return _batch_answer(text, where, args, oracle, overrides)
+    except Exception as exc:
+        return {"outcome": "error", "error": f"{where}: {internal_error(exc)}"}
+
+
+def _lines(fh: Any) -> Iterator[bytes | str | None]:
+    """The lines of `fh` (bytes, or text for a text stream), None for one past MAX_LINE_BYTES (skipped unread:
+    memory stays bounded)."""
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        newline = b"\n" if isinstance(raw, bytes) else "\n"
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(newline):
+            while True:
+                rest = fh.readline(MAX_LINE_BYTES)
+                if not rest or rest.endswith(newline):
+                    break
+            yield None
+        else:
+            yield raw
+
+
 def run_batch(args: argparse.Namespace, oracle: Oracle) -> int:
     overrides = None
     if args.overrides:
@@ -67,16 +106,28 @@ def run_batch(args: argparse.Namespace, oracle: Oracle) -> int:
     elif args.model or args.layer is not None or args.role:
         raise OracleError("--model, --layer and --role pick an entry of --overrides FILE; give the file too")
     try:
-        fh = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")
+        fh = sys.stdin.buffer if args.batch == "-" and hasattr(sys.stdin, "buffer") else \
+            sys.stdin if args.batch == "-" else open(args.batch, "rb")
     except OSError as exc:
         raise OracleError(f"--batch {args.batch}: cannot read ({exc.strerror})") from None
     unanswered, lines = [], 0
     with fh:
-        for lineno, text in enumerate(fh, 1):
-            if not text.strip():
-                continue
+        for lineno, raw in enumerate(_lines(fh), 1):
+            where = f"{args.batch}:{lineno}"
+            if raw is None:
+                out = {"outcome": "error", "error": f"{where}: the line is longer than {MAX_LINE_BYTES:,} bytes "
+                                                    "(the limit; a scenario is a few hundred)"}
+            else:
+                try:
+                    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+                except UnicodeDecodeError as exc:
+                    bad = f"byte 0x{raw[exc.start]:02x} is not UTF-8 (a line is UTF-8 JSON)"
+                    text, out = "", {"outcome": "error", "error": f"{where}:{exc.start + 1}: {bad}"}
+                else:
+                    if not text.strip():
+                        continue
+                    out = _safe_answer(text, where, args, oracle, overrides)
             lines += 1
-            out = _batch_answer(text, f"{args.batch}:{lineno}", args, oracle, overrides)
             if out["outcome"] not in ("selected", "none"):
                 unanswered.append(lineno)
             sys.stdout.write(json.dumps(out) + "\n")

@@ -1,4 +1,4 @@
-"""moe-oracle command line: select, explain, validate, profiles.
+"""moe-oracle command line: select, explain, validate, profiles, bench (GPU timing of the runnable backends).
 
 Exit codes: 0 answered (selected or none) / rules valid; 1 the answer is invalid or
 unsupported; 2 bad usage or a malformed scenario; 3 broken rule files. Bad input never
@@ -70,18 +70,23 @@ def _parse_env(items: Sequence[str]) -> dict[str, str]:
 
 
 def _read_scenario(path: str) -> dict[str, Any]:
-    import yaml
+    from .limits import MAX_SCENARIO_DEPTH, depth_over
+    from .yamlio import load_yaml_text, utf8_diagnostic
 
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        text = sys.stdin.read() if path == "-" else Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
         raise UsageError(f"--scenario {path}: cannot read ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)  # JSON is YAML; safe_load never builds objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise UsageError(f"{path}{where}: not valid JSON or YAML ({getattr(exc, 'problem', exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(str(utf8_diagnostic(path, exc)).replace("rule files", "scenarios")) from None
+    try:  # JSON is YAML; the safe loader never builds objects, and a duplicate key is an error, not the last one
+        data = load_yaml_text(text, path).data
+    except RuleError as exc:
+        raise UsageError(str(exc).replace(": YAML syntax error: ", ": not valid JSON or YAML: ")
+                         .replace(" in rule files (rules never build objects)", " in scenarios")) from None
+    if depth_over(data, MAX_SCENARIO_DEPTH):
+        raise UsageError(f"{path}: the scenario nests deeper than {MAX_SCENARIO_DEPTH} levels (the limit; a "
+                         "scenario nests 3)")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a scenario must be a mapping with at least 'policy'")
     return data
@@ -219,20 +224,22 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate_paths
 
     diagnostics, checked = validate_paths([Path(p) for p in args.paths] if args.paths else None, args.rules)
-    if args.format in ("json", "sarif"):
-        from .tools.report import render
+    if args.format != "text":
+        from .tools.report import problem_findings, render
 
-        found = [{"rule": "invalid-rules", "level": "error", "at": f"{d.file}:{d.line}", "col": d.col,
-                  "message": d.message} for d in diagnostics]
-        print(render(found, args.format, "validate", f"{len(diagnostics)} problem(s) in {checked} file(s)"))
+        summary = f"{len(diagnostics)} problem(s) in {checked} file(s)" if diagnostics else \
+            f"ok: {checked} rule file(s) valid"
+        print(render(problem_findings(RuleError(diagnostics)) if diagnostics else [], args.format, "validate",
+                     summary))
         return EXIT_RULES if diagnostics else EXIT_OK
-    for d in diagnostics:
-        if args.format == "github":
-            print(f"::error file={d.file},line={d.line},col={d.col}::{d.message}")
-        else:
-            print(d)
+    from .limits import MAX_REPORTED_ERRORS
+
+    for d in diagnostics[:MAX_REPORTED_ERRORS]:
+        print(d)
     if diagnostics:
-        to_stderr(f"{len(diagnostics)} problem(s) in {checked} file(s)")
+        more = len(diagnostics) - MAX_REPORTED_ERRORS
+        shown = f" (the first {MAX_REPORTED_ERRORS} listed; --format json lists all)" if more > 0 else ""
+        to_stderr(f"{len(diagnostics)} problem(s) in {checked} file(s){shown}")
         return EXIT_RULES
     print(f"ok: {checked} rule file(s) valid")
     return EXIT_OK
@@ -321,10 +328,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text; json; github (workflow annotations); sarif (code scanning)")
     sub.add_parser("profiles", help="list the rule-set profiles and the policies each one has")
     sub.add_parser("plugins", help="list registered plugins and check their rule fragments (exit 3 if broken)")
+    from .tools.bench_cli import add_bench_parser
     from .tools.commands import add_tool_parsers
 
     add_tool_parsers(sub)
+    add_bench_parser(sub)
     return p
+
+
+def _report_problem(args: argparse.Namespace, exc: Exception) -> None:
+    """The message on stderr; with a CI format (--format json|github|sarif) the same problems on stdout in
+    that format too, so a CI step that reads the report gets a valid one (SARIF listing the errors)."""
+    from .tools.report import FORMATS, problem_findings, render
+
+    fmt = getattr(args, "format", "text")
+    if fmt in FORMATS and fmt != "text":
+        found = problem_findings(exc)
+        print(render(found, fmt, args.command, f"{len(found)} problem(s): nothing was checked"))
+    to_stderr(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -339,15 +360,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_validate(args)
         if args.command == "plugins":
             return _cmd_plugins(args)
+        if args.command == "bench":
+            from .tools.bench_cli import run_bench
+
+            return run_bench(args)
         oracle = Oracle(args.rules)
         if args.command == "profiles":
             return _cmd_profiles(oracle)
         return _cmd_select(args, oracle, explain=args.command == "explain")
     except RuleError as exc:
-        to_stderr(str(exc))
+        _report_problem(args, exc)
         return EXIT_RULES
     except (UsageError, OracleError) as exc:  # OracleError covers ScenarioError
-        to_stderr(str(exc))
+        _report_problem(args, exc)
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK

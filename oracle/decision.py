@@ -75,6 +75,11 @@ class Decision(tuple):  # type: ignore[type-arg]
     quant_config: Mapping[str, Any] | None = property(itemgetter(15))  # type: ignore[assignment]
 
     @property
+    def generation(self) -> int | None:
+        """The rules generation of the oracle.store.RuleStore that gave this answer; None for an Oracle's."""
+        return self[16] if len(self) > 16 else None
+
+    @property
     def warnings(self) -> tuple[str, ...]:
         """Problems with the question that did not stop the answer (e.g. an env var that looks like a declared one)."""
         return tuple(self.extras.get("warnings") or ())
@@ -149,6 +154,11 @@ def with_warnings(d: Decision, warnings: tuple[str, ...]) -> Decision:
         return d
     extras = MappingProxyType({**d.extras, "warnings": list(warnings)})
     return tuple.__new__(Decision, (*d[:6], extras, *d[7:]))
+
+
+def with_generation(d: Decision, number: int) -> Decision:
+    """`d` stamped with the rules generation it came from (`generation`); the lazy cell is shared."""
+    return tuple.__new__(Decision, (*d[:16], number))
 
 
 def error_decision(message: str) -> Decision:

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 
 def did_you_mean(word: object, choices: Iterable[object]) -> str:
     """' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    if isinstance(word, int) and word.bit_length() > 256 or not isinstance(word, (str, int, float)):
+        return ""  # a huge number has no text form (Python refuses), a container is no misspelt name
+    text = str(word)
+    if len(text) > 200:
+        return ""
+    close = difflib.get_close_matches(text, [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

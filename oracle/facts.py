@@ -64,13 +64,20 @@ CTX_FACTS = {"call.backend": "call_backend", "scheme.weight_key": "weight_key",
 
 PLATFORM_KINDS = ("cuda", "rocm", "xpu", "cpu")
 
+# Upper bounds far above any model (hidden sizes are at most tens of thousands, experts a few hundred): a larger
+# value is a typo or garbage, never a question to answer with a size rounded from it.
+_SIZE = 1 << 20
+_COUNT = 1 << 16
 # Allowed ranges (inclusive; None = unbounded) of the numeric facts a scenario gives: anything outside is
 # answered `error` naming the field, the value and the range, never selected on. Unlisted ints: >= 0.
 RANGES: dict[str, tuple[int, int | None]] = {
-    "moe.hidden_size": (1, None), "moe.intermediate_size": (1, None), "moe.num_experts": (1, None),
-    "moe.top_k": (1, None), "moe.parallel.dp_size": (1, None), "moe.parallel.ep_size": (1, None),
-    "quark.weight.group_size": (1, None), "quark.input.group_size": (1, None),
+    "moe.hidden_size": (1, _SIZE), "moe.intermediate_size": (1, _SIZE), "moe.num_experts": (1, _COUNT),
+    "moe.top_k": (1, _COUNT), "moe.parallel.dp_size": (1, _COUNT), "moe.parallel.ep_size": (1, _COUNT),
+    "quark.weight.group_size": (1, _SIZE), "quark.input.group_size": (1, _SIZE),
 }
+MAX_NUMBER = 1e9  # a number fact (moe.swiglu_limit): finite, and far above any real one
+# the facts whose values are quantization keys: a scenario may give only the keys the rules declare (quant_keys)
+QUANT_KEY_FACTS = ("moe.weight_key", "moe.activation_key", "moe.user_activation_key")
 # CUDA compute capability [major, minor]: majors so far 3..12 (a major above 20 is a typo such as [90, 0]
 # for 9.0), minors are one digit (sm_XY)
 CAPABILITY_RANGES = ((1, 20), (0, 9))

@@ -227,7 +227,10 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
             return _finish(_use(family, family.backends[arg], ctx, trace, step), emits)
         if action == "drop":
             dropped = set(arg)
+            before = candidates
             candidates = [c for c in candidates if c not in dropped]
+            if trace is not None and len(candidates) == len(before):
+                _no_op(trace, f"none of {', '.join(arg)} is among the candidates {list(before)}")
             continue
         if action == "use_explicit":
             return _finish(_use_explicit(family, ctx, trace, step), emits)
@@ -235,10 +238,20 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
             candidates = list(arg)
             continue
         if action == "move":
+            before = candidates
             candidates = move(list(candidates), arg, step.options["where"])
+            if trace is not None and list(candidates) == list(before):
+                side, anchor = step.options["where"]
+                missing = [n for n in (arg, anchor) if n not in before]
+                _no_op(trace, f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not among the "
+                              f"candidates {list(before)}" if missing else f"{arg} is already {side} {anchor}")
             continue
         if action == "prefer_activation":
+            before = candidates
             candidates = prefer_activation(family, list(candidates), ctx.requested_key)
+            if trace is not None and list(candidates) == list(before):
+                _no_op(trace, f"the candidates are already in preferred order for activation key "
+                              f"{ctx.requested_key or 'bf16'}")
             continue
         if action == "request_activation":
             ctx.requested_key = arg(ctx)
@@ -271,6 +284,13 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
                               error=f"step '{step.id}' ({step.at}) returns a call result but no call ran before it")
             return _finish(call_result, emits)
     return Result("error", error=f"policy '{policy.name}' ({policy.at}) ended without a decision")
+
+
+def _no_op(trace: list[Entry], why: str) -> None:
+    """Marks the step just traced (matched) as one that changed nothing, saying why."""
+    last = trace[-1]
+    if isinstance(last, StepEntry):
+        trace[-1] = last._replace(no_op=why)
 
 
 def _finish(res: Result, emits: dict[str, Any]) -> Result:

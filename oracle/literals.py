@@ -8,13 +8,23 @@ quantization keys and packages in the rules' own sections.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .errors import did_you_mean
-from .facts import PLATFORM_KINDS
-from .vocabulary import ACTIVATIONS, ALL2ALL_BACKENDS, ROUTING_METHODS
+from .facts import CAPABILITY_RANGES, FACTS, PLATFORM_KINDS
+from .vocabulary import (
+    ACTIVATIONS,
+    ALL2ALL_BACKENDS,
+    BY_OCP_DTYPE,
+    BY_QUANT_KEY,
+    FORMATS,
+    QUARK_QSCHEMES,
+    QUARK_SCALE_FORMATS,
+    ROUTING_METHODS,
+)
 
 CAPABILITY = re.compile(r"^[0-9]+\.[0-9]+$")
 _EQUALITY = ("eq", "ne", "in", "not_in")
@@ -24,7 +34,18 @@ _ORDER = ("ge", "gt", "le", "lt")
 def vocabularies(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, tuple[str, ...]]]:
     """fact -> (what its values are called, the values a scenario may give it)."""
     keys = ("quantization key", tuple(sections["quant_keys"]))
-    return {"moe.activation": ("activation", ACTIVATIONS),
+    # moe_backend strings: 'auto' and the names the families' explicit maps accept (what --moe-backend may say)
+    backends = ["auto"]
+    for family in sections["families"].values():
+        emap = family.data.get("explicit_map") if isinstance(family.data, dict) else None
+        entries = emap.get("entries") if isinstance(emap, dict) else None
+        backends += [k for k in entries or {} if k not in backends]
+    return {"moe.moe_backend": ("moe_backend string", tuple(backends)),
+            "quark.weight.qscheme": ("Quark qscheme", QUARK_QSCHEMES),
+            "quark.input.qscheme": ("Quark qscheme", QUARK_QSCHEMES),
+            "quark.weight.scale_format": ("Quark scale format", QUARK_SCALE_FORMATS),
+            "quark.input.scale_format": ("Quark scale format", QUARK_SCALE_FORMATS),
+            "moe.activation": ("activation", ACTIVATIONS),
             "moe.routing_method": ("routing method", ROUTING_METHODS),
             "moe.parallel.all2all_backend": ("all2all backend", ALL2ALL_BACKENDS),
             "platform.kind": ("platform kind", PLATFORM_KINDS),
@@ -42,9 +63,16 @@ def unknown_value(vocab: tuple[str, tuple[str, ...]], fact: str, value: Any) -> 
 
 
 def capability_problem(test: str, value: Any) -> str | None:
-    """A capability literal must be the string 'major.minor' (numbers and 'sm_90' never compare as meant)."""
+    """A capability literal must be the string 'major.minor' (numbers and 'sm_90' never compare as meant), with a
+    major a scenario may give and a one-digit minor ('7.50' would compare as 7.50 > 7.5, which no GPU is)."""
     if isinstance(value, str) and CAPABILITY.match(value):
-        return None
+        major, minor = value.split(".")
+        (lo, hi), _ = CAPABILITY_RANGES
+        if len(minor) == 1 and lo <= int(major) <= hi:
+            return None
+        guess = f"{int(major)}.{int(minor) // 10 ** (len(minor) - 1) if minor.strip('0') else 0}"
+        return (f"capability {value!r} in '{test}' is not a capability: the major is {lo} to {hi} and the minor one "
+                f"digit (did you mean \"{guess}\"?); write e.g. \"9.0\" or \"10.3\"")
     if test in _ORDER and isinstance(value, str):
         return None  # the schema's pattern already reports a malformed string here
     hint = f" (did you mean \"{_guess(value)}\"?)" if _guess(value) else ""
@@ -66,6 +94,7 @@ def fact_leaf(node: dict[str, Any], vocab: Mapping[str, tuple[str, tuple[str, ..
               capability_facts: tuple[str, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
     """(path below the leaf, message) for every literal of a `{fact: ...}` leaf its fact can never take."""
     fact = str(node.get("fact"))
+    kind = FACTS.get(fact, ("", None))[0]
     for test in (*_EQUALITY, *_ORDER):
         if test not in node:
             continue
@@ -73,7 +102,14 @@ def fact_leaf(node: dict[str, Any], vocab: Mapping[str, tuple[str, tuple[str, ..
         values = list(enumerate(raw)) if isinstance(raw, list) else [(None, raw)]
         for i, value in values:
             where = (test,) if i is None else (test, i)
-            if fact in capability_facts:
+            if isinstance(value, float) and not math.isfinite(value):
+                found: str | None = (f"{value!r} in '{test}': a fact is never NaN or infinite (and NaN equals "
+                                     "nothing); write a finite number")
+            elif kind in ("bool", "bool?") and not isinstance(value, bool) and not (value is None and kind == "bool?"):
+                found = (f"{fact} is true or false{' (or null)' if kind == 'bool?' else ''}, never {value!r}; "
+                         f"write {test}: {'true' if value else 'false'}" if test in _EQUALITY else
+                         f"{fact} is true or false: test it with eq, not {test}")
+            elif fact in capability_facts:
                 found = capability_problem(test, value)
             elif fact in vocab and test in _EQUALITY:
                 found = unknown_value(vocab[fact], fact, value)
@@ -106,3 +142,12 @@ def env_default_problem(name: str, spec: Mapping[str, Any]) -> str | None:
         return (f"default {default!r} of {name} is not what 'lower' produces (a lower-case string); "
                 f"write {str(default).lower()!r}")
     return None
+
+
+def weight_format(name: Any) -> tuple[str, int] | None:
+    """(name, block size) of a weight format named by its vLLM quant key (kMxfp4Static) or its OCP MX / codec
+    name (mxfp4, nvfp4), None for a name with no block (per tensor or channel) or none known."""
+    if not isinstance(name, str):
+        return None
+    fmt = BY_QUANT_KEY.get(name) or BY_OCP_DTYPE.get(name) or next((f for f in FORMATS if f.codec == name), None)
+    return (name, fmt.block) if fmt is not None and fmt.block else None

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Diagnostic, RuleError, did_you_mean
+from .limits import MAX_FILE_BYTES
 from .resources import rules_dir
 from .schema import SECTIONS, schema_diagnostics
-from .yamlio import Located, load_yaml_file, load_yaml_text
+from .yamlio import Located, load_yaml_file, load_yaml_text, utf8_diagnostic
 
 
 @dataclass
@@ -119,6 +120,7 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
         inherited, parent_files = dict(parent_index.profiles), parent_index.index_files
     raw = data["profiles"]
     profiles = dict(inherited)
+    real_root = root.resolve()
 
     def resolve(name: str, stack: tuple[str, ...]) -> Profile:
         if name not in raw:
@@ -135,7 +137,16 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
                 raise RuleError([doc.diag(("profiles", name, "extends"), f"extends '{parent}': {why}")])
             files = list(resolve(parent, chain).files)
         for i, f in enumerate(spec["files"]):
-            path = (root / f).resolve()
+            try:
+                path = (root / f).resolve()
+            except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+                raise RuleError([doc.diag(("profiles", name, "files", i),
+                                          f"rule file '{f}' is a symlink loop; make it a regular file")]) from None
+            if not path.is_relative_to(real_root):
+                raise RuleError([doc.diag(("profiles", name, "files", i),
+                                          f"rule file '{f}' resolves to {path}, outside the rules directory "
+                                          f"{display_name(root)}; list files inside it (a rules directory that "
+                                          "builds on another one says `extends:` in profiles.yaml)")])
             if not path.is_file():
                 raise RuleError([doc.diag(("profiles", name, "files", i),
                                           f"rule file '{f}' does not exist under {display_name(root)}")])
@@ -158,7 +169,13 @@ def unlisted_rule_files(index: ProfileIndex) -> list[Diagnostic]:
     nested = {d.parent for d in root.rglob("profiles.yaml") if d.parent != root}
     out = []
     for path in sorted(root.rglob("*.y*ml")):
-        if path.name == "profiles.yaml" or path.resolve() in listed or any(path.is_relative_to(n) for n in nested):
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+            out.append(Diagnostic(display_name(path), 1, 1, f"'{path.relative_to(root)}' is a symlink loop; "
+                                                            "delete it or make it a regular file"))
+            continue
+        if path.name == "profiles.yaml" or real in listed or any(path.is_relative_to(n) for n in nested):
             continue
         out.append(Diagnostic(display_name(path), 1, 1, f"rule file '{path.relative_to(root)}' is listed by no "
                               f"profile of {display_name(root / 'profiles.yaml')}, so it is ignored; add it to a "
@@ -192,13 +209,15 @@ def read_source(path: Path) -> Source:
     name = display_name(path)
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            raw = fh.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {MAX_FILE_BYTES:,} bytes (the limit "
+                                                    "of a rule file); split it into several files")])
         text = raw.decode("utf-8")
     except OSError as exc:
         raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
     except UnicodeDecodeError as exc:
-        raise RuleError([Diagnostic(name, 1, 1, f"rule files are UTF-8 text; byte {exc.start} is not UTF-8 "
-                                                "(save the file as UTF-8)")]) from None
+        raise RuleError([utf8_diagnostic(name, exc)]) from None
     return (str(path), name, hashlib.sha256(raw).hexdigest()), text
 
 

@@ -241,6 +241,7 @@ class Table:
     rocm_archs: Mapping[str, tuple[int, int]]
     queries: tuple[str, ...]  # names of the queries some policy declares
     codegen: CodeGen
+    quant_keys: frozenset[str] = frozenset()  # the rules' quant_keys: what a scenario's *_key facts may name
     # values derived from this table once and reused per question (oracle.scenario's per-policy fact defaults)
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -178,6 +178,18 @@ def children(cond: Any) -> Iterator[tuple[Any, tuple[Any, ...]]]:
         yield sub, (h.key, i)
 
 
+def too_deep(cond: Any, limit: int) -> tuple[Any, ...] | None:
+    """The path of the first sub-condition nested deeper than `limit` conditions, or None; iterative, so a
+    condition of any depth is measured without reaching the recursion limit."""
+    stack: list[tuple[Any, tuple[Any, ...], int]] = [(cond, (), 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > limit:
+            return path
+        stack.extend((sub, path + rel, depth + 1) for sub, rel in children(node))
+    return None
+
+
 def walk(cond: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[dict[str, Any], Head, tuple[Any, ...]]]:
     """Every node of a condition tree as (node, head, path), depth first."""
     h = head_of(cond)
@@ -223,9 +235,11 @@ def main(argv: list[str]) -> int:
         with open(argv[1], encoding="utf-8") as fh:
             schema = json.load(fh)
         schema["$defs"]["condition"] = generated
-        with open(argv[1], "w", encoding="utf-8") as fh:
-            json.dump(schema, fh, indent=1)
-            fh.write("\n")
+        from pathlib import Path
+
+        from .safewrite import write_inside
+
+        write_inside(Path(argv[1]), json.dumps(schema, indent=1) + "\n")
         return 0
     print(json.dumps(generated, indent=1))
     return 0

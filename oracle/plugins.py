@@ -8,7 +8,8 @@ policies (their candidates), or entries that replace shipped ones with `override
 Nothing of a plugin is imported to use its rules (oracle.registry reads the entry points and
 checks runner paths in the source). A fragment is validated exactly like a shipped rule file
 (schema, cross-references, registry), on top of the profile it extends; it may name modules of
-its own package and of `backends` only. A broken plugin is reported once (logger `moe_oracle`,
+its own package and of `backends` only, and only an accepted plugin's package
+may be named at all (oracle.registry). A broken plugin is reported once (logger `moe_oracle`,
 WARNING, every problem with file:line) and skipped: the host keeps answering with the rest.
 """
 from __future__ import annotations
@@ -156,11 +157,12 @@ def extend_index(index: ProfileIndex, plugins: list[Plugin], build: BuildTable, 
                     report(f"{plugin}: profile '{name}' is not defined by the rules at "
                                 f"{display_name(index.root)}; its fragments for it are not used")
             problems = _foreign_modules(plugin, cache)
-            for name, files in targets.items():
-                try:
-                    build(profiles[name].files + list(files), name, profiles[name].description, cache)
-                except RuleError as exc:
-                    problems.extend(exc.diagnostics)
+            with registry.checking(plugin.package):
+                for name, files in targets.items():
+                    try:
+                        build(profiles[name].files + list(files), name, profiles[name].description, cache)
+                    except RuleError as exc:
+                        problems.extend(exc.diagnostics)
         except RuleError as exc:
             problems = list(exc.diagnostics)
         except Exception as exc:  # never crash the host
@@ -171,6 +173,7 @@ def extend_index(index: ProfileIndex, plugins: list[Plugin], build: BuildTable, 
             continue
         for name, files in targets.items():
             profiles[name] = Profile(name, profiles[name].description, profiles[name].files + list(files))
+        registry.accept(plugin.package)
         accepted.append(plugin)
     return ProfileIndex(index.root, index.default, profiles, index.doc), accepted
 

@@ -9,10 +9,14 @@ it locates the module file through import specs and scans its source for a top-l
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import importlib.machinery
 import importlib.util
 import re
+import threading
+from collections.abc import Iterator
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -44,20 +48,44 @@ def plugin_packages() -> tuple[str, ...]:
     return tuple(sorted({package for _, package, _ in plugin_entry_points()}))
 
 
+# Registering an entry point is not enough to let rules name a package's code: a plugin's package becomes
+# nameable only once its fragments validated (oracle.plugins accepts it), and while they are being checked.
+_accepted: set[str] = set()
+_checking: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("moe_oracle_checking", default=())
+_accepted_lock = threading.Lock()
+
+
+def accept(package: str) -> None:
+    """`package` (of a plugin whose fragments validated) may be named by rules from now on in this process."""
+    with _accepted_lock:
+        _accepted.add(package)
+
+
+@contextlib.contextmanager
+def checking(package: str) -> Iterator[None]:
+    """While a plugin's fragments are validated, its own package may be named (in this thread only)."""
+    token = _checking.set((*_checking.get(), package))
+    try:
+        yield
+    finally:
+        _checking.reset(token)
+
+
 def allowed_packages() -> tuple[str, ...]:
-    return (BUILTIN_PACKAGE, *plugin_packages())
+    """`backends`, the packages of accepted plugins, and the one of a plugin being checked."""
+    with _accepted_lock:
+        extra = set(_accepted)
+    registered = set(plugin_packages())
+    return (BUILTIN_PACKAGE, *sorted((extra | set(_checking.get())) & registered))
 
 
 def split(path: str) -> tuple[str, str]:
     """('module', 'attr') of 'module:attr'; RegistryError when it is not of that form."""
     found = _PATH.match(path) if isinstance(path, str) else None
     if found is None:
-        raise RegistryError(f"{path!r} is not a 'module:attribute' path, e.g. backends.emulation:moe_forward")
+        raise RegistryError(f"{path!r} is not a 'module:attribute' path, e.g. "
+                            f"backends.runners.emulation:EmulationRunner")
     return found.group(1), found.group(2)
-
-
-def _is_allowed(module: str) -> bool:
-    return any(module == root or module.startswith(root + ".") for root in allowed_packages())
 
 
 def package_dir(package: str) -> str | None:
@@ -94,16 +122,21 @@ def _defines(source: str, attr: str) -> bool:
     return top_level.search(source) is not None
 
 
-@lru_cache(maxsize=256)
 def problem(path: str) -> str | None:
     """Why `path` cannot name a converter/runner, or None when it can. Never imports the module."""
+    return _problem(path, allowed_packages())
+
+
+@lru_cache(maxsize=256)
+def _problem(path: str, allowed: tuple[str, ...]) -> str | None:
     try:
         module, attr = split(path)
     except RegistryError as exc:
         return str(exc)
-    if not _is_allowed(module):
-        return (f"'{path}': module '{module}' is outside the allowed packages ({', '.join(allowed_packages())}); "
-                f"put the code under backends/ or register its package as an entry point of group {GROUP}")
+    if not any(module == root or module.startswith(root + ".") for root in allowed):
+        return (f"'{path}': module '{module}' is outside the allowed packages ({', '.join(allowed)}); "
+                f"put the code under backends/, or in the package of a plugin (entry point group {GROUP}) "
+                "whose fragments validate")
     origin = _module_file(module)
     if origin is None:
         return f"'{path}': module '{module}' does not exist; create it or fix the path"
@@ -116,6 +149,13 @@ def problem(path: str) -> str | None:
         close = did_you_mean(attr, [a or b for a, b in _TOP_LEVEL.findall(source)])
         return f"'{path}': module '{module}' defines no top-level '{attr}'{close}; define it or fix the path"
     return None
+
+
+def clear_cache() -> None:
+    """Forget every answer of `problem` and every accepted plugin package (tests start from a clean process)."""
+    _problem.cache_clear()
+    with _accepted_lock:
+        _accepted.clear()
 
 
 def resolve(path: str) -> Any:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from collections.abc import Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import ScenarioError, did_you_mean
-from .facts import CAPABILITY_RANGES, FACTS, PLATFORM_KINDS, RANGES
+from .facts import CAPABILITY_RANGES, FACTS, MAX_NUMBER, PLATFORM_KINDS, QUANT_KEY_FACTS, RANGES
+from .limits import shown as _show
 from .vocabulary import ACTIVATIONS, ALL2ALL_BACKENDS, ROUTING_METHODS
 
 if TYPE_CHECKING:
@@ -133,26 +135,28 @@ def _fields(obj: Any, where: str, allowed: dict[str, None]) -> Mapping[str, Any]
 def _typed(value: Any, kind: str, where: str) -> Any:
     if kind == "bool":
         if not isinstance(value, bool):
-            raise ScenarioError(f"{where}: expected true or false, got {value!r}")
+            raise ScenarioError(f"{where}: expected true or false, got {_show(value)}")
     elif kind == "int" or kind == "int?" and value is not None:
         lo, hi = RANGES.get(where, (0, None))
         if not isinstance(value, int) or isinstance(value, bool):
             raise ScenarioError(f"{where}: expected {_allowed_ints(lo, hi)}{' or null' if kind == 'int?' else ''}, "
-                                f"got {value!r}")
+                                f"got {_show(value)}")
         if value < lo or (hi is not None and value > hi):
-            raise ScenarioError(f"{where}: {value} is out of range; allowed: {_allowed_ints(lo, hi)}")
+            raise ScenarioError(f"{where}: {_show(value)} is out of range; allowed: {_allowed_ints(lo, hi)}")
     elif kind in ("str", "choice"):
         if not isinstance(value, str):
-            raise ScenarioError(f"{where}: expected a string, got {value!r}")
+            raise ScenarioError(f"{where}: expected a string, got {_show(value)}")
     elif kind == "str?":
         if value is not None and not isinstance(value, str):
-            raise ScenarioError(f"{where}: expected a string or null, got {value!r}")
+            raise ScenarioError(f"{where}: expected a string or null, got {_show(value)}")
     elif kind == "bool?":
         if value is not None and not isinstance(value, bool):
-            raise ScenarioError(f"{where}: expected true, false or null, got {value!r}")
+            raise ScenarioError(f"{where}: expected true, false or null, got {_show(value)}")
     elif kind == "num?":
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
-            raise ScenarioError(f"{where}: expected a non-negative number or null, got {value!r}")
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0
+                                  or not math.isfinite(value) or value > MAX_NUMBER):
+            raise ScenarioError(f"{where}: expected a finite non-negative number up to {MAX_NUMBER:g} or null, "
+                                f"got {_show(value)}")
     return value
 
 
@@ -195,18 +199,18 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
     if not isinstance(policy, str) or policy not in table.policies:
         if not isinstance(policy, str):
             raise ScenarioError(f"policy: required; one of {', '.join(table.policies)}")
-        raise ScenarioError(f"policy: unknown policy {policy!r}{did_you_mean(policy, table.policies)}; "
+        raise ScenarioError(f"policy: unknown policy {_show(policy)}{did_you_mean(policy, table.policies)}; "
                             f"profile {table.name} has {', '.join(table.policies)}")
     profile = top.get("profile")
     if profile is not None and not isinstance(profile, str):
-        raise ScenarioError(f"profile: expected a profile name string, got {profile!r}")
+        raise ScenarioError(f"profile: expected a profile name string, got {_show(profile)}")
     query = top.get("query", "select")
     if query != "select" and query not in table.queries:
-        raise ScenarioError(f"query: {query!r} is not a query{did_you_mean(query, table.queries)}; "
+        raise ScenarioError(f"query: {_show(query)} is not a query{did_you_mean(query, table.queries)}; "
                             f"expected one of {', '.join(table.queries)}")
     backend = top.get("backend")
     if backend is not None and not isinstance(backend, str):
-        raise ScenarioError(f"backend: expected a backend name string, got {backend!r}")
+        raise ScenarioError(f"backend: expected a backend name string, got {_show(backend)}")
     if query == "round_up" and backend is None:
         raise ScenarioError("backend: the round_up query needs a backend name (or \"None\")")
     derived = table.derived.get("scenario") or _table_facts(table)
@@ -246,6 +250,11 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
                                     f"(write \"{_as_env(value)}\", quoted)")
             env[str(name)] = value
     _moe(top.get("moe"), facts)
+    for fact in QUANT_KEY_FACTS if table.quant_keys else ():  # only the keys the rules declare (or their default)
+        if facts[fact] not in table.quant_keys and facts[fact] not in (None, derived.defaults[policy].get(fact)):
+            raise ScenarioError(f"{fact}: {_show(facts[fact])} is not a quantization key of profile {table.name}"
+                                f"{did_you_mean(facts[fact], table.quant_keys)}; expected one of "
+                                f"{', '.join(sorted(table.quant_keys))} or null")
 
     if "flashinfer" in top:  # what the installed FlashInfer offers; unset: the FlashInfer the profile's vLLM pins
         _fill(_fields(top["flashinfer"], "flashinfer", _FLASHINFER), _FLASHINFER_SPECS, facts)
@@ -262,12 +271,12 @@ def _other_platform(platform: Mapping[str, Any], kind: Any, rocm_archs: Mapping[
                     facts: dict[str, Any]) -> None:
     """The platform facts of a kind other than cuda."""
     if kind not in PLATFORM_KINDS:
-        raise ScenarioError(f"platform.kind: {kind!r} is not a platform{did_you_mean(kind, PLATFORM_KINDS)}; "
+        raise ScenarioError(f"platform.kind: {_show(kind)} is not a platform{did_you_mean(kind, PLATFORM_KINDS)}; "
                             f"expected one of {', '.join(PLATFORM_KINDS)}")
     if kind == "rocm":
         arch = platform.get("gcn_arch")
         if not isinstance(arch, str) or arch not in rocm_archs:
-            raise ScenarioError(f"platform.gcn_arch: {arch!r} is not a known ROCm arch"
+            raise ScenarioError(f"platform.gcn_arch: {_show(arch)} is not a known ROCm arch"
                                 f"{did_you_mean(arch, rocm_archs)}; "
                                 f"expected one of {', '.join(rocm_archs)}")
         facts["platform.gcn_arch"] = arch
@@ -320,17 +329,17 @@ def _moe(given: Any, facts: dict[str, Any]) -> None:
     _fill(moe, _MOE_SPECS, facts)
     activation = facts["moe.activation"]
     if activation is not None and activation not in ACTIVATIONS:
-        raise ScenarioError(f"moe.activation: {activation!r} is not an activation"
+        raise ScenarioError(f"moe.activation: {_show(activation)} is not an activation"
                             f"{did_you_mean(activation, ACTIVATIONS)}; expected one of {', '.join(ACTIVATIONS)}")
     routing = facts["moe.routing_method"]
     if routing is not None and routing not in ROUTING_METHODS:
-        raise ScenarioError(f"moe.routing_method: {routing!r} is not a routing method"
+        raise ScenarioError(f"moe.routing_method: {_show(routing)} is not a routing method"
                             f"{did_you_mean(routing, ROUTING_METHODS)}; expected one of {', '.join(ROUTING_METHODS)}")
     if "parallel" in moe:
         _fill(_fields(moe["parallel"], "moe.parallel", _PARALLEL), _PARALLEL_SPECS, facts)
     a2a = facts["moe.parallel.all2all_backend"]
     if a2a is not None and a2a not in ALL2ALL_BACKENDS:
-        raise ScenarioError(f"moe.parallel.all2all_backend: {a2a!r} is not an all2all backend"
+        raise ScenarioError(f"moe.parallel.all2all_backend: {_show(a2a)} is not an all2all backend"
                             f"{did_you_mean(a2a, ALL2ALL_BACKENDS)}; expected one of {', '.join(ALL2ALL_BACKENDS)}")
     top_k, experts = facts["moe.top_k"], facts["moe.num_experts"]
     if top_k is not None and experts is not None and top_k > experts:
@@ -348,11 +357,11 @@ def _capability(cap: Any) -> tuple[int, int]:
                 return major, minor
     if (not isinstance(cap, (list, tuple)) or len(cap) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cap)):
-        raise ScenarioError(f"platform.capability: expected [major, minor] for cuda, e.g. [9, 0]; got {cap!r}")
+        raise ScenarioError(f"platform.capability: expected [major, minor] for cuda, e.g. [9, 0]; got {_show(cap)}")
     for part, number, (lo, hi) in zip(("major", "minor"), cap, CAPABILITY_RANGES, strict=True):
         if not lo <= number <= hi:
-            raise ScenarioError(f"platform.capability: {part} {number} of {list(cap)} is out of range; allowed: "
-                                f"{part} {lo} to {hi} (e.g. [9, 0] for sm_90, [10, 3] for sm_103)")
+            raise ScenarioError(f"platform.capability: {part} {_show(number)} of {_show(list(cap))} is out of "
+                                f"range; allowed: {part} {lo} to {hi} (e.g. [9, 0] for sm_90, [10, 3] for sm_103)")
     return cap[0], cap[1]
 
 

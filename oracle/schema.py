@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 from .errors import Diagnostic, did_you_mean
+from .limits import MAX_REPORTED_ERRORS
 from .resources import schemas_dir
 from .yamlio import Located
 
@@ -100,7 +101,8 @@ def _best_errors(errors: list[Any]) -> list[Any]:
                 by_path[key] = leaf
     # drop an error whose location is a strict prefix of another reported location
     paths = list(by_path)
-    keep = [p for p in paths if not any(q != p and q[: len(p)] == p for q in paths)]
+    prefixes = {q[:k] for q in paths for k in range(len(q))}  # strict prefixes: linear in the paths' lengths
+    keep = [p for p in paths if p not in prefixes]
     return [by_path[p] for p in sorted(keep, key=lambda p: [str(x) for x in p])]
 
 
@@ -123,5 +125,9 @@ def schema_diagnostics(doc: Located, schema_name: str = "rules.schema.json") -> 
     if fast is not None and fast.is_valid(doc.data):
         return []
     validator = _validator(schema_name)
-    errors = list(validator.iter_errors(doc.data))
-    return [doc.diag(tuple(e.absolute_path), _schema_message(e)) for e in _best_errors(errors)]
+    best = _best_errors(list(validator.iter_errors(doc.data)))
+    out = [doc.diag(tuple(e.absolute_path), _schema_message(e)) for e in best[:MAX_REPORTED_ERRORS]]
+    if len(best) > MAX_REPORTED_ERRORS:
+        out.append(doc.diag((), f"{len(best) - MAX_REPORTED_ERRORS:,} more schema problems in this file (the first "
+                                f"{MAX_REPORTED_ERRORS} are listed); fix these and validate again"))
+    return out

@@ -13,6 +13,7 @@ from typing import Any
 from . import literals, operators, registry
 from .errors import Diagnostic, did_you_mean
 from .facts import FACTS, MESSAGE_WORDS
+from .limits import MAX_CONDITION_DEPTH
 from .loader import Entry, RuleSet
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.]+)\}")
@@ -42,6 +43,11 @@ class Semantics:
         return False
 
     def condition(self, entry: Entry, cond: Any, *sub: Any) -> None:
+        deep = operators.too_deep(cond, MAX_CONDITION_DEPTH)
+        if deep is not None:
+            self.err(entry, f"conditions nested more than {MAX_CONDITION_DEPTH} deep (the limit); name an inner "
+                            "part as a derived fact ({ref: name}) or flatten all/any", *sub, *deep)
+            return
         for node, head, path in operators.walk(cond):
             where = (*sub, *path)
             name = node[head.key]
@@ -213,6 +219,7 @@ class Semantics:
             for j, b in enumerate(row.get("backends") or []):
                 self.known(e, "backend", b, backends, "round_up", i, "backends", j)
             self.condition(e, row.get("when"), "round_up", i, "when")
+        self.round_up_rows(e, d)
         for k, text in (d.get("messages") or {}).items():
             self.message(e, text, "messages", k)
         for k, text in (d.get("kernel_reasons") or {}).items():
@@ -220,6 +227,66 @@ class Semantics:
             self.message(e, text, "kernel_reasons", k)
         if emap and "unknown_moe_backend" not in (d.get("messages") or {}):
             self.err(e, "a family with an explicit_map needs messages.unknown_moe_backend", "messages")
+
+    def round_up_rows(self, e: Entry, d: dict[str, Any]) -> None:
+        """round_up rows are tried in order and the first that applies wins: a row that an earlier
+        unconditional row covers for each of its backends is never used; an alignment other than 1 (the
+        sizes as they are) must be a multiple of the weight format's block, or conversion fails later."""
+        rows = [r for r in d.get("round_up") or [] if isinstance(r, dict)]
+        backends = d.get("backends") or {}
+        covered: dict[str, int] = {}  # backend -> the unconditional row (index) that answers for it first
+        catch_all: int | None = None
+
+        def row_at(k: int) -> str:
+            return f"row {k + 1} at line {e.doc.where(e.path + ('round_up', k))[0]}"
+        for i, row in enumerate(rows):
+            names = row.get("backends")
+            if catch_all is not None:
+                self.err(e, f"round_up row {i + 1} is never used: the earlier {row_at(catch_all)} "
+                            "names no backends and has no 'when', so it answers for every backend first; move this "
+                            "row above it or delete it", "round_up", i)
+                continue
+            if isinstance(names, list):
+                shadowed = [b for b in names if b in covered]
+                if shadowed and len(shadowed) == len(names):
+                    first = covered[shadowed[0]]
+                    self.err(e, f"round_up row {i + 1} is never used: an earlier row without 'when' answers first "
+                                f"for {', '.join(shadowed)} ({row_at(first)}); move this "
+                                "row above it or delete it", "round_up", i)
+                elif shadowed:
+                    self.err(e, f"round_up row {i + 1} is never used for {', '.join(shadowed)}: an earlier row "
+                                f"without 'when' answers first for them ({row_at(covered[shadowed[0]])}); remove them "
+                                "from this row",
+                             "round_up", i, "backends")
+                if "when" not in row:
+                    for b in names:
+                        covered.setdefault(b, i)
+            elif "when" not in row:
+                catch_all = i
+            for size in ("intermediate", "hidden"):
+                align = row.get(size)
+                if not isinstance(align, int) or align == 1:
+                    continue
+                for fmt_name, block in self.weight_blocks(d, backends, names):
+                    if align % block:
+                        self.err(e, f"round_up {size} alignment {align} is not a multiple of {block}, the block "
+                                    f"size of {fmt_name} weights (every {block} elements share a scale); use a "
+                                    f"multiple of {block} (e.g. {-(-align // block) * block}) or 1 for the sizes "
+                                    "as they are", "round_up", i, size)
+                        break
+
+    def weight_blocks(self, d: dict[str, Any], backends: dict[str, Any], names: Any) -> list[tuple[str, int]]:
+        """(format, block size) of the weights the named backends (all when None) convert: the family's
+        weight_key, else each backend's quant config kind's weight format."""
+        found = literals.weight_format(d.get("weight_key"))
+        out = [found] if found else []
+        kinds = d.get("quant_configs") or {}
+        for name in (names if isinstance(names, list) else list(backends)):
+            kind = kinds.get((backends.get(name) or {}).get("quant_config"))
+            fmt = literals.weight_format(kind.get("weight")) if isinstance(kind, dict) else None
+            if fmt and fmt not in out:
+                out.append(fmt)
+        return out
 
     def policy(self, e: Entry) -> None:
         d = e.data
@@ -277,8 +344,13 @@ class Semantics:
                 self.err(e, f"candidate {b} has no kernel table; add kernels to it or remove it from the list",
                          "steps", i, "candidates", j)
         for key in ("move", "before", "after"):
-            if key in st:
-                self.known(e, "backend", st[key], backends, "steps", i, key)
+            if key in st and self.known(e, "backend", st[key], backends, "steps", i, key):
+                listed = [*(d.get("candidates") or []), *(b for s in (d.get("steps") or [])
+                                                         if isinstance(s, dict) for b in (s.get("candidates") or []))]
+                if st[key] not in listed:
+                    self.err(e, f"{key}: {st[key]} is not a candidate of policy '{e.name}' (neither in its "
+                                "candidates nor in a step's candidates), so this step would change nothing; name "
+                                "a candidate or add it to the candidates", "steps", i, key)
         if "move" in st and ("before" in st) == ("after" in st):
             self.err(e, "a move step names exactly one of 'before' or 'after'", "steps", i, "move")
         needs_message = st.get("prefer_activation") and "use_explicit" in st

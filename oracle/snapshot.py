@@ -41,6 +41,10 @@ def check_profile(files: list[Path], name: str, description: str, cache: FileCac
     """Load and check one profile's rule files: every schema, merge and cross-reference problem in one run,
     and the package vocabulary (declared, plus any the rules test). `sources`: the files as already read."""
     rs, problems = load_ruleset_collecting(files, name, description, cache, sources)
+    if len(rs.files) < len(files):
+        # a file that could not be read or parsed contributes no names: cross-references into it would be
+        # ghost errors in untouched files, so its own error is the profile's only news until it parses
+        return rs, problems, set(rs.sections["packages"])
     found, packages = semantic_diagnostics(rs)
     return rs, list(dict.fromkeys(problems + found)), packages | set(rs.sections["packages"])
 

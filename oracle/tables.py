@@ -142,4 +142,5 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
     archs = {k: parse_capability(v.data) for k, v in s["rocm_archs"].items()}
     return Table(rs.name, rs.description, tuple(rs.files), MappingProxyType(policies), MappingProxyType(families),
                  frozenset(packages), frozenset(c.env), MappingProxyType(archs),
-                 BUILTIN_QUERIES + tuple(q for q in queries if q not in BUILTIN_QUERIES), c.gen)
+                 BUILTIN_QUERIES + tuple(q for q in queries if q not in BUILTIN_QUERIES), c.gen,
+                 frozenset(s["quant_keys"]))

@@ -55,18 +55,22 @@ class Failure(NamedTuple):
 
 
 class StepEntry(NamedTuple):
-    """A policy step was reached; `matched` says whether its `when` held."""
+    """A policy step was reached; `matched` says whether its `when` held; `no_op` why a matched step that
+    edits the candidate list left it as it was (so explain never shows it as applied)."""
 
     step: str
     matched: bool
     at: str
     why: str
     when: str | None = None
+    no_op: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "matched": self.matched}
         if self.when is not None:
             out["when"] = self.when
+        if self.no_op is not None:
+            out["no_op"] = self.no_op
         out.update(at=self.at, why=self.why)
         return out
 
@@ -130,7 +134,7 @@ def from_dict(d: dict[str, Any]) -> Entry:
                          tuple(from_dict(e) for e in d.get("trace") or ()), d.get("at", ""))
     if "error" in d:
         return ErrorEntry(d["error"])
-    return StepEntry(d["step"], d["matched"], d.get("at", ""), d.get("why", ""), d.get("when"))
+    return StepEntry(d["step"], d["matched"], d.get("at", ""), d.get("why", ""), d.get("when"), d.get("no_op"))
 
 
 def candidate_summary(trace: tuple[Entry, ...] | list[Entry]) -> str:
@@ -171,6 +175,8 @@ def render_lines(trace: tuple[Entry, ...] | list[Entry], lines: list[str], inden
         elif isinstance(entry, ErrorEntry):
             lines.append(f"{indent}  error: {entry.error}")
         else:
-            mark = "*" if entry.matched else "-"
+            mark = "-" if not entry.matched else "~" if entry.no_op else "*"
             cond = f" when {entry.when}" if entry.when is not None else ""
             lines.append(f"{indent}  {mark} step {entry.step}{cond}   ({entry.at})")
+            if entry.no_op:
+                lines.append(f"{indent}      matched, but changed nothing: {entry.no_op}")

@@ -23,6 +23,11 @@ ROUTING_METHODS = ("Default", "Renormalize", "DeepSeekV3", "Llama4", "Renormaliz
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "mori",
                     "nixl_ep", "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided")
 
+# a Quark checkpoint's quantization.*.qscheme and scale_format values (AMD Quark's QSchemeType; MX specs' scale
+# format); rule literals compared with these facts must be one of them
+QUARK_QSCHEMES = ("per_tensor", "per_channel", "per_group")
+QUARK_SCALE_FORMATS = ("e8m0", "e4m3", "float32", "float16", "bfloat16")
+
 
 @dataclass(frozen=True)
 class Format:

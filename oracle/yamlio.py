@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from .errors import Diagnostic, RuleError
+from .limits import MAX_ALIASES, MAX_EXPANDED_NODES, MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_YAML_DEPTH
 
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -66,8 +67,86 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+def _bounded(root: yaml.Node, file: str) -> Diagnostic | None:
+    """The first place where `root` breaks a bound of oracle.limits once its aliases are expanded: nesting
+    depth, alias uses, expanded nodes, or an alias to a node that contains it. Each node is visited once
+    (an anchored node's size and height are remembered), iteratively: linear time, no recursion."""
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+    on_path: set[int] = set()
+    aliases = 0
+
+    def children(node: yaml.Node) -> list[tuple[yaml.Node, tuple[int, int]]]:
+        """(child, the place an alias in its position is reported at)."""
+        if node.__class__ is yaml.MappingNode:
+            out = []
+            for key, value in node.value:
+                out += [(key, _mark(key)), (value, _mark(key))]
+            return out
+        return [(item, _mark(node)) for item in node.value]
+
+    # a frame: [node, depth, children, next child, expanded size so far, height so far]
+    frames: list[list[Any]] = []
+    if root.__class__ is yaml.ScalarNode:
+        return None
+    frames.append([root, 1, children(root), 0, 1, 0])
+    on_path.add(id(root))
+    while frames:
+        frame = frames[-1]
+        node, depth, kids, i = frame[0], frame[1], frame[2], frame[3]
+        if i < len(kids):
+            frame[3] = i + 1
+            child, (line, col) = kids[i]
+            key = id(child)
+            if key in on_path:
+                return Diagnostic(file, line, col, "an alias refers to a node that contains it (a self-referential "
+                                               "alias expands forever); copy the data instead of the alias")
+            if key in size:
+                aliases += 1
+                if aliases > MAX_ALIASES:
+                    return Diagnostic(file, line, col, f"more than {MAX_ALIASES} alias uses (*name) in one file; "
+                                                   "write the data out, or split the file")
+                if depth + height[key] > MAX_YAML_DEPTH:
+                    return Diagnostic(file, line, col, f"this alias nests the data {depth + height[key]} levels "
+                                                   f"deep; the limit is {MAX_YAML_DEPTH}: flatten the structure")
+                frame[4] += size[key]
+                frame[5] = max(frame[5], height[key])
+            elif child.__class__ is yaml.ScalarNode:
+                size[key], height[key] = 1, 0
+                frame[4] += 1
+            else:
+                if depth + 1 > MAX_YAML_DEPTH:
+                    return Diagnostic(file, *_mark(child), f"nested more than {MAX_YAML_DEPTH} levels deep (the "
+                                                           "limit of a YAML document); flatten the structure")
+                frames.append([child, depth + 1, children(child), 0, 1, 0])
+                on_path.add(key)
+                continue
+            if frame[4] > MAX_EXPANDED_NODES:
+                return Diagnostic(file, line, col, f"the document expands to more than {MAX_EXPANDED_NODES:,} nodes "
+                                               "once its aliases are expanded (the limit); use fewer or smaller "
+                                               "aliases")
+            continue
+        frames.pop()
+        key = id(node)
+        on_path.discard(key)
+        size[key], height[key] = frame[4], frame[5] + 1
+        if frames:
+            parent = frames[-1]
+            parent[4] += frame[4]
+            parent[5] = max(parent[5], frame[5] + 1)
+            if parent[4] > MAX_EXPANDED_NODES:
+                return Diagnostic(file, *_mark(node), f"the document expands to more than {MAX_EXPANDED_NODES:,} "
+                                                      "nodes once its aliases are expanded (the limit); use fewer "
+                                                      "or smaller aliases")
+    return None
+
+
 def load_yaml_text(text: str, file: str) -> Located:
-    """Parse one YAML document; raise RuleError(file:line:col) on syntax errors or duplicate keys."""
+    """Parse one YAML document; raise RuleError(file:line:col) on syntax errors, duplicate or non-text keys,
+    or input past a bound of oracle.limits (size, nesting, aliases, integer length)."""
+    if len(text) > MAX_FILE_BYTES:
+        raise RuleError([Diagnostic(file, 1, 1, f"the file has {len(text):,} characters; the limit is "
+                                                f"{MAX_FILE_BYTES:,}: split it into several files")])
     try:
         root = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
@@ -76,6 +155,10 @@ def load_yaml_text(text: str, file: str) -> Located:
         raise RuleError([Diagnostic(file, line, col, f"YAML syntax error: {exc.problem or exc}")]) from None
     except yaml.YAMLError as exc:
         raise RuleError([Diagnostic(file, 1, 1, f"YAML error: {exc}")]) from None
+    if root is not None:
+        bound = _bounded(root, file)
+        if bound is not None:
+            raise RuleError([bound])
     marks: dict[Path, tuple[int, int]] = {}
     problems: list[Diagnostic] = []
 
@@ -96,6 +179,9 @@ def load_yaml_text(text: str, file: str) -> Located:
                     problems.append(Diagnostic(file, *_mark(key_node), "mapping keys must be plain scalars"))
                     continue
                 key = key_node.value if key_node.tag == _STR else scalar(key_node)
+                if not isinstance(key, str):
+                    problems.append(Diagnostic(file, *_mark(key_node), _key_message(key_node.value, key)))
+                    continue
                 sub = path + (key,)
                 if key in out:
                     problems.append(Diagnostic(
@@ -118,6 +204,11 @@ def load_yaml_text(text: str, file: str) -> Located:
                                        f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
             return None
         construct = _SCALARS.get(node.tag) if isinstance(node, yaml.ScalarNode) else None
+        if node.tag == _INT and sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
+            problems.append(Diagnostic(file, *_mark(node), f"an integer of {sum(c.isdigit() for c in node.value)} "
+                                                           f"digits; the limit is {MAX_INT_DIGITS} digits: write a "
+                                                           "smaller number"))
+            return None
         try:
             if construct is not None:
                 return construct(_scalar_constructor, node)
@@ -136,15 +227,39 @@ def load_yaml_text(text: str, file: str) -> Located:
     return Located(file, data, marks)
 
 
+def _key_message(text: str, key: Any) -> str:
+    kind = "null" if key is None else "a boolean" if isinstance(key, bool) else "an integer" if isinstance(
+        key, int) else "a number" if isinstance(key, float) else f"a {type(key).__name__}"
+    return (f"key '{text}' reads as {kind} in YAML ({key!r}), not as a name; quote it ('{text}':) or fix it "
+            "(keys are names)")
+
+
 _STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
 def load_yaml_file(path: str, display_name: str | None = None) -> Located:
     name = display_name or path
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {MAX_FILE_BYTES:,} bytes (the limit); "
+                                                    "split it into several files")])
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        raise RuleError([utf8_diagnostic(name, exc)]) from None
     return load_yaml_text(text, name)
+
+
+def utf8_diagnostic(name: str, exc: UnicodeDecodeError) -> Diagnostic:
+    """Where a file stops being UTF-8: line and column of the first bad byte."""
+    raw = exc.object if isinstance(exc.object, bytes) else bytes(exc.object)
+    before = raw[:exc.start]
+    line = before.count(b"\n") + 1
+    col = exc.start - (before.rfind(b"\n") + 1) + 1
+    return Diagnostic(name, line, col, f"byte 0x{raw[exc.start]:02x} is not UTF-8; rule files are UTF-8 text "
+                                       "(save the file as UTF-8)")

@@ -109,7 +109,7 @@ def test_forward_equals_emulation_on_the_checkpoint(rules, case, renormalize):
     weights = _checkpoint(case["fmt"], case["gate_up"], bias=case["bias"])
     layer = _build(rules, weights, activation=case["activation"], top_k=2, renormalize=renormalize,
                    swiglu_alpha=1.5, swiglu_limit=3.0)
-    assert (layer.decision.backend, layer.decision.runner) == ("EMULATION", "backends.emulation:moe_forward")
+    assert (layer.decision.backend, layer.decision.runner) == ("EMULATION", "backends.runners.emulation:EmulationRunner")
     x, logits = _inputs(weights)
     expected = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=2,
                                      renormalize=renormalize, activation=case["activation"], swiglu_alpha=1.5,
@@ -166,9 +166,9 @@ def test_explain_shows_decision_converter_runner_and_rule_locations(rules):
     layer = _build(rules, _checkpoint("mxfp4", "interleaved", bias=True))
     text = layer.explain()
     assert "profile moe-oracle" in text and "mxfp4-gpt-oss" in text
-    assert "converter none" in text and "runner backends.emulation:moe_forward" in text
+    assert "converter none" in text and "runner backends.runners.emulation:EmulationRunner" in text
     assert "EMULATION" in text and "moe-oracle/w4a16.yaml:" in text  # the trace locates its rules
-    assert layer.decision.to_dict(with_trace=False)["runner"] == "backends.emulation:moe_forward"
+    assert layer.decision.to_dict(with_trace=False)["runner"] == "backends.runners.emulation:EmulationRunner"
 
 
 def test_decision_is_logged_once_per_distinct_decision(rules, caplog, monkeypatch):
@@ -332,7 +332,8 @@ for name, case, hidden, inter in [("gpt-oss", t.GPT_OSS, 96, 64), ("nvfp4", t.GE
     out = layer.forward(x, logits)
     ref = emulation.moe_forward(x.float(), **w.emulation_kwargs(), router_logits=logits, top_k=2,
                                 activation=case["activation"])
-    print(json.dumps({"name": name, "backend": layer.decision.backend, "shape": list(out.shape),
+    print(json.dumps({"name": name, "backend": layer.decision.backend, "runner": type(layer.runner).__name__,
+                      "shape": list(out.shape),
                       "padded": [layer.padded_hidden_size, layer.padded_intermediate_size],
                       "rel_l2": float((out.float() - ref).norm() / ref.norm())}))
 """
@@ -351,6 +352,7 @@ def test_layer_runs_the_triton_kernels_under_the_interpreter():
     for name, fmt, hidden, inter in [("gpt-oss", "mxfp4", 96, 64), ("nvfp4", "nvfp4", 48, 80)]:
         row, (align,) = rows[name], families[fmt]["round_up"]
         assert row["backend"] == "TRITON_MOE" and row["shape"] == [5, hidden]
+        assert row["runner"] == "TritonMoERunner"  # the protocol, under the interpreter
         assert row["padded"] == [-(-hidden // align["hidden"]) * align["hidden"],
                                  -(-inter // align["intermediate"]) * align["intermediate"]]
         assert row["rel_l2"] <= tolerance("w4a16_moe_rel_l2")["rtol"], row

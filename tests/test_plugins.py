@@ -37,7 +37,7 @@ def _package(site: Path, name: str, manifest: str | None, fragment: str | None, 
 
 def _fresh_registry() -> None:
     registry.plugin_entry_points.cache_clear()
-    registry.problem.cache_clear()
+    registry.clear_cache()
     plugins._reported.clear()
 
 
@@ -67,10 +67,10 @@ def test_the_example_plugin_is_found_and_selects_its_backend_without_being_impor
     store = _store()
     assert [p.name for p in store.generation.plugins] == ["acme"]
     d = store.select({"policy": "acme-mxfp4", "profile": "vllm-0.20", "moe": {"activation": "swigluoai"}})
-    assert d.outcome == "selected" and d.backend == "ACME_MXFP4" and d.runner == "acme_moe.runner:moe_forward"
+    assert d.outcome == "selected" and d.backend == "ACME_MXFP4" and d.runner == "acme_moe.runner:AcmeRunner"
     assert d.decided_by.step == "acme-first" and d.decided_by.at.endswith("acme_moe/rules/acme.yaml:48")
     assert "acme_moe" not in sys.modules, "answering never imports the plugin"
-    assert registry.resolve(d.runner).__name__ == "moe_forward"  # importing happens on request only
+    assert registry.resolve(d.runner).__name__ == "AcmeRunner"  # importing happens on request only
     # elsewhere the plugin's policy falls back to the shipped gpt-oss selector
     sm80 = store.select({"policy": "acme-mxfp4", "profile": "vllm-0.20", "platform": {"kind": "cuda", "capability": [8, 0]},
                          "moe": {"activation": "swigluoai"}})

@@ -56,7 +56,7 @@ def test_explain_prints_the_runner(capsys):
     assert main(["explain", "--profile", "vllm-0.20", "--policy", "nvfp4", "--platform", "cuda:7.0",
                  "--env", "VLLM_BATCH_INVARIANT=1"]) == 0
     out = capsys.readouterr().out
-    assert "selected EMULATION" in out and "runner backends.emulation:moe_forward" in out
+    assert "selected EMULATION" in out and "runner backends.runners.emulation:EmulationRunner" in out
     assert "converter none" in out and "reads the checkpoint layout" in out
 
 
@@ -67,10 +67,18 @@ def test_a_registered_plugin_package_is_allowed(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("raise RuntimeError('validation must not import the plugin')\n")
     (pkg / "runner.py").write_text("import torch  # never imported by validation\n\ndef apply(x):\n    return x\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry.problem.cache_clear()
+    registry.clear_cache()
     assert "outside the allowed packages" in registry.problem("acme_moe.runner:apply")
     monkeypatch.setattr(registry, "plugin_packages", lambda: ("acme_moe",))
-    registry.problem.cache_clear()
+    registry.clear_cache()
+    # registered is not enough: only a plugin being checked, or accepted, widens what rules may name
+    assert "outside the allowed packages" in registry.problem("acme_moe.runner:apply")
+    with registry.checking("acme_moe"):
+        assert registry.problem("acme_moe.runner:apply") is None
+    assert "outside the allowed packages" in registry.problem("acme_moe.runner:apply")
+    registry.accept("acme_moe")
     assert registry.problem("acme_moe.runner:apply") is None
     assert "defines no top-level 'run'" in registry.problem("acme_moe.runner:run")
-    registry.problem.cache_clear()
+    registry.accept("subprocess")  # accepting a package that no entry point registers widens nothing
+    assert "outside the allowed packages" in registry.problem("subprocess:run")
+    registry.clear_cache()

@@ -90,8 +90,9 @@ def test_github_format_annotates_each_new_mistake(capsys):
              "capability_not_major_minor", "capability_major_only", "capability_word", "env_default_unparsable",
              "runner_attribute_missing"]
     assert main(["validate", "--format", "github", *(str(BAD / f"{n}.yaml") for n in names)]) == 3
-    lines = capsys.readouterr().out.splitlines()
+    *lines, summary = capsys.readouterr().out.splitlines()
     assert len(lines) == len(names) and all(line.startswith("::error file=") for line in lines)
+    assert summary == f"{len(names)} problem(s) in {len(names)} file(s)"
     assert {Path(line.split("file=")[1].split(",")[0]).stem for line in lines} == set(names)
 
 

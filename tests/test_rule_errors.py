@@ -30,8 +30,8 @@ EXPECTED = {
     "misspelt_step_field": "45:9: unknown field 'whn' in policies.pol.steps.0 (did you mean 'when'?)",
     "python_tag": "2:17: tag tag:yaml.org,2002:python/object/apply:os.system is not allowed in rule files (rules never build objects)",
     "runner_outside_backends": "25:81: runner 'os:system': module 'os' is outside the allowed packages (backends); "
-                               "put the code under backends/ or register its package as an entry point of group "
-                               "moe_oracle.backends",
+                               "put the code under backends/, or in the package of a plugin (entry point group "
+                               "moe_oracle.backends) whose fragments validate",
     "two_actions_in_step": "45:9: policies.pol.steps.0: give exactly one of the alternatives "
                            "(outcome, use, use_explicit, use_named_backend, drop, try, call, result, return_call_result, emit, "
                            "candidates, move, request_activation, prefer_activation)",
@@ -64,6 +64,28 @@ EXPECTED = {
                        "or \"10.0\"",
     "env_default_unparsable": "6:5: default 'no' of VLLM_FORCE_TRITON is not a value int_bool can produce "
                               "(it parses to true or false); write default: false",
+    # closed vocabularies: a literal a fact can never take is an error, not a condition that never matches
+    "unknown_moe_backend": "10:35: unknown moe_backend string 'auot' (did you mean 'auto'?); moe.moe_backend is one "
+                           "of auto",
+    "capability_two_digit_minor": "10:39: capability '7.50' in 'ge' is not a capability: the major is 1 to 20 and "
+                                  "the minor one digit (did you mean \"7.5\"?); write e.g. \"9.0\" or \"10.3\"",
+    "nan_literal": "10:36: nan in 'eq': a fact is never NaN or infinite (and NaN equals nothing); write a finite "
+                   "number",
+    "bool_fact_number": "10:28: moe.lora is true or false, never 1; write eq: true",
+    "unknown_scale_format": "10:45: unknown Quark scale format 'e80m' (did you mean 'e8m0'?); "
+                            "quark.weight.scale_format is one of e8m0, e4m3, float32, float16, bfloat16",
+    # mistakes that would otherwise change nothing, silently
+    "move_not_a_candidate": "50:9: move: NONE is not a candidate of policy 'pol' (neither in its candidates nor in a "
+                            "step's candidates), so this step would change nothing; name a candidate or add it to the "
+                            "candidates",
+    "round_up_after_catch_all": "28:9: round_up row 2 is never used: the earlier row 1 at line 27 names no backends "
+                                "and has no 'when', so it answers for every backend first; move this row above it or "
+                                "delete it",
+    "round_up_shadowed_row": "28:9: round_up row 2 is never used: an earlier row without 'when' answers first for "
+                             "TRITON (row 1 at line 27); move this row above it or delete it",
+    "round_up_not_block_multiple": "27:30: round_up intermediate alignment 100 is not a multiple of 32, the block size "
+                                   "of kMxfp4Static weights (every 32 elements share a scale); use a multiple of 32 "
+                                   "(e.g. 128) or 1 for the sizes as they are",
     "runner_attribute_missing": "25:81: runner 'backends.emulation:moe_forwrd': module 'backends.emulation' defines "
                                 "no top-level 'moe_forwrd' (did you mean 'moe_forward'?); define it or fix the path",
 }
@@ -98,7 +120,7 @@ def test_cli_validate_exit_codes(capsys):
 def test_cli_validate_github_format(capsys):
     assert main(["validate", "--format", "github", str(BAD / "unknown_backend_in_candidates.yaml")]) == 3
     line = capsys.readouterr().out.strip()
-    assert line.startswith("::error file=") and ",line=43,col=18::unknown backend 'TRITN'" in line
+    assert line.startswith("::error file=") and ",line=43,col=18::invalid-rules: unknown backend 'TRITN'" in line
 
 
 def test_shipped_rules_are_valid():
@@ -127,9 +149,9 @@ def test_a_scalar_with_a_tag_that_does_not_fit_is_a_located_error_and_loading_ke
     assert [str(d) for d in caught.value.diagnostics] == [
         "f.yaml:2:4: 'many' is not a valid int (tag !!int); remove the tag or fix the value",
         "f.yaml:3:4: 'maybe' is not a valid bool (tag !!bool); remove the tag or fix the value"]
-    doc = yamlio.load_yaml_text("a: [1, 2.5, true, null, x]\n7: {b: 0x10}\n", "f.yaml")
-    assert doc.data == {"a": [1, 2.5, True, None, "x"], 7: {"b": 16}}
-    assert doc.where(("a", 4)) == (1, 25) and doc.where((7, "b")) == (2, 5)
+    doc = yamlio.load_yaml_text("a: [1, 2.5, true, null, x]\n'7': {b: 0x10}\n", "f.yaml")
+    assert doc.data == {"a": [1, 2.5, True, None, "x"], "7": {"b": 16}}
+    assert doc.where(("a", 4)) == (1, 25) and doc.where(("7", "b")) == (2, 7)
     assert yamlio._scalar_constructor.constructed_objects == {}, "no node is kept after a load"
 
 
@@ -201,3 +223,15 @@ def test_the_older_profile_holds_only_its_differences():
             for key, value in items.items():
                 same = {k: v for k, v in value.items() if k != "override"} == parent_entries.get((section, key))
                 assert not same, f"{f.name}: {section}.{key} is a copy of vllm-0.20's; delete it"
+
+
+def test_a_yaml_syntax_error_reports_only_itself(tmp_path):
+    """The broken file contributes no names; the files that refer to them are not blamed (no ghost errors)."""
+    case = BAD / "syntax_error_in_one_file"
+    for f in case.iterdir():
+        (tmp_path / f.name).write_text(f.read_text())
+    problems, _ = validate_paths([tmp_path])
+    assert [f"{Path(d.file).name}:{d.line}:{d.col}: {d.message}" for d in problems] == [
+        "kernels.yaml:4:29: YAML syntax error: mapping values are not allowed in this context"]
+    (tmp_path / "kernels.yaml").write_text((case / "kernels.yaml").read_text().replace("]: broken", "]"))
+    assert validate_paths([tmp_path])[0] == []

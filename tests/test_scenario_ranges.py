@@ -20,12 +20,12 @@ def answer(**patch):
 
 
 @pytest.mark.parametrize("patch,message", [
-    ({"moe": {"parallel": {"dp_size": 0}}}, "moe.parallel.dp_size: 0 is out of range; allowed: an integer >= 1"),
-    ({"moe": {"parallel": {"ep_size": 0}}}, "moe.parallel.ep_size: 0 is out of range; allowed: an integer >= 1"),
-    ({"moe": {"top_k": 0}}, "moe.top_k: 0 is out of range; allowed: an integer >= 1"),
-    ({"moe": {"num_experts": 0}}, "moe.num_experts: 0 is out of range; allowed: an integer >= 1"),
-    ({"moe": {"hidden_size": -2880}}, "moe.hidden_size: -2880 is out of range; allowed: an integer >= 1"),
-    ({"moe": {"intermediate_size": 0}}, "moe.intermediate_size: 0 is out of range; allowed: an integer >= 1"),
+    ({"moe": {"parallel": {"dp_size": 0}}}, "moe.parallel.dp_size: 0 is out of range; allowed: an integer from 1 to 65536"),
+    ({"moe": {"parallel": {"ep_size": 0}}}, "moe.parallel.ep_size: 0 is out of range; allowed: an integer from 1 to 65536"),
+    ({"moe": {"top_k": 0}}, "moe.top_k: 0 is out of range; allowed: an integer from 1 to 65536"),
+    ({"moe": {"num_experts": 0}}, "moe.num_experts: 0 is out of range; allowed: an integer from 1 to 65536"),
+    ({"moe": {"hidden_size": -2880}}, "moe.hidden_size: -2880 is out of range; allowed: an integer from 1 to 1048576"),
+    ({"moe": {"intermediate_size": 0}}, "moe.intermediate_size: 0 is out of range; allowed: an integer from 1 to 1048576"),
     ({"moe": {"top_k": 8, "num_experts": 4}},
      "moe.top_k: 8 is out of range; allowed: 1 to moe.num_experts (4): each token is routed to top_k of the "
      "num_experts experts"),
@@ -37,7 +37,18 @@ def answer(**patch):
      "platform.capability: major 90 of [90, 0] is out of range; allowed: major 1 to 20"),
     ({"platform": {"kind": "cuda", "capability": [0, 0]}},
      "platform.capability: major 0 of [0, 0] is out of range; allowed: major 1 to 20"),
-    ({"quark": {"weight": {"group_size": 0}}}, "quark.weight.group_size: 0 is out of range; allowed: an integer >= 1"),
+    ({"quark": {"weight": {"group_size": 0}}}, "quark.weight.group_size: 0 is out of range; allowed: an integer from 1 to 1048576"),
+    ({"moe": {"hidden_size": 10 ** 30}}, "moe.hidden_size: an integer of about 31 digits is out of range; allowed: "
+                                         "an integer from 1 to 1048576"),
+    ({"moe": {"hidden_size": -10 ** 5000}}, "moe.hidden_size: a negative integer of about 5001 digits is out of "
+                                            "range"),
+    ({"moe": {"num_experts": 65537}}, "moe.num_experts: 65537 is out of range; allowed: an integer from 1 to 65536"),
+    ({"moe": {"activation_key": "garbage"}}, "moe.activation_key: 'garbage' is not a quantization key of profile "
+                                             "vllm-0.20; expected one of"),
+    ({"moe": {"weight_key": "kMxfp4Statc"}}, "moe.weight_key: 'kMxfp4Statc' is not a quantization key of profile "
+                                             "vllm-0.20 (did you mean 'kMxfp4Static'?)"),
+    ({"moe": {"swiglu_limit": float("nan")}}, "moe.swiglu_limit: expected a finite non-negative number"),
+    ({"moe": {"swiglu_limit": float("inf")}}, "moe.swiglu_limit: expected a finite non-negative number"),
 ])
 def test_out_of_range_values_are_error_answers(patch, message):
     d = answer(**patch)
@@ -45,13 +56,15 @@ def test_out_of_range_values_are_error_answers(patch, message):
 
 
 def test_every_ranged_fact_is_checked():
-    for fact, (lo, _) in RANGES.items():
-        section, *middle, key = fact.split(".")
-        value: dict = {key: lo - 1}
-        for part in reversed(middle):
-            value = {part: value}
-        d = ORACLE.select({"policy": "ocp-mx" if section == "quark" else "mxfp4", section: value})
-        assert d.outcome == "error" and d.error.startswith(f"{fact}: {lo - 1} is out of range"), (fact, d.error)
+    for fact, (lo, hi) in RANGES.items():
+        assert hi is not None, f"{fact}: every size has an upper bound (a huge value is garbage, never a question)"
+        for bad in (lo - 1, hi + 1):
+            section, *middle, key = fact.split(".")
+            value: dict = {key: bad}
+            for part in reversed(middle):
+                value = {part: value}
+            d = ORACLE.select({"policy": "ocp-mx" if section == "quark" else "mxfp4", section: value})
+            assert d.outcome == "error" and d.error.startswith(f"{fact}: {bad} is out of range"), (fact, d.error)
 
 
 def test_values_at_the_edge_of_the_range_are_answered():

@@ -223,8 +223,8 @@ def test_default_store_is_one_per_process(monkeypatch):
 
 def test_a_repeated_dict_question_is_validated_once_per_generation(store, rules, monkeypatch):
     calls = []
-    real = store.generation.oracle.prepare
-    monkeypatch.setattr(store.generation.oracle, "prepare", lambda q: calls.append(q) or real(q))
+    real = store.generation.oracle.scenario
+    monkeypatch.setattr(store.generation.oracle, "scenario", lambda q: calls.append(q) or real(q))
     for _ in range(5):
         assert store.select(dict(QUESTION)).backend == EXPECTED["A"]
     assert len(calls) == 1

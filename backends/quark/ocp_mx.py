@@ -34,12 +34,11 @@ from backends.layer import (
     DEFAULT_PROFILE,
     LayerUnavailableError,
     MoELayer,
+    build_runner,
     check_input,
-    convert_with_quant_config,
     platform_for_device,
     question_for,
     require_runnable,
-    resolve_named,
     select_logged,
     swiglu_for,
 )
@@ -323,11 +322,13 @@ class QuarkOCPMXMoE:
         weights = MoEWeights(format="mxfp4", w13=p["w13_weight"], w13_scale=p["w13_weight_scale"], w2=p["w2_weight"],
                              w2_scale=p["w2_weight_scale"], gate_up=self.gate_up, w13_bias=p.get("w13_bias"),
                              w2_bias=p.get("w2_bias"))
-        runner = resolve_named(d.runner, "runner", d)
-        kernel_weights = convert_with_quant_config(d, weights, self.activation, weights.H, weights.I)
+        kernel_weights, runner = build_runner(d, weights, hidden=weights.H, inter=weights.I,
+                                              activation=self.activation, top_k=self.top_k,
+                                              renormalize=self.renormalize, swiglu=self.swiglu,
+                                              assembly=self.assembly)
         return MoELayer(decision=d, scenario=self.scenario, weights=weights, kernel_weights=kernel_weights,
                         runner=runner, top_k=self.top_k, renormalize=self.renormalize, activation=self.activation,
-                        swiglu=self.swiglu, deterministic=False, device=weights.w13.device)
+                        device=weights.w13.device, assembly=self.assembly)
 
     def kernel_variants(self) -> dict[str, Any]:
         """The decision's kernel and how it assembles (see `assembly`): monolithic (routing inside the kernel) or

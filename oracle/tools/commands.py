@@ -45,6 +45,12 @@ def add_tool_parsers(sub: Any) -> None:
     s = sub.add_parser("lint", help="evaluate the rules over the whole input space and report dead or shadowed rules")
     s.add_argument("paths", nargs="*", help="rules directories (default: the rules in use)")
     s.add_argument("--profile", help="lint only this profile (default: every profile)")
+    s.add_argument("--fail-on", choices=("warning", "error"), default="warning",
+                   help="exit 1 on unacknowledged findings of this level or worse (default warning)")
+    s.add_argument("--baseline", metavar="FILE", help="findings accepted as they are (a fork's own list; see "
+                                                      "--write-baseline); they are reported as acknowledged")
+    s.add_argument("--write-baseline", metavar="FILE", help="write every unacknowledged finding into FILE as a "
+                                                            "baseline (then give each entry its reason)")
     fmt_flag(s)
     vary_flag(s)
     s = sub.add_parser("diff", help="every input class whose answer changes between two rule sets")
@@ -124,17 +130,30 @@ def _rules(args: argparse.Namespace) -> str | None:
 
 def _lint(args: argparse.Namespace) -> int:
     from ..resources import rules_dir
+    from .baseline import apply_baseline, baseline_text, read_baseline
     from .lint import lint_source
     from .sources import load_source
 
     targets = args.paths or [_rules(args) or str(rules_dir())]
+    baseline = read_baseline(Path(args.baseline)) if args.baseline else None
     findings = []
     for t in targets:
         findings += lint_source(load_source(t, _rules(args), args.profile) if args.profile or not Path(t).is_dir()
                                 else load_source(t), tuple(args.vary))
-    summary = f"{len(findings)} finding(s)" if findings else "ok: no findings"
+    if baseline is not None:
+        for stale in apply_baseline(findings, baseline, Path(args.baseline)):
+            to_stderr(stale, "warning")
+    if args.write_baseline:
+        Path(args.write_baseline).write_text(baseline_text(findings), encoding="utf-8")
+        to_stderr(f"wrote {args.write_baseline}: give each entry the reason it is intended", "warning")
+    open_ = [f for f in findings if "acknowledged" not in f]
+    failing = [f for f in open_ if args.fail_on == "warning" or f["level"] == "error"]
+    acked = len(findings) - len(open_)
+    summary = (f"{len(open_)} finding(s)" if open_ else "ok: no findings") + (
+        f" ({len(failing)} at or above --fail-on {args.fail_on})" if open_ and len(failing) != len(open_) else "") + (
+        f"; {acked} acknowledged" if acked else "")
     print(render(findings, args.format, "lint", summary))
-    return EXIT_FINDINGS if findings else EXIT_OK
+    return EXIT_FINDINGS if failing else EXIT_OK
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -196,7 +215,9 @@ def _sweep(args: argparse.Namespace) -> int:
     render_fn = {"md": to_markdown, "csv": to_csv, "json": to_json, "html": to_html}[args.format]
     text = render_fn(ms)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        from ..safewrite import write_inside
+
+        write_inside(Path(args.output), text)
         print(f"wrote {args.output}: {sum(len(m.rows) for m in ms)} configuration classes x platforms, "
               f"{sum(m.decisions for m in ms)} decisions")
     else:
@@ -215,8 +236,12 @@ def _schema(args: argparse.Namespace) -> int:
         if not target.is_dir():
             raise OracleError(f"--write {args.write}: not a directory; name the rules directory (the one with "
                               "profiles.yaml), whose files' modelines say $schema=../rules.schema.json")
+        from ..safewrite import resolve_inside, write_inside
+
+        for name in RULES_DIR_SCHEMAS:  # every target checked before the first write
+            resolve_inside(target / name, target)
         for name in RULES_DIR_SCHEMAS:
-            (target / name).write_text((schemas_dir() / name).read_text(encoding="utf-8"), encoding="utf-8")
+            write_inside(target / name, (schemas_dir() / name).read_text(encoding="utf-8"), target)
             print(f"wrote {target / name}")
         return EXIT_OK
     path = schemas_dir() / f"{args.which}.schema.json"

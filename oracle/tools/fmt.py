@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ..errors import RuleError
+from ..yamlio import load_yaml_text
 
 MODELINE = "# yaml-language-server: $schema="
 _BLOCK = re.compile(r"(:|^-|\s-)\s*[|>][-+0-9]*\s*(#.*)?$")
@@ -94,8 +95,9 @@ def whitespace(lines: list[str]) -> list[str]:
     return out
 
 
-def format_text(text: str, schema_ref: str | None = None) -> str:
-    original = yaml.safe_load(text)
+def format_text(text: str, schema_ref: str | None = None, name: str = "<text>") -> str:
+    """The canonical layout of `text`; RuleError (file:line:col) when it is not YAML a rule file may hold."""
+    original = load_yaml_text(text, name).data
     lines = text.replace("\r\n", "\n").expandtabs(2).split("\n")
     if schema_ref and not any(line.startswith(MODELINE) for line in lines[:3]):
         lines.insert(0, MODELINE + schema_ref)
@@ -107,29 +109,44 @@ def format_text(text: str, schema_ref: str | None = None) -> str:
 
 def _same(data: Any, text: str) -> bool:
     try:
-        return bool(yaml.safe_load(text) == data)
-    except yaml.YAMLError:
+        return bool(load_yaml_text(text, "<formatted>").data == data)
+    except RuleError:
         return False
 
 
-def _rule_files(paths: list[Path]) -> list[Path]:
-    out: list[Path] = []
+def _rule_files(paths: list[Path]) -> list[tuple[Path, Path]]:
+    """(file, the directory its real file must stay in): a named directory, or a named file's directory."""
+    out: list[tuple[Path, Path]] = []
     for p in paths:
         if p.is_dir():
-            out += sorted(f for f in p.rglob("*.y*ml"))
+            out += [(f, p) for f in sorted(p.rglob("*.y*ml"))]
         else:
-            out.append(p)
+            out.append((p, p.parent))
     return out
 
 
 def format_paths(paths: list[Path], check: bool = False) -> list[Path]:
-    """Files whose layout is not canonical; rewritten unless `check`."""
-    changed = []
-    for f in _rule_files(paths):
-        text = f.read_text(encoding="utf-8")
-        new = format_text(text)
+    """Files whose layout is not canonical; rewritten (atomically) unless `check`.
+
+    Every file is checked before any is written: a symlink leaving its directory, a file that is not
+    UTF-8 or not YAML stops the command with nothing changed."""
+    from ..errors import OracleError
+    from ..safewrite import resolve_inside, write_inside
+
+    planned: list[tuple[Path, Path, str]] = []
+    for f, root in _rule_files(paths):
+        resolve_inside(f, root)
+        try:
+            text = f.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise OracleError(f"{f}: byte {exc.start} is not UTF-8; rule files are UTF-8 text (save it as UTF-8)"
+                              ) from None
+        except OSError as exc:
+            raise OracleError(f"{f}: cannot read ({exc.strerror}); name readable rule files") from None
+        new = format_text(text, name=str(f))
         if new != text:
-            changed.append(f)
-            if not check:
-                f.write_text(new, encoding="utf-8")
-    return changed
+            planned.append((f, root, new))
+    if not check:
+        for f, root, new in planned:
+            write_inside(f, new, root)
+    return [f for f, _, _ in planned]

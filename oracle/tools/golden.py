@@ -38,7 +38,7 @@ class Coverage:
 
 def read_cases(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(file:line, case) pairs; raises OracleError naming the file and line of a malformed case."""
-    import yaml
+    from ..yamlio import load_yaml_text
 
     text = path.read_text(encoding="utf-8")
     cases: list[tuple[str, Any]] = []
@@ -50,7 +50,7 @@ def read_cases(path: Path) -> list[tuple[str, dict[str, Any]]]:
                 except json.JSONDecodeError as exc:
                     raise OracleError(f"{path}:{i}:{exc.colno}: not valid JSON ({exc.msg})") from None
     else:
-        data = yaml.safe_load(text)
+        data = load_yaml_text(text, str(path)).data
         items = data.get("cases") if isinstance(data, dict) else data
         if not isinstance(items, list):
             raise OracleError(f"{path}: expected a list of {{scenario, expected}} (or a mapping with 'cases')")

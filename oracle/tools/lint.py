@@ -4,6 +4,10 @@ Every policy runs on every leaf of the exhaustive class partition (space.py) wit
 instrumented, then: backends no input reaches, kernel alternatives never chosen, steps never reached
 or never/always matching, `error` answers (a policy that ends without deciding), env vars no decision
 reads, and derived facts that are constant over the space. Each finding carries the rule's file:line.
+
+A finding that is true and intended (vLLM's own enum member no selector returns) is acknowledged next to
+the rule, `lint_allow: {RULE: reason}` on the backend, step, policy, env var or derived fact it is about,
+or in a baseline file (`lint --baseline`); acknowledged findings are reported as such and never fail.
 """
 from __future__ import annotations
 
@@ -96,42 +100,52 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
         if fam.name not in used:
             continue
         for b in fam.backends.values():
+            allow = _allows(rs.sections["families"][fam.name].data.get("backends", {}).get(b.name))
             if (fam.name, b.name) not in selected:
                 found.append(_f("unreachable-backend", b.at, f"profile {p.name}: backend {b.name} of family "
-                                f"{fam.name} is selected by no input (no policy, env var or moe_backend reaches it)"))
+                                f"{fam.name} is selected by no input (no policy, env var or moe_backend reaches it)",
+                                allow))
                 continue
             for kernels in (b.kernels, b.explicit_kernels or ()):
                 for k in kernels[1:]:
                     if id(k) not in kernels_chosen:
                         found.append(_f("shadowed-kernel", k.at, f"profile {p.name}: kernel alternative {k.name} of "
                                         f"backend {b.name} is never chosen: an earlier alternative accepts every "
-                                        "input it accepts"))
+                                        "input it accepts", allow))
+    recheck = {(pol.name, st.id) for pol in table.policies.values() for i, st in enumerate(pol.steps)
+               if st.when is not None and counts.reached[(pol.name, st.id)] and (
+                   counts.matched[(pol.name, st.id)] in (0, counts.reached[(pol.name, st.id)]))}
+    if recheck:
+        _recheck_linked(p, vary, recheck, counts)
     for pol in table.policies.values():
         last = len(pol.steps) - 1
+        raw_steps = rs.sections["policies"][pol.name].data.get("steps") or []
         for i, st in enumerate(pol.steps):
             key = (pol.name, st.id)
             r, m = counts.reached[key], counts.matched[key]
+            allow = _allows(raw_steps[i] if i < len(raw_steps) else None)
             if r == 0:
                 found.append(_f("unreachable-step", st.at, f"profile {p.name}: step '{st.id}' of policy {pol.name} "
-                                "is never reached: earlier steps decide every input"))
+                                "is never reached: earlier steps decide every input", allow))
             elif st.when is not None and m == 0:
                 found.append(_f("always-false", st.at, f"profile {p.name}: the condition of step '{st.id}' "
-                                f"({st.when.text}) is false for every input that reaches it"))
+                                f"({st.when.text}) is false for every input that reaches it", allow))
             elif st.when is not None and m == r and i < last and st.action in _DECIDING:
                 found.append(_f("always-true", st.at, f"profile {p.name}: the condition of step '{st.id}' "
                                 f"({st.when.text}) is true for every input that reaches it; the steps after it "
-                                "never run"))
+                                "never run", allow))
     for (pol_name, message), err_leaves in errors.items():
         pol = table.policies[pol_name]
         platforms = sorted({m for leaf in err_leaves if "platform" in leaf for m in members(leaf["platform"].label)})
         found.append(_f("undeclared-error", pol.at, f"profile {p.name}: policy {pol_name} answers error for "
                         f"{len(err_leaves)} input class(es) (platforms: {', '.join(platforms) or 'any'}): {message}; "
-                        f"e.g. {describe(err_leaves[0])}", example=scenario_of(err_leaves[0], pol_name, p.name)))
+                        f"e.g. {describe(err_leaves[0])}", _allows(rs.sections["policies"][pol_name].data),
+                        example=scenario_of(err_leaves[0], pol_name, p.name)))
     env_read = {v[4:] for v in coarse.read if v.startswith("env:")}
     for name, e in rs.sections["env_vars"].items():
         if name not in env_read:
             found.append(_f("unused-env-var", e.at(), f"profile {p.name}: env var {name} is declared but no "
-                            "decision of any policy reads it"))
+                            "decision of any policy reads it", _allows(e.data)))
     found.extend(_derived_constants(p, space))
     for f in found:
         f["leaves"] = leaves
@@ -139,6 +153,59 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
 
 
 _DECIDING = ("outcome", "use", "use_explicit", "result")
+
+
+class _Stop(Exception):
+    """Ends a run once the steps being rechecked have been tested."""
+
+
+def _recheck_linked(p: Profiled, vary: tuple[str, ...], steps: set[tuple[str, str]], counts: _Counts) -> None:
+    """Counts again, over a space that also splits the facts conditions compare with each other (`same_as`,
+    `differs_from`), how often the steps whose condition looked constant are reached and matched. Kept at
+    their defaults two such facts never differ, so a condition on their difference would look always false;
+    splitting them everywhere multiplies the whole exploration, so each run stops after the last such step."""
+    space = Space.of([(p.rs, p.table)], vary, vary_linked=True)
+    if not space.c.linked:
+        return
+    coarse = Coarse(p.table)
+    again = _Counts()
+    last = {name: max(i for i, st in enumerate(pol.steps) if (name, st.id) in steps)
+            for name, pol in p.table.policies.items() if any((name, st.id) in steps for st in pol.steps)}
+
+    def wrap(policy: Policy, step: Step, stop: bool) -> Step:
+        key, test = (policy.name, step.id), step.test
+
+        def recorded(ctx: Ctx) -> bool:
+            again.run_reached.add(key)
+            ok = True if test is None else bool(test(ctx))
+            if ok:
+                again.run_matched.add(key)
+            if stop:
+                raise _Stop
+            return ok
+        return replace(step, test=recorded)
+
+    policies = {n: replace(pol, steps=tuple(wrap(pol, s, n in last and i == last[n]) for i, s in enumerate(pol.steps)))
+                for n, pol in coarse.table.policies.items()}
+    inst = replace(coarse.table, policies=MappingProxyType(policies))
+    hook = call_hook(inst)
+    for name in last:
+        policy = inst.policies[name]
+        nullable, fixed = nullable_facts(policy), fixed_facts(space, policy)
+
+        def one(r: Refiner, policy: Policy = policy, nullable: frozenset[str] = nullable,
+                fixed: dict[str, Any] = fixed) -> Any:
+            try:
+                run(policy, coarse.ctx(r, nullable, fixed), None, hook)
+            except (EnvValueError, _Stop):
+                pass
+            again.end_run()
+            return None
+
+        for _ in explore_coarse(space, coarse, one):
+            pass
+    for key in steps:
+        counts.reached[key], counts.matched[key] = again.reached[key], again.matched[key]
 
 
 def _derived_constants(p: Profiled, space: Space) -> list[Finding]:
@@ -161,12 +228,30 @@ def _derived_constants(p: Profiled, space: Space) -> list[Finding]:
         if len(values) == 1:
             word = "true" if values.pop() else "false"
             out.append(_f("always-" + word, entry.at(), f"profile {p.name}: derived fact {name} is {word} "
-                          "for every input"))
+                          "for every input", _allows(entry.data)))
     return out
 
 
-def _f(rule: str, at: str, message: str, **extra: Any) -> Finding:
-    return {"rule": rule, "level": "warning", "at": at, "message": message, **extra}
+#: every lint rule with its level: `error` where the rules are wrong for some input (a policy that ends without
+#: deciding), `warning` where they are dead or redundant. schemas/rules.schema.json's `$defs.lint_allow` lists
+#: the same ids (a test keeps them equal).
+LEVELS = {"unreachable-backend": "warning", "shadowed-kernel": "warning", "unreachable-step": "warning",
+          "always-false": "warning", "always-true": "warning", "undeclared-error": "error",
+          "unused-env-var": "warning"}
+
+
+def _allows(data: Any) -> dict[str, str]:
+    """The `lint_allow` mapping of a rule entry's data ({} when it has none)."""
+    found = data.get("lint_allow") if isinstance(data, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def _f(rule: str, at: str, message: str, allow: dict[str, str] | None = None, **extra: Any) -> Finding:
+    out: Finding = {"rule": rule, "level": LEVELS[rule], "at": at, "message": message, **extra}
+    reason = (allow or {}).get(rule)
+    if reason:
+        out["acknowledged"] = f"lint_allow at {at}: {reason}"
+    return out
 
 
 def lint_source(src: Source, vary: tuple[str, ...] = ()) -> list[Finding]:

@@ -5,6 +5,7 @@ beside the compiled table, so they load both here rather than through Oracle.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import tarfile
 import tempfile
@@ -67,18 +68,41 @@ def load_dir(root: Path, label: str, only: str | None = None, strip: str = "", s
     return Source(label, profiles, default, strip, shown)
 
 
+def _git(args: list[str], cwd: str | None = None) -> bytes:
+    """Run git with `args` (built by the callers so that no user text can be read as an option)."""
+    return subprocess.run(["git", *args], capture_output=True, check=True, cwd=cwd, timeout=60).stdout
+
+
+def _git_refusal(spec: str, why: str) -> OracleError:
+    return OracleError(f"git:{spec}: {why}; name a commit, tag or branch and a directory of this repository, "
+                       "e.g. git:HEAD~1:rules")
+
+
 def _git_tree(rev: str, path: str) -> Path:
-    """Extract PATH at REV of the current repository into a temporary directory (kept for the process)."""
+    """Extract PATH at REV of the current repository into a temporary directory (kept for the process).
+
+    REV is resolved to a commit id first (`rev-parse --verify --end-of-options`), and only that id and a
+    PATH after `--` reach `git archive`: a revision such as `--remote=...:--exec=CMD` or `--output=FILE`
+    is refused before any command sees it."""
+    spec = f"{rev}:{path}"
+    if not rev or rev.startswith("-"):
+        raise _git_refusal(spec, f"revision {rev!r} is not a revision (it is empty or starts with '-')")
+    parts = Path(path).parts
+    if not path or path.startswith("-") or Path(path).is_absolute() or ".." in parts:
+        raise _git_refusal(spec, f"path {path!r} must be a relative directory inside the repository (no '..', "
+                                 "not starting with '-')")
     try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True,
-                             timeout=30).stdout.strip()
-        blob = subprocess.run(["git", "archive", "--format=tar", rev, path], capture_output=True, check=True,
-                              cwd=top, timeout=60).stdout
+        top = _git(["rev-parse", "--show-toplevel"]).decode().strip()
+        sha = _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"],
+                   cwd=top).decode().strip()
+        if not re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", sha):
+            raise _git_refusal(spec, f"revision {rev!r} did not resolve to a commit id")
+        blob = _git(["archive", "--format=tar", sha, "--", path], cwd=top)
+    except subprocess.CalledProcessError as exc:
+        detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc.stderr, bytes) else ""
+        raise _git_refusal(spec, f"cannot read that revision and path ({detail or 'no such commit'})") from None
     except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        text = detail.decode(errors="replace").strip() if isinstance(detail, bytes) else str(detail)
-        raise OracleError(f"git:{rev}:{path}: cannot read that revision and path ({text or exc}); "
-                          "name a commit, tag or branch and a directory of this repository") from None
+        raise _git_refusal(spec, f"cannot run git ({exc})") from None
     tmp = Path(tempfile.mkdtemp(prefix="moe-oracle-git-"))
     with tarfile.open(fileobj=BytesIO(blob)) as tar:
         tar.extractall(tmp, filter="data")

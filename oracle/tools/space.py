@@ -106,6 +106,7 @@ class Constants:
     env_presence: set[str] = field(default_factory=set)  # env vars some rule tests for being set at all
     packages: set[str] = field(default_factory=set)
     rocm_archs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    linked: set[str] = field(default_factory=set)  # facts a condition compares with another fact or value
 
     def add(self, fact: str, op: str, raw: Any) -> None:
         try:
@@ -180,6 +181,7 @@ class Constants:
                 if r.hidden:
                     self.add("moe.hidden_size", "multiple_of", r.hidden)
         for a, b in links:  # {fact: a, same_as: {fact: b}}: each side needs the other's constants
+            self.linked.update((a, b))
             for f, g in ((a, b), (b, a)):
                 for op, c in list(self.facts.get(g, ())):
                     if op in ("eq", "ne", "key"):
@@ -255,12 +257,15 @@ class Space:
         self.platform = self._platform()
 
     @classmethod
-    def of(cls, pairs: list[tuple[RuleSet, Table]], vary: tuple[str, ...] = (), base: tuple[str, ...] = VARIED
-           ) -> Space:
+    def of(cls, pairs: list[tuple[RuleSet, Table]], vary: tuple[str, ...] = (), base: tuple[str, ...] = VARIED,
+           vary_linked: bool = False) -> Space:
+        """`vary_linked`: also split every fact a condition compares with another fact (`same_as`,
+        `differs_from`): kept at their defaults, two such facts could never differ, and a condition on their
+        difference would look constant."""
         c = Constants()
         for rs, table in pairs:
             c.collect(rs, table)
-        return cls(c, vary, base)
+        return cls(c, (*vary, *sorted(c.linked)) if vary_linked else vary, base)
 
     def _platform(self) -> Domain:
         preds = [(f, op, k) for f in PLATFORM_FACTS for op, k in sorted(self.c.facts.get(f, ()), key=_stable)]

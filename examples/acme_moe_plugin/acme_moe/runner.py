@@ -1,11 +1,16 @@
-"""The ACME_MXFP4 runner. A real plugin launches its own kernel here; the example delegates to the
-project's emulation so that it computes the right answer on any device."""
+"""The ACME_MXFP4 runner (the protocol of backends/runners/base.py). A real plugin prepares its weights and
+launches its own kernel here; the example delegates to the project's emulation so that it computes the right
+answer on any device."""
 from __future__ import annotations
 
 from typing import Any
 
 
-def moe_forward(*args: Any, **kwargs: Any) -> Any:
-    from backends.emulation import moe_forward as reference
+class AcmeRunner:
+    """prepare(spec, weights) once per layer; apply(x, routing) per batch."""
 
-    return reference(*args, **kwargs)
+    @classmethod
+    def prepare(cls, spec: Any, weights: Any) -> Any:
+        from backends.runners.emulation import EmulationRunner
+
+        return EmulationRunner.prepare(spec, weights)
