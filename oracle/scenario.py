@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 # the fields each level of a scenario mapping allows, in the order messages list them (dicts: O(1) lookups and
 # one C-level subset test for a mapping without unknown fields)
-_TOP = dict.fromkeys(("policy", "profile", "platform", "packages", "flashinfer", "env", "moe", "quark", "query",
-                      "backend"))
+_TOP = dict.fromkeys("policy profile platform packages flashinfer env moe quark query backend".split())
 _PLATFORM = dict.fromkeys(("kind", "capability", "gcn_arch", "amx"))
 _MOE = dict.fromkeys([*(k.split(".", 1)[1] for k in FACTS
                         if k.startswith("moe.") and not k.startswith("moe.parallel.")), "parallel"])
@@ -370,12 +369,9 @@ def _quark(raw: Any, facts: dict[str, Any]) -> None:
     for key in ("input_dtype", "weight_dtype"):
         if key in quark:
             facts["quark." + key] = _typed(quark[key], "str?", "quark." + key)
-    weight = _fields(quark.get("weight"), "quark.weight", _QUARK_WEIGHT)
-    for key, value in weight.items():
-        facts["quark.weight." + key] = _typed(value, FACTS["quark.weight." + key][0], "quark.weight." + key)
-    inp = _fields(quark.get("input"), "quark.input", _QUARK_INPUT)
-    for key, value in inp.items():
-        facts["quark.input." + key] = _typed(value, FACTS["quark.input." + key][0], "quark.input." + key)
+    for level, allowed in (("weight", _QUARK_WEIGHT), ("input", _QUARK_INPUT)):
+        for key, value in _fields(quark.get(level), f"quark.{level}", allowed).items():
+            facts[f"quark.{level}.{key}"] = _typed(value, FACTS[f"quark.{level}.{key}"][0], f"quark.{level}.{key}")
 
 
 def env_lookalikes(env: Mapping[str, str], declared: frozenset[str]) -> tuple[str, ...]:
@@ -386,8 +382,7 @@ def env_lookalikes(env: Mapping[str, str], declared: frozenset[str]) -> tuple[st
         if name not in declared:
             close = _lookalike(name, declared)
             if close is not None:
-                out.append(f"env.{name}: not a variable these rules read (did you mean '{close}'?); "
-                           "it has no effect")
+                out.append(f"env.{name}: not a variable these rules read (did you mean '{close}'?); it has no effect")
     return tuple(out)
 
 
