@@ -42,9 +42,6 @@ logger = logging.getLogger(LOGGER_NAME)
 DEFAULT_PROFILE = "moe-oracle"
 #: The layer's checkpoints are W4A16: the scenario's weight key by format, activations unquantized.
 _WEIGHT_KEY = {"mxfp4": "kMxfp4Static", "nvfp4": "kNvfp4Static"}
-#: The policy a checkpoint asks by default; the names are the same in every profile (vLLM's, and ours).
-_POLICY = {("mxfp4", "interleaved"): "mxfp4-gpt-oss", ("mxfp4", "contiguous"): "mxfp4",
-           ("nvfp4", "interleaved"): "nvfp4", ("nvfp4", "contiguous"): "nvfp4"}
 #: torch device type -> platform kinds the rules may describe it as
 _DEVICE_KINDS = {"cpu": ("cpu",), "cuda": ("cuda", "rocm"), "xpu": ("xpu",)}
 _ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -164,12 +161,18 @@ class MoELayer:
 
         if oracle is None:
             oracle = default_oracle()
-        question = _question(oracle, profile=profile, policy=policy or _POLICY[weights.format, weights.gate_up],
+        served_by = None if policy is not None else checkpoint_policies(oracle, weights)
+        if served_by is not None and profile not in served_by and profile in oracle.profiles():
+            raise LayerUnavailableError(
+                f"MoELayer: profile {profile!r} names no policy for {weights.format} checkpoints with {weights.gate_up} "
+                f"gate/up rows (checkpoint_policies in its rules); pass policy=, or a profile that does: "
+                f"{', '.join(served_by) or 'none'}")
+        question = _question(oracle, profile=profile, policy=policy or (served_by or {}).get(profile),
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
                              top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)
         decision = select_logged(oracle, question)
         assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
-        require_runnable(oracle, decision, question, assembly=assembly)
+        require_runnable(oracle, decision, question, assembly=assembly, policies=served_by)
         if platform.get("kind") not in _DEVICE_KINDS[device.type]:
             _fail(ValueError, f"platform={dict(platform)} does not describe device={str(device)!r}; the backend "
                   f"{decision.backend} was chosen for that platform but would run on this device. Drop platform= "
@@ -378,7 +381,22 @@ def select_logged(oracle, question: dict):
     return decision
 
 
-def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssembly | None = None) -> None:
+def checkpoint_policies(oracle, weights: MoEWeights) -> dict[str, str]:
+    """profile -> the policy its rules name for this checkpoint's format and gate/up layout (checkpoint_policies),
+    for every profile that names one."""
+    out = {}
+    for name in oracle.profiles():
+        try:
+            found = oracle.table(name).checkpoint_policies.get(weights.format, {}).get(weights.gate_up)
+        except OracleError:
+            continue
+        if found is not None:
+            out[name] = found
+    return out
+
+
+def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssembly | None = None,
+                     policies: Mapping[str, str] | None = None) -> None:
     """Raise LayerUnavailableError (carrying the decision and its assembly) unless the decision names a backend
     with a runner; say which profile can run."""
     where = (f"profile {question['profile']!r} (policy {question['policy']}, platform "
@@ -395,22 +413,24 @@ def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssemb
                    f"a MoELayer runs W4A16 (unquantized activations)")
     else:
         return
-    raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question)}", decision=decision,
+    raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question, policies)}", decision=decision,
                                 assembly=assembly)
 
 
-def _who_can_run(oracle, question: dict) -> str:
-    """The other profiles that select a backend with a runner for the same layer here, as advice."""
+def _who_can_run(oracle, question: dict, policies: Mapping[str, str] | None = None) -> str:
+    """The other profiles that select a backend with a runner for the same layer here, as advice; `policies`:
+    each profile's own policy for the layer (checkpoint_policies), else the question's policy everywhere."""
     given = question["packages"]
     runnable = []
     for name in oracle.profiles():
-        if name == question["profile"]:
+        if name == question["profile"] or (policies is not None and name not in policies):
             continue
         try:
             known = oracle.table(name).packages
             packages = detect_packages(known - given.keys())
             packages.update({p: present for p, present in given.items() if p in known})
-            other = dict(question, profile=name, packages=packages)
+            other = dict(question, profile=name, packages=packages,
+                         policy=policies[name] if policies is not None else question["policy"])
             d = oracle.select(oracle.prepare(other))
         except OracleError:
             continue

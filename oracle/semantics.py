@@ -118,6 +118,9 @@ class Semantics:
             self.guarded(self.policy, e)
         for e in self.s["fact_defaults"].values():
             self.known(e, "fact", e.name, FACTS)
+        for e in self.s["checkpoint_policies"].values():
+            for layout in ("interleaved", "contiguous"):
+                self.known(e, "policy", e.data.get(layout), self.s["policies"], layout)
         self.cycles("derived", lambda d: operators.references(d.get("when"), "derived"))
         self.cycles("kernels", lambda d: [d["extends"]] if "extends" in d else [])
         return self.problems
