@@ -164,9 +164,9 @@ class MoELayer:
         served_by = None if policy is not None else checkpoint_policies(oracle, weights)
         if served_by is not None and profile not in served_by and profile in oracle.profiles():
             raise LayerUnavailableError(
-                f"MoELayer: profile {profile!r} names no policy for {weights.format} checkpoints with {weights.gate_up} "
-                f"gate/up rows (checkpoint_policies in its rules); pass policy=, or a profile that does: "
-                f"{', '.join(served_by) or 'none'}")
+                f"MoELayer: profile {profile!r} names no policy for {weights.format} checkpoints with "
+                f"{weights.gate_up} gate/up rows (checkpoint_policies in its rules); pass policy=, or a profile "
+                f"that does: {', '.join(served_by) or 'none'}")
         question = _question(oracle, profile=profile, policy=policy or (served_by or {}).get(profile),
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
                              top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)

@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         layers = [i for i, b in answers.items() if b == backend]
         answered = not backend.startswith(("invalid:", "unsupported:", "error:"))
         failed += 0 if answered else len(layers)
-        print(f"{backend}: layers {layers[0]}..{layers[-1]} ({len(layers)})", file=sys.stdout if answered else sys.stderr)
+        print(f"{backend}: layers {layers[0]}..{layers[-1]} ({len(layers)})",
+              file=sys.stdout if answered else sys.stderr)
     if failed:
         print(f"example-server: error: {failed} of {len(answers)} layers got no backend (above)", file=sys.stderr)
         return 1
