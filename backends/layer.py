@@ -153,6 +153,11 @@ class MoELayer:
             _fail(ValueError, f"device={device!r} is not a torch device ({exc}); pass e.g. 'cpu' or 'cuda:0'")
         if device.type not in _DEVICE_KINDS:
             _fail(ValueError, f"device={str(device)!r}: a layer runs on {', '.join(_DEVICE_KINDS)} devices")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            _fail(RuntimeError, f"device={str(device)!r}, but torch finds no CUDA device on this machine (torch "
+                  f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); run on a machine with a GPU "
+                  f"and a CUDA build of torch, or pass device='cpu'")
+        platform_detected = platform is None
         if platform is None:
             platform = platform_for_device(device)
         elif not isinstance(platform, Mapping):
@@ -174,6 +179,9 @@ class MoELayer:
         assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
         require_runnable(oracle, decision, question, assembly=assembly, policies=served_by)
         if platform.get("kind") not in _DEVICE_KINDS[device.type]:
+            if platform_detected:
+                _fail(RuntimeError, f"device={str(device)!r}, but this machine was detected as {dict(platform)} "
+                      f"(oracle.platform.detect_platform); pass platform= for the device, or device='cpu'")
             _fail(ValueError, f"platform={dict(platform)} does not describe device={str(device)!r}; the backend "
                   f"{decision.backend} was chosen for that platform but would run on this device. Drop platform= "
                   f"to detect it, or move the layer with device=")

@@ -83,3 +83,23 @@ def test_a_profile_without_a_policy_for_the_checkpoint_is_unavailable_naming_tho
 def test_a_mapping_to_an_unknown_policy_is_a_rule_error_at_its_line(tmp_path):
     with pytest.raises(RuleError, match=r"w4a16.yaml:\d+:\d+: unknown policy 'mxfp5'.*did you mean"):
         Oracle(_rules_without_mapping(tmp_path, broken="mxfp5")).table("moe-oracle")
+
+
+def test_cuda_without_a_cuda_device_says_so(oracle, monkeypatch):
+    """device='cuda' where torch sees no CUDA device names that cause, not the platform argument nobody passed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"device='cuda', but torch finds no CUDA device on this machine") as info:
+        MoELayer.from_checkpoint(_checkpoint("mxfp4", "interleaved"), activation="swigluoai", top_k=2, device="cuda",
+                                 packages={}, env={}, oracle=oracle)
+    assert "platform=" not in str(info.value).split(";")[0] and "Drop platform" not in str(info.value)
+
+
+def test_a_detected_platform_that_does_not_match_the_device_names_the_detection(oracle, monkeypatch):
+    from backends import layer as layer_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(layer_module, "platform_for_device", lambda device: {"kind": "cpu"})
+    with pytest.raises(RuntimeError, match=r"device='cuda', but this machine was detected as \{'kind': 'cpu'\}") as info:
+        MoELayer.from_checkpoint(_checkpoint("mxfp4", "interleaved"), activation="swigluoai", top_k=2, device="cuda",
+                                 packages={}, env={}, oracle=oracle)
+    assert "Drop platform" not in str(info.value)
