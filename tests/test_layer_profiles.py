@@ -103,3 +103,17 @@ def test_a_detected_platform_that_does_not_match_the_device_names_the_detection(
         MoELayer.from_checkpoint(_checkpoint("mxfp4", "interleaved"), activation="swigluoai", top_k=2, device="cuda",
                                  packages={}, env={}, oracle=oracle)
     assert "Drop platform" not in str(info.value)
+
+
+def test_without_torch_the_layer_names_its_install_step(tmp_path):
+    """`from backends import MoELayer` where torch is missing: one message with the install command."""
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "torch.py"  # a torch that cannot be imported, ahead of the real one
+    blocker.write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", "from backends import MoELayer"], capture_output=True, text=True,
+                         env={"PYTHONPATH": f"{tmp_path}:{root}", "PATH": ""}, cwd=tmp_path, timeout=60, check=False)
+    assert run.returncode == 1
+    assert "backends.MoELayer needs torch, which is not installed: pip install 'moe-oracle[torch]'" in run.stderr
