@@ -66,7 +66,9 @@ with pytest.MonkeyPatch.context() as mp:
             for features in ({}, {"situ_activation": False}):
                 sc = {"profile": "vllm-0.33", "policy": policy, "platform": {"kind": "cuda", "capability": cap},
                       "packages": {p: True for p in ("flashinfer", "triton_kernels", "deep_gemm", "humming", "quark")},
-                      "env": {}, "moe": {"activation": "situ"}, **({"flashinfer": features} if features else {})}
+                      "env": {}, "moe": {"activation": "situ", **({"activation_key": None, "user_activation_key": None}
+                                                                   if policy == "mxfp4" else {})},
+                      **({"flashinfer": features} if features else {})}
                 situ.append({"scenario": sc})
     own = [a for a, _ in t.unpatched_answers(m, situ)]
     ours = [a for a, _ in t.through_plugin(m, "vllm-0.33", situ)]
