@@ -112,8 +112,9 @@ PROBES = {"flashinfer": ("has_flashinfer", "has_flashinfer_moe", "has_flashinfer
 PROBE_HOME = {"flashinfer": "vllm.utils.flashinfer", "triton_kernels": "vllm.utils.import_utils",
               "deep_gemm": "vllm.utils.import_utils", "aiter": "vllm.utils.import_utils",
               "humming": "vllm.utils.import_utils", "quark": "vllm.utils.import_utils", "b12x": "vllm.utils.b12x"}
-# vLLM 0.33 probes more: every has_flashinfer* function stands for the one flashinfer package, and the new
-# packages (humming, amd-quark, b12x; b12x's experts also ask get_b12x_fused_moe() for a loadable module).
+# vLLM 0.33 probes more: every has_flashinfer* function answers the flashinfer package (the feature probes also the
+# question's flashinfer: facts, FEATURES), and the new packages (humming, amd-quark, b12x; b12x's experts also ask
+# get_b12x_fused_moe() for a loadable module).
 PROBES_033 = {**PROBES, "humming": ("has_humming",), "quark": ("has_quark",), "b12x": ("has_b12x",)}
 # FlashInfer features the scenario carries as `flashinfer:` facts (vLLM's has_flashinfer_<feature> probes)
 FEATURES = ("trtllm_fused_moe", "cutlass_fused_moe", "cutedsl_grouped_gemm_nt_masked", "cutedsl_moe_nvfp4",
