@@ -129,7 +129,8 @@ COLUMNS = {
 
 
 def _table() -> tuple[list[str], list[list[str]]]:
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").split("## What runs where", 1)[1].splitlines()
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## What runs where", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
     return rows[0], [r for r in rows[2:]]
 
