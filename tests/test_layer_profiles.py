@@ -117,3 +117,21 @@ def test_without_torch_the_layer_names_its_install_step(tmp_path):
                          env={"PYTHONPATH": f"{tmp_path}:{root}", "PATH": ""}, cwd=tmp_path, timeout=60, check=False)
     assert run.returncode == 1
     assert "backends.MoELayer needs torch, which is not installed: pip install 'moe-oracle[torch]'" in run.stderr
+
+
+@pytest.mark.parametrize("platform", [{"kind": "cuda", "capability": [9, 0]}, {"kind": "cuda", "capability": [10, 0]},
+                                      {"kind": "rocm", "gcn_arch": "gfx950"}], ids=["sm90", "sm100", "gfx950"])
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.20", "vllm-0.15", "moe-oracle"])
+def test_on_gpu_platforms_the_layer_is_runnable_or_says_what_can_run(oracle, profile, platform):
+    """Selection for a GPU platform, checked on this machine: either a backend with a runner (the layer then refuses
+    only because the weights sit on the CPU) or LayerUnavailableError naming a profile that runs here."""
+    for fmt, gate_up, activation in CHECKPOINTS:
+        try:
+            MoELayer.from_checkpoint(_checkpoint(fmt, gate_up), activation=activation, top_k=2, profile=profile,
+                                     platform=platform, device="cpu", packages={}, env={}, oracle=oracle)
+        except LayerUnavailableError as exc:
+            assert "Runnable instead: profile=" in str(exc), str(exc)
+        except ValueError as exc:
+            assert "does not describe device='cpu'" in str(exc), str(exc)  # runnable there, not on this CPU
+        else:
+            pytest.fail("a GPU platform's layer was built on the CPU")
