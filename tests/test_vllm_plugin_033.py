@@ -284,3 +284,17 @@ def test_033_the_installed_flashinfers_features_are_what_the_plugin_passes(tmp_p
     assert features["situ_activation"] is situ
     if importlib.metadata.version("flashinfer-python") == "0.7.2.post1":
         assert situ is True
+
+
+def test_the_call_cache_keys_on_the_declared_env_vars_only(monkeypatch, oracle):
+    """A cached answer is reused exactly when nothing a decision reads changed: the declared VLLM_* variables are in
+    the key, a variable no rule reads is not (it can only add a look-alike warning, on the first ask)."""
+    active = plugin._Active(oracle, "vllm-0.33", "the shipped rules", RELEASE)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    before = plugin._declared_env(active)
+    assert "VLLM_BATCH_INVARIANT" in active.env_names and set(before) == {None}
+    monkeypatch.setenv("VLLM_SOMETHING_UNREAD", "1")
+    assert plugin._declared_env(active) == before
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert plugin._declared_env(active) != before
+    assert set(active.env_names) == set(oracle.table("vllm-0.33").env_vars)

@@ -27,10 +27,10 @@ read through vLLM's own probes into the scenario's `flashinfer:` facts.
 Known gaps (warned once at run time): no router-logits dtype, hash routing or decomposed-backend
 requirement in the scenario.
 
-Cost per call: the question's inputs (platform, probes, VLLM_* environment, layer config, keys) are
-read as vLLM reads them on every call, but a question already asked since install is answered from
-a per-install cache of decisions keyed by those inputs (the answer is a pure function of them), so
-it is not built, validated or selected again (benchmarks/bench_vllm_plugin.py).
+Cost per call: what a decision depends on (platform, probes, the environment variables the profile
+declares, layer config, keys) is read as vLLM reads it on every call, but a question already asked
+since install is answered from a per-install cache keyed by those inputs (the answer is a pure
+function of them), so it is not built, validated or selected again (benchmarks/bench_vllm_plugin.py).
 """
 from __future__ import annotations
 
@@ -73,8 +73,10 @@ class _Active:
     source: str
     release: Release
     decisions: DecisionLog = field(default_factory=DecisionLog)  # one per install: a new install logs anew
-    # the inputs of one call (_call_key) -> the oracle's decision; per install, so new rules answer anew
+    # the inputs of one call (_call_key) -> vLLM's answer; per install, so new rules answer anew
     answers: dict = field(default_factory=dict)
+    env_names: tuple[str, ...] | None = None  # the env vars the profile declares: the only ones a decision reads
+    env_keys: tuple[bytes, ...] = ()          # the same, as os.environ stores them (POSIX)
 
 
 _ANSWERS_KEPT = 4096  # distinct questions cached per install (a model asks a handful); beyond: start over
@@ -328,13 +330,12 @@ def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, argument
     platform = platform_of(current_platform, _gcn_arch, _has_amx if release.cpu_amx else None)
     packages = package_probes(release)
     features = flashinfer_features(release) if packages.get("flashinfer") else None
-    env = _vllm_env()
     moe = moe_of(config)
-    key = _call_key(sel, platform, packages, features, env, moe, quant_keys)
+    key = _call_key(sel, platform, packages, features, _declared_env(active), moe, quant_keys)
     answer = active.answers.get(key)
-    if answer is None:
+    if answer is None:  # every VLLM_* variable goes into the question: a look-alike of a declared one is warned about
         scenario = build_scenario(policy=sel.policy, profile=active.profile, platform=platform, packages=packages,
-                                  env=env, config=config, quant_keys=quant_keys, flashinfer=features)
+                                  env=_vllm_env(), config=config, quant_keys=quant_keys, flashinfer=features)
         decision = _select_logged(sel, active, scenario)
         try:  # vLLM's answer is a function of the decision and the key (LoRA picks explicit kernel classes)
             answer = (to_vllm_answer(decision, backend_enum, kernel_classes, release.refusals_by_outcome), None)
@@ -349,15 +350,27 @@ def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, argument
     return value
 
 
-def _call_key(sel: Selector, platform: dict, packages: dict, features: dict | None, env: dict, moe: dict,
+def _call_key(sel: Selector, platform: dict, packages: dict, features: dict | None, env: tuple, moe: dict,
               quant_keys: dict) -> tuple:
-    """Everything build_scenario puts into a question, as one hashable tuple (mappings whose keys are fixed per
-    selector and release contribute their values in order)."""
+    """Everything the decision depends on, as one hashable tuple (mappings whose keys are fixed per selector and
+    release contribute their values in order; env: the declared variables' values)."""
     parallel = moe["parallel"]
     return (sel.name, *(v if type(v) is not list else tuple(v) for v in platform.values()), len(platform),
-            *packages.values(), features and tuple(features.values()),
-            tuple(sorted(env.items())) if env else (), tuple(v for v in moe.values() if v is not parallel),
-            tuple(parallel.values()), tuple(quant_keys.values()), len(moe))
+            *packages.values(), features and tuple(features.values()), env,
+            tuple(v for v in moe.values() if v is not parallel), tuple(parallel.values()),
+            tuple(quant_keys.values()), len(moe))
+
+
+def _declared_env(active: _Active) -> tuple:
+    """The values of the environment variables the profile declares (None: unset), in a fixed order."""
+    names = active.env_names
+    if names is None:
+        names = active.env_names = tuple(sorted(active.oracle.table(active.profile).env_vars))
+        active.env_keys = tuple(os.fsencode(n) for n in names) if os.name == "posix" else ()
+    data = getattr(os.environ, "_data", None)
+    if active.env_keys and isinstance(data, dict):
+        return tuple(data.get(k) for k in active.env_keys)
+    return tuple(os.environ.get(n) for n in names)
 
 
 def _vllm_env() -> dict[str, str]:
