@@ -1,5 +1,6 @@
 """Tensor code: format codecs (formats), the reference MoE (emulation), checkpoint containers (weights),
-layouts, kernels, and `MoELayer`, the runtime path from checkpoint tensors to MoE output.
+released checkpoint layouts on disk (checkpoints), layouts, kernels, `MoELayer`, the runtime path from checkpoint
+tensors to MoE output, and clients that put it in other projects' models (integrations).
 
 `MoELayer` is loaded on first access, so importing a torch-free submodule (e.g. a kernel's
 capability table) does not import torch through this package.

@@ -437,11 +437,17 @@ def overrides_text(shape: LayerShape, rows: Sequence[Row], facts: dict, tokens: 
                          f"nothing to pin; see the table's notes")
     backend, total = best
     default = next((r.backend for r in rows if r.default), None)
-    default_total = sum(_default_us(rows).get(t, math.nan) for t in tokens)
+    default_us = _default_us(rows)
+    if default == backend:
+        versus = " (the default pick)"
+    elif default is None:
+        versus = ""
+    elif all(t in default_us for t in tokens):
+        versus = f" vs the default pick {default} {sum(default_us[t] for t in tokens):.1f} us"
+    else:
+        versus = f"; the default pick {default} was not timed at every T (see the table's notes)"
     why = (f"moe-oracle bench on {facts['gpu']} ({facts['date']}), {shape.describe()}: {backend} "
-           f"{total:.1f} us summed over T={','.join(map(str, tokens))}"
-           + (f" vs the default pick {default} {default_total:.1f} us" if default and default != backend else
-              " (the default pick)"))
+           f"{total:.1f} us summed over T={','.join(map(str, tokens))}{versus}")
     match: dict[str, Any] = {"policy": policy}
     if model:
         match["model"] = model

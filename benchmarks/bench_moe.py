@@ -1,4 +1,4 @@
-"""Whole-layer timing of backends.triton_moe on a GPU, against the memory floor, bf16 matmul, and baselines.
+"""Whole-layer timing of backends.triton_moe on a GPU, against the memory floor, bf16 matmul and torch baselines.
 
 Per T: the layer (routing + alignment + both GEMMs + top-k sum) captured once in a CUDA graph and
 replayed, L2 flushed (a 256 MiB write) before every replay, median of CUDA-event times. Same run:
@@ -9,8 +9,10 @@ as a fraction of that bandwidth; 6·T·k·H·I FLOP / time as a fraction of the 
 over the emulation backend (eager) and over a torch bf16 grouped-GEMM layer (bf16 weights,
 torch._grouped_mm, as a CUDA graph).
 
-    python benchmarks/bench_moe.py --out $OUT                 # the table of issue 16 item 5
-    python benchmarks/bench_moe.py --sweep --out $OUT         # time candidate launch configs, write YAML
+    python benchmarks/bench_moe.py --out $OUT                 # per-layer detail (kernels, baselines)
+    python benchmarks/bench_moe.py --sweep --out $OUT         # time candidate launch configs, write a table
+    python benchmarks/bench_moe.py --merge-sweep SWEEP.json TABLE.yaml OUT.yaml   # fold a sweep into a table
+The peers are timed in the same run by benchmarks/bench_matrix.py.
 """
 
 from __future__ import annotations
@@ -25,38 +27,29 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # moe_sweep_candidates, also when imported by path
 
-from moe_sweep_candidates import CANDIDATES  # noqa: E402  (benchmarks/ is the script's own directory)
-
-from backends import emulation, gpu_timing
-from backends.gpu_timing import Flusher, measure_ceilings
-from backends.layouts.triton_moe import to_kernel_layout
-from backends.triton_moe import moe_forward, tuning
-from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint
+from backends import emulation, gpu_timing  # noqa: E402
+from backends.gpu_timing import GIB, Flusher, events_ms, graph_of, measure_ceilings  # noqa: E402
+from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
+from backends.triton_moe import moe_forward, tuning  # noqa: E402
+from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint  # noqa: E402
+from backends.triton_moe.tuning import writer  # noqa: E402
+from backends.triton_moe.tuning.candidates import sweep_candidates  # noqa: E402
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
-#: Measured peers (µs per layer at TOKENS), from the kernels reference (§9), same method (CUDA graph, L2 flushed).
-PEERS = {
-    "H100": {
-        "gpt-oss-120b": {"triton_kernels MXFP4": (94.4, 171.6, 344.2, 657.8, 747.7, 1063.7, 2552.9, 7394.4),
-                         "Humming MXFP4": (77.0, 153.2, 334.7, 615.5, 761.4, 1058.5, 2508.0, 8145.3)},
-        "deepseek-nvfp4": {"Humming NVFP4": (124.6, 315.5, 958.5, 1972.9, 2552.4, 3202.9, 8260.4, 27215.2)},
-    },
-    "H200": {
-        "gpt-oss-120b": {"triton_kernels MXFP4": (91.1, 149.3, 337.1, 643.3, 721.7, 1078.8, 2507.6, 7504.8),
-                         "Humming MXFP4": (74.2, 142.7, 322.7, 585.8, 719.7, 1036.9, 2597.7, 8224.9)},
-        "deepseek-nvfp4": {"Humming NVFP4": (114.4, 299.8, 920.1, 1935.7, 2606.5, 3216.8, 8323.9, 27086.3)},
-    },
-}
-#: First line of every tuning table written here: backends/triton_moe/configs/ ships tuning.schema.json (a copy of
-#: schemas/, tested identical), so editors resolve it from the table's own directory, in a checkout or installed.
-TUNING_MODELINE = "# yaml-language-server: $schema=./tuning.schema.json\n"
+_events_ms = events_ms  # benchmarks/probe_weight_streaming.py's name for it
+time_layer = gpu_timing.time_graph  # µs
+__all__ = ["GIB", "Flusher", "_events_ms", "expert_bytes", "graph_of", "time_layer"]
 
 
 def expert_bytes(shape) -> int:
-    """Packed FP4 + block scales of one expert (both GEMMs) of a testing.Shape."""
+    """Packed FP4 + block scales of one expert (both GEMMs) of a registry shape."""
     return gpu_timing.expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size)
+
+
+def _select(gpu_arch, shape, tokens, use_tables=True):
+    arch, gpu = gpu_arch
+    return tuning.select_config(arch, gpu, tuning.Problem(tokens=tokens, **shape.fields()), use_tables=use_tables)
 
 
 class GroupedBf16Layer:
@@ -96,9 +89,6 @@ class GroupedBf16Layer:
         return out.bfloat16()
 
 
-time_layer = gpu_timing.time_graph  # µs
-
-
 def profile_kernels(layer, flush, iters=10) -> list:
     """(kernel name, mean µs per layer call) of the eager layer under torch.profiler, L2 flushed before each
     call; the graph's time minus their sum is what launches and gaps cost."""
@@ -132,9 +122,7 @@ def time_alignments(gpu: str, shapes: list, tokens_list: list, flush, iters: int
         for tokens in tokens_list:
             logits = torch.randn(tokens, shape.experts, device="cuda")
             ids = torch.topk(logits, shape.top_k, dim=-1).indices.int()
-            block_m = tuning.select_config(device_name=gpu, format=shape.format, tokens=tokens, experts=shape.experts,
-                                           top_k=shape.top_k, hidden_size=shape.hidden_size,
-                                           intermediate_size=shape.intermediate_size).gemm1.block_m
+            block_m = _select(tuning.device_gpu(torch.device("cuda")), shape, tokens).gemm1.block_m
             ref = _routing.align(ids, shape.experts, block_m, path="torch")
             row = {"shape": name, "tokens": tokens, "pairs": ids.numel(), "block_m": block_m}
             for path in _routing.ALIGN_PATHS:
@@ -155,84 +143,49 @@ def time_alignments(gpu: str, shapes: list, tokens_list: list, flush, iters: int
     return rows
 
 
-def tuned_table(gpu: str, sweep_rows: list, tokens_list: list) -> dict:
-    """A configs/*.yaml table from sweep rows: per shape, the fastest config at each swept T, valid up to
-    the geometric middle of the next swept T; default.yaml's entries follow as the catch-all."""
+def best_entries(sweep: dict, run: str) -> list:
+    """Table entries from sweep rows: per shape, the fastest config at each swept T (with the heuristic's µs of the
+    same sweep), each serving up to the geometric middle of the next swept T. Shapes are the registry's names."""
     entries = []
-    for name in dict.fromkeys(r["shape"] for r in sweep_rows):
-        shape = SHAPES[name]
-        when_shape = {"format": shape.format, "experts": shape.experts, "top_k": shape.top_k,
-                      "hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size}
-        swept = sorted({r["tokens"] for r in sweep_rows if r["shape"] == name})
-        for index, tokens in enumerate(swept):
-            best = min((r for r in sweep_rows if r["shape"] == name and r["tokens"] == tokens), key=lambda r: r["us"])
-            when = dict(when_shape)
-            if index + 1 < len(swept):
-                when["max_tokens"] = int((tokens * swept[index + 1]) ** 0.5)
-            entries.append({"why": f"{name} T={tokens}: {best['us']:.1f} us in the sweep", "when": when,
-                            "gemm1": best["gemm1"], "gemm2": best["gemm2"]})
-    default = tuning.load_table(str(tuning.CONFIG_DIR / "default.yaml"))
-    table = {"gpus": [gpu], "why": f"Fastest swept launch configs on {gpu} per shape and T (benchmarks/bench_moe.py "
-                                   f"--sweep); other shapes fall through to the default entries.",
-             "measured": time.strftime("%Y-%m-%d") + f" on {gpu}",
-             "entries": entries + default["entries"]}
-    tuning.validate_table(table, "sweep output")
-    return table
+    rows = [r for r in sweep["rows"] if r["gemm1"]["block_m"] == r["gemm2"]["block_m"]]
+    for name in dict.fromkeys(r["shape"] for r in rows):
+        swept = sorted({r["tokens"] for r in rows if r["shape"] == name})
+        for (low, high), tokens in zip(writer.token_ranges(swept), swept, strict=True):
+            at = [r for r in rows if r["shape"] == name and r["tokens"] == tokens]
+            best = min(at, key=lambda r: r["us"])
+            heuristic = next((r["us"] for r in at if r.get("heuristic")), None)
+            entries.append(writer.entry(SHAPES[name].fields(), low, high, tokens, best["us"], run, best["gemm1"],
+                                        best["gemm2"], heuristic))
+    return entries
 
 
-def report(path: str) -> None:
-    """Markdown tables of a saved --out JSON: our row per T and the speedup over each measured peer
-    (peer µs / our µs: > 1 means this project is faster)."""
-    data = json.load(open(path))
-    kind = "H200" if "H200" in data["gpu"] else "H100"
-    print(f"{data['gpu']}: bandwidth {data['bandwidth_gbs']:.0f} GB/s (copy {data['copy_gbs']:.0f}, read-only "
-          f"{data['read_gbs']:.0f}); bf16 8192^3 matmul {data['matmul_tflops']:.1f} TFLOP/s")
-    for name in dict.fromkeys(r["shape"] for r in data["rows"]):
-        rows = [r for r in data["rows"] if r["shape"] == name]
-        peers = PEERS[kind].get(name, {})
-        head = ["T", "experts touched", "µs", "floor µs", "fraction of floor", "TFLOP/s", "fraction of bf16 matmul",
-                "vs emulation", "vs torch bf16 grouped", *[f"vs {p}" for p in peers]]
-        print(f"\n{name}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        for r in rows:
-            cells = [r["tokens"], r["touched"], f"{r['us']:.1f}", f"{r['floor_us']:.1f}", f"{r['floor_fraction']:.2f}",
-                     f"{r['tflops']:.1f}", f"{r['matmul_fraction']:.2f}",
-                     f"{r['emulation_us'] / r['us']:.1f}x" if "emulation_us" in r else "-",
-                     f"{r['grouped_bf16_us'] / r['us']:.2f}x" if "grouped_bf16_us" in r else "-"]
-            for times in peers.values():
-                cells.append(f"{times[TOKENS.index(r['tokens'])] / r['us']:.2f}x" if r["tokens"] in TOKENS else "-")
-            print("| " + " | ".join(map(str, cells)) + " |")
-
-
-def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: float = 0.02, note: str = "") -> list:
-    """Rewrite a configs/*.yaml entry ('<shape> T=<t>: ...') with the fastest swept config at that T when it beats
-    the entry's own config, timed in the same sweep, by more than min_gain; other entries stay. Returns the changes."""
+def merge_sweep(sweep_json: str, table_path: str, out_path: str, *, min_gain: float = 0.02) -> list:
+    """Fold a sweep into a table: at each swept (shape, T) the fastest config replaces the entry covering that T
+    (keeping its T range) when it beats that entry's config, timed in the same sweep, by more than min_gain; where
+    the table has no entry, it is added with the range around the swept T. Entries are found by shape and T range,
+    never by text. Returns the changes as (T, shape, old µs or None, new µs)."""
     import yaml
 
     sweep = json.load(open(sweep_json))
-    rows, gpu = sweep["rows"], sweep["gpu"]
     table = yaml.safe_load(open(table_path))
-    changes = []
-    for entry in table["entries"]:
-        head = entry["why"].split(":")[0]  # "<shape> T=<t>"
-        if " T=" not in head:
-            continue
-        name, tokens = head.split(" T=")[0], int(head.split(" T=")[1])
-        swept = [r for r in rows if r["shape"] == name and r["tokens"] == tokens
-                 and r["gemm1"]["block_m"] == r["gemm2"]["block_m"]]  # a mixed BLOCK_M pair is no valid layer
-        same = tuning.LaunchConfig(**entry["gemm1"]), tuning.LaunchConfig(**entry["gemm2"])  # defaults compare equal
-        current = [r for r in swept if (tuning.LaunchConfig(**r["gemm1"]), tuning.LaunchConfig(**r["gemm2"])) == same]
-        if not swept or not current:
-            continue
-        best = min(swept, key=lambda r: r["us"])
-        if best["us"] < current[0]["us"] * (1 - min_gain):
-            entry["gemm1"], entry["gemm2"] = best["gemm1"], best["gemm2"]
-            entry["why"] = (f"{head}: {best['us']:.1f} us on an {gpu} ({note}; {current[0]['us']:.1f} us with "
-                            f"the previous entry in the same sweep)")
-            changes.append((name, tokens, current[0]["us"], best["us"]))
-    tuning.validate_table(table, "merged sweep")
-    with open(out_path, "w") as f:
-        f.write(TUNING_MODELINE)
-        yaml.safe_dump(table, f, sort_keys=False, width=120)
+    tuning.validate_table(table, table_path)
+    changes, kept = [], []
+    for new in best_entries(sweep, sweep.get("run", sweep["gpu"])):
+        problem = tuning.Problem(tokens=new["measured"]["tokens"], **new["shape"])
+        current = next((e for e in table["entries"] if tuning.tables.entry_matches(e, problem)), None)
+        current_us = None
+        if current is not None:
+            same = (tuning.LaunchConfig(**current["gemm1"]), tuning.LaunchConfig(**current["gemm2"]))
+            current_us = next((r["us"] for r in sweep["rows"] if r["tokens"] == problem.tokens
+                               and SHAPES[r["shape"]].fields() == new["shape"]
+                               and (tuning.LaunchConfig(**r["gemm1"]), tuning.LaunchConfig(**r["gemm2"])) == same),
+                              None)
+            if current_us is None or new["measured"]["us"] >= current_us * (1 - min_gain):
+                continue
+            new = {**new, "tokens": dict(current["tokens"])}  # it takes over exactly the range it beat
+        kept.append(new)
+        changes.append((problem.tokens, new["shape"], current_us, new["measured"]["us"]))
+    writer.write_table(out_path, writer.merge_entries(table, kept), shipped_ok=True)
     return changes
 
 
@@ -249,42 +202,29 @@ def _save(out, tag, gpu, ceilings, rows) -> None:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="gpt-oss-120b,deepseek-nvfp4")
+    p.add_argument("--shapes", default="gpt-oss-120b,deepseek-v3")
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--sweep", action="store_true", help="time sweep_candidates() per T instead of the table")
-    p.add_argument("--candidates", choices=tuple(CANDIDATES), default="default",
-                   help="--sweep: which candidate set to time after the committed entry (default: sweep_candidates)")
+    p.add_argument("--sweep", action="store_true", help="time the tuned config, the heuristic's and "
+                   "tuning.candidates.sweep_candidates per T; write the sweep JSON")
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--budget-s", type=float, default=1e9, help="sweep: stop starting candidates after this")
     p.add_argument("--out", default=None, help="directory for the JSON rows (and the sweep's YAML)")
-    p.add_argument("--report", metavar="JSON", help="print the markdown tables of a saved run (no GPU needed)")
     p.add_argument("--profile", action="store_true", help="also list each kernel's µs per layer call (eager)")
-    p.add_argument("--round3-paths", action="store_true", help="time round 3's launch paths: routing and alignment "
-                   "in separate launches, one-program alignment to 4096 pairs and torch above (records tagged "
-                   "bench-round3-paths)")
     p.add_argument("--align", action="store_true", help="only time the alignment paths at each shape and T")
     p.add_argument("--merge-sweep", nargs=3, metavar=("SWEEP_JSON", "TABLE_YAML", "OUT_YAML"),
-                   help="rewrite the table's entries that a sweep beat (same-run times), write OUT_YAML; no GPU")
-    p.add_argument("--merge-note", default="re-swept", help="--merge-sweep: what the new entries' why says")
+                   help="fold a sweep into a table (entries it beat in the same run), write OUT_YAML; no GPU")
     args = p.parse_args()
     if args.merge_sweep:
-        for change in merge_sweep(*args.merge_sweep, note=args.merge_note):
-            print("%s T=%d: %.1f -> %.1f us" % change)
+        for tokens, shape, before, after in merge_sweep(*args.merge_sweep):
+            print(f"{shape} T={tokens}: {before if before is None else f'{before:.1f}'} -> {after:.1f} us")
         return
-    if args.report:
-        report(args.report)
-        return
-    tag = "bench-round3-paths" if args.round3_paths else "bench"
-    if args.round3_paths:
-        from backends.triton_moe import _routing
-
-        _routing.ROUTE_IN_ALIGN_LOGITS = 0
-        _routing.SMALL_ALIGN_PAIRS = _routing.MULTI_ALIGN_PAIRS = 4096
+    tag = "bench"
     torch.manual_seed(0)
     started = time.perf_counter()
     gpu = torch.cuda.get_device_name()
     bw, copy, read, mm = measure_ceilings()
+    gpu_arch = tuning.device_gpu(torch.device("cuda"))
     print(f"# {gpu}: copy {copy:.0f} GB/s, read-only {read:.0f} GB/s -> bandwidth {bw:.0f} GB/s; "
           f"bf16 8192^3 matmul {mm:.1f} TFLOP/s", flush=True)
     flush = Flusher()
@@ -313,12 +253,11 @@ def main():
             flops = 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
             if args.sweep:
                 best = None
-                table_cfg = tuning.select_config(device_name=gpu, format=shape.format, tokens=tokens,
-                                                 experts=shape.experts, top_k=shape.top_k,
-                                                 hidden_size=shape.hidden_size,
-                                                 intermediate_size=shape.intermediate_size)
-                # the committed entry first: merge_sweep compares every candidate against it in the same run
-                candidates = CANDIDATES[args.candidates](tokens, (table_cfg.gemm1, table_cfg.gemm2))
+                table_cfg = _select(gpu_arch, shape, tokens)
+                heuristic = _select(gpu_arch, shape, tokens, use_tables=False)
+                # the table's config first: merge_sweep compares every candidate against it in the same run
+                problem = tuning.Problem(tokens=tokens, **shape.fields())
+                candidates = sweep_candidates(problem, heuristic)
                 for c1, c2 in dict.fromkeys([(table_cfg.gemm1, table_cfg.gemm2), *candidates]):
                     if time.perf_counter() - started > args.budget_s:
                         break
@@ -331,8 +270,8 @@ def main():
                         print(f"| {tokens} | {c1} / {c2} | failed: {type(exc).__name__} |", flush=True)
                         continue
                     rows.append({"shape": name, "tokens": tokens, "gemm1": tuning.launch_dict(c1),
-                                 "gemm2": tuning.launch_dict(c2),
-                                 "us": us, "floor_fraction": floor_us / us})
+                                 "gemm2": tuning.launch_dict(c2), "us": us, "floor_fraction": floor_us / us,
+                                 "heuristic": (c1, c2) == (heuristic.gemm1, heuristic.gemm2)})
                     print(f"#   T={tokens} {c1} / {c2}: {us:.1f} us", flush=True)
                     _save(args.out, "sweep", gpu, (bw, copy, read, mm), rows)  # a cut-off sweep keeps its rows
                     if best is None or us < best[0]:
@@ -341,9 +280,7 @@ def main():
                     print(f"| {tokens} | best {best[1]} / {best[2]} | {best[0]:.1f} ({floor_us / best[0]:.2f} of "
                           f"floor) |", flush=True)
                 continue
-            default_cfg = tuning.select_config(device_name=gpu, format=shape.format, tokens=tokens,
-                                               experts=shape.experts, top_k=shape.top_k,
-                                               hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size)
+            default_cfg = _select(gpu_arch, shape, tokens)
             layer = functools.partial(moe_forward, x, kw, router_logits=logits, top_k=shape.top_k, **act)
             us = time_layer(layer, flush, args.iters)
             row = {"shape": name, "gpu": gpu, "tokens": tokens, "touched": touched, "us": us,
@@ -378,13 +315,12 @@ def main():
     if args.out:
         _save(args.out, "sweep" if args.sweep else tag, gpu, (bw, copy, read, mm), rows)
         if args.sweep and rows:
-            import yaml
-
-            name = gpu.lower().replace(" ", "-")
-            with open(os.path.join(args.out, f"{name}.yaml"), "w") as f:
-                f.write(TUNING_MODELINE)
-                yaml.safe_dump(tuned_table(gpu, rows, list(map(int, args.tokens.split(",")))), f, sort_keys=False,
-                               width=120)
+            sweep = {"gpu": gpu, "run": f"sweep-{time.strftime('%Y-%m-%d')}-{gpu}", "rows": rows}
+            table = {"table": "triton-moe-tuning", "version": 1, "arch": gpu_arch[0].name,
+                     "gpu": gpu.split()[1] if gpu.startswith("NVIDIA ") else gpu,
+                     "why": f"Fastest swept configs on {gpu} (benchmarks/bench_moe.py --sweep).",
+                     "entries": best_entries(sweep, sweep["run"])}
+            writer.write_table(os.path.join(args.out, gpu.lower().replace(" ", "-") + ".yaml"), table)
 
 
 if __name__ == "__main__":

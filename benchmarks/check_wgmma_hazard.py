@@ -108,19 +108,18 @@ def main() -> int:
     print("| table entry | GEMM | config | wgmmas in flight at the back edge | A-register writes before the wait |")
     print("|---|---|---|---|---|")
     bad = 0
-    for path in sorted(tuning.CONFIG_DIR.glob("*.yaml")):
-        for index, entry in enumerate(tuning.load_table(str(path))["entries"]):
-            when = entry["when"]
-            shape = by_size.get((when.get("format"), when.get("hidden_size"), when.get("intermediate_size")))
-            for gemm in (1, 2):
-                c = tuning.LaunchConfig(**entry[f"gemm{gemm}"])
-                if shape is None or not (c.swap_ab and c.num_warps >= 4):
-                    continue
-                in_flight, writes = k_loop_hazards(compile_gemm(gemm, shape, c, retire=not args.no_retire))
-                bad += bool(writes)
-                tile = f"{c.block_m}x{c.block_n}x{c.block_k}, {c.num_warps} warps, {c.num_stages} stages"
-                print(f"| {path.name}#{index} ({shape.name}, T <= {when.get('max_tokens', 'any')}) | {gemm} | {tile} "
-                      f"| {in_flight} | {len(writes)}{' (' + writes[0] + ', ...)' if writes else ''} |", flush=True)
+    for file, index, entry in tuning.shipped_entries():
+        when = entry["shape"]
+        shape = by_size.get((when["format"], when["hidden_size"], when["intermediate_size"]))
+        for gemm in (1, 2):
+            c = tuning.LaunchConfig(**entry[f"gemm{gemm}"])
+            if shape is None or not (c.swap_ab and c.num_warps >= 4):
+                continue
+            in_flight, writes = k_loop_hazards(compile_gemm(gemm, shape, c, retire=not args.no_retire))
+            bad += bool(writes)
+            tile = f"{c.block_m}x{c.block_n}x{c.block_k}, {c.num_warps} warps, {c.num_stages} stages"
+            print(f"| {file}#{index} ({shape.name}, T <= {entry['tokens'].get('max', 'any')}) | {gemm} | {tile} "
+                  f"| {in_flight} | {len(writes)}{' (' + writes[0] + ', ...)' if writes else ''} |", flush=True)
     return 1 if bad else 0
 
 

@@ -28,6 +28,6 @@ timeout "${BENCH_S:-150}" python3 -m oracle.cli bench --shape 256,8,7168,2048 --
     --iters 20 --no-progress --csv "$OUT/bench-deepseek-nvfp4.csv" \
     --overrides-out "$OUT/overrides-deepseek-nvfp4.yaml" 2>&1 | tee -a "$log"
 echo "## 3. benchmarks/bench_moe.py, same run" | tee -a "$log"
-timeout "${MOE_S:-90}" python3 benchmarks/bench_moe.py --shapes gpt-oss-120b,deepseek-nvfp4 --tokens "$TOKENS" \
+timeout "${MOE_S:-90}" python3 benchmarks/bench_moe.py --shapes gpt-oss-120b,deepseek-v3 --tokens "$TOKENS" \
     --iters 20 --no-baselines --out "$OUT" 2>&1 | tee -a "$log"
 echo "## done" | tee -a "$log"

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from backends.gpu_timing import GIB, Flusher  # noqa: E402
 from backends.gpu_timing import events_ms as _events_ms  # noqa: E402
 
-#: (name, rows of the matrix, bytes per row): gpt-oss-120b w13 (K = 2880) and deepseek-nvfp4 w13 (K = 7168)
-MATRICES = (("gpt-oss-120b w13", 128 * 5760, 1440), ("deepseek-nvfp4 w13", 128 * 4096, 3584))
+#: (name, rows of the matrix, bytes per row): gpt-oss-120b w13 (K = 2880) and deepseek-v3 w13 (K = 7168)
+MATRICES = (("gpt-oss-120b w13", 128 * 5760, 1440), ("deepseek-v3 w13", 128 * 4096, 3584))
 #: (rows per tile, bytes per row per K step, warps, stages): the committed decode tiles' shapes and neighbours
 TILES = ((64, 64, 2, 4), (64, 64, 4, 3), (64, 32, 2, 4), (32, 32, 1, 4), (128, 64, 4, 3), (64, 128, 4, 3))
 

@@ -7,7 +7,7 @@ condenses the counters per kernel: DRAM throughput, issue-slot use, achieved occ
 use and the top warp-stall reasons (warps stalled per issued instruction).
 
     python benchmarks/profile_moe_ncu.py --out DIR                      # ncu over the default cases (needs ncu)
-    python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:1,deepseek-nvfp4:256 --out DIR
+    python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:1,deepseek-v3:256 --out DIR
     python benchmarks/profile_moe_ncu.py --report DIR                   # re-render the tables of a saved run
 
 Clocks are left alone (`--clock-control none`), as the device notes ask; ncu's replay makes absolute times
@@ -28,7 +28,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ("gpt-oss-120b:1", "gpt-oss-120b:64", "gpt-oss-120b:1024", "gpt-oss-120b:16384",
-         "deepseek-nvfp4:1", "deepseek-nvfp4:16", "deepseek-nvfp4:256", "deepseek-nvfp4:4096")
+         "deepseek-v3:1", "deepseek-v3:16", "deepseek-v3:256", "deepseek-v3:4096")
 #: ncu's own sections (their metric names are the tool's, so no name here can be unknown to it) ...
 SECTIONS = ("SpeedOfLight", "Occupancy", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis", "LaunchStats")
 #: ... plus a few counters they may not hold (dropped again if this ncu does not know one of them).

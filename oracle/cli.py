@@ -330,9 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plugins", help="list registered plugins and check their rule fragments (exit 3 if broken)")
     from .tools.bench_cli import add_bench_parser
     from .tools.commands import add_tool_parsers
+    from .tools.tune_verb import add_tune_parser
 
     add_tool_parsers(sub)
     add_bench_parser(sub)
+    add_tune_parser(sub)
     return p
 
 
@@ -356,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.command in TOOL_COMMANDS:
             return run_tool(args)
+        if args.command == "tune":
+            from .tools.tune_verb import run_tune
+
+            return run_tune(args)
         if args.command == "validate":
             return _cmd_validate(args)
         if args.command == "plugins":

@@ -235,6 +235,8 @@ def run(policy: Policy, ctx: Ctx, trace: Trace, call_policy: CallPolicy, request
         if action == "use_explicit":
             return _finish(_use_explicit(family, ctx, trace, step), emits)
         if action == "candidates":
+            if trace is not None and list(arg) == list(candidates):
+                _no_op(trace, f"the candidates are already {list(arg)}")
             candidates = list(arg)
             continue
         if action == "move":

@@ -20,3 +20,9 @@ def rules_dir() -> Path:
 
 def schemas_dir() -> Path:
     return _first_existing(_HERE / "_embedded" / "schemas", _HERE.parent / "schemas")
+
+
+def golden_dir() -> Path:
+    """The shipped golden samples (`moe-oracle test builtin:NAME`): in the wheel under oracle/_embedded/golden,
+    in a checkout tests/data."""
+    return _first_existing(_HERE / "_embedded" / "golden", _HERE.parent / "tests" / "data")

@@ -176,6 +176,16 @@ def test_overrides_pin_the_profiles_fastest_backend_and_select_reads_them(tmp_pa
     assert code == 0 and '"backend": "TRITON"' in out and "bench-gpt-oss-120b" in out
 
 
+def test_overrides_say_when_the_default_pick_was_not_timed(tmp_path, oracle):
+    rows = [r for r in _rows() if not (r.backend == "TRITON" and r.tokens == 37)]
+    path = tmp_path / "pin.yaml"
+    bench.write_overrides(str(path), GPT_OSS, rows, FACTS, [1, 37], profile="vllm-0.33", policy="mxfp4", model=None,
+                          oracle=oracle)
+    text = path.read_text()
+    assert "backend: HUMMING" in text and "the default pick TRITON was not timed at every T" in text
+    assert "nan" not in text
+
+
 def test_overrides_refuse_when_nothing_was_timed_at_every_t(tmp_path):
     rows = [r for r in _rows() if r.profile == "vllm-0.33" and r.tokens != 37]
     with pytest.raises(bench.BenchError, match="no backend of profile vllm-0.33 was timed at every T"):

@@ -35,13 +35,13 @@ def _schema_named_by(rule_file: Path) -> Path:
 #: schema copies shipped next to YAML outside rules/ (path in the checkout -> its source under schemas/); a copy
 #: is refreshed with `moe-oracle schema NAME > PATH`
 SCHEMA_COPIES = {
-    "backends/triton_moe/configs/tuning.schema.json": "tuning.schema.json",
+    "backends/triton_moe/tuning/tables/tuning.schema.json": "tuning.schema.json",
     "examples/acme_moe_plugin/acme_moe/plugin.schema.json": "plugin.schema.json",
     "examples/acme_moe_plugin/acme_moe/rules.schema.json": "rules.schema.json",
 }
 #: directories whose YAML files name those copies: directory -> {file pattern: schema under schemas/}
 MODELINE_DIRECTORIES = {
-    "backends/triton_moe/configs": {"*.yaml": "tuning.schema.json"},
+    "backends/triton_moe/tuning/tables": {"*.yaml": "tuning.schema.json"},
     "examples/acme_moe_plugin/acme_moe": {"moe_oracle_plugin.yaml": "plugin.schema.json",
                                           "rules/*.yaml": "rules.schema.json"},
 }
@@ -94,49 +94,17 @@ def test_modelines_resolve_inside_a_copy_of_their_directory(tmp_path, directory)
     assert not unchecked, f"{directory}: YAML files no pattern of MODELINE_DIRECTORIES covers: {unchecked}"
 
 
-def test_the_sweep_merge_names_the_sweeps_own_gpu(tmp_path):
-    """A merged entry's why names the GPU the sweep ran on (the sweep JSON's "gpu"), not a fixed one."""
-    pytest.importorskip("torch", reason="benchmarks/bench_moe.py imports torch")
-    import yaml
+def test_a_written_user_table_carries_the_shipped_modeline(tmp_path):
+    """`moe-oracle tune` writes tables with the shipped tables' first line; next to a copy of the schema it
+    resolves (the tune command copies the schema into the user directory)."""
+    from backends.triton_moe import tuning
+    from backends.triton_moe.tuning import writer
 
-    spec = importlib.util.spec_from_file_location("bench_moe", ROOT / "benchmarks" / "bench_moe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    table_path = ROOT / "backends" / "triton_moe" / "configs" / "sm90-h100.yaml"
-    entry = next(e for e in yaml.safe_load(table_path.read_text())["entries"]
-                 if e["why"].startswith("gpt-oss-120b T=16384:"))
-    faster = {**entry["gemm1"], "num_stages": entry["gemm1"]["num_stages"] + 1}
-    rows = [{"shape": "gpt-oss-120b", "tokens": 16384, "gemm1": entry["gemm1"], "gemm2": entry["gemm2"], "us": 100.0},
-            {"shape": "gpt-oss-120b", "tokens": 16384, "gemm1": faster, "gemm2": entry["gemm2"], "us": 90.0}]
-    sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "rows": rows}))
-    out = tmp_path / "merged.yaml"
-    assert bench.merge_sweep(str(sweep), str(table_path), str(out), note="n") == [("gpt-oss-120b", 16384, 100.0, 90.0)]
-    merged = next(e for e in yaml.safe_load(out.read_text())["entries"] if e["why"].startswith("gpt-oss-120b T=16384:"))
-    assert merged["gemm1"] == faster
-    assert "90.0 us on an NVIDIA H100 80GB HBM3 (n; 100.0 us" in merged["why"], merged["why"]
-
-
-def test_the_sweep_merge_writes_the_tuning_tables_modeline(tmp_path):
-    """benchmarks/bench_moe.py's writer puts TUNING_MODELINE first: the same line as the shipped tables, resolving
-    in configs/ (an empty sweep changes no entry, so the written table is the input's)."""
-    pytest.importorskip("torch", reason="benchmarks/bench_moe.py imports torch")
-    import yaml
-
-    spec = importlib.util.spec_from_file_location("bench_moe", ROOT / "benchmarks" / "bench_moe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    configs = tmp_path / "configs"
-    shutil.copytree(ROOT / "backends" / "triton_moe" / "configs", configs)
-    sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "rows": []}))
-    out = configs / "merged.yaml"
-    assert bench.merge_sweep(str(sweep), str(configs / "default.yaml"), str(out)) == []
-    first = out.read_text().splitlines()[0]
-    assert first + "\n" == bench.TUNING_MODELINE
-    assert {f.read_text().splitlines()[0] for f in configs.glob("*.yaml")} == {first}
-    assert _schema_named_by(out) == (configs / "tuning.schema.json").resolve()
-    assert yaml.safe_load(out.read_text()) == yaml.safe_load((configs / "default.yaml").read_text())
+    table = tuning.shipped_table("sm90-h200.yaml")
+    out = writer.write_table(tmp_path / "t.yaml", {**table, "gpu": "H100"})
+    assert out.read_text().splitlines()[0] + "\n" == tuning.MODELINE
+    assert _schema_named_by(out) == (tmp_path / "tuning.schema.json").resolve() and _schema_named_by(out).is_file()
+    assert tuning.read_table(out)["entries"] == table["entries"]
 
 
 def test_schema_write_puts_the_modeline_schemas_into_a_directory(tmp_path, capsys):
@@ -209,7 +177,11 @@ def test_explain_of_a_non_editable_install_names_its_rule_files(tmp_path):
     _locations_exist(proc.stdout, cwd, embedded)
     for f in sorted(embedded.rglob("*.yaml")):  # the installed rules' modelines resolve there too
         assert _schema_named_by(f).is_file(), f
-    tables = sorted((site.parent / "backends" / "triton_moe" / "configs").glob("*.yaml"))
+    proc = subprocess.run([str(env_dir / "bin" / "moe-oracle"), "test", "builtin:golden-sample"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "passed" in proc.stdout, proc.stderr  # the samples the docs name are installed
+    assert (site / "_embedded" / "golden" / "golden-sample.jsonl").is_file()
+    tables = sorted((site.parent / "backends" / "triton_moe" / "tuning" / "tables").glob("*.yaml"))
     assert tables, "the wheel has no tuning tables"
     for f in tables:  # and so do the installed tuning tables'
         assert _schema_named_by(f) == (f.parent / "tuning.schema.json").resolve() and _schema_named_by(f).is_file(), f

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
+
 from oracle.cli import main
 
 BAD = Path(__file__).parent / "bad_rules"
@@ -39,3 +41,7 @@ def test_a_move_that_changes_nothing_is_marked_no_op(capsys, tmp_path):
     trace = json.loads(capsys.readouterr().out)["trace"]
     [entry] = [e for e in trace if e.get("step") == "second-first"]
     assert entry["matched"] is True and "TRITON2 is not among the candidates" in entry["no_op"]
+    assert main([*argv, "--json"]) == 0
+    decision = json.loads(capsys.readouterr().out)
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "decision.schema.json").read_text())
+    jsonschema.validate(decision, schema)  # the documented answer shape carries no_op

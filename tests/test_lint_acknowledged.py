@@ -121,9 +121,25 @@ def test_shipped_pre_commit_hooks_pass_on_a_fresh_copy(capsys, tmp_path, monkeyp
         assert code == 0, f"hook {hook['id']} failed on a fresh copy of the shipped rules:\n{out}\n{err}"
 
 
-@pytest.mark.parametrize("command", [["validate"], ["lint"], ["fmt", "--check"]])
+@pytest.mark.parametrize("command", [["validate", "{copy}"], ["lint", "{copy}"], ["fmt", "--check", "{copy}"],
+                                     ["--rules", "{copy}", "validate"], ["--rules", "{copy}", "lint"]])
 def test_a_copied_rules_directory_passes_every_gate(capsys, tmp_path, command):
     copy = tmp_path / "my-rules"
     shutil.copytree(rules_dir(), copy)
-    code, out, err = run(capsys, *command, str(copy))
+    code, out, err = run(capsys, *(part.format(copy=copy) for part in command))
     assert code == 0, out + err
+
+
+def test_an_acknowledgement_that_acknowledges_nothing_is_reported(capsys, tmp_path):
+    root = _only_profile(tmp_path, "moe-oracle")
+    path = root / "moe-oracle" / "w4a16.yaml"
+    text = path.read_text()
+    old = "      - id: auto\n"
+    assert text.count(old) >= 1
+    path.write_text(text.replace(old, old + '        lint_allow: {always-false: "it used to be false on every '
+                                             'input"}\n', 1))
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "lint_allow: {always-false" in t)
+    code, out, _ = run(capsys, "lint", str(root))
+    assert code == 1 and f"w4a16.yaml:{line}: warning [unused-acknowledgement] lint_allow names always-false" in out
+    code, out, _ = run(capsys, "lint", str(root), "--profile", "moe-oracle")
+    assert code == 0 and "unused-acknowledgement" not in out  # one profile alone cannot tell

@@ -201,7 +201,7 @@ def test_a_kernel_this_project_cannot_run_still_answers_with_the_full_decision()
     assert (variants["backend"], variants["kernel"], variants["monolithic"]) == (
         "TRITON", "OAITritonMxfp4ExpertsMonolithic", True)
     assert [v["monolithic"] for v in variants["variants"]] == [True, False]
-    with pytest.raises(LayerUnavailableError, match="cannot run.*Runnable instead: profile='moe-oracle'"):
+    with pytest.raises(LayerUnavailableError, match="cannot run.*Runnable instead: .*profile='moe-oracle'"):
         layer.process_weights_after_loading()
 
 

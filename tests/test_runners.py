@@ -222,3 +222,14 @@ def test_indexed_alignment_groups_every_pair_once_by_expert(tokens, top_k, exper
         assert bool((flat[chunk.long()] == expert_ids[b]).all()), "a block holds its expert's pairs only"
     counts = torch.bincount(flat, minlength=experts)
     assert used == int(((counts + block - 1) // block * block).sum())
+
+
+# --------------------------------------------------------------------------- the TRITON routing bitmatrix
+def test_pack_bitmatrix_sets_one_bit_per_routed_expert():
+    from backends.runners.oai_triton import pack_bitmatrix
+
+    ids = torch.tensor([[0, 31], [32, 5], [63, 33]])
+    words = pack_bitmatrix(ids, 64)
+    assert words.dtype == torch.uint32 and words.shape == (3, 2)
+    as_ints = [[v & 0xFFFFFFFF for v in row] for row in words.view(torch.int32).tolist()]
+    assert as_ints == [[1 | 1 << 31, 0], [1 << 5, 1], [0, 1 << 1 | 1 << 31]]

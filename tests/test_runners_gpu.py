@@ -27,7 +27,7 @@ TOKENS = (1, 37, 1000)
 REL_L2 = tolerance("w4a16_moe_rel_l2")["rtol"]
 ELEMENTWISE = tolerance("w4a16_moe_elementwise_rms_units")
 #: (shape, gate/up rows as the model stores them)
-LAYERS = {"gpt-oss-120b": "interleaved", "deepseek-nvfp4": "contiguous"}
+LAYERS = {"gpt-oss-120b": "interleaved", "deepseek-v3": "contiguous"}
 
 
 @pytest.fixture(scope="module", params=list(LAYERS))

@@ -133,7 +133,7 @@ GPU_TOKENS = (1, 3, 64, 1000, 4096)
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", GPU_TOKENS)
-@pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b", "deepseek-nvfp4", "qwen3-30b-a3b",
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b", "deepseek-v3", "qwen3-30b-a3b",
                                   "qwen3-30b-a3b-nvfp4"])
 def test_cuda_layers_match_emulation(name, tokens):
     out, ref = run_both(SHAPES[name], tokens, device="cuda", seed=tokens)
@@ -143,7 +143,7 @@ def test_cuda_layers_match_emulation(name, tokens):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [64, 4096])
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
 def test_cuda_all_tokens_on_one_expert(name, tokens):
     out, ref = run_both(SHAPES[name], tokens, device="cuda", routing="one_expert")
     assert_matches_emulation(out, ref)
@@ -153,18 +153,15 @@ def _table_entries():
     """(file#index, shape name, T, config) of every entry of the shipped tables whose shape is one of SHAPES."""
     from backends.triton_moe import tuning
 
-    by_size = {(s.format, s.experts, s.top_k, s.hidden_size, s.intermediate_size): name for name, s in SHAPES.items()}
+    by_size = {tuple(s.fields().values()): name for name, s in SHAPES.items()}
     cases = []
-    for path in sorted(tuning.CONFIG_DIR.glob("*.yaml")):
-        for index, entry in enumerate(tuning.load_table(str(path))["entries"]):
-            when = entry["when"]
-            name = by_size.get(tuple(when.get(key) for key in ("format", "experts", "top_k", "hidden_size",
-                                                                  "intermediate_size")))
-            if name:
-                tokens = min(when["max_tokens"] // 2 + 1, 1000) if "max_tokens" in when else 1000
-                config = tuning.MoEConfig(tuning.LaunchConfig(**entry["gemm1"]), tuning.LaunchConfig(**entry["gemm2"]),
-                                          f"{path.name}#{index}")
-                cases.append(pytest.param(name, tokens, config, id=f"{path.name}#{index}-{name}-T{tokens}"))
+    for file, index, entry in tuning.shipped_entries():
+        name = by_size.get(tuple(entry["shape"][key] for key in tuning.SHAPE_FIELDS))
+        if name:
+            tokens = min(entry["measured"]["tokens"], 2048)  # the tile, not the size, is under test
+            config = tuning.MoEConfig(tuning.LaunchConfig(**entry["gemm1"]), tuning.LaunchConfig(**entry["gemm2"]),
+                                      f"{file}#{index}")
+            cases.append(pytest.param(name, tokens, config, id=f"{file}#{index}-{name}-T{tokens}"))
     return cases
 
 
@@ -208,7 +205,7 @@ def test_cuda_bit_identical_runs_and_graph_replay(tokens):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 5, 64])
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
 def test_cuda_split_k_matches_emulation_and_is_bit_identical(name, tokens):
     """Split-K decode tiles (fixed-order slice sums, no atomics): right values, same bits on every run."""
     from backends.triton_moe import tuning

@@ -387,7 +387,7 @@ def _cuda_layer(name):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("split_k", [2, 4, 8])
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
 def test_cuda_fused_split_epilogue_gives_the_two_launch_bits(name, split_k):
     """Same h and output as the two-launch path, 5 fused runs each (poisoned allocations), at T = 1, 4, 8
     (route + align in one launch) and 64 (one-program or multi-program alignment)."""

@@ -154,37 +154,21 @@ def test_alignment_groups_pairs_by_expert_with_padding(block_m):
     assert torch.all(al.sorted_pairs[total:] == tokens * k), "rows past the padded end are sentinels"
 
 
-def test_every_shipped_config_table_validates_and_covers_every_call():
-    names = sorted(p.name for p in tuning.CONFIG_DIR.glob("*.yaml"))
-    assert "default.yaml" in names
-    for name in names:
-        table = tuning.load_table(str(tuning.CONFIG_DIR / name))
-        assert table["entries"][-1]["when"] == {}
-    cfg = tuning.select_config(device_name="Some Future GPU", format="nvfp4", tokens=10**6, experts=3, top_k=1,
-                               hidden_size=64, intermediate_size=64)
-    assert cfg.source.startswith("default.yaml#")
-    decode = tuning.select_config(device_name=None, format="mxfp4", tokens=1, experts=128, top_k=4,
-                                  hidden_size=2880, intermediate_size=2880)
-    assert decode.gemm1.block_m == decode.gemm2.block_m
+def test_every_call_gets_a_config_without_any_table():
+    """No catch-all entries: a GPU no table names and the interpreter take the heuristics, for any shape."""
+    cfg = tuning.select_config("sm90", tuning.Gpu("Some Future GPU", 100),
+                               tuning.Problem("nvfp4", 10**6, 3, 1, 64, 64))
+    assert cfg.source.startswith("heuristic")
+    arch, gpu = tuning.device_gpu(torch.device("cpu"))
+    decode = tuning.select_config(arch, gpu, tuning.Problem("mxfp4", 1, 128, 4, 2880, 2880))
+    assert decode.gemm1.block_m == decode.gemm2.block_m and decode.source.startswith("heuristic")
 
 
 def test_bad_config_tables_are_rejected_with_the_place():
-    table = tuning.load_table(str(tuning.CONFIG_DIR / "default.yaml"))
+    table = tuning.shipped_table("sm90-h200.yaml")
     broken = copy.deepcopy(table)
     broken["entries"][0]["gemm1"]["block_k"] = 48
     with pytest.raises(ValueError, match=r"x.yaml: entries/0/gemm1/block_k"):
-        tuning.validate_table(broken, "x.yaml")
-    broken = copy.deepcopy(table)
-    broken["entries"][-1]["when"] = {"max_tokens": 4}
-    with pytest.raises(ValueError, match="last entry must have `when: {}`"):
-        tuning.validate_table(broken, "x.yaml")
-    broken = copy.deepcopy(table)
-    broken["entries"][0]["gemm2"]["block_m"] = 2 * broken["entries"][0]["gemm1"]["block_m"]
-    with pytest.raises(ValueError, match="block_m must be equal"):
-        tuning.validate_table(broken, "x.yaml")
-    broken = copy.deepcopy(table)
-    broken["entries"][0]["when"]["tokens"] = 3
-    with pytest.raises(ValueError, match="tokens"):
         tuning.validate_table(broken, "x.yaml")
 
 

@@ -18,15 +18,22 @@ from conftest import requires_cuda
 
 
 def _default_table() -> dict:
-    return copy.deepcopy(tuning.load_table(str(tuning.CONFIG_DIR / "default.yaml")))
+    """A one-entry user table in the shipped format (the entries' launch fields are what these tests vary)."""
+    launch = {"block_m": 16, "block_n": 64, "block_k": 64, "group_m": 8, "swap_ab": True, "num_warps": 2,
+              "num_stages": 4}
+    entry = {"shape": SHAPES["gpt-oss-120b"].fields(), "tokens": {"min": 1, "max": 8},
+             "measured": {"tokens": 4, "us": 100.0, "run": "test"}, "gemm1": dict(launch), "gemm2": dict(launch)}
+    return {"table": "triton-moe-tuning", "version": 1, "arch": "sm90", "gpu": "H100", "why": "test",
+            "entries": [entry, copy.deepcopy({**entry, "tokens": {"min": 9}, "measured": {"tokens": 16, "us": 1.0,
+                                                                                          "run": "test"}})]}
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in tuning.CONFIG_DIR.glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in tuning.TABLE_DIR.glob("*.yaml")))
 def test_every_shipped_table_parses_and_validates(name):
     """The tables are read only when a CUDA layer selects a config, so a YAML or schema slip would reach a GPU
-    first: parse and validate each one here (a quote in a single-quoted `why` once broke one)."""
-    table = tuning.load_table(str(tuning.CONFIG_DIR / name))
-    assert table["entries"], name
+    first: parse and validate each one here."""
+    table = tuning.shipped_table(name)
+    assert table["entries"] or table.get("extends"), name
 
 
 def test_a_register_cap_is_an_optional_launch_field():
@@ -39,7 +46,7 @@ def test_a_register_cap_is_an_optional_launch_field():
     assert tuning.LaunchConfig(**tuning.launch_dict(capped)) == capped
     uncapped = tuning.LaunchConfig(**table["entries"][0]["gemm2"])
     assert uncapped.maxnreg is None and "maxnreg" not in tuning.launch_dict(uncapped)  # a table has no nulls
-    tuning.validate_table({**table, "entries": [{"when": {}, "gemm1": tuning.launch_dict(capped),
+    tuning.validate_table({**table, "entries": [{**table["entries"][0], "gemm1": tuning.launch_dict(capped),
                                                  "gemm2": tuning.launch_dict(uncapped)}]}, "written")
 
 
@@ -60,9 +67,8 @@ def test_a_register_cap_changes_no_bits_on_cuda():
     for tokens in (4, 256):
         x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
         logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
-        config = tuning.select_config(device_name=torch.cuda.get_device_name(), format=shape.format, tokens=tokens,
-                                      experts=shape.experts, top_k=shape.top_k, hidden_size=shape.hidden_size,
-                                      intermediate_size=shape.intermediate_size)
+        arch, gpu = tuning.device_gpu(torch.device("cuda"))
+        config = tuning.select_config(arch, gpu, tuning.Problem(tokens=tokens, **shape.fields()))
         capped = tuning.MoEConfig(dataclasses.replace(config.gemm1, maxnreg=96),
                                   dataclasses.replace(config.gemm2, maxnreg=96), "capped")
         run = {"router_logits": logits, "top_k": shape.top_k, **activation_kwargs(shape)}
@@ -124,7 +130,7 @@ def test_half_rows_needs_blocks_of_32_rows():
 
 
 @requires_cuda
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
 def test_half_rows_change_no_bits_on_cuda(name):
     """A block that multiplies only its first half computes the same sums for its real rows."""
     shape = SHAPES[name]
@@ -144,7 +150,7 @@ def test_half_rows_change_no_bits_on_cuda(name):
 
 
 @requires_cuda
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-nvfp4"])
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
 def test_stacking_gate_and_up_changes_no_bits_on_cuda(name):
     """One dot over the stacked rows sums every output in the order of the two dots it replaces."""
     shape = SHAPES[name]
@@ -161,21 +167,3 @@ def test_stacking_gate_and_up_changes_no_bits_on_cuda(name):
         stacked = tuning.MoEConfig(dataclasses.replace(gemm1, stack_gate_up=True), gemm2, "stacked")
         assert torch.equal(moe_forward(x, weights, **run, config=stacked), moe_forward(x, weights, **run,
                                                                                       config=two_dots)), gemm1
-
-
-def test_a_table_for_one_gpu_kind_wins_over_a_shared_one(tmp_path, monkeypatch):
-    """sm90-h100-h200.yaml sorts before sm90-h100.yaml; the H100-only table must still serve the H100."""
-    import yaml
-
-    shared = _default_table()
-    shared["gpus"] = ["H100", "H200"]
-    only = copy.deepcopy(shared)
-    only["gpus"] = ["H100"]
-    only["entries"][-1]["gemm1"]["num_stages"] = shared["entries"][-1]["gemm1"]["num_stages"] + 1
-    for name, table in (("default.yaml", _default_table()), ("sm90-h100-h200.yaml", shared),
-                        ("sm90-h100.yaml", only)):
-        (tmp_path / name).write_text(yaml.safe_dump(table))
-    monkeypatch.setattr(tuning, "CONFIG_DIR", tmp_path)
-    assert tuning.table_for_device("NVIDIA H100 80GB HBM3")[0] == "sm90-h100.yaml"
-    assert tuning.table_for_device("NVIDIA H200")[0] == "sm90-h100-h200.yaml"
-    assert tuning.table_for_device("NVIDIA A100-SXM4-80GB")[0] == "default.yaml"

@@ -29,6 +29,11 @@ TOLERANCES: dict[str, dict[str, float]] = {
     # the largest of 10^7 outputs sits near 6 sigma = 1.5e-2 rms(ref). atol is in units of the
     # reference's RMS (scale it before use): 2^-5 = 3.1e-2, 13 sigma; rtol 2^-6 covers large outputs.
     "w4a16_moe_elementwise_rms_units": dict(rtol=2**-6, atol=2**-5),
+    # A checkpoint's NVFP4 weight_scale_2 is the reciprocal of the layer's global scale: writing 1/s and reading
+    # 1/(1/s) rounds twice, each correctly rounded (half an fp32 ulp, 2^-24 relative), so 2^-23 bounds both.
+    "fp32_reciprocals": dict(rtol=2**-23, atol=0.0),
+    # One rounding of a positive normal value to FP8 E4M3 (3 mantissa bits): at most half an ulp, 2^-4 relative.
+    "e4m3_one_rounding": dict(rtol=2**-4, atol=0.0),
 }
 
 

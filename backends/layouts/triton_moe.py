@@ -10,7 +10,7 @@ into bf16 lanes without byte permutes). Rows are stored in tiles (`_tile_rows`):
 bytes contiguous, a row group's tiles in K order, and the kernels load a K step tile by tile, so a warp's 32
 16-byte copies read 512 contiguous bytes. Row-major rows made each warp copy read 8 rows' short pieces, which
 streamed at 0.26-0.66 of the read bandwidth (benchmarks/probe_weight_streaming.py; contiguous warp reads 0.85-1.00);
-the tiles made the decode-regime layers 1.2-1.4x faster on an H100 (benchmarks/README-moe.md, round 7):
+the tiles made the decode-regime layers 1.2-1.4x faster (same-run A/B on an H100):
     w13        uint8   [E, 2I, H/2]   rows 0..I-1 gate, I..2I-1 up (contiguous halves, never interleaved);
                row n, K byte c at (n // TILE_ROWS, c // TILE_BYTES, n % TILE_ROWS, c % TILE_BYTES), row-major
     w13_scale  int32 [E, ceil(H/C), 2I]: "scale words", one word per row and C-wide K chunk holding

@@ -4,8 +4,8 @@
               w13 rows in gpt-oss order; here triton_kernels' ``convert_layout`` applies the platform's default MX
               layouts (``HopperMXValueLayout`` / ``HopperMXScaleLayout`` on SM90, as vLLM's ``_swizzle_mxfp4``),
               once, and builds the two ``PrecisionConfig``s and the fused activation.
-    apply     routing as the emulation routes, handed to triton_kernels' ``topk`` as the given indices (it builds
-              the bitmatrix); ragged metadata; GEMM1 gathers the token rows, adds the bias and applies
+    apply     routing as the emulation routes, packed into the bitmatrix of a ``tensor.SparseMatrix`` as vLLM's
+              ``make_routing_data`` does; ragged metadata; GEMM1 gathers the token rows, adds the bias and applies
               ``swiglu_fn(alpha, limit)``; GEMM2 scatters back and weighs by the router weights.
 
 triton_kernels API of triton 3.6 (``triton_kernels.topk`` and ``tensor.SparseMatrix``, no ``routing`` module). It
@@ -15,6 +15,7 @@ Only ``swigluoai`` with beta 1 (``swiglu_fn`` computes gate * sigmoid(alpha * ga
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -29,11 +30,27 @@ HOW_TO_GET = ("triton_kernels is not on PyPI: put the `triton_kernels/` director
               "0.4.3-0.4.6 wheel (or of triton's python/triton_kernels at tag v3.6.0) on PYTHONPATH, with triton 3.6")
 
 
+def pack_bitmatrix(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[T, ceil(E/32)] uint32: bit e % 32 of word e // 32 set where a token routes to expert e (vLLM's pack_bitmatrix,
+    in torch ops without a host sync)."""
+    tokens = topk_ids.shape[0]
+    words = -(-num_experts // 32)
+    hot = torch.zeros(tokens, words * 32, dtype=torch.int64, device=topk_ids.device)
+    hot.scatter_(1, topk_ids.long(), 1)
+    bits = (hot.view(tokens, words, 32) << torch.arange(32, device=topk_ids.device)).sum(dim=-1)  # < 2**32
+    low = bits.view(torch.int32).view(tokens, words, 2)[..., 0 if _LITTLE_ENDIAN else 1]
+    return low.contiguous().view(torch.uint32)
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 class OaiTritonRunner:
     """W4A16 MXFP4 MoE through triton_kernels.matmul_ogs (see the module docstring)."""
 
     def __init__(self, spec: RunnerSpec, modules: dict[str, Any], w: dict[str, Any], act: Any):
         self.spec = spec
+        self._words = -(-spec.num_experts // 32)
         self._m = modules
         self._w = w
         self._act = act
@@ -53,7 +70,7 @@ class OaiTritonRunner:
             raise spec.unavailable(f"swiglu_fn adds 1 to the up projection, but swiglu_beta="
                                    f"{spec.swiglu['swiglu_beta']}", "pass swiglu_beta=1.0 or force another backend")
         names = ("triton_kernels.matmul_ogs", "triton_kernels.tensor", "triton_kernels.tensor_details.layout",
-                 "triton_kernels.numerics", "triton_kernels.swiglu", "triton_kernels.topk")
+                 "triton_kernels.numerics", "triton_kernels.swiglu")
         m = {name.rsplit(".", 1)[-1]: require_module(spec, name, HOW_TO_GET) for name in names}
         ogs, tensor, layout, numerics = m["matmul_ogs"], m["tensor"], m["layout"], m["numerics"]
         if not hasattr(tensor, "SparseMatrix") or "reduction_n" not in getattr(ogs.FnSpecs, "__dataclass_fields__",
@@ -90,11 +107,12 @@ class OaiTritonRunner:
         ids, weights = _route(routing.router_logits, routing.topk_ids, routing.topk_weights, spec.top_k,
                               spec.renormalize, tokens, spec.num_experts, x.device)
         k = ids.shape[1]
-        dense = torch.zeros(tokens, spec.num_experts, dtype=torch.bfloat16, device=x.device)
-        dense.scatter_(1, ids, weights.to(torch.bfloat16))
-        sparse = m["topk"].topk(dense, k, apply_softmax=False, y_indx=ids.to(torch.int16))
+        # vLLM's make_routing_data: the top-k ids packed into a [T, ceil(E/32)] bitmatrix, then the sparse matrix
+        sparse = tensor.SparseMatrix(indx=ids.to(torch.int16), vals=weights.to(torch.bfloat16),
+                                     mask=tensor.Bitmatrix(pack_bitmatrix(ids, spec.num_experts), dtype=tensor.BIT,
+                                                           shape=[tokens, self._words * 32], shape_max=[tokens, None]))
         dispatch, combine = sparse.mask_metadata.row_sorted_indx, sparse.mask_metadata.col_sorted_indx
-        # the bitmatrix pads its columns to a multiple of 32: keep the experts' histogram only
+        # the bitmatrix has ceil(E/32)*32 columns: the histogram of the E experts only
         ragged = tensor.make_ragged_tensor_metadata(sparse.mask_metadata.col_sum[:spec.num_experts], dispatch.shape[0])
         route = ogs.RoutingData(sparse.vals.flatten()[combine], ragged.slice_sizes, spec.num_experts, k, ragged)
         x16 = x.to(torch.bfloat16)

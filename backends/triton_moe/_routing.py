@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.triton_moe.tuning.arch import sm90
+
+#: The thresholds below were measured on SM90; other architectures reuse them (not measured there).
+_ARCH = sm90.FACTS
+
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool, kernels=None):
     """(topk_ids [T, k], topk_weights fp32 [T, k]), selected as the emulation backend routes.
@@ -72,12 +77,9 @@ class Alignment:
 
 
 #: Up to this many (token, slot) pairs the alignment runs as one Triton program (one launch); above, the
-#: two-launch multi-program path up to MULTI_ALIGN_PAIRS, then torch ops. From bench_moe.py --align on an H200
-#: (benchmarks/gpu/moe-align-h200.log, µs one-program / multi / torch): 256 pairs 9.8 / 11.1 / 81; 512 pairs
-#: 20.1 / 11.8; 1024: 14.8 / 9.8; 4096: 53.2 / 10.9 / 99; 32768: multi 21.7 / torch 137 (beyond: not measured;
-#: each pass-2 program re-reads every chunk's histogram, which grows with the pairs squared).
-SMALL_ALIGN_PAIRS = 256
-MULTI_ALIGN_PAIRS = 32768
+#: two-launch multi-program path up to MULTI_ALIGN_PAIRS, then torch ops (measurements: tuning/arch/sm90.py).
+SMALL_ALIGN_PAIRS = _ARCH.small_align_pairs
+MULTI_ALIGN_PAIRS = _ARCH.multi_align_pairs
 MULTI_ALIGN_CHUNK = 128
 ALIGN_PATHS = ("one-program", "multi-program", "torch")
 
@@ -158,10 +160,8 @@ def _align_fused(topk_ids, num_experts, block_m, kernels, tickets_per_block=0, r
 
 
 #: Routing runs inside the one-program alignment (route_and_align: one launch, not two) while T * E <= this: its
-#: [T, E] logits tile lives in one program. H200 (moe-bench-h200-*.log), route + align kernel µs, separate ->
-#: fused: E=128 T=1 4.3 -> 3.6, T=4 4.0 -> 3.2, T=16 5.4 -> 5.6; E=256 T=1 5.2 -> 5.2, T=4 6.3 -> 7.1,
-#: T=16 11.4 -> 16.4 (each fused launch also saves a launch gap, ~1 µs).
-ROUTE_IN_ALIGN_LOGITS = 512
+#: [T, E] logits tile lives in one program (measurements: tuning/arch/sm90.py).
+ROUTE_IN_ALIGN_LOGITS = _ARCH.route_in_align_logits
 
 
 def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int, block_m: int,

@@ -9,15 +9,14 @@
                     epilogue launch: SPLIT_EPILOGUE_ENV / split_epilogue=)
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
-Tiles come from tuning (configs/*.yaml, per GPU and shape bucket); a config's split_k > 1 splits a GEMM's
-K loop over programs (decode), the slices summed in a fixed order afterwards. No atomics on data (a split-K tile's
-slices only count themselves in on a ticket the alignment launch zeroed): every run gives the same bits
-(`deterministic=True` is therefore always honoured). CUDA-graph capturable.
+Tiles come from tuning.select_config (a measured table entry, else heuristics from the rows per expert); a
+config's split_k > 1 splits a GEMM's K loop over programs (decode), the slices summed in a fixed order afterwards.
+No atomics on data (a split-K tile's slices only count themselves in on a ticket the alignment launch zeroed):
+every run gives the same bits (`deterministic=True` is therefore always honoured). CUDA-graph capturable.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from importlib.metadata import version
@@ -200,9 +199,8 @@ def moe_forward(
     if tokens == 0:
         return out
     if config is None:
-        device_name = torch.cuda.get_device_name(x.device) if x.device.type == "cuda" else None
-        config = tuning.select_config(device_name=device_name, format=weights.format, tokens=tokens,
-                                      experts=experts, top_k=k, hidden_size=hidden, intermediate_size=inter)
+        arch, gpu = tuning.device_gpu(x.device)
+        config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
     kernels = _kernels_for(x.device)
     c1 = config.gemm1
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
@@ -266,7 +264,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     sums its fp32 slices in fixed order and activates either in the tile's last slice program (al.tickets: the
     alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
-    because every GEMM2 column program re-reads the fp32 slices: benchmarks/README-moe.md, round 4.)"""
+    because every GEMM2 column program re-reads the fp32 slices.)"""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -346,20 +344,15 @@ def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, inte
 
 
 def _runs_wgmma(c, device: torch.device) -> bool:
-    """Whether Triton runs this GEMM's dots as wgmma: 4-8 warp tiles on Hopper (the interpreter follows the same
-    rule, so that CPU tests cover both branches below).
+    """Whether Triton runs this GEMM's dots as wgmma (the architecture's rule, tuning/arch/; the interpreter
+    follows SM90's, so that CPU tests cover both branches below).
 
     wgmma tiles multiply in K order: their register operand wants K bytes 2t, 2t+1, 2t+8, 2t+9 per thread, which
     the stored byte order makes one 4-byte word (the layout's point), and a swap-AB tile, whose weights are that
     register operand, retires its wgmmas before each step's dequantization (_kernels._dequant_words). Other tiles
     (mma.sync) multiply in the stored order: their operands take any K order both share and give each thread 4
     consecutive tile bytes, so only the activations are permuted, which is cheap."""
-    return c.num_warps >= 4 and (device.type != "cuda" or _capability(device)[0] == 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+    return tuning.device_gpu(device)[0].runs_wgmma(c.num_warps)
 
 
 def _k_split(k_size: int, c) -> int:

@@ -8,36 +8,21 @@ outputs stay O(1): E8M0 exponents in [118, 123) as FlashInfer's SM90 tests use, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from backends.model_shapes import SHAPES as MODEL_SHAPES
+from backends.model_shapes import ModelShape
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    format: str
-    experts: int
-    top_k: int
-    hidden_size: int
-    intermediate_size: int
-    activation: str
-    biases: bool
-
-
-#: The layers of issue 16 item 4 (and the benchmark's two).
-SHAPES = {
-    "gpt-oss-20b": Shape("gpt-oss-20b", "mxfp4", 32, 4, 2880, 2880, "swigluoai", True),
-    "gpt-oss-120b": Shape("gpt-oss-120b", "mxfp4", 128, 4, 2880, 2880, "swigluoai", True),
-    "deepseek-nvfp4": Shape("deepseek-nvfp4", "nvfp4", 256, 8, 7168, 2048, "silu", False),
-    "qwen3-30b-a3b": Shape("qwen3-30b-a3b", "mxfp4", 128, 8, 2048, 768, "silu", False),
-    "qwen3-30b-a3b-nvfp4": Shape("qwen3-30b-a3b-nvfp4", "nvfp4", 128, 8, 2048, 768, "silu", False),
-}
+#: The layers of the model matrix and the extra test shapes (one registry: backends/model_shapes.py).
+Shape = ModelShape
+SHAPES = MODEL_SHAPES
 
 
 def random_checkpoint(shape: Shape, *, device="cpu", generator: torch.Generator | None = None,
-                      gate_up_layout: str = "interleaved") -> dict:
-    """Keyword arguments of backends.emulation.moe_forward (weights only) for `shape`."""
+                      gate_up_layout: str | None = None) -> dict:
+    """Keyword arguments of backends.emulation.moe_forward (weights only) for `shape` (gate_up_layout: the
+    shape's own unless given)."""
+    gate_up_layout = gate_up_layout or shape.gate_up_layout
     e, h, i = shape.experts, shape.hidden_size, shape.intermediate_size
     block = 32 if shape.format == "mxfp4" else 16
 

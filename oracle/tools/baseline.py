@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OracleError
-from .lint import LEVELS
+from .lint import RULES
 
 Finding = dict[str, Any]
 HEADER = ("# moe-oracle lint baseline: findings accepted as they are (`moe-oracle lint --baseline FILE`).\n"
@@ -46,9 +46,9 @@ def read_baseline(path: Path) -> dict[tuple[str, str], str]:
         if not ok:
             raise OracleError(f"{path}: findings entry {i}: expected exactly rule, message and reason, each a "
                               f"non-empty string (got {item!r})")
-        if item["rule"] not in LEVELS:
+        if item["rule"] not in RULES:
             raise OracleError(f"{path}: findings entry {i}: unknown lint rule {item['rule']!r}; one of "
-                              f"{', '.join(LEVELS)}")
+                              f"{', '.join(RULES)}")
         out[(item["rule"], core(item["message"]))] = item["reason"]
     return out
 

@@ -62,7 +62,10 @@ def add_tool_parsers(sub: Any) -> None:
     fmt_flag(s)
     vary_flag(s)
     s = sub.add_parser("test", help="run golden decision files ({scenario, expected}) with coverage")
-    s.add_argument("files", nargs="+", help="JSONL or YAML golden files")
+    s.add_argument("files", nargs="+", help="JSONL or YAML golden files; builtin:NAME for a shipped sample "
+                                            "(builtin:golden-sample, builtin:golden-sample-vllm-0.33)")
+    s.add_argument("--record", action="store_true",
+                   help="write today's answers into the files' expected fields and list what changed (exit 0)")
     s.add_argument("--min-coverage", type=float, default=0.0, metavar="N",
                    help="fail (exit 1) when steps+kernels+backends+outcomes coverage is below N percent")
     fmt_flag(s)
@@ -80,6 +83,7 @@ def add_tool_parsers(sub: Any) -> None:
     s = sub.add_parser("fmt", help="format rule files canonically, keeping comments")
     s.add_argument("paths", nargs="+", help="rule files or directories")
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 and list files that would change")
+    fmt_flag(s)
 
 
 def package_version() -> str:
@@ -138,8 +142,9 @@ def _lint(args: argparse.Namespace) -> int:
     baseline = read_baseline(Path(args.baseline)) if args.baseline else None
     findings = []
     for t in targets:
-        findings += lint_source(load_source(t, _rules(args), args.profile) if args.profile or not Path(t).is_dir()
-                                else load_source(t), tuple(args.vary))
+        whole = not args.profile and Path(t).is_dir()  # every profile: an acknowledgement used by none is stale
+        findings += lint_source(load_source(t) if whole else load_source(t, _rules(args), args.profile),
+                                tuple(args.vary), unused_allows=whole)
     if baseline is not None:
         for stale in apply_baseline(findings, baseline, Path(args.baseline)):
             to_stderr(stale, "warning")
@@ -158,11 +163,12 @@ def _lint(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     from .diff import diff_sources, findings, render_text
+    from .fingerprint import unchanged
     from .sources import load_source
 
     a = load_source(args.a, _rules(args), args.profile if args.a.startswith("git:") or Path(args.a).is_dir() else None)
     b = load_source(args.b, _rules(args), args.profile if args.b.startswith("git:") or Path(args.b).is_dir() else None)
-    diffs = diff_sources(a, b, args.policy, tuple(args.vary))
+    diffs = [] if unchanged(a, b, args.policy) else diff_sources(a, b, args.policy, tuple(args.vary))
     found = findings(diffs, a, b)
     if args.format == "text":
         print(render_text(diffs, a, b, args.limit))
@@ -176,9 +182,12 @@ def _test(args: argparse.Namespace) -> int:
     from ..api import Oracle
     from .golden import coverage_text, run_cases
 
-    must_exist(args.files, "golden files (JSONL or YAML)")
+    files = [golden_file(f, args.record) for f in args.files]
+    must_exist([str(f) for f in files], "golden files (JSONL or YAML)")
     oracle = Oracle(_rules(args))
-    failures, n, cov = run_cases(oracle, [Path(f) for f in args.files])
+    if args.record:
+        return _record(oracle, files, args.format)
+    failures, n, cov = run_cases(oracle, files)
     pct = cov.percent()
     low = pct < args.min_coverage
     summary = f"{n - len(failures)}/{n} passed; coverage {pct:.1f}%" + (
@@ -196,6 +205,44 @@ def _test(args: argparse.Namespace) -> int:
         extra = [] if not low else [{"rule": "coverage", "level": "error", "at": None, "message": summary}]
         print(render(failures + extra, args.format, "test", summary))
     return EXIT_FINDINGS if failures or low else EXIT_OK
+
+
+def golden_file(name: str, record: bool = False) -> Path:
+    """A golden file argument: a path, or builtin:NAME for a sample shipped with the package."""
+    from ..resources import golden_dir
+
+    if not name.startswith("builtin:"):
+        return Path(name)
+    shipped = sorted(p.stem for p in golden_dir().glob("*.jsonl"))
+    stem = name.removeprefix("builtin:").removesuffix(".jsonl")
+    if stem not in shipped:
+        raise OracleError(f"{name}: no such shipped golden sample{did_you_mean(stem, shipped)}; one of "
+                          f"{', '.join('builtin:' + s for s in shipped)}")
+    if record:
+        raise OracleError(f"{name}: --record rewrites files, never the shipped samples; copy it first "
+                          f"(cp {golden_dir() / (stem + '.jsonl')} my-golden.jsonl) and record into the copy")
+    return golden_dir() / f"{stem}.jsonl"
+
+
+def _record(oracle: Any, files: list[Path], fmt: str) -> int:
+    from .golden import record_cases
+
+    changes: list[str] = []
+    cases = 0
+    for path in files:
+        found, n = record_cases(oracle, path)
+        changes += found
+        cases += n
+        if fmt == "text":
+            print(f"{'recorded' if found else 'unchanged'} {path}: {n} case(s), {len(found)} field(s) changed")
+    summary = f"recorded {cases} case(s) in {len(files)} file(s); {len(changes)} expected field(s) changed"
+    if fmt == "text":
+        print("\n".join(changes + [summary]))
+    else:
+        found_list = [{"rule": "golden-recorded", "level": "note", "at": c.split(": ", 1)[0],
+                       "message": c} for c in changes]
+        print(render(found_list, fmt, "test", summary))
+    return EXIT_OK
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -258,6 +305,13 @@ def _fmt(args: argparse.Namespace) -> int:
 
     must_exist(args.paths, "rule files or directories")
     changed = format_paths([Path(p) for p in args.paths], check=args.check)
+    if args.format != "text":
+        found = [{"rule": "fmt", "level": "error" if args.check else "note", "at": f"{path}:1",
+                  "message": f"{path} is not in canonical layout; run `moe-oracle fmt {path}`" if args.check
+                  else f"reformatted {path}"} for path in changed]
+        print(render(found, args.format, "fmt", f"{len(changed)} file(s) " + (
+            "would be reformatted" if args.check else "reformatted")))
+        return EXIT_FINDINGS if changed and args.check else EXIT_OK
     for path in changed:
         print(("would reformat " if args.check else "reformatted ") + str(path))
     if not changed:

@@ -2,7 +2,9 @@
 the cases exercised, and which never), like `opa test --coverage`.
 
 A file is JSONL or YAML: a list (or one per line) of {scenario, expected}; `expected` names only the answer
-fields it pins (outcome, backend, kernel, ...). A failing case prints its trace.
+fields it pins (outcome, backend, kernel, ...). A failing case prints its trace. `--record` rewrites each
+case's pinned fields with today's answers and lists what changed, so a deliberate rule edit is one command
+plus a reviewed diff.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from ..errors import OracleError
 from ..trace import CallEntry, CandidateEntry, StepEntry, render_lines
 
 IGNORED = ("vllm_error",)  # fields of the shared golden sample that describe vLLM, not the answer
+RECORDED_BY_DEFAULT = ("outcome", "backend", "kernel")  # what --record pins in a case that pins nothing yet
 KINDS = ("steps", "kernels", "backends", "outcomes")
 
 
@@ -144,3 +147,46 @@ def coverage_text(cov: Coverage, limit: int = 20) -> str:
         if len(missed) > limit:
             lines.append(f"    ... and {len(missed) - limit} more")
     return "\n".join(lines)
+
+
+def record_cases(oracle: Oracle, path: Path) -> tuple[list[str], int]:
+    """Rewrites the file's `expected` fields with the answers the rules give now (the fields each case
+    already pins; IGNORED ones kept as they are); returns one line per changed field and the number of cases.
+    The file is replaced atomically, and only when something changed."""
+    import os
+    import tempfile
+
+    import yaml
+
+    cases = read_cases(path)
+    changes: list[str] = []
+    for where, case in cases:
+        got = oracle.select(case["scenario"]).to_dict()
+        old = case["expected"]
+        fields = [k for k in old if k not in IGNORED] or list(RECORDED_BY_DEFAULT)
+        new = {k: (old[k] if k in IGNORED else got.get(k)) for k in [*old, *(f for f in fields if f not in old)]}
+        for k in fields:
+            if old.get(k, _MISSING) != new[k]:
+                before = json.dumps(old[k]) if k in old else "(not pinned)"
+                changes.append(f"{where}: {k}: {before} -> {json.dumps(new[k])}")
+        case["expected"] = new
+    if not changes:
+        return changes, len(cases)
+    if path.suffix == ".jsonl":
+        text = "".join(json.dumps(case) + "\n" for _, case in cases)
+    else:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        items = [case for _, case in cases]
+        text = yaml.safe_dump({**data, "cases": items} if isinstance(data, dict) else items, sort_keys=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return changes, len(cases)
+
+
+_MISSING = object()

@@ -19,6 +19,7 @@ from typing import Any
 from ..compiler import Compiler
 from ..errors import EnvValueError
 from ..interpreter import run
+from ..loader import Entry, RuleSet
 from ..model import Ctx, Policy, Step, Table
 from .explore import call_hook, describe, explore, fixed_facts, nullable_facts, scenario_of
 from .refine import Coarse, Refiner, explore_coarse
@@ -100,7 +101,7 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
         if fam.name not in used:
             continue
         for b in fam.backends.values():
-            allow = _allows(rs.sections["families"][fam.name].data.get("backends", {}).get(b.name))
+            allow = _allows(rs.sections["families"][fam.name], "backends", b.name)
             if (fam.name, b.name) not in selected:
                 found.append(_f("unreachable-backend", b.at, f"profile {p.name}: backend {b.name} of family "
                                 f"{fam.name} is selected by no input (no policy, env var or moe_backend reaches it)",
@@ -123,7 +124,7 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
         for i, st in enumerate(pol.steps):
             key = (pol.name, st.id)
             r, m = counts.reached[key], counts.matched[key]
-            allow = _allows(raw_steps[i] if i < len(raw_steps) else None)
+            allow = _allows(rs.sections["policies"][pol.name], "steps", i) if i < len(raw_steps) else {}
             if r == 0:
                 found.append(_f("unreachable-step", st.at, f"profile {p.name}: step '{st.id}' of policy {pol.name} "
                                 "is never reached: earlier steps decide every input", allow))
@@ -139,13 +140,13 @@ def lint_profile(p: Profiled, vary: tuple[str, ...] = ()) -> list[Finding]:
         platforms = sorted({m for leaf in err_leaves if "platform" in leaf for m in members(leaf["platform"].label)})
         found.append(_f("undeclared-error", pol.at, f"profile {p.name}: policy {pol_name} answers error for "
                         f"{len(err_leaves)} input class(es) (platforms: {', '.join(platforms) or 'any'}): {message}; "
-                        f"e.g. {describe(err_leaves[0])}", _allows(rs.sections["policies"][pol_name].data),
+                        f"e.g. {describe(err_leaves[0])}", _allows(rs.sections["policies"][pol_name]),
                         example=scenario_of(err_leaves[0], pol_name, p.name)))
     env_read = {v[4:] for v in coarse.read if v.startswith("env:")}
     for name, e in rs.sections["env_vars"].items():
         if name not in env_read:
             found.append(_f("unused-env-var", e.at(), f"profile {p.name}: env var {name} is declared but no "
-                            "decision of any policy reads it", _allows(e.data)))
+                            "decision of any policy reads it", _allows(e)))
     found.extend(_derived_constants(p, space))
     for f in found:
         f["leaves"] = leaves
@@ -228,7 +229,7 @@ def _derived_constants(p: Profiled, space: Space) -> list[Finding]:
         if len(values) == 1:
             word = "true" if values.pop() else "false"
             out.append(_f("always-" + word, entry.at(), f"profile {p.name}: derived fact {name} is {word} "
-                          "for every input", _allows(entry.data)))
+                          "for every input", _allows(entry)))
     return out
 
 
@@ -240,25 +241,50 @@ LEVELS = {"unreachable-backend": "warning", "shadowed-kernel": "warning", "unrea
           "unused-env-var": "warning"}
 
 
-def _allows(data: Any) -> dict[str, str]:
-    """The `lint_allow` mapping of a rule entry's data ({} when it has none)."""
+#: every rule lint_source reports: LEVELS, and an acknowledgement that acknowledges nothing (a warning)
+RULES = (*LEVELS, "unused-acknowledgement")
+Allows = dict[str, tuple[str, str]]  # lint rule -> (reason, file:line of the acknowledgement)
+
+
+def _allows(entry: Entry, *sub: Any) -> Allows:
+    """The `lint_allow` of a rule entry (or of the item at `sub` inside it: a backend, a step)."""
+    data = entry.data
+    for key in sub:
+        data = data.get(key) if isinstance(data, dict) else data[key] if isinstance(data, list) else None
     found = data.get("lint_allow") if isinstance(data, dict) else None
-    return found if isinstance(found, dict) else {}
+    if not isinstance(found, dict):
+        return {}
+    return {rule: (str(reason), entry.at(*sub, "lint_allow", rule)) for rule, reason in found.items()}
 
 
-def _f(rule: str, at: str, message: str, allow: dict[str, str] | None = None, **extra: Any) -> Finding:
+def _declared_allows(rs: RuleSet) -> dict[str, str]:
+    """Every acknowledgement of a rule set: its file:line -> the lint rule it names."""
+    s = rs.sections
+    found: list[Allows] = [_allows(e) for sec in ("env_vars", "derived", "policies") for e in s[sec].values()]
+    for fam in s["families"].values():
+        found += [_allows(fam, "backends", b) for b in fam.data.get("backends") or {}]
+    for pol in s["policies"].values():
+        found += [_allows(pol, "steps", i) for i in range(len(pol.data.get("steps") or []))]
+    return {where: rule for allows in found for rule, (_, where) in allows.items()}
+
+
+def _f(rule: str, at: str, message: str, allow: Allows | None = None, **extra: Any) -> Finding:
     out: Finding = {"rule": rule, "level": LEVELS[rule], "at": at, "message": message, **extra}
-    reason = (allow or {}).get(rule)
+    reason, where = (allow or {}).get(rule, ("", ""))
     if reason:
-        out["acknowledged"] = f"lint_allow at {at}: {reason}"
+        out["acknowledged"] = f"lint_allow at {where}: {reason}"
+        out["allowed_by"] = where
     return out
 
 
-def lint_source(src: Source, vary: tuple[str, ...] = ()) -> list[Finding]:
+def lint_source(src: Source, vary: tuple[str, ...] = (), unused_allows: bool = False) -> list[Finding]:
     """Findings of every profile, each reported once (a shared file's entry is linted per profile;
-    the same message at the same place from two profiles is merged)."""
+    the same message at the same place from two profiles is merged). `unused_allows` (when `src` holds every
+    profile of its directory): also an acknowledgement that acknowledges nothing in any profile."""
     seen: dict[tuple[str, str, str], Finding] = {}
+    declared: dict[str, str] = {}
     for p in src.profiles.values():
+        declared.update(_declared_allows(p.rs))
         for f in lint_profile(p, vary):
             key = (f["rule"], f["at"], f["message"].split(": ", 1)[-1])
             if key in seen:
@@ -266,4 +292,11 @@ def lint_source(src: Source, vary: tuple[str, ...] = ()) -> list[Finding]:
                     ":", f", {p.name}:", 1) if p.name not in seen[key]["message"] else seen[key]["message"]
             else:
                 seen[key] = f
+    if unused_allows:
+        used = {f.get("allowed_by") for f in seen.values()}
+        for where, rule in declared.items():
+            if where not in used:
+                f = {"rule": "unused-acknowledgement", "level": "warning", "at": where, "message":
+                     f"lint_allow names {rule}, but no profile has that finding here any more; remove it"}
+                seen[("unused-acknowledgement", where, "")] = f
     return sorted(seen.values(), key=lambda f: (str(f["at"]), f["rule"]))

@@ -1,0 +1,1 @@
+"""Clients that put `backends.layer.MoELayer` inside other projects' models (optional dependencies)."""

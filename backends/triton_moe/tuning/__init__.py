@@ -1,0 +1,69 @@
+"""Launch-config selection of backends.triton_moe, all in this package.
+
+    select_config(arch, gpu, problem)   a table entry if one covers the call, else the heuristics
+      tables.py      user tables ($MOE_ORACLE_TUNING_DIR) > shipped tables (tables/*.yaml) - measured, structured
+      heuristics.py  configs from the rows per expert (T·k/E), N, K, format and SM count - every other call
+      arch/          architecture facts, one module per architecture (sm90.py, sm80.py)
+      configs.py     LaunchConfig / MoEConfig / Problem / Gpu
+
+Nothing is autotuned at serving time; `moe-oracle tune` measures and writes a user table.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from backends.triton_moe.tuning.arch import ArchFacts, facts_by_name, facts_for
+from backends.triton_moe.tuning.configs import (
+    GEMM1_ONLY_FIELDS,
+    MIN_HALF_ROWS_BLOCK_M,
+    SHAPE_FIELDS,
+    Gpu,
+    LaunchConfig,
+    MoEConfig,
+    Problem,
+    launch_dict,
+)
+from backends.triton_moe.tuning.heuristics import heuristic_config
+from backends.triton_moe.tuning.tables import (
+    MODELINE,
+    TABLE_DIR,
+    USER_DIR_ENV,
+    TuningTableError,
+    read_table,
+    reload_user_tables,
+    shipped_entries,
+    shipped_table,
+    table_config,
+    user_table_dir,
+    validate_table,
+)
+
+__all__ = ["GEMM1_ONLY_FIELDS", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "SHAPE_FIELDS", "TABLE_DIR", "USER_DIR_ENV",
+           "ArchFacts", "Gpu", "LaunchConfig", "MoEConfig", "Problem", "TuningTableError", "device_gpu",
+           "facts_by_name", "facts_for", "heuristic_config", "launch_dict", "read_table", "reload_user_tables",
+           "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir", "validate_table"]
+
+
+def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tables: bool = True) -> MoEConfig:
+    """The launch config of one call: the first entry covering it in the user tables, then in the shipped table of
+    this GPU (and the table it extends), else heuristic_config. use_tables=False: the heuristics alone (benchmarks
+    time both)."""
+    facts = facts_by_name(arch) if isinstance(arch, str) else arch
+    if use_tables:
+        found = table_config(gpu.name, facts.name, problem)
+        if found is not None:
+            return found
+    return heuristic_config(facts, gpu.sm_count, problem)
+
+
+@functools.lru_cache(maxsize=None)
+def device_gpu(device) -> tuple[ArchFacts, Gpu]:
+    """(arch facts, Gpu) of a torch device; a CPU device (the interpreter) gets SM90 facts and no table."""
+    if getattr(device, "type", "cpu") != "cuda":
+        facts = facts_for(None)
+        return facts, Gpu("cpu", facts.default_sm_count)
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return facts_for((props.major, props.minor)), Gpu(props.name, props.multi_processor_count)

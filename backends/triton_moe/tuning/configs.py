@@ -1,0 +1,82 @@
+"""What a tuning decision is: the launch config of each GEMM, and the problem it was chosen for."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+#: half_rows runs half blocks, and an MMA tile has at least 16 rows.
+MIN_HALF_ROWS_BLOCK_M = 32
+
+#: Fields only GEMM1 reads; a table setting one on gemm2 is refused rather than silently ignored.
+GEMM1_ONLY_FIELDS = ("split_epilogue", "stack_gate_up")
+
+#: The fields of a layer shape, as tables, the model-shape registry and the sweep name them.
+SHAPE_FIELDS = ("format", "experts", "top_k", "hidden_size", "intermediate_size")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile shape and pipeline of one GEMM launch."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    swap_ab: bool
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # K slices summed afterwards in fixed order (decode: more programs, shorter K loops)
+    maxnreg: int | None = None  # register cap per thread: more resident blocks per SM, at the risk of spills
+    split_epilogue: str | None = None  # gemm1, split_k > 1: "fused" (last slice program) or "launch" (the default)
+    stack_gate_up: bool | None = None  # gemm1: gate and up rows as one weight tile, one dot per step (default: two)
+    half_rows: bool | None = None  # blocks whose expert run fills at most half of BLOCK_M multiply only that half
+
+
+def launch_dict(config: LaunchConfig) -> dict:
+    """The config as a tuning-table `gemm1`/`gemm2` mapping (unset optional fields left out, as tables write them)."""
+    return {key: value for key, value in asdict(config).items() if value is not None}
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    gemm1: LaunchConfig
+    gemm2: LaunchConfig
+    source: str  # "table.yaml#entry-index" or "heuristic": shown in benchmarks and errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One MoE call as the tuning sees it: the layer shape and the number of tokens T."""
+
+    format: str
+    tokens: int
+    experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int
+
+    def shape(self) -> dict:
+        return {key: getattr(self, key) for key in SHAPE_FIELDS}
+
+    @property
+    def rows_per_expert(self) -> float:
+        """Mean (token, slot) pairs per expert, T·k/E: the M of each expert's two GEMMs."""
+        return self.tokens * self.top_k / self.experts
+
+    @property
+    def experts_touched(self) -> float:
+        """Expected experts with at least one pair under uniform routing, E·(1 - (1 - k/E)^T)."""
+        return self.experts * (1.0 - (1.0 - self.top_k / self.experts) ** self.tokens)
+
+    @property
+    def rows_per_touched_expert(self) -> float:
+        """Mean pairs of an expert that has any: at decode sizes 1, whatever E is."""
+        return self.tokens * self.top_k / max(self.experts_touched, 1.0)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """The device a config is chosen for: its name (tables match a substring of it) and SM count."""
+
+    name: str
+    sm_count: int

@@ -1,0 +1,102 @@
+"""Launch configs for any layer shape, from the work each expert gets: what serves every call no table covers.
+
+The two GEMMs of an MoE layer are E small GEMMs of M = the pairs routed to each expert (T·k/E on average),
+N = 2I (GEMM1) or H (GEMM2), K = H or I, over 4-bit weights dequantized in registers. What decides the best tile
+is therefore not T but the rows per expert (and how unevenly they spread), and whether the tiles of all experts
+fill the GPU's SMs. The rules below are the shape of the winners of the H100/H200 sweeps of gpt-oss-120b (E=128,
+k=4) and a DeepSeek-V3 NVFP4 layer (E=256, k=8), re-expressed in those terms so that they carry to other shapes:
+
+* few rows per expert (decode and small batches): 16-row swap-AB tiles, weights on the MMA's M side, one
+  warpgroup (wgmma on SM90) over 128 weight rows; at about one row per touched expert (T = 1-2) 64x128 K steps
+  with split-K, so that the few experts' tiles still give every SM several programs;
+* tens of rows per expert: 64-row tiles that multiply only the half a short run fills (half_rows), gate and up
+  rows stacked into one weight tile (stack_gate_up: the dequantized weights stay in registers);
+* hundreds: 128-row tiles, half_rows while a run may still fill only half of one.
+
+Pure functions of (arch facts, SM count, problem): testable on CPU, no measurement at serving time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from backends.triton_moe.tuning.arch import ArchFacts
+from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig, Problem
+
+#: Programs per SM a decode GEMM wants before split-K stops paying: the winners of the T = 1 sweeps launch
+#: 3.9-5.5 programs per SM (gpt-oss-120b: 180 tiles x 4 slices on 132 SMs; DeepSeek NVFP4 GEMM1 256 x 2).
+PROGRAMS_PER_SM = 3.8
+#: A K slice shorter than this many K values loads more partial sums than weights (K = H or I, 4 bits each).
+MIN_K_PER_SLICE = 512
+MAX_SPLIT_K = 8
+#: Rows per expert (mean + two standard deviations of uniform routing) up to which 16-row tiles waste least.
+DECODE_ROWS = 16
+#: Mean rows per expert up to which a 64-row tile (half_rows) beats 128 rows, and up to which 128-row tiles
+#: keep half_rows (a run that fills at most half a block then multiplies only that half).
+MID_ROWS = 64
+HALF_ROWS_UP_TO = 256
+#: GEMM1 K (= H) from which a decode GEMM1 splits K in two regardless of occupancy: its K loop is the longest
+#: of the layer (DeepSeek H = 7168 kept split-K 2 at every decode T in the sweeps; gpt-oss H = 2880 did not).
+LONG_K = 6144
+
+
+def _split_k(programs: int, k_size: int, block_k: int, sm_count: int) -> int:
+    """Smallest power-of-two split that gives PROGRAMS_PER_SM programs per SM, keeping slices >= MIN_K_PER_SLICE."""
+    split = 1
+    while (programs * split < PROGRAMS_PER_SM * sm_count and split < MAX_SPLIT_K
+           and k_size / (2 * split) >= max(MIN_K_PER_SLICE, block_k)):
+        split *= 2
+    return split
+
+
+def _rows_high(problem: Problem) -> float:
+    """Mean rows of a touched expert plus two standard deviations (binomial routing): the runs a tile must hold."""
+    mean = problem.rows_per_touched_expert
+    return mean + 2.0 * math.sqrt(mean)
+
+
+def heuristic_config(arch: ArchFacts, sm_count: int, problem: Problem) -> MoEConfig:
+    """The launch config for `problem` from the rows per expert, N, K, the format and the SM count (no table)."""
+    mean_rows = problem.rows_per_expert
+    wgmma_warps = arch.wgmma_min_warps or 4
+    if _rows_high(problem) <= DECODE_ROWS:
+        return MoEConfig(*_decode(arch, sm_count, problem), "heuristic:decode")
+    if mean_rows <= MID_ROWS:
+        gemm1 = LaunchConfig(64, 64 if problem.format == "mxfp4" else 128, 64, 8, True, wgmma_warps, 4,
+                             stack_gate_up=True, half_rows=True)
+        gemm2 = LaunchConfig(64, 128, 64, 8, True, wgmma_warps, 4, half_rows=True)
+        return MoEConfig(gemm1, gemm2, "heuristic:mid")
+    half = True if mean_rows <= HALF_ROWS_UP_TO else None
+    gemm1 = LaunchConfig(128, 64, 64, 8, True, wgmma_warps, 3, stack_gate_up=True, half_rows=half)
+    gemm2 = LaunchConfig(128, 128, 64, 8, True, wgmma_warps, 3, half_rows=half)
+    return MoEConfig(gemm1, gemm2, "heuristic:prefill")
+
+
+def _decode(arch: ArchFacts, sm_count: int, problem: Problem) -> tuple[LaunchConfig, LaunchConfig]:
+    """16-row swap-AB tiles. While the touched experts' tiles underfill the GPU (T = 1-2 on 128-256 experts):
+    64 weight rows by 128 K values and split-K up to PROGRAMS_PER_SM (the fused split epilogue saves GEMM1 a
+    launch); MXFP4 with 2 warps (mma.sync), NVFP4 (twice the scale bytes per weight to decode) with a warpgroup.
+    Otherwise 128 weight rows by 64 K, one warpgroup, split-K only for a long GEMM1 K (LONG_K)."""
+    touched = max(1, math.ceil(problem.experts_touched))
+    blocks = touched  # one 16-row block per touched expert at these sizes
+    group_m = 1 if problem.rows_per_expert < 4 else 8
+    # underfilled: even 64-wide tiles of the touched experts give the SMs fewer than PROGRAMS_PER_SM programs
+    single = blocks * math.ceil(problem.intermediate_size / 64) < PROGRAMS_PER_SM * sm_count
+    if single:
+        block_n, block_k, stages = 64, 128, 3
+        warps = 2 if problem.format == "mxfp4" or not arch.wgmma_min_warps else arch.wgmma_min_warps
+    else:
+        block_n, block_k, stages = 128, 64, 4
+        warps = arch.wgmma_min_warps or 2
+    split1 = _split_k(blocks * math.ceil(problem.intermediate_size / block_n), problem.hidden_size, block_k, sm_count)
+    split2 = _split_k(blocks * math.ceil(problem.hidden_size / block_n), problem.intermediate_size, block_k,
+                      sm_count)
+    if problem.hidden_size >= LONG_K:
+        split1 = max(split1, 2)
+    if not single:  # enough tiles at these sizes; only the long-K rule splits
+        split2 = 1
+        split1 = 2 if problem.hidden_size >= LONG_K else 1
+    gemm1 = LaunchConfig(16, block_n, block_k, group_m, True, warps, stages, split_k=split1,
+                         split_epilogue="fused" if split1 > 1 and single else None)
+    gemm2 = LaunchConfig(16, block_n, block_k, group_m, True, warps, stages, split_k=split2)
+    return gemm1, gemm2
