@@ -34,8 +34,8 @@ from oracle.registry import RegistryError, resolve
 from oracle.trace import render_lines
 
 __all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "build_runner", "check_input",
-           "convert_with_quant_config", "platform_for_device", "question_for", "require_runnable", "resolve_named",
-           "select_logged", "swiglu_for"]
+           "checkpoint_policies", "checkpoint_policy", "convert_with_quant_config", "platform_for_device",
+           "question_for", "require_runnable", "resolve_named", "select_logged", "swiglu_for"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -166,13 +166,8 @@ class MoELayer:
 
         if oracle is None:
             oracle = default_oracle()
-        served_by = None if policy is not None else checkpoint_policies(oracle, weights)
-        if served_by is not None and profile not in served_by and profile in oracle.profiles():
-            raise LayerUnavailableError(
-                f"MoELayer: profile {profile!r} names no policy for {weights.format} checkpoints with "
-                f"{weights.gate_up} gate/up rows (checkpoint_policies in its rules); pass policy=, or a profile "
-                f"that does: {', '.join(served_by) or 'none'}")
-        question = _question(oracle, profile=profile, policy=policy or (served_by or {}).get(profile),
+        chosen, served_by = (policy, None) if policy is not None else checkpoint_policy(oracle, profile, weights)
+        question = _question(oracle, profile=profile, policy=chosen,
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
                              top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)
         decision = select_logged(oracle, question)
@@ -401,6 +396,18 @@ def checkpoint_policies(oracle, weights: MoEWeights) -> dict[str, str]:
         if found is not None:
             out[name] = found
     return out
+
+
+def checkpoint_policy(oracle, profile, weights: MoEWeights) -> tuple[str | None, dict[str, str]]:
+    """(the policy `profile`'s rules name for this checkpoint, every profile's: checkpoint_policies); a known profile
+    that names none raises LayerUnavailableError naming those that do (an unknown one is question_for's error)."""
+    served_by = checkpoint_policies(oracle, weights)
+    if profile not in served_by and profile in oracle.profiles():
+        raise LayerUnavailableError(
+            f"MoELayer: profile {profile!r} names no policy for {weights.format} checkpoints with "
+            f"{weights.gate_up} gate/up rows (checkpoint_policies in its rules); pass policy=, or a profile "
+            f"that does: {', '.join(served_by) or 'none'}")
+    return served_by.get(profile), served_by
 
 
 def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssembly | None = None,

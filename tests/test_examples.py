@@ -22,18 +22,29 @@ EXERCISED = {
     "server.py": "its documented commands (below), and tests/test_store.py (--demo-edit's log lines)",
     "gpt-oss-120b.config.json": "the model config server.py's documented commands read",
     "acme_moe_plugin": "tests/test_plugins.py (installed as a plugin: manifest, rules, runner)",
+    "parallel_moe.py": "its documented torchrun command (two CPU processes over gloo here), below",
 }
 
 
 def _documented_commands(script: Path) -> list[list[str]]:
+    """The `python examples/...` and `torchrun ... examples/...` lines of a script's docstring, as python arguments."""
     doc = script.read_text().split('"""')[1]
-    return [shlex.split(line.strip())[1:] for line in doc.splitlines()
-            if re.match(r"\s+python examples/", line)]
+    commands = []
+    for line in doc.splitlines():
+        if not re.match(r"\s+(python|torchrun) ", line):
+            continue
+        words = shlex.split(line.split("#", 1)[0])
+        if words[:1] == ["python"] and words[1:2] and words[1].startswith("examples/"):
+            commands.append(words[1:])
+        elif words[:1] == ["torchrun"]:
+            commands.append(["-m", "torch.distributed.run", *words[1:]])
+    return commands
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+def _run(args: list[str], extra_env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           **(extra_env or {})}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
                           check=False)
 
 
@@ -57,6 +68,17 @@ def test_the_server_examples_documented_commands_run_and_exit_0(args):
 
 def test_the_documented_commands_are_found():
     assert len(SERVER_COMMANDS) >= 2 and all(a[0] == "examples/server.py" for a in SERVER_COMMANDS)
+    assert PARALLEL_COMMANDS == [["-m", "torch.distributed.run", "--nproc-per-node", "2", "examples/parallel_moe.py"]]
+
+
+PARALLEL_COMMANDS = _documented_commands(EXAMPLES / "parallel_moe.py")
+
+
+def test_the_parallel_example_runs_on_two_cpu_processes_and_checks_itself():
+    env_cpu = {"CUDA_VISIBLE_DEVICES": ""}
+    run = _run(PARALLEL_COMMANDS[0], extra_env=env_cpu, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.stdout.count("relative L2 to one device") == 6, run.stdout
 
 
 def test_the_server_example_exits_1_when_a_layer_gets_no_backend():
