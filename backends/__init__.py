@@ -11,7 +11,14 @@ __all__ = ["LayerUnavailableError", "MoELayer"]
 
 def __getattr__(name):
     if name in __all__:
-        from backends import layer
-
+        try:
+            from backends import layer
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            raise ModuleNotFoundError("backends.MoELayer needs torch, which is not installed: pip install "
+                                      "'moe-oracle[torch]' (or '.[torch]' in a checkout; '.[triton]' for the Triton "
+                                      "kernels on a GPU). Selection (import oracle) needs no torch.",
+                                      name="torch") from None
         return getattr(layer, name)
     raise AttributeError(f"module 'backends' has no attribute {name!r}")

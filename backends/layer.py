@@ -34,17 +34,14 @@ from oracle.registry import RegistryError, resolve
 from oracle.trace import render_lines
 
 __all__ = ["DEFAULT_PROFILE", "LayerUnavailableError", "MoELayer", "build_runner", "check_input",
-           "convert_with_quant_config", "platform_for_device", "question_for", "require_runnable", "resolve_named",
-           "select_logged", "swiglu_for"]
+           "checkpoint_policies", "checkpoint_policy", "convert_with_quant_config", "platform_for_device",
+           "question_for", "require_runnable", "resolve_named", "select_logged", "swiglu_for"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
 DEFAULT_PROFILE = "moe-oracle"
 #: The layer's checkpoints are W4A16: the scenario's weight key by format, activations unquantized.
 _WEIGHT_KEY = {"mxfp4": "kMxfp4Static", "nvfp4": "kNvfp4Static"}
-#: The policy a checkpoint asks by default; the names are the same in every profile (vLLM's, and ours).
-_POLICY = {("mxfp4", "interleaved"): "mxfp4-gpt-oss", ("mxfp4", "contiguous"): "mxfp4",
-           ("nvfp4", "interleaved"): "nvfp4", ("nvfp4", "contiguous"): "nvfp4"}
 #: torch device type -> platform kinds the rules may describe it as
 _DEVICE_KINDS = {"cpu": ("cpu",), "cuda": ("cuda", "rocm"), "xpu": ("xpu",)}
 _ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -156,6 +153,11 @@ class MoELayer:
             _fail(ValueError, f"device={device!r} is not a torch device ({exc}); pass e.g. 'cpu' or 'cuda:0'")
         if device.type not in _DEVICE_KINDS:
             _fail(ValueError, f"device={str(device)!r}: a layer runs on {', '.join(_DEVICE_KINDS)} devices")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            _fail(RuntimeError, f"device={str(device)!r}, but torch finds no CUDA device on this machine (torch "
+                  f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); run on a machine with a GPU "
+                  f"and a CUDA build of torch, or pass device='cpu'")
+        platform_detected = platform is None
         if platform is None:
             platform = platform_for_device(device)
         elif not isinstance(platform, Mapping):
@@ -164,13 +166,17 @@ class MoELayer:
 
         if oracle is None:
             oracle = default_oracle()
-        question = _question(oracle, profile=profile, policy=policy or _POLICY[weights.format, weights.gate_up],
+        chosen, served_by = (policy, None) if policy is not None else checkpoint_policy(oracle, profile, weights)
+        question = _question(oracle, profile=profile, policy=chosen,
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
                              top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)
         decision = select_logged(oracle, question)
         assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
-        require_runnable(oracle, decision, question, assembly=assembly)
+        require_runnable(oracle, decision, question, assembly=assembly, policies=served_by)
         if platform.get("kind") not in _DEVICE_KINDS[device.type]:
+            if platform_detected:
+                _fail(RuntimeError, f"device={str(device)!r}, but this machine was detected as {dict(platform)} "
+                      f"(oracle.platform.detect_platform); pass platform= for the device, or device='cpu'")
             _fail(ValueError, f"platform={dict(platform)} does not describe device={str(device)!r}; the backend "
                   f"{decision.backend} was chosen for that platform but would run on this device. Drop platform= "
                   f"to detect it, or move the layer with device=")
@@ -378,7 +384,34 @@ def select_logged(oracle, question: dict):
     return decision
 
 
-def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssembly | None = None) -> None:
+def checkpoint_policies(oracle, weights: MoEWeights) -> dict[str, str]:
+    """profile -> the policy its rules name for this checkpoint's format and gate/up layout (checkpoint_policies),
+    for every profile that names one."""
+    out = {}
+    for name in oracle.profiles():
+        try:
+            found = oracle.table(name).checkpoint_policies.get(weights.format, {}).get(weights.gate_up)
+        except OracleError:
+            continue
+        if found is not None:
+            out[name] = found
+    return out
+
+
+def checkpoint_policy(oracle, profile, weights: MoEWeights) -> tuple[str | None, dict[str, str]]:
+    """(the policy `profile`'s rules name for this checkpoint, every profile's: checkpoint_policies); a known profile
+    that names none raises LayerUnavailableError naming those that do (an unknown one is question_for's error)."""
+    served_by = checkpoint_policies(oracle, weights)
+    if profile not in served_by and profile in oracle.profiles():
+        raise LayerUnavailableError(
+            f"MoELayer: profile {profile!r} names no policy for {weights.format} checkpoints with "
+            f"{weights.gate_up} gate/up rows (checkpoint_policies in its rules); pass policy=, or a profile "
+            f"that does: {', '.join(served_by) or 'none'}")
+    return served_by.get(profile), served_by
+
+
+def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssembly | None = None,
+                     policies: Mapping[str, str] | None = None) -> None:
     """Raise LayerUnavailableError (carrying the decision and its assembly) unless the decision names a backend
     with a runner; say which profile can run."""
     where = (f"profile {question['profile']!r} (policy {question['policy']}, platform "
@@ -395,22 +428,24 @@ def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssemb
                    f"a MoELayer runs W4A16 (unquantized activations)")
     else:
         return
-    raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question)}", decision=decision,
+    raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question, policies)}", decision=decision,
                                 assembly=assembly)
 
 
-def _who_can_run(oracle, question: dict) -> str:
-    """The other profiles that select a backend with a runner for the same layer here, as advice."""
+def _who_can_run(oracle, question: dict, policies: Mapping[str, str] | None = None) -> str:
+    """The other profiles that select a backend with a runner for the same layer here, as advice; `policies`:
+    each profile's own policy for the layer (checkpoint_policies), else the question's policy everywhere."""
     given = question["packages"]
     runnable = []
     for name in oracle.profiles():
-        if name == question["profile"]:
+        if name == question["profile"] or (policies is not None and name not in policies):
             continue
         try:
             known = oracle.table(name).packages
             packages = detect_packages(known - given.keys())
             packages.update({p: present for p, present in given.items() if p in known})
-            other = dict(question, profile=name, packages=packages)
+            other = dict(question, profile=name, packages=packages,
+                         policy=policies[name] if policies is not None else question["policy"])
             d = oracle.select(oracle.prepare(other))
         except OracleError:
             continue

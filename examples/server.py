@@ -8,6 +8,11 @@ each distinct decision logged once, the rules hot-reloaded while it runs.
 policy) and, while it serves, breaks that file and then fixes it: the broken edit is reported once
 with file:line and the old rules keep serving; the fixed edit is picked up by the watcher. Exit 0
 when the server survived (answers before, during and after the edits as expected).
+
+Which policy a layer asks comes from the profile's rules (`checkpoint_policies`: weight format and
+gate/up layout -> policy), so the same config works under every profile. Exit status: 0 when every
+layer got an answer (a backend, or `none`), 1 when any layer was refused or malformed (each such
+answer printed), 2 for a config this example cannot read.
 """
 from __future__ import annotations
 
@@ -40,14 +45,25 @@ SITE_PROFILES = ("extends: builtin\ndefault: site\nprofiles:\n"
                  "  site: {description: 'vllm-0.20 + site policy', extends: vllm-0.20, files: [site.yaml]}\n")
 
 
-def layer_questions(config: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    """(layer index, question) for every MoE layer of a Hugging Face style config."""
+#: Hugging Face quant_method -> the checkpoint's weight format (the rules' checkpoint_policies key)
+WEIGHT_FORMATS = {"mxfp4": "mxfp4", "modelopt_fp4": "nvfp4"}
+
+
+def layer_questions(config: dict[str, Any], store: RuleStore) -> list[tuple[int, dict[str, Any]]]:
+    """(layer index, question) for every MoE layer of a Hugging Face style config, asking the policy the store's
+    default profile names for this checkpoint kind."""
     quant = (config.get("quantization_config") or {}).get("quant_method")
     gpt_oss = config.get("model_type") == "gpt_oss"
-    policy = {"mxfp4": "mxfp4-gpt-oss" if gpt_oss else "mxfp4", "modelopt_fp4": "nvfp4"}.get(quant)
-    if policy is None:
+    if quant not in WEIGHT_FORMATS:
         raise SystemExit(f"quantization_config.quant_method: {quant!r} has no moe-oracle policy here; "
-                         "expected mxfp4 or modelopt_fp4")
+                         f"expected one of {', '.join(WEIGHT_FORMATS)}")
+    oracle = store.generation.oracle
+    table = oracle.table(oracle.default_profile)
+    by_layout = table.checkpoint_policies.get(WEIGHT_FORMATS[quant], {})
+    policy = by_layout.get("interleaved" if gpt_oss else "contiguous")  # gpt-oss interleaves gate and up rows
+    if policy is None:
+        raise SystemExit(f"profile {table.name} names no policy for {WEIGHT_FORMATS[quant]} checkpoints "
+                         "(checkpoint_policies in its rules); pick another profile with --rules")
     moe = {"hidden_size": config["hidden_size"],
            "intermediate_size": config.get("moe_intermediate_size", config["intermediate_size"]),
            "activation": "swigluoai" if gpt_oss else "silu"}
@@ -73,7 +89,6 @@ def _platform(text: str) -> dict[str, Any]:
 
 def demo_edit(config_path: Path, args: argparse.Namespace) -> int:
     config = json.loads(config_path.read_text())
-    questions = layer_questions(config)
     model = config_path.name.split(".")[0]
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp)
@@ -81,6 +96,7 @@ def demo_edit(config_path: Path, args: argparse.Namespace) -> int:
         policy_file = site / "site.yaml"
         policy_file.write_text(SITE_POLICY.format(candidates="TRITON, MARLIN"))
         store = RuleStore(site, platform=_platform(args.platform), packages={"triton_kernels": True}, env={})
+        questions = layer_questions(config, store)
         store.watch(interval=args.poll)
         seen: list[tuple[int, set[str]]] = []
         stop = threading.Event()
@@ -145,10 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads(args.config.read_text())
     with RuleStore(args.rules, overrides=args.overrides, platform=_platform(args.platform),
                    packages={name: True for name in args.package}, audit_log=args.audit_log) as store:
-        answers = select_all(store, args.config.name.split(".")[0], layer_questions(config))
+        answers = select_all(store, args.config.name.split(".")[0], layer_questions(config, store))
+    failed = 0
     for backend in sorted(set(answers.values())):
         layers = [i for i, b in answers.items() if b == backend]
-        print(f"{backend}: layers {layers[0]}..{layers[-1]} ({len(layers)})")
+        answered = not backend.startswith(("invalid:", "unsupported:", "error:"))
+        failed += 0 if answered else len(layers)
+        print(f"{backend}: layers {layers[0]}..{layers[-1]} ({len(layers)})",
+              file=sys.stdout if answered else sys.stderr)
+    if failed:
+        print(f"example-server: error: {failed} of {len(answers)} layers got no backend (above)", file=sys.stderr)
+        return 1
     return 0
 
 

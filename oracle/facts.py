@@ -45,6 +45,14 @@ FACTS: dict[str, tuple[str, object]] = {
     "quark.input.symmetric": ("bool?", None),
     "quark.input_dtype": ("str?", None),
     "quark.weight_dtype": ("str?", None),
+    # what vLLM's FlashInfer probes answer beyond "installed" (has_flashinfer_<name>(); situ_activation:
+    # ActivationType.Situ exists). Neutral: absent; each profile's fact_defaults give the FlashInfer its vLLM pins.
+    "flashinfer.situ_activation": ("bool", False),
+    "flashinfer.trtllm_fused_moe": ("bool", False),
+    "flashinfer.cutlass_fused_moe": ("bool", False),
+    "flashinfer.cutedsl_grouped_gemm_nt_masked": ("bool", False),
+    "flashinfer.cutedsl_moe_nvfp4": ("bool", False),
+    "flashinfer.b12x_moe": ("bool", False),
     "call.backend": ("str?", None),
     "scheme.weight_key": ("str?", None),
     "scheme.activation_key": ("str?", None),

@@ -6,7 +6,8 @@ a condition; rows run in table order (vLLM's order for the shipped rules). A ker
 
 Row forms (exactly one of):
   field_is_condition: true      the field holds a condition (device, parallel)
-  fact_in_field: FACT           FACT must be one of the field's list (activation, routing)
+  fact_in_field: FACT           FACT must be one of the field's list (activation, routing); an item
+                                `{is: V, when: COND}` counts only while COND holds (a package feature)
   quant_scheme_rows: true       the field lists (weight key, activation key[, when]) rows
   requires: COND                COND must hold (e.g. `lora: false` kernels need moe.lora false)
   requires_by_value: {V: COND}  COND for the field's value V (e.g. the activation format)
@@ -48,12 +49,28 @@ def _row_condition(c: Compiler, row: dict[str, Any], value: Any) -> tuple[str, s
     elif row.get("field_is_condition"):
         cond = c.condition(value)
     elif "fact_in_field" in row:
-        fact = row["fact_in_field"]
-        return f"({c.getter(fact)} in {c.k(frozenset(value))})", f"{fact} in {show(value)}"
+        return _in_field(c, row["fact_in_field"], value)
     else:  # quant_scheme_rows
         rows = [_scheme_row(c, r) for r in value]
         return joined([code for code, _ in rows], "or"), " or ".join(text for _, text in rows)
     return (cond.code, cond.text) if cond is not None else None
+
+
+def field_values(items: list[Any]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """A fact_in_field list split into its plain values and its conditional `{is, when}` items."""
+    return [v for v in items if not isinstance(v, dict)], [v for v in items if isinstance(v, dict)]
+
+
+def _in_field(c: Compiler, fact: str, items: list[Any]) -> tuple[str, str]:
+    plain, conditional = field_values(items)
+    getter = c.getter(fact)
+    codes, texts = [f"({getter} in {c.k(frozenset(plain))})"], [f"{fact} in {show(plain)}"]
+    for item in conditional:
+        cond = c.condition(item["when"])
+        assert cond is not None
+        codes.append(f"({getter} == {c.k(item['is'])} and {cond.code})")
+        texts.append(f"{fact} == {show(item['is'])} if {cond.text}")
+    return joined(codes, "or"), " or ".join(texts)
 
 
 def compile_kernel(c: Compiler, name: str, checks: Mapping[str, Entry], reasons: Mapping[str, Template],

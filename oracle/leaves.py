@@ -179,6 +179,9 @@ def check_explainer(x: LeafExplainer, row: dict[str, Any], check: Entry, kernel:
 
         def in_field(ctx: Ctx) -> tuple[Leaf, ...]:
             actual = ctx.facts.get(fact)
+            for i, item in enumerate(value):  # the value is listed, but only while a condition holds: why not
+                if isinstance(item, dict) and item["is"] == actual:
+                    return tuple(x.leaves(item["when"], kernel, (field, i, "when"), ctx))
             return (Leaf(f"{field}: {written(value)}", f"in {written(value)}", show(actual), at, (),
                          f"{fact} {show(actual)} is not in {written(value)}"),)
         return in_field

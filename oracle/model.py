@@ -242,6 +242,8 @@ class Table:
     queries: tuple[str, ...]  # names of the queries some policy declares
     codegen: CodeGen
     quant_keys: frozenset[str] = frozenset()  # the rules' quant_keys: what a scenario's *_key facts may name
+    # weight format -> gate/up layout -> the policy that serves such a checkpoint (backends.MoELayer's question)
+    checkpoint_policies: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # values derived from this table once and reused per question (oracle.scenario's per-policy fact defaults)
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

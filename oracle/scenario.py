@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # the fields each level of a scenario mapping allows, in the order messages list them (dicts: O(1) lookups and
 # one C-level subset test for a mapping without unknown fields)
-_TOP = dict.fromkeys(("policy", "profile", "platform", "packages", "env", "moe", "quark", "query", "backend"))
+_TOP = dict.fromkeys("policy profile platform packages flashinfer env moe quark query backend".split())
 _PLATFORM = dict.fromkeys(("kind", "capability", "gcn_arch", "amx"))
 _MOE = dict.fromkeys([*(k.split(".", 1)[1] for k in FACTS
                         if k.startswith("moe.") and not k.startswith("moe.parallel.")), "parallel"])
@@ -30,6 +30,7 @@ _PARALLEL = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("mo
 _QUARK = dict.fromkeys(("weight", "input", "input_dtype", "weight_dtype"))
 _QUARK_WEIGHT = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.weight."))
 _QUARK_INPUT = dict.fromkeys(k.rsplit(".", 1)[1] for k in FACTS if k.startswith("quark.input."))
+_FLASHINFER = dict.fromkeys(k.split(".", 1)[1] for k in FACTS if k.startswith("flashinfer."))
 _MAJOR, _MINOR = CAPABILITY_RANGES
 # the exact types a fact of each kind takes without further checks (ints also within their range)
 _FAST_TYPES: dict[str, frozenset[type]] = {"int": frozenset({int}), "bool": frozenset({bool}),
@@ -51,6 +52,7 @@ def _specs(prefix: str, keys: dict[str, None]) -> dict[str, tuple[str, frozenset
 
 _MOE_SPECS = _specs("moe.", _MOE)
 _PARALLEL_SPECS = _specs("moe.parallel.", _PARALLEL)
+_FLASHINFER_SPECS = _specs("flashinfer.", _FLASHINFER)
 
 
 class Scenario(tuple):  # type: ignore[type-arg]
@@ -253,6 +255,8 @@ def parse_scenario(raw: Any, table: Table, default_platform: Mapping[str, Any] |
                                 f"{did_you_mean(facts[fact], table.quant_keys)}; expected one of "
                                 f"{', '.join(sorted(table.quant_keys))} or null")
 
+    if "flashinfer" in top:  # what the installed FlashInfer offers; unset: the FlashInfer the profile's vLLM pins
+        _fill(_fields(top["flashinfer"], "flashinfer", _FLASHINFER), _FLASHINFER_SPECS, facts)
     if "quark" in top:
         _quark(top["quark"], facts)
     warnings = env_lookalikes(env, table.env_vars) if env else ()
@@ -365,12 +369,9 @@ def _quark(raw: Any, facts: dict[str, Any]) -> None:
     for key in ("input_dtype", "weight_dtype"):
         if key in quark:
             facts["quark." + key] = _typed(quark[key], "str?", "quark." + key)
-    weight = _fields(quark.get("weight"), "quark.weight", _QUARK_WEIGHT)
-    for key, value in weight.items():
-        facts["quark.weight." + key] = _typed(value, FACTS["quark.weight." + key][0], "quark.weight." + key)
-    inp = _fields(quark.get("input"), "quark.input", _QUARK_INPUT)
-    for key, value in inp.items():
-        facts["quark.input." + key] = _typed(value, FACTS["quark.input." + key][0], "quark.input." + key)
+    for level, allowed in (("weight", _QUARK_WEIGHT), ("input", _QUARK_INPUT)):
+        for key, value in _fields(quark.get(level), f"quark.{level}", allowed).items():
+            facts[f"quark.{level}.{key}"] = _typed(value, FACTS[f"quark.{level}.{key}"][0], f"quark.{level}.{key}")
 
 
 def env_lookalikes(env: Mapping[str, str], declared: frozenset[str]) -> tuple[str, ...]:
@@ -381,8 +382,7 @@ def env_lookalikes(env: Mapping[str, str], declared: frozenset[str]) -> tuple[st
         if name not in declared:
             close = _lookalike(name, declared)
             if close is not None:
-                out.append(f"env.{name}: not a variable these rules read (did you mean '{close}'?); "
-                           "it has no effect")
+                out.append(f"env.{name}: not a variable these rules read (did you mean '{close}'?); it has no effect")
     return tuple(out)
 
 

@@ -15,7 +15,7 @@ from .resources import schemas_dir
 from .yamlio import Located
 
 SECTIONS = ("rocm_archs", "quant_keys", "packages", "env_vars", "derived", "values", "tables", "kernel_checks",
-            "kernels", "families", "policies", "fact_defaults")
+            "kernels", "families", "policies", "fact_defaults", "checkpoint_policies")
 
 
 @cache

@@ -118,6 +118,8 @@ class Semantics:
             self.guarded(self.policy, e)
         for e in self.s["fact_defaults"].values():
             self.known(e, "fact", e.name, FACTS)
+        for e, k in ((e, k) for e in self.s["checkpoint_policies"].values() for k in ("interleaved", "contiguous")):
+            self.known(e, "policy", e.data.get(k), self.s["policies"], k)
         self.cycles("derived", lambda d: operators.references(d.get("when"), "derived"))
         self.cycles("kernels", lambda d: [d["extends"]] if "extends" in d else [])
         return self.problems
@@ -164,9 +166,10 @@ class Semantics:
             fact = check.data.get("fact_in_field")
             if fact in self.vocab and isinstance(d.get(field), list):
                 for i, v in enumerate(d[field]):
-                    found = literals.unknown_value(self.vocab[fact], fact, v)
+                    self.condition(e, v.get("when") if isinstance(v, dict) else None, field, i, "when")  # {is, when}
+                    found = literals.unknown_value(self.vocab[fact], fact, v["is"] if isinstance(v, dict) else v)
                     if found:
-                        self.err(e, found, field, i)
+                        self.err(e, found, field, i, *(("is",) if isinstance(v, dict) else ()))
         schemes = d.get("quant_schemes")
         if isinstance(schemes, list):
             for i, row in enumerate(schemes):

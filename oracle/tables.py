@@ -143,4 +143,6 @@ def compile_ruleset(rs: RuleSet, packages: set[str]) -> Table:
     return Table(rs.name, rs.description, tuple(rs.files), MappingProxyType(policies), MappingProxyType(families),
                  frozenset(packages), frozenset(c.env), MappingProxyType(archs),
                  BUILTIN_QUERIES + tuple(q for q in queries if q not in BUILTIN_QUERIES), c.gen,
-                 frozenset(s["quant_keys"]))
+                 frozenset(s["quant_keys"]),
+                 MappingProxyType({fmt: MappingProxyType({k: e.data[k] for k in ("interleaved", "contiguous")})
+                                   for fmt, e in s["checkpoint_policies"].items()}))

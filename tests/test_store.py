@@ -193,14 +193,16 @@ def test_version_b_differs_from_version_a():
 
 def test_the_server_example_survives_a_broken_then_fixed_rule_edit():
     """examples/server.py --demo-edit: every layer of gpt-oss-120b answered before, during and after the edits."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(root / "examples" / "server.py"),
                           str(root / "examples" / "gpt-oss-120b.config.json"), "--demo-edit"],
-                         capture_output=True, text=True, timeout=120, cwd=root)
+                         capture_output=True, text=True, timeout=120, cwd=root, env=env)  # this checkout's oracle
     assert run.returncode == 0 and "survived a broken and a fixed rule edit" in run.stdout, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("ERROR moe_oracle")]
     assert len(errors) == 1 and "still serving rules generation 1" in errors[0]

@@ -82,9 +82,8 @@ def test_a_releases_own_exception_types_carry_the_refusals():
     assert dict(RELEASE.refusals) == {"invalid": ValueError, "unsupported": NotImplementedError}
 
 
-def test_config_facts_the_rules_cannot_see_are_warned_about_once(monkeypatch, caplog):
+def test_config_facts_the_rules_cannot_see_are_warned_about_once(caplog):
     situ = types.SimpleNamespace(value="situ")
-    monkeypatch.setattr(plugin, "_flashinfer_has_situ", lambda: True)
     plugin._warned.clear()
     with caplog.at_level(logging.WARNING, logger="moe_oracle"):
         for _ in range(2):
@@ -93,8 +92,37 @@ def test_config_facts_the_rules_cannot_see_are_warned_about_once(monkeypatch, ca
         plugin._warn_once_if_unexpressed(types.SimpleNamespace(activation=types.SimpleNamespace(value="silu"),
                                                                routing_method=None, has_hash_routing=False))
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2, lines
-    assert "Situ activation type" in lines[0] and "FusedMoEConfig.has_hash_routing is True" in lines[1]
+    assert len(lines) == 1, lines  # SiTU is a fact now (flashinfer.situ_activation), not a warning
+    assert "FusedMoEConfig.has_hash_routing is True" in lines[0]
+
+
+def test_flashinfer_features_are_scenario_facts_the_plugin_reads_from_vllms_probes(monkeypatch, oracle):
+    """Each FlashInfer feature probe of a release becomes flashinfer.<feature>; the plugin asks the probes (here
+    stand-ins with vLLM's module layout) and passes their answers, which change the choice on SM 10.x."""
+    from oracle.facts import FACTS
+
+    for release in plugin.RELEASES.values():
+        for feature, where in release.flashinfer_features:
+            assert f"flashinfer.{feature}" in FACTS and ":has_flashinfer_" in where
+    answers = {"situ_activation": False, "trtllm_fused_moe": True}
+    homes = {}
+    for feature, where in RELEASE.flashinfer_features:
+        module, attr = where.split(":")
+        homes.setdefault(module, types.ModuleType(module))
+        setattr(homes[module], attr, lambda f=feature: answers.get(f, True))
+    monkeypatch.setattr(plugin, "_PROBE_HOMES", {})
+    for module, fake in homes.items():
+        monkeypatch.setitem(sys.modules, module, fake)
+    features = plugin.flashinfer_features(RELEASE)
+    assert features["situ_activation"] is False and features["cutlass_fused_moe"] is True
+    moe = full_moe({"profile": "vllm-0.33", "moe": {"activation": "situ"}})
+    common = {"policy": "mxfp4", "profile": RELEASE.profile, "platform": {"kind": "cuda", "capability": [10, 0]},
+              "packages": {"flashinfer": True, "triton_kernels": True}, "env": {}, "config": fake_config(moe),
+              "quant_keys": {"activation_key": None, "user_activation_key": None}}
+    pinned = oracle.select(build_scenario(**common))
+    without = oracle.select(build_scenario(**common, flashinfer=features))
+    assert pinned.backend == "FLASHINFER_TRTLLM_MXFP4_BF16"  # vLLM 0.33.0's pin has ActivationType.Situ
+    assert without.outcome == "selected" and without.backend != pinned.backend
 
 
 def test_033_selectors_are_the_renamed_ones_with_their_parameters():
@@ -238,3 +266,35 @@ def test_033_opting_in_before_vllm_imports_its_selectors_patches_them_on_import(
                        ["select_deepseek_v4_mxfp4_moe_backend", "mxfp4-deepseek-v4"],
                        ["select_nvfp4_moe_backend", "nvfp4"]]
     assert "select_deepseek_v4_mxfp4_moe_backend (on import)" in output
+
+
+@requires_vllm_033
+def test_033_the_installed_flashinfers_features_are_what_the_plugin_passes(tmp_path):
+    """Unsimulated (a fresh process): the plugin's flashinfer facts are vLLM's probes of the installed FlashInfer;
+    with the flashinfer-python vLLM 0.33.0 pins, Situ is there (the profile's default)."""
+    import subprocess
+
+    code = ("import json; import vllm.model_executor.layers.fused_moe.oracle.mxfp4; "  # as at selection time
+            "from oracle.integrations import vllm as p; "
+            "from vllm.model_executor.layers.quantization.utils.flashinfer_utils import has_flashinfer_situ_activation;"
+            "print(json.dumps([p.flashinfer_features(p.RELEASES['0.33']), has_flashinfer_situ_activation()]))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    features, situ = json.loads(run.stdout.strip().splitlines()[-1])
+    assert features["situ_activation"] is situ
+    if importlib.metadata.version("flashinfer-python") == "0.7.2.post1":
+        assert situ is True
+
+
+def test_the_call_cache_keys_on_the_declared_env_vars_only(monkeypatch, oracle):
+    """A cached answer is reused exactly when nothing a decision reads changed: the declared VLLM_* variables are in
+    the key, a variable no rule reads is not (it can only add a look-alike warning, on the first ask)."""
+    active = plugin._Active(oracle, "vllm-0.33", "the shipped rules", RELEASE)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    before = plugin._declared_env(active)
+    assert "VLLM_BATCH_INVARIANT" in active.env_names and set(before) == {None}
+    monkeypatch.setenv("VLLM_SOMETHING_UNREAD", "1")
+    assert plugin._declared_env(active) == before
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert plugin._declared_env(active) != before
+    assert set(active.env_names) == set(oracle.table("vllm-0.33").env_vars)

@@ -112,9 +112,13 @@ PROBES = {"flashinfer": ("has_flashinfer", "has_flashinfer_moe", "has_flashinfer
 PROBE_HOME = {"flashinfer": "vllm.utils.flashinfer", "triton_kernels": "vllm.utils.import_utils",
               "deep_gemm": "vllm.utils.import_utils", "aiter": "vllm.utils.import_utils",
               "humming": "vllm.utils.import_utils", "quark": "vllm.utils.import_utils", "b12x": "vllm.utils.b12x"}
-# vLLM 0.33 probes more: every has_flashinfer* function stands for the one flashinfer package, and the new
-# packages (humming, amd-quark, b12x; b12x's experts also ask get_b12x_fused_moe() for a loadable module).
+# vLLM 0.33 probes more: every has_flashinfer* function answers the flashinfer package (the feature probes also the
+# question's flashinfer: facts, FEATURES), and the new packages (humming, amd-quark, b12x; b12x's experts also ask
+# get_b12x_fused_moe() for a loadable module).
 PROBES_033 = {**PROBES, "humming": ("has_humming",), "quark": ("has_quark",), "b12x": ("has_b12x",)}
+# FlashInfer features the scenario carries as `flashinfer:` facts (vLLM's has_flashinfer_<feature> probes)
+FEATURES = ("trtllm_fused_moe", "cutlass_fused_moe", "cutedsl_grouped_gemm_nt_masked", "cutedsl_moe_nvfp4",
+            "b12x_moe", "situ_activation")
 # Native extensions whose import needs a GPU driver; selection never calls into them.
 NATIVE_WITHOUT_DRIVER = ("vllm._C", "vllm._C_stable_libtorch", "vllm_xpu_kernels", "vllm_xpu_kernels._C",
                          "vllm_xpu_kernels._moe_C", "vllm_xpu_kernels._xpu_C")
@@ -176,6 +180,7 @@ class SimulatedMachine:
 
     def __init__(self, mp: pytest.MonkeyPatch, release=RELEASE):
         self.mp, self.packages, self.arch, self._restore, self.release = mp, {}, None, [], release
+        self.features: dict = {}
         self.by_policy = by_policy(release)
         import vllm.platforms
 
@@ -210,7 +215,10 @@ class SimulatedMachine:
         for package, names in probes.items():
             home = importlib.import_module(PROBE_HOME[package])
             for name in names:
-                self._switch(getattr(home, name), self._probe(package))
+                feature = name.removeprefix("has_flashinfer_")
+                probe = self._feature(feature) if package == "flashinfer" and feature in FEATURES else \
+                    self._probe(package)
+                self._switch(getattr(home, name), probe)
         if release.cpu_amx:
             import torch
 
@@ -232,17 +240,22 @@ class SimulatedMachine:
         from vllm import _custom_ops
 
         self.mp.setattr(_custom_ops, "mxfp4_experts_quant_supported", lambda cap: 100 <= cap < 120)
-        # FlashInfer's Situ activation type (TRT-LLM kernels): the 0.33 rules describe a FlashInfer without it (the
-        # executed sample's); the flashinfer-python 0.7.2.post1 in this venv has it, so the probe says False here.
+        # FlashInfer's Situ activation type (TRT-LLM kernels) answers like the other FlashInfer feature probes
         from vllm.model_executor.layers.quantization.utils import flashinfer_utils
 
-        self._switch(flashinfer_utils.has_flashinfer_situ_activation, lambda: False)
+        self._switch(flashinfer_utils.has_flashinfer_situ_activation, self._feature("situ_activation"))
         fused_moe = types.SimpleNamespace(is_supported=lambda: True)
         self._switch(b12x.get_b12x_fused_moe, lambda: fused_moe if self.packages.get("b12x", False) else None)
         return probes
 
     def _probe(self, package: str):
         return lambda *args, **kwargs: self.packages.get(package, False)
+
+    def _feature(self, feature: str):
+        """A FlashInfer feature probe: False without flashinfer, else the question's `flashinfer:` value (unset:
+        what the FlashInfer the release pins answers, as the profile's fact_defaults say: present)."""
+        return lambda *args, **kwargs: bool(self.packages.get("flashinfer", False)
+                                            and self.features.get(feature, True))
 
     def restore(self) -> None:
         for switch, original in self._restore:
@@ -278,6 +291,7 @@ class SimulatedMachine:
         self.platform.__class__ = self.platform_class(scenario["platform"])
         self.amx = bool(scenario["platform"].get("amx", False))
         self.packages = dict(scenario.get("packages", {}))
+        self.features = dict(scenario.get("flashinfer", {}))
         self.aiter_ops.IS_AITER_FOUND = self.packages.get("aiter", False)
         for name in [n for n in os.environ if n.startswith("VLLM_")]:
             self.mp.delenv(name)
@@ -431,4 +445,5 @@ def random_question_033(rng) -> dict:
     return {"profile": "vllm-0.33", "policy": policy, "platform": rng.choice(RANDOM_PLATFORMS_033),
             "packages": {p: rng.random() < 0.7
                          for p in ("flashinfer", "triton_kernels", "deep_gemm", "aiter", "humming", "b12x", "quark")},
-            "env": {k: rng.choice(v) for k, v in RANDOM_ENV_033.items() if rng.random() < 0.15}, "moe": moe}
+            "env": {k: rng.choice(v) for k, v in RANDOM_ENV_033.items() if rng.random() < 0.15}, "moe": moe,
+            **({"flashinfer": {f: rng.random() < 0.5 for f in FEATURES}} if rng.random() < 0.3 else {})}

@@ -32,12 +32,12 @@ import torch.distributed as dist
 from backends.assembly import kernel_assembly
 from backends.emulation import GATED_ACTIVATIONS
 from backends.layer import (  # the single-device layer's question and answer helpers, shared
-    _POLICY,
     _WEIGHT_KEY,
     DEFAULT_PROFILE,
     MoELayer,
     build_runner,
     check_input,
+    checkpoint_policy,
     platform_for_device,
     question_for,
     require_runnable,
@@ -173,8 +173,9 @@ class ParallelMoELayer:
                   {"dp_size": world, "ep_size": world, "use_ep": True})
         if parallel == "ep":
             fields["all2all_backend"] = all2all_backend or DEFAULT_ALL2ALL_BACKEND
-        question = question_for(oracle, policy=policy or _POLICY[weights.format, weights.gate_up], profile=profile,
-                                platform=platform, packages=packages, env=env, moe={
+        policy = policy or checkpoint_policy(oracle, profile, weights)[0]  # the profile's own, from its rules
+        question = question_for(oracle, policy=policy, profile=profile, platform=platform, packages=packages,
+                                env=env, moe={
             "activation": activation, "is_act_and_mul": True, "moe_backend": moe_backend,
             "routing_method": "Renormalize" if renormalize else "Default",
             "hidden_size": weights.H, "intermediate_size": per_rank_inter, "num_experts": experts, "top_k": top_k,

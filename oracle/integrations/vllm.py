@@ -21,10 +21,16 @@ class; a refusal raises vLLM's exception type with the oracle's message. Each di
 decision is logged once under the `moe_oracle` logger with the rule file and step that made it,
 by oracle.log.DecisionLog (the servers' log) with the selector as the caller label.
 
-vLLM is imported only inside these functions: importing `oracle` never needs it.
-Known gaps (warned once at run time): the scenario has one `flashinfer` package where vLLM's
-classes probe several FlashInfer sub-modules, and no router-logits dtype, hash routing or
-decomposed-backend requirement.
+vLLM is imported only inside these functions: importing `oracle` never needs it. What vLLM's
+experts classes probe beyond "installed" (FlashInfer's sub-modules and its Situ activation type) is
+read through vLLM's own probes into the scenario's `flashinfer:` facts.
+Known gaps (warned once at run time): no router-logits dtype, hash routing or decomposed-backend
+requirement in the scenario.
+
+Cost per call: what a decision depends on (platform, probes, the environment variables the profile
+declares, layer config, keys) is read as vLLM reads it on every call, but a question already asked
+since install is answered from a per-install cache keyed by those inputs (the answer is a pure
+function of them), so it is not built, validated or selected again (benchmarks/bench_vllm_plugin.py).
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ from .vllm_releases import RELEASES, RULES_ENV, Release, Selector, release_for
 from .vllm_scenario import (
     build_scenario,
     env_of,
+    moe_of,
     platform_of,
     quant_key_name,
     to_vllm_answer,
@@ -66,6 +73,13 @@ class _Active:
     source: str
     release: Release
     decisions: DecisionLog = field(default_factory=DecisionLog)  # one per install: a new install logs anew
+    # the inputs of one call (_call_key) -> vLLM's answer; per install, so new rules answer anew
+    answers: dict = field(default_factory=dict)
+    env_names: tuple[str, ...] | None = None  # the env vars the profile declares: the only ones a decision reads
+    env_keys: tuple[bytes, ...] = ()          # the same, as os.environ stores them (POSIX)
+
+
+_ANSWERS_KEPT = 4096  # distinct questions cached per install (a model asks a handful); beyond: start over
 
 
 _active: _Active | None = None
@@ -241,12 +255,13 @@ def _wrapper(sel: Selector, module: Any, original: Callable) -> Callable:
     explicit_name = _active.release.explicit_kernel_classes if _active else None
     explicit = getattr(module, explicit_name, None) if explicit_name else None
 
+    bind = _binder(signature)
+
     def select(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)  # vLLM's own calling convention, defaults included
-        bound.apply_defaults()
-        config = bound.arguments["config"]
+        arguments = bind(args, kwargs)  # vLLM's own calling convention, defaults included
+        config = arguments["config"]
         return _answer(sel, backend_enum, lambda member: _kernel_classes(module, explicit, member, config),
-                       bound.arguments)
+                       arguments)
 
     select.__signature__ = signature
     select.__name__ = select.__qualname__ = sel.name
@@ -255,6 +270,39 @@ def _wrapper(sel: Selector, module: Any, original: Callable) -> Callable:
     select.__wrapped__ = original
     select._moe_oracle_selector = sel
     return select
+
+
+def _binder(signature: inspect.Signature) -> Callable[[tuple, dict], dict]:
+    """(args, kwargs) -> arguments by name, defaults included, as signature.bind would give them; a plain
+    positional-or-keyword signature is bound without inspect's per-call cost, anything else by inspect."""
+    params = signature.parameters.values()
+    names = tuple(p.name for p in params)
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def general(args: tuple, kwargs: dict) -> dict:
+        bound = signature.bind(*args, **kwargs)  # the TypeError vLLM's own function would raise, if any
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in params):
+        return general
+
+    def fast(args: tuple, kwargs: dict) -> dict:
+        if len(args) > len(names):
+            return general(args, kwargs)
+        out = dict(zip(names, args, strict=False))  # fewer args than names: defaults below
+        if kwargs:
+            if any(k in out or k not in names for k in kwargs):
+                return general(args, kwargs)
+            out.update(kwargs)
+        if len(out) < len(names):
+            for name in names:
+                if name not in out:
+                    if name not in defaults:
+                        return general(args, kwargs)
+                    out[name] = defaults[name]
+        return {name: out[name] for name in names}
+    return fast
 
 
 def _kernel_classes(module: Any, explicit: Callable | None, member: Any, config: Any) -> list:
@@ -276,34 +324,89 @@ def _answer(sel: Selector, backend_enum: Any, kernel_classes: Callable, argument
         raise RuntimeError(f"moe-oracle plugin was uninstalled; call vLLM's original {sel.name}")
     release, config = active.release, arguments["config"]
     _warn_once_if_unexpressed(config)
-    names = _quant_key_names() if sel.key_args or sel.user_key else {}
-    quant_keys = {k: quant_key_name(arguments[k], names) for k in sel.key_args}
+    quant_keys = {k: _key_name(arguments[k]) for k in sel.key_args}
     if sel.user_key:
-        quant_keys["user_activation_key"] = quant_key_name(_user_activation_key(), names)
+        quant_keys["user_activation_key"] = _key_name(_user_activation_key())
     platform = platform_of(current_platform, _gcn_arch, _has_amx if release.cpu_amx else None)
-    scenario = build_scenario(policy=sel.policy, profile=active.profile, platform=platform,
-                              packages=package_probes(release), env=env_of(os.environ), config=config,
-                              quant_keys=quant_keys)
-    decision = _select_logged(sel, active, scenario)
-    return to_vllm_answer(decision, backend_enum, kernel_classes, dict(release.refusals))
+    packages = package_probes(release)
+    features = flashinfer_features(release) if packages.get("flashinfer") else None
+    moe = moe_of(config)
+    key = _call_key(sel, platform, packages, features, _declared_env(active), moe, quant_keys)
+    answer = active.answers.get(key)
+    if answer is None:  # every VLLM_* variable goes into the question: a look-alike of a declared one is warned about
+        scenario = build_scenario(policy=sel.policy, profile=active.profile, platform=platform, packages=packages,
+                                  env=_vllm_env(), config=config, quant_keys=quant_keys, flashinfer=features)
+        decision = _select_logged(sel, active, scenario)
+        try:  # vLLM's answer is a function of the decision and the key (LoRA picks explicit kernel classes)
+            answer = (to_vllm_answer(decision, backend_enum, kernel_classes, release.refusals_by_outcome), None)
+        except (ValueError, NotImplementedError) as exc:
+            answer = (None, exc)
+        if len(active.answers) >= _ANSWERS_KEPT:
+            active.answers.clear()
+        active.answers[key] = answer
+    value, refusal = answer
+    if refusal is not None:
+        raise type(refusal)(*refusal.args)  # a fresh exception per call, as vLLM raises
+    return value
+
+
+def _call_key(sel: Selector, platform: dict, packages: dict, features: dict | None, env: tuple, moe: dict,
+              quant_keys: dict) -> tuple:
+    """Everything the decision depends on, as one hashable tuple (mappings whose keys are fixed per selector and
+    release contribute their values in order; env: the declared variables' values)."""
+    parallel = moe["parallel"]
+    return (sel.name, *(v if type(v) is not list else tuple(v) for v in platform.values()), len(platform),
+            *packages.values(), features and tuple(features.values()), env,
+            tuple(v for v in moe.values() if v is not parallel), tuple(parallel.values()),
+            tuple(quant_keys.values()), len(moe))
+
+
+def _declared_env(active: _Active) -> tuple:
+    """The values of the environment variables the profile declares (None: unset), in a fixed order."""
+    names = active.env_names
+    if names is None:
+        names = active.env_names = tuple(sorted(active.oracle.table(active.profile).env_vars))
+        active.env_keys = tuple(os.fsencode(n) for n in names) if os.name == "posix" else ()
+    data = getattr(os.environ, "_data", None)
+    if active.env_keys and isinstance(data, dict):
+        return tuple(data.get(k) for k in active.env_keys)
+    return tuple(os.environ.get(n) for n in names)
+
+
+def _vllm_env() -> dict[str, str]:
+    """The VLLM_* environment as vLLM reads it, without decoding every other variable on each call."""
+    data = getattr(os.environ, "_data", None)
+    if os.name != "posix" or not isinstance(data, dict):
+        return env_of(os.environ)
+    return {os.fsdecode(k): os.fsdecode(v) for k, v in data.items() if k.startswith(b"VLLM_")}
 
 
 # ------------------------------------------------------------------ vLLM's probes
 def package_probes(release: Release) -> dict[str, bool]:
     """The scenario's packages, read from the probes this vLLM release's experts classes consult."""
-    found = {}
-    for package, where in release.probes:
-        module, attr = where.split(":")
-        probe = getattr(importlib.import_module(module), attr)
-        found[package] = bool(probe() if callable(probe) else probe)
-    if found["flashinfer"]:
-        from vllm.utils import flashinfer
+    return {package: bool(p() if callable(p := getattr(module, attr)) else p)
+            for package, (module, attr) in _probes(release.probes)}
 
-        missing = [name for name in release.flashinfer_parts if not getattr(flashinfer, name)()]
-        if missing:
-            _warn_once(f"flashinfer is installed but vLLM's {', '.join(missing)} probe(s) say False; the rules "
-                       "treat flashinfer as one package, so a FlashInfer backend they choose may not load here: "
-                       "install a complete flashinfer-python, or drop those backends in your rules")
+
+def flashinfer_features(release: Release) -> dict[str, bool]:
+    """The scenario's `flashinfer:` facts: what this release's FlashInfer feature probes answer for the installed
+    FlashInfer (sub-modules present, the Situ activation type); asked only where flashinfer is installed."""
+    return {feature: bool(getattr(module, attr)()) for feature, (module, attr) in _probes(release.flashinfer_features)}
+
+
+_PROBE_HOMES: dict[tuple, list] = {}
+
+
+def _probes(table: tuple[tuple[str, str], ...]) -> list[tuple[str, tuple[Any, str]]]:
+    """(name, (module, attribute)) of a probe table; modules imported once, the attribute read on every call so
+    that a probe vLLM (or a test) rebinds is the one asked."""
+    found = _PROBE_HOMES.get(table)
+    if found is None:
+        found = []
+        for name, where in table:
+            module, attr = where.split(":")
+            found.append((name, (importlib.import_module(module), attr)))
+        _PROBE_HOMES[table] = found
     return found
 
 
@@ -317,13 +420,20 @@ def _has_amx() -> bool:
             and bool(torch.cpu._is_amx_tile_supported()))
 
 
+_CONFIG_API: tuple[Callable[[], Any], type] | None = None
+
+
 def _user_activation_key() -> Any:
     """The user's MoE activation override (quantization_config.moe.activation), read as vLLM 0.33 reads it."""
-    from vllm.config import get_current_vllm_config
-    from vllm.config.quantization import QuantizationConfigArgs
+    global _CONFIG_API
+    if _CONFIG_API is None:  # vllm.config resolves names lazily, at a cost per `from` import: look them up once
+        from vllm.config import get_current_vllm_config
+        from vllm.config.quantization import QuantizationConfigArgs
 
-    args = get_current_vllm_config().model_config.quantization_config
-    if not isinstance(args, QuantizationConfigArgs) or args.moe is None:
+        _CONFIG_API = (get_current_vllm_config, QuantizationConfigArgs)
+    current, args_type = _CONFIG_API
+    args = current().model_config.quantization_config
+    if not isinstance(args, args_type) or args.moe is None:
         return None
     return args.moe.activation
 
@@ -341,22 +451,10 @@ def _warn_once_if_unexpressed(config: Any) -> None:
         _warn_once(f"router_logits_dtype is float32 with {routing} routing; the rules cannot see the router dtype "
                    "(vLLM's TRTLLM NVFP4 monolithic kernel refuses float32 logits except with DeepSeekV3/Simulated "
                    "routing), so an NVFP4 choice may differ from vLLM's own here")
-    if str(getattr(getattr(config, "activation", None), "value", "")) == "situ" and _flashinfer_has_situ():
-        _warn_once("this FlashInfer has the Situ activation type, which vLLM's TRT-LLM kernels then accept; the "
-                   "shipped rules describe a FlashInfer without it, so a situ layer may get another backend than "
-                   "vLLM's own choice: add situ to the TRT-LLM kernels' activations in your rules")
     for attr, value, effect in _UNEXPRESSED:
         if getattr(config, attr, None) is value:
             _warn_once(f"FusedMoEConfig.{attr} is {value} ({effect}); the rules cannot see it, so the choice may "
                        "differ from vLLM's own here")
-
-
-def _flashinfer_has_situ() -> bool:
-    try:
-        from vllm.model_executor.layers.quantization.utils.flashinfer_utils import has_flashinfer_situ_activation
-    except ImportError:  # a release without the probe (0.20)
-        return False
-    return bool(has_flashinfer_situ_activation())
 
 
 _warned: set = set()
@@ -376,6 +474,7 @@ def _gcn_arch() -> str:
 
 
 _KEY_NAMES: dict[str, Any] | None = None
+_NAME_OF_KEY: dict[Any, str | None] = {None: None}
 
 
 def _quant_key_names() -> dict[str, Any]:
@@ -385,6 +484,17 @@ def _quant_key_names() -> dict[str, Any]:
 
         _KEY_NAMES = {n: v for n, v in vars(q).items() if n.startswith("k") and isinstance(v, q.QuantKey)}
     return _KEY_NAMES
+
+
+def _key_name(key: Any) -> str | None:
+    """quant_key_name, remembered per key value (QuantKey is a frozen dataclass: hashable)."""
+    try:
+        return _NAME_OF_KEY[key]
+    except KeyError:
+        name = _NAME_OF_KEY[key] = quant_key_name(key, _quant_key_names())
+        return name
+    except TypeError:  # an unhashable look-alike
+        return quant_key_name(key, _quant_key_names())
 
 
 # ------------------------------------------------------------------ provenance

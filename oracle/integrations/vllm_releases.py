@@ -38,7 +38,9 @@ class Release:
     selectors: tuple[Selector, ...]
     # scenario package -> "module:attribute" of the vLLM probe (a function, or a bool constant)
     probes: tuple[tuple[str, str], ...]
-    flashinfer_parts: tuple[str, ...]   # FlashInfer sub-probes of vllm.utils.flashinfer the rules cannot tell apart
+    # scenario fact flashinfer.<feature> -> "module:function" of the vLLM probe that answers it for the installed
+    # FlashInfer (the rules' fact_defaults hold what the FlashInfer this release pins answers)
+    flashinfer_features: tuple[tuple[str, str], ...]
     cpu_amx: bool = False               # its CPU experts need x86 AMX: the scenario carries platform.amx
     # name of the selector module's function (backend, config) -> kernel classes of an explicitly requested
     # backend, where it has classes beyond backend_to_kernel_cls (0.33: TrtLlmMxfp4LoRAExperts)
@@ -47,11 +49,22 @@ class Release:
     refusals: tuple[tuple[str, type[Exception]], ...] = (("invalid", ValueError),
                                                          ("unsupported", NotImplementedError))
 
+    @property
+    def refusals_by_outcome(self) -> dict[str, type[Exception]]:
+        return dict(self.refusals)
+
 
 _PROBES_020 = (("flashinfer", "vllm.utils.flashinfer:has_flashinfer"),
                ("triton_kernels", "vllm.utils.import_utils:has_triton_kernels"),
                ("deep_gemm", "vllm.utils.import_utils:has_deep_gemm"),
                ("aiter", "vllm._aiter_ops:IS_AITER_FOUND"))
+
+
+
+def _features(*names: str) -> tuple[tuple[str, str], ...]:
+    """FlashInfer features answered by vllm.utils.flashinfer's has_flashinfer_<name>()."""
+    return tuple((name, f"vllm.utils.flashinfer:has_flashinfer_{name}") for name in names)
+
 
 RELEASES: dict[str, Release] = {
     "0.20": Release("0.20", "vllm-0.20", (
@@ -61,8 +74,7 @@ RELEASES: dict[str, Release] = {
         Selector(_NVFP4, "select_nvfp4_moe_backend", "nvfp4", "NvFp4MoeBackend", ("weight_key", "activation_key"),
                  (f"{_QUANT}.modelopt",
                   f"{_QUANT}.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4")),
-    ), _PROBES_020, ("has_flashinfer_trtllm_fused_moe", "has_flashinfer_cutlass_fused_moe",
-                     "has_flashinfer_cutedsl_grouped_gemm_nt_masked")),
+    ), _PROBES_020, _features("trtllm_fused_moe", "cutlass_fused_moe", "cutedsl_grouped_gemm_nt_masked")),
     # 0.33 renamed the selectors: the gpt-oss logic is `select_mxfp4_moe_backend(config, activation_key)`
     # (plus the user's override), the former MXFP8-first one `select_deepseek_v4_mxfp4_moe_backend`.
     "0.33": Release("0.33", "vllm-0.33", (
@@ -78,8 +90,9 @@ RELEASES: dict[str, Release] = {
     ), _PROBES_020 + (("humming", "vllm.utils.import_utils:has_humming"),
                       ("b12x", "vllm.utils.b12x:has_b12x"),
                       ("quark", "vllm.utils.import_utils:has_quark")),
-        ("has_flashinfer_trtllm_fused_moe", "has_flashinfer_cutlass_fused_moe",
-         "has_flashinfer_cutedsl_grouped_gemm_nt_masked", "has_flashinfer_cutedsl_moe_nvfp4"),
+        _features("trtllm_fused_moe", "cutlass_fused_moe", "cutedsl_grouped_gemm_nt_masked", "cutedsl_moe_nvfp4",
+                  "b12x_moe")
+        + (("situ_activation", f"{_QUANT}.utils.flashinfer_utils:has_flashinfer_situ_activation"),),
         cpu_amx=True, explicit_kernel_classes="_requested_kernel_cls"),
 }
 

@@ -89,14 +89,18 @@ def env_of(environ: Mapping[str, str], prefix: str = "VLLM_") -> dict[str, str]:
 
 
 def build_scenario(*, policy: str, profile: str, platform: Mapping[str, Any], packages: Mapping[str, bool],
-                   env: Mapping[str, str], config: Any, quant_keys: Mapping[str, str | None] | None = None
-                   ) -> dict[str, Any]:
+                   env: Mapping[str, str], config: Any, quant_keys: Mapping[str, str | None] | None = None,
+                   flashinfer: Mapping[str, bool] | None = None) -> dict[str, Any]:
     """The full scenario mapping for one selector call. `quant_keys` are the selector's QuantKey
-    arguments by parameter name (`weight_key`, `activation_key`), already named (quant_key_name)."""
+    arguments by parameter name (`weight_key`, `activation_key`), already named (quant_key_name);
+    `flashinfer` what vLLM's FlashInfer feature probes answer (feature -> bool), where they were read."""
     moe = moe_of(config)
     moe.update(quant_keys or {})
-    return {"policy": policy, "profile": profile, "platform": dict(platform), "packages": dict(packages),
-            "env": dict(env), "moe": moe}
+    scenario = {"policy": policy, "profile": profile, "platform": dict(platform), "packages": dict(packages),
+                "env": dict(env), "moe": moe}
+    if flashinfer:
+        scenario["flashinfer"] = dict(flashinfer)
+    return scenario
 
 
 def to_vllm_answer(decision: Any, backend_enum: Any, kernel_classes: Callable[[Any], list],

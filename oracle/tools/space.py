@@ -172,7 +172,7 @@ class Constants:
                 lists = [k.data.get(row["field"]) for k in s["kernels"].values()] + [row.get("default")]
                 for lst in lists:
                     if isinstance(lst, list):
-                        self.add(row["fact_in_field"], "in", lst)
+                        self.add(row["fact_in_field"], "in", [v["is"] if isinstance(v, dict) else v for v in lst])
         for fam in table.families.values():
             for key in fam.explicit:
                 self.add("moe.moe_backend", "key", key)
