@@ -65,10 +65,12 @@ def thaw(frozen: Any) -> Any:
 class PreparedScenario(Scenario):
     """A Scenario that remembers the question it was prepared from (`Oracle.prepare`, `RuleStore.prepare`).
 
-    Equal to (and hashed like) the plain Scenario of the same facts. Its owner answers it from the question
-    resolved against the rules serving now: item 10 is (frozen question or None, a copy of the question, the
-    owner's prepare options), item 11 a one-slot cell [(rules version token, Scenario resolved under it)],
-    replaced in one assignment, so two threads racing store equal values."""
+    Its owner answers it from the question resolved against the rules serving now. It is a question, not a set
+    of facts: equal only to a PreparedScenario of the same question and options (so answer caches keyed by it
+    hold the answer of the question under their own rules version), never to a plain Scenario.
+    Item 10: (frozen question or None, a copy of the question when it cannot be frozen, the owner's prepare
+    options, frozen); item 11: a one-slot cell [(rules version token, Scenario resolved under it)], replaced in
+    one assignment, so two threads racing store equal values; item 12: the hash."""
 
     __slots__ = ()
 
@@ -76,11 +78,25 @@ class PreparedScenario(Scenario):
     def of(cls, sc: Scenario, raw: Any, token: Any, options: Any = None) -> PreparedScenario:
         frozen = freeze(raw)
         copy = None
-        if frozen is None:  # other types than JSON's: keep a copy of the mapping's top level
+        if frozen is None:  # other types than JSON's: keep a copy of the mapping's top level; equal to itself only
             copy = dict(raw) if isinstance(raw, Mapping) else raw
-        prepared: PreparedScenario = tuple.__new__(cls, (*sc[:10], (frozen, copy, options), [None]))
-        prepared[11][0] = (token, prepared)
+        question = (frozen, copy, options)
+        prepared: PreparedScenario = tuple.__new__(cls, (*sc[:10], question, [None], _question_hash(question)))
+        prepared[11][0] = (token, sc)  # answered as the plain Scenario: it shares caches with the same mapping's
         return prepared
+
+    def __hash__(self) -> int:
+        return self[12]  # type: ignore[no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not PreparedScenario or self[10][0] is None:
+            return False
+        return bool(self[10][0] == other[10][0] and self[10][2] == other[10][2])
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
 
     @property
     def frozen(self) -> Any:
@@ -100,9 +116,15 @@ class PreparedScenario(Scenario):
         return (_unpickle_prepared, (tuple(self[:9]), self[10]))
 
 
+def _question_hash(question: tuple[Any, Any, Any]) -> int:
+    """By the frozen question and options; a question that cannot be frozen is equal to itself only."""
+    return hash((PreparedScenario, question[0], question[2])) if question[0] is not None else id(question)
+
+
 def _unpickle_prepared(fields: tuple[Any, ...], question: Any) -> PreparedScenario:
-    prepared: PreparedScenario = tuple.__new__(PreparedScenario, (*fields, [None, None], question, [None]))
-    prepared[11][0] = (None, prepared)
+    sc = tuple.__new__(Scenario, (*fields, [None, None]))
+    prepared: PreparedScenario = tuple.__new__(PreparedScenario, (*sc, question, [None], _question_hash(question)))
+    prepared[11][0] = (None, sc)
     return prepared
 
 
@@ -176,7 +198,8 @@ class Oracle:
         would be: what the rules supplied (fact defaults, declared env vars) is resolved again against the rules
         serving then, never mixed with the version it was prepared under."""
         sc = self.scenario(raw, default_platform, strict)
-        return PreparedScenario.of(sc, raw, self._snapshot, (default_platform, strict))
+        options = (freeze(default_platform) if default_platform is not None else None, strict)
+        return PreparedScenario.of(sc, raw, self._snapshot, options)
 
     def scenario(self, raw: Mapping[str, Any], default_platform: Mapping[str, Any] | None = None,
                  strict: bool = False) -> Scenario:
@@ -191,7 +214,8 @@ class Oracle:
         pair = prepared[11][0]
         if pair[0] is snap:
             return pair[1]  # type: ignore[no-any-return]
-        default_platform, strict = prepared.options
+        frozen_platform, strict = prepared.options or (None, False)
+        default_platform = thaw(frozen_platform) if frozen_platform is not None else None
         sc = self.scenario(prepared.question(), default_platform, strict)
         prepared[11][0] = (snap, sc)
         return sc

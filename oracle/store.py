@@ -98,6 +98,7 @@ class Generation:
     observed: Observed = field(default_factory=dict)  # what the watched paths held when it was loaded
     watched_dirs: tuple[Path, ...] = ()
     manifest_version: str | None = None
+    installed_at: float = 0.0  # time.time() when it started serving
     # (scenario, model, layer, role) -> answer: the cached path, one lookup ('selected' and 'none' answers only)
     answers: dict[tuple[Scenario, str | None, int | None, str | None], Decision] = field(default_factory=dict)
     # the other outcomes, kept apart so that each one given is counted (stats()) off the cached path
@@ -230,6 +231,7 @@ class RuleStore:
         self._reloads = {"installed": 0, "failed": 0, "held_back": 0, "unsettled": 0}
         first = self._build(1, (), None)
         self._smoke(None, first)
+        first.installed_at = time.time()
         self._generation = first
 
     # ------------------------------------------------------------------ questions
@@ -279,17 +281,18 @@ class RuleStore:
         if self._pausing:
             self._gate.wait(self.max_pause)
         gen = self._generation
-        if type(question) is PreparedScenario:
-            pair = question[11][0]
-            if pair[0] is gen:
-                sc = pair[1]
-            else:
-                resolved = self._resolve(gen, question)
+        if isinstance(question, Scenario):  # a prepared one is keyed by its question: see PreparedScenario
+            key = (question, model, layer, role)
+            found = gen.answers.get(key)
+            if found is not None:
+                return found
+            if type(question) is PreparedScenario:
+                pair = question[11][0]
+                resolved = pair[1] if pair[0] is gen else self._resolve(gen, question)
                 if isinstance(resolved, Decision):
                     return self._count(gen, resolved)
-                sc = resolved
-        elif isinstance(question, Scenario):
-            sc = question
+                return self._answer(gen, key, resolved, model, layer, role)
+            return self._answer(gen, key, question, model, layer, role)
         else:
             frozen = freeze(question)
             found_sc = gen.prepared.get(frozen) if frozen is not None else None
@@ -301,11 +304,11 @@ class RuleStore:
                     gen.prepared[frozen] = found_sc
             if isinstance(found_sc, Decision):
                 return self._count(gen, found_sc)
-            sc = found_sc
-        found = gen.answers.get((sc, model, layer, role))
-        if found is not None:
-            return found
-        return self._answer(gen, sc, model, layer, role)
+            key = (found_sc, model, layer, role)
+            found = gen.answers.get(key)
+            if found is not None:
+                return found
+            return self._answer(gen, key, found_sc, model, layer, role)
 
     def _prepare_or_error(self, gen: Generation, question: Any) -> Scenario | Decision:
         try:
@@ -344,11 +347,10 @@ class RuleStore:
             counts[decision.outcome] = counts.get(decision.outcome, 0) + 1
         return decision
 
-    def _answer(self, gen: Generation, sc: Scenario, model: str | None, layer: int | None,
-                role: str | None) -> Decision:
+    def _answer(self, gen: Generation, key: tuple[Scenario, str | None, int | None, str | None], sc: Scenario,
+                model: str | None, layer: int | None, role: str | None) -> Decision:
         """The cache miss: find the override, answer (or reuse the answer of a layer with the same override),
-        log a new decision."""
-        key = (sc, model, layer, role)
+        log a new decision. `key`: the cache key (the question as asked), `sc` the Scenario it is answered as."""
         failed = gen.failed.get(key)
         if failed is not None:
             return self._count(gen, failed)
@@ -547,10 +549,13 @@ class RuleStore:
         started = time.perf_counter()
         content = ""
         for _ in range(5):  # a version that keeps changing: tried again at the next poll
+            window = time.perf_counter()
+            pre: Observed = {}
             try:
                 with self._reading():
+                    pre = self._fingerprint()
                     fresh = self._build(old.number + 1, old.oracle.snapshot.tables, old)
-                    observed = fresh.observed
+                    observed = fresh.observed  # _build checked it against what it saw before it read the files
                     self._check_fresh(old, fresh)
                 failure: tuple[str, tuple[Diagnostic, ...], bool] | None = None
             except RuleError as exc:
@@ -560,20 +565,17 @@ class RuleStore:
             except Exception as exc:  # noqa: BLE001 - reload never raises: unreadable or hostile files included
                 failure = (f"{type(exc).__name__}: {exc}", (), False)
             if failure is not None:
-                try:
-                    with self._reading():
-                        observed = self._fingerprint()
-                except Exception:  # noqa: BLE001
-                    observed = {}
-            if self.settle > 0:
-                time.sleep(self.settle)
+                observed = pre  # a failure is reported only if the files did not change from before it was read
+            remaining = self.settle - (time.perf_counter() - window)
+            if remaining > 0:  # the window started before the files were read: a long build is part of it
+                time.sleep(remaining)
             try:
                 with self._reading():
                     again = _observe(fresh.watched_dirs, list(fresh.hashes)) if failure is None \
                         else self._fingerprint()
             except Exception:  # noqa: BLE001
                 again = {}
-            if again == observed:
+            if again == observed and observed:
                 content = _content_key(observed)
                 break
         else:
@@ -584,6 +586,7 @@ class RuleStore:
         if failure is not None:
             message, diagnostics, held = failure
             return self._failed(old, message, diagnostics, started, content, held)
+        fresh.installed_at = time.time()
         self._generation = fresh  # the one place a new version becomes visible
         self.last_error = None
         self._reported.clear()
