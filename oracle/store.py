@@ -64,7 +64,7 @@ _WATCHED_SUFFIXES = (".yaml", ".yml", ".json")
 _MAX_WATCHED = 4096  # entries looked at under a rules directory per poll (a wrong root must not cost seconds)
 _KEPT_STATS = 32  # generations whose answer counts stats() keeps
 
-# path -> what is there: ("file", size, sha256), ("link", target), ("dir", resolved path) or ("missing", why)
+# path -> ("file", size, sha256, ends with a newline), ("link", target), ("dir", resolved path) or ("missing", why)
 Observed = dict[str, tuple[Any, ...]]
 
 
@@ -125,7 +125,7 @@ def _file_state(path: str) -> tuple[Any, ...]:
             data = fh.read()
     except OSError as exc:
         return ("missing", exc.strerror or type(exc).__name__)
-    return ("file", len(data), hashlib.sha256(data).hexdigest())
+    return ("file", len(data), hashlib.sha256(data).hexdigest(), data.endswith(b"\n"))
 
 
 def _observe(dirs: Iterable[Path], files: Iterable[Path]) -> Observed:
@@ -229,6 +229,7 @@ class RuleStore:
         self._gate.set()
         self._failed_answers: dict[int, dict[str, int]] = {}  # generation -> outcome -> answers given
         self._reloads = {"installed": 0, "failed": 0, "held_back": 0, "unsettled": 0}
+        self._pending: tuple[Observed, float] | None = None  # files changed but not yet settled: (as seen, since)
         first = self._build(1, (), None)
         self._smoke(None, first)
         first.installed_at = time.time()
@@ -445,7 +446,7 @@ class RuleStore:
             after = _observe(dirs, files)
             loaded = {Path(key[0]): key[2] for key, _ in oracle.snapshot.sources.values()}
             consistent = all(after.get(k) == v for k, v in before.items() if k in after) and all(
-                after.get(str(p), ("",))[-1] == h for p, h in loaded.items())
+                after.get(str(p), ("", 0, ""))[2] == h for p, h in loaded.items())
             if consistent:
                 listed = {str(f) for f in files}
                 hashes = {Path(k): v[2] for k, v in after.items() if v[0] == "file" and k in listed}
@@ -525,38 +526,64 @@ class RuleStore:
             return self._fingerprint() != self._generation.observed
 
     def reload(self) -> ReloadResult:
-        """Load the rules again now (after the settle window); install them only if they pass every check.
-        Never raises."""
-        with self._reload_lock:
-            return self._reload_locked()
+        """Load the rules again now (once their files were unchanged over the settle window); install them only
+        if they pass every check. Never raises."""
+        with self._reload_lock, self._reading():
+            return self._reload_locked(None, wait=True)
 
-    def poll(self) -> ReloadResult | None:
+    def poll(self, wait: bool = True) -> ReloadResult | None:
         """Reload if anything changed since the serving generation was loaded; None when nothing changed (then
-        `last_error` is cleared: the files on disk are the serving ones). Never raises."""
-        with self._reload_lock:
+        `last_error` is cleared: the files on disk are the serving ones). A change is built once the files were
+        the same at two looks `settle` seconds apart: `wait` sleeps for the second look (selects wait meanwhile);
+        without it (the watcher) a change seen for the first time is `unsettled` and the next poll looks again.
+        Never raises."""
+        with self._reload_lock, self._reading():
             try:
-                with self._reading():
-                    now = self._fingerprint()
+                now = self._fingerprint()
             except Exception as exc:  # noqa: BLE001 - poll never raises
                 return self._failed(self._generation, f"{type(exc).__name__}: {exc}", (), time.perf_counter(), "")
             if now == self._generation.observed:
                 self.last_error = None
+                self._pending = None
                 return None
-            return self._reload_locked()
+            return self._reload_locked(now, wait)
 
-    def _reload_locked(self) -> ReloadResult:
+    def _settle_for(self, observed: Observed | None) -> float:
+        """Seconds the files must stay as observed: `settle`, or longer where a file looks cut short (empty, or
+        not ending in a newline: a writer mid-line), so a writer that pauses mid-line is not taken as done.
+        None: the longest it can be."""
+        if self.settle > 0 and (observed is None or any(v[0] == "file" and not v[3] for v in observed.values())):
+            return max(self.settle * 10, 1.0)
+        return self.settle
+
+    def _reload_locked(self, now: Observed | None, wait: bool) -> ReloadResult:
+        """Wait for the files to settle, build, check, install (called with selects paused)."""
         old = self._generation
         started = time.perf_counter()
         content = ""
-        for _ in range(5):  # a version that keeps changing: tried again at the next poll
-            window = time.perf_counter()
-            pre: Observed = {}
+        give_up = time.monotonic() + max(4 * self.settle, 1.0) + self._settle_for(None)
+        while time.monotonic() < give_up:  # a version that keeps changing: tried again at the next poll
             try:
-                with self._reading():
-                    pre = self._fingerprint()
-                    fresh = self._build(old.number + 1, old.oracle.snapshot.tables, old)
-                    observed = fresh.observed  # _build checked it against what it saw before it read the files
-                    self._check_fresh(old, fresh)
+                if now is None:
+                    now = self._fingerprint()
+                seen = time.monotonic()
+                if self._pending is None or self._pending[0] != now:
+                    self._pending = (now, seen)
+                age, need = seen - self._pending[1], self._settle_for(now)
+                if age < need:
+                    if not wait:
+                        return ReloadResult(False, old.number, False, seconds=time.perf_counter() - started,
+                                            unsettled=True)
+                    # look again soon (a writer that was mid-line is seen done), with selects waiting (max_pause
+                    # each): this thread then wakes without a fight for the GIL
+                    time.sleep(min(need - age, self.settle))
+                    now = None
+                    continue
+            except Exception as exc:  # noqa: BLE001 - reload never raises
+                return self._failed(old, f"{type(exc).__name__}: {exc}", (), started, "")
+            try:
+                fresh = self._build(old.number + 1, old.oracle.snapshot.tables, old)
+                self._check_fresh(old, fresh)
                 failure: tuple[str, tuple[Diagnostic, ...], bool] | None = None
             except RuleError as exc:
                 failure = (str(exc), tuple(exc.diagnostics), False)
@@ -564,20 +591,17 @@ class RuleStore:
                 failure = (str(exc), (), True)
             except Exception as exc:  # noqa: BLE001 - reload never raises: unreadable or hostile files included
                 failure = (f"{type(exc).__name__}: {exc}", (), False)
-            if failure is not None:
-                observed = pre  # a failure is reported only if the files did not change from before it was read
-            remaining = self.settle - (time.perf_counter() - window)
-            if remaining > 0:  # the window started before the files were read: a long build is part of it
-                time.sleep(remaining)
-            try:
-                with self._reading():
-                    again = _observe(fresh.watched_dirs, list(fresh.hashes)) if failure is None \
-                        else self._fingerprint()
+            try:  # what was read must be the settled version: else it changed meanwhile, and is looked at again
+                if failure is None:
+                    read_settled = all(fresh.observed.get(k, v) == v for k, v in now.items())
+                else:
+                    read_settled = self._fingerprint() == now
             except Exception:  # noqa: BLE001
-                again = {}
-            if again == observed and observed:
-                content = _content_key(observed)
+                read_settled = False
+            if read_settled:
+                content = _content_key(now)
                 break
+            now = None
         else:
             with self._stats_lock:
                 self._reloads["unsettled"] += 1
@@ -588,6 +612,7 @@ class RuleStore:
             return self._failed(old, message, diagnostics, started, content, held)
         fresh.installed_at = time.time()
         self._generation = fresh  # the one place a new version becomes visible
+        self._pending = None
         self.last_error = None
         self._reported.clear()
         with self._stats_lock:
