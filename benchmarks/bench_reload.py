@@ -4,7 +4,9 @@ same run (interleaved, so both see the same machine load).
 
     python benchmarks/bench_reload.py --baseline ab69865 --out benchmarks/results/<run>/
 
-Latency: from the end of a rule-file write (in place, alternating two valid versions) to the store serving the
+Throughput: each variant in a process of its own, the baseline from its whole exported tree. Latency: the
+baseline's oracle/store.py on this checkout's other modules (it loads rules the same way), from the end of a
+rule-file write (in place, alternating two valid versions) to the store serving the
 new generation, seen by a thread that checks every 2 ms (so it includes that thread's own wait for the GIL);
 the store's watcher polls at `--interval`. Throughput: cached `select(prepared)` calls per second of all threads
 together (wall clock), with no watcher and with the watcher polling. Writes latency.csv, throughput.csv and
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import oracle.store as current_store  # noqa: E402
+from oracle.api import Oracle  # noqa: E402
 from oracle.log import DecisionLog  # noqa: E402
 
 POLICY = """\
@@ -51,6 +54,65 @@ PROFILES = ("extends: builtin\ndefault: mine\nprofiles:\n"
             "  mine: {description: 'vllm-0.20 with one policy edited', extends: vllm-0.20, files: [policy.yaml]}\n")
 SM90 = {"kind": "cuda", "capability": [9, 0]}
 QUESTION = {"policy": "mxfp4-gpt-oss", "moe": {"activation": "swigluoai", "hidden_size": 2880}}
+
+
+# Throughput in a process of its own, with the oracle package of `root` (the baseline revision exported whole,
+# or this checkout): "before" is then exactly that revision's code, not its store on this checkout's modules.
+THROUGHPUT = r"""
+import sys, tempfile, threading, time
+from pathlib import Path
+root, threads, seconds, interval = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+sys.path.insert(0, root)
+from oracle.log import DecisionLog
+from oracle.store import RuleStore
+profiles, policy, question = sys.argv[5], sys.argv[6], sys.argv[7]
+with tempfile.TemporaryDirectory() as tmp:
+    (Path(tmp) / "profiles.yaml").write_text(profiles)
+    (Path(tmp) / "policy.yaml").write_text(policy)
+    quiet = DecisionLog(log=__import__("logging").getLogger("bench-quiet"))
+    store = RuleStore(tmp, plugins=False, platform={"kind": "cuda", "capability": [9, 0]},
+                      packages={"triton_kernels": True}, env={}, decision_log=quiet)
+    if interval > 0:
+        store.watch(interval=interval)
+    sc = store.prepare(__import__("json").loads(question))
+    stop, calls = threading.Event(), [0] * threads
+    def work(k):
+        select, n = store.select, 0
+        while not stop.is_set():
+            for _ in range(200):
+                select(sc)
+            n += 200
+            calls[k] = n
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    time.sleep(0.3)
+    c0, t0, p0 = sum(calls), time.perf_counter(), time.process_time()
+    time.sleep(seconds)
+    c1, t1, p1 = sum(calls), time.perf_counter(), time.process_time()
+    stop.set()
+    for t in pool:
+        t.join()
+    store.close()
+    print((c1 - c0) / (t1 - t0), (c1 - c0) / (p1 - p0))
+"""
+
+
+def export_revision(rev: str, into: Path) -> Path:
+    """The whole tree of `rev` (git archive), for a baseline process."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "oracle", "rules", "schemas", "backends"],
+                             capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def throughput_process(root: Path, threads: int, seconds: float, interval: float) -> tuple[float, float]:
+    out = subprocess.run([sys.executable, "-c", THROUGHPUT, str(root), str(threads), str(seconds), str(interval),
+                          PROFILES, VERSIONS[0], __import__("json").dumps(QUESTION)],
+                         capture_output=True, text=True, check=True, timeout=seconds + 60)
+    wall, cpu = out.stdout.split()
+    return float(wall), float(cpu)
 
 
 def baseline_module(rev: str) -> ModuleType:
@@ -89,7 +151,7 @@ class Site:
         quiet = DecisionLog(log=__import__("logging").getLogger("bench-quiet"))
         options: dict[str, Any] = {}
         if self.kind == "shipped":
-            options["profiles"] = list(current_store.Oracle(self.root).profiles())
+            options["profiles"] = list(Oracle(self.root).profiles())
             options["rules"] = self.root
         return module.RuleStore(self.root, plugins=False, platform=SM90, packages={"triton_kernels": True}, env={},
                                 decision_log=quiet, **{k: v for k, v in options.items() if k != "rules"})
@@ -129,17 +191,6 @@ class Load:
             t.join()
 
 
-def throughput(store: Any, threads: int, seconds: float) -> tuple[float, float]:
-    """(calls per second of wall time, calls per second of this process's CPU time): on a shared machine the wall
-    clock also counts what other jobs take, CPU time only what this process spends (the watcher included)."""
-    with Load(store, threads) as load:
-        time.sleep(0.2)  # every thread running
-        c0, t0, p0 = sum(load.calls), time.perf_counter(), time.process_time()
-        time.sleep(seconds)
-        c1, t1, p1 = sum(load.calls), time.perf_counter(), time.process_time()
-    return (c1 - c0) / (t1 - t0), (c1 - c0) / (p1 - p0)
-
-
 def latency(store: Any, site: Site, timeout: float) -> float:
     """Seconds from the end of an edit to the store serving a new generation."""
     number = store.generation.number
@@ -171,19 +222,12 @@ def main() -> None:
     tp_rows: list[tuple[str, str, int, float, float]] = []
     sites = args.sites.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        stores = {name: Site("small", Path(tmp) / f"tp-{i}").store(mod)
-                  for i, (name, mod) in enumerate(variants.items())}
+        trees = dict(zip(variants, (export_revision(args.baseline, Path(tmp) / "baseline"), ROOT), strict=True))
         for r in range(args.rounds):  # interleaved: both variants see the same machine load
-            for name, store in stores.items():
-                tp_rows.append((name, "no watcher", r, *throughput(store, args.threads, args.seconds)))
-        for store in stores.values():
-            store.watch(interval=args.interval)
-        for r in range(args.rounds):
-            for name, store in stores.items():
-                tp_rows.append((name, f"watcher every {args.interval} s", r,
-                                *throughput(store, args.threads, args.seconds)))
-        for store in stores.values():
-            store.close()
+            for interval in (0.0, args.interval):
+                mode = f"watcher every {interval} s" if interval else "no watcher"
+                for name, tree in trees.items():
+                    tp_rows.append((name, mode, r, *throughput_process(tree, args.threads, args.seconds, interval)))
         for kind in sites:
             for load in (0, args.threads):
                 for i, (name, mod) in enumerate(variants.items()):

@@ -120,7 +120,7 @@ class Reloading:
             after = observe(dirs, files)
             loaded = {Path(key[0]): key[2] for key, _ in oracle.snapshot.sources.values()}
             consistent = all(after.get(k) == v for k, v in before.items() if k in after) and all(
-                after.get(str(p), ("", 0, ""))[2] == h for p, h in loaded.items())
+                after.get(str(p), ("missing",))[0] == "file" and after[str(p)][2] == h for p, h in loaded.items())
             if consistent:
                 listed = {str(f) for f in files}
                 hashes = {Path(k): v[2] for k, v in after.items() if v[0] == "file" and k in listed}
@@ -208,8 +208,8 @@ class Reloading:
     def poll(self, wait: bool = True) -> ReloadResult | None:
         """Reload if anything changed since the serving generation was loaded; None when nothing changed (then
         `last_error` is cleared: the files on disk are the serving ones). A change is built once the files were
-        the same at two looks `settle` seconds apart: `wait` sleeps for the second look (selects wait meanwhile);
-        without it (the watcher) a change seen for the first time is `unsettled` and the next poll looks again.
+        the same at two looks `settle` seconds apart: `wait` (the watcher's way) sleeps for the second look, with
+        selects waiting; without it a change seen for the first time is `unsettled` and the next poll looks again.
         Never raises."""
         with self._reload_lock, self._reading():
             try:

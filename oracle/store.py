@@ -11,13 +11,14 @@ and the answer cache. `select` reads `self._generation` once and answers from th
 answer's `generation` says which); a reload builds a complete new Generation and replaces the
 reference in one assignment. The cached path takes no lock: a dict lookup in the generation's cache.
 
-What a reload installs (docs/server.md, "Publishing rules"): a version whose files were unchanged over
-the settle window (size and sha256, `settle` seconds), that validates, answers one question per policy
-without raising, drops no profile, policy or backend the serving version has (unless `allow_removals`,
-or a manifest `rules-manifest.json` with a new `version`), and whose manifest, when there is one, lists
-the sha256 of the files on disk. Anything else keeps the previous generation serving; it is logged once
-per content (every problem as file:line:col, logger `moe_oracle`), kept in `last_error` until the files
-on disk are valid again or equal to the serving ones, and returned in the ReloadResult.
+What a reload installs (oracle/reloading.py; docs/server.md, "Publishing rules"): a version whose
+files were unchanged over the settle window (size and sha256, `settle` seconds), that validates,
+answers one question per policy without raising, drops no profile, policy or backend the serving
+version has (unless `allow_removals`, or a manifest `rules-manifest.json` with a new `version`), and
+whose manifest, when there is one, lists the sha256 of the files on disk. Anything else keeps the
+previous generation serving; it is logged once per content (every problem as file:line:col, logger
+`moe_oracle`), kept in `last_error` until the files on disk are valid again or equal to the serving
+ones, and returned in the ReloadResult.
 
 Change detection polls (every 0.25 s by default): the resolved target of the rules directory, every
 symlink below it (a swapped `current -> v2` link or a ConfigMap's `..data`), and the sha256 of every rule
