@@ -7,9 +7,14 @@ from typing import Any
 
 from .scenario import Scenario
 
+_FREEZE_DEPTH = 32  # deeper questions are not frozen (nor cached): no question of the rules is nested so deep
 
-def freeze(value: Any) -> Any:
-    """A hashable copy of a JSON-like question (dicts as sorted item tuples), or None when it has other types."""
+
+def freeze(value: Any, _depth: int = 0) -> Any:
+    """A hashable copy of a JSON-like question (dicts as sorted item tuples), or None when it has other types
+    or is nested deeper than any real question."""
+    if _depth > _FREEZE_DEPTH:
+        return None
     if isinstance(value, Mapping):
         try:
             items = sorted(value.items())
@@ -17,13 +22,13 @@ def freeze(value: Any) -> Any:
             return None
         out = []
         for k, v in items:
-            fv = freeze(v)
+            fv = freeze(v, _depth + 1)
             if fv is None and v is not None:
                 return None
             out.append((k, fv))
         return (dict, tuple(out))
     if isinstance(value, (list, tuple)):
-        parts = [freeze(v) for v in value]
+        parts = [freeze(v, _depth + 1) for v in value]
         if any(f is None and v is not None for f, v in zip(parts, value, strict=True)):
             return None
         return (list, tuple(parts))

@@ -312,6 +312,15 @@ def test_rules_that_validate_but_raise_when_answered_are_never_installed(tmp_pat
     assert store.select(QUESTION).backend == EXPECTED["A"]
 
 
+def test_a_question_nested_far_too_deep_is_an_error_answer(tmp_path):
+    store = _store(make_rules(tmp_path / "r", VERSION_A))
+    deep: dict = {}
+    for _ in range(5000):
+        deep = {"x": deep}
+    d = store.select({**QUESTION, "moe": deep})
+    assert d.outcome == "error" and store.stats()["failed_answers"][1]["error"] == 1
+
+
 def test_select_answers_error_when_the_rules_raise(tmp_path, monkeypatch):
     rules = make_rules(tmp_path / "r", VERSION_A)
     store = _store(rules)
