@@ -10,30 +10,40 @@ from .scenario import Scenario
 _FREEZE_DEPTH = 32  # deeper questions are not frozen (nor cached): no question of the rules is nested so deep
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def freeze(value: Any, _depth: int = 0) -> Any:
     """A hashable copy of a JSON-like question (dicts as sorted item tuples), or None when it has other types
-    or is nested deeper than any real question."""
+    or is nested deeper than any real question. The type is kept with each value: validation treats 1, 1.0 and
+    True differently."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return (kind, value)
     if _depth > _FREEZE_DEPTH:
         return None
-    if isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         try:
             items = sorted(value.items())
         except TypeError:
             return None
         out = []
         for k, v in items:
-            fv = freeze(v, _depth + 1)
-            if fv is None and v is not None:
+            fv = (type(v), v) if type(v) in _SCALARS else freeze(v, _depth + 1)
+            if fv is None:
                 return None
             out.append((k, fv))
         return (dict, tuple(out))
-    if isinstance(value, (list, tuple)):
-        parts = [freeze(v, _depth + 1) for v in value]
-        if any(f is None and v is not None for f, v in zip(parts, value, strict=True)):
-            return None
+    if kind is list or kind is tuple:
+        parts = []
+        for v in value:
+            fv = (type(v), v) if type(v) in _SCALARS else freeze(v, _depth + 1)
+            if fv is None:
+                return None
+            parts.append(fv)
         return (list, tuple(parts))
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return (type(value), value)  # the type keeps 1, 1.0 and True apart: validation treats them differently
+    if isinstance(value, (str, int, float)):  # a subclass (an enum member): kept with its own type
+        return (kind, value)
     return None
 
 
