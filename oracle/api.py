@@ -19,6 +19,7 @@ from .errors import EnvValueError, OracleError, RuleError, ScenarioError, did_yo
 from .interpreter import UNSET, CallPolicy, Result, Trace, map_explicit, round_sizes, run, step_chain
 from .loader import FileCache, ProfileIndex, load_profile_index
 from .model import Ctx, Family, Fn, Policy, RoundRow, Table, format_capability
+from .prepared import PreparedScenario, freeze, thaw
 from .resources import rules_dir
 from .scenario import Scenario, parse_scenario
 from .snapshot import Snapshot, build_table, check_profile, rules_problems
@@ -27,83 +28,6 @@ from .trace import Entry, ErrorEntry, candidate_summary
 PolicyRewrite = Callable[[Policy], Policy]  # hashable; e.g. oracle.overrides.Override
 Plan = tuple[Table, Policy, CallPolicy, "Fn | None"]  # what answers a question: table, policy, call hook, step_chain
 
-
-def freeze(value: Any) -> Any:
-    """A hashable copy of a JSON-like question (dicts as sorted item tuples), or None when it has other types."""
-    if isinstance(value, Mapping):
-        try:
-            items = sorted(value.items())
-        except TypeError:
-            return None
-        out = []
-        for k, v in items:
-            fv = freeze(v)
-            if fv is None and v is not None:
-                return None
-            out.append((k, fv))
-        return (dict, tuple(out))
-    if isinstance(value, (list, tuple)):
-        parts = [freeze(v) for v in value]
-        if any(f is None and v is not None for f, v in zip(parts, value, strict=True)):
-            return None
-        return (list, tuple(parts))
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return (type(value), value)  # the type keeps 1, 1.0 and True apart: validation treats them differently
-    return None
-
-
-def thaw(frozen: Any) -> Any:
-    """The JSON-like value `freeze` made `frozen` from (a fresh copy: nothing shared with the caller's)."""
-    kind, value = frozen
-    if kind is dict:
-        return {k: thaw(v) for k, v in value}
-    if kind is list:
-        return [thaw(v) for v in value]
-    return value
-
-
-class PreparedScenario(Scenario):
-    """A Scenario that remembers the question it was prepared from (`Oracle.prepare`, `RuleStore.prepare`).
-
-    Equal to (and hashed like) the plain Scenario of the same facts. Its owner answers it from the question
-    resolved against the rules serving now: item 10 is (frozen question or None, a copy of the question, the
-    owner's prepare options), item 11 a one-slot cell [(rules version token, Scenario resolved under it)],
-    replaced in one assignment, so two threads racing store equal values."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, sc: Scenario, raw: Any, token: Any, options: Any = None) -> PreparedScenario:
-        frozen = freeze(raw)
-        copy = None
-        if frozen is None:  # other types than JSON's: keep a copy of the mapping's top level
-            copy = dict(raw) if isinstance(raw, Mapping) else raw
-        prepared: PreparedScenario = tuple.__new__(cls, (*sc[:10], (frozen, copy, options), [None]))
-        prepared[11][0] = (token, prepared)
-        return prepared
-
-    @property
-    def frozen(self) -> Any:
-        """The question as `freeze` made it (hashable), or None when it holds other types than JSON's."""
-        return self[10][0]
-
-    @property
-    def options(self) -> Any:
-        return self[10][2]
-
-    def question(self) -> Any:
-        """A fresh copy of the question this Scenario was prepared from."""
-        frozen, copy, _ = self[10]
-        return thaw(frozen) if frozen is not None else copy
-
-    def __reduce__(self) -> tuple[Any, ...]:  # a copy keeps the question; it is resolved again at first use
-        return (_unpickle_prepared, (tuple(self[:9]), self[10]))
-
-
-def _unpickle_prepared(fields: tuple[Any, ...], question: Any) -> PreparedScenario:
-    prepared: PreparedScenario = tuple.__new__(PreparedScenario, (*fields, [None, None], question, [None]))
-    prepared[11][0] = (None, prepared)
-    return prepared
 
 
 class Oracle:
@@ -176,7 +100,8 @@ class Oracle:
         would be: what the rules supplied (fact defaults, declared env vars) is resolved again against the rules
         serving then, never mixed with the version it was prepared under."""
         sc = self.scenario(raw, default_platform, strict)
-        return PreparedScenario.of(sc, raw, self._snapshot, (default_platform, strict))
+        options = (freeze(default_platform) if default_platform is not None else None, strict)
+        return PreparedScenario.of(sc, raw, self._snapshot, options)
 
     def scenario(self, raw: Mapping[str, Any], default_platform: Mapping[str, Any] | None = None,
                  strict: bool = False) -> Scenario:
@@ -191,7 +116,8 @@ class Oracle:
         pair = prepared[11][0]
         if pair[0] is snap:
             return pair[1]  # type: ignore[no-any-return]
-        default_platform, strict = prepared.options
+        frozen_platform, strict = prepared.options or (None, False)
+        default_platform = thaw(frozen_platform) if frozen_platform is not None else None
         sc = self.scenario(prepared.question(), default_platform, strict)
         prepared[11][0] = (snap, sc)
         return sc
@@ -238,6 +164,11 @@ class Oracle:
         return decision
 
     def select_uncached(self, scenario: Scenario, rewrite: PolicyRewrite | None = None) -> Decision:
+        if type(scenario) is PreparedScenario:
+            try:
+                scenario = self._current(scenario)
+            except OracleError as exc:
+                return error_decision(str(exc))
         return with_warnings(self._answer(self._snapshot, scenario, rewrite), scenario.warnings)
 
     def select_many(self, scenarios: Iterable[Any]) -> list[Decision]:
