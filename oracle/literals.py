@@ -110,6 +110,36 @@ def fact_leaf(node: dict[str, Any], vocab: Mapping[str, tuple[str, tuple[str, ..
                 yield where, found
 
 
+def value_results(data: Any) -> tuple[Any, ...] | None:
+    """Every result a `values` entry can have, when the rules fix them: a `when` is true or false, a `map` (not
+    passing its input through) one of its outputs or its default; None when open (a coalesce, cases, a lookup)."""
+    if not isinstance(data, dict):
+        return None
+    if "when" in data:
+        return (True, False)
+    if isinstance(data.get("map"), dict) and not data.get("passthrough"):
+        results = [*data["map"].values(), data.get("default")]
+        if all(r is None or isinstance(r, (str, int, float, bool)) for r in results):
+            return tuple(dict.fromkeys(results))
+    return None
+
+
+def value_leaf(node: dict[str, Any], name: str, results: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(path below the leaf, message) for every literal a `{value: name, ...}` leaf compares that the value can
+    never be (`eq: rue` on a true/false value never matches)."""
+    for test in _EQUALITY:
+        raw = node.get(test)
+        if test not in node:
+            continue
+        for i, literal in list(enumerate(raw)) if isinstance(raw, list) else [(None, raw)]:
+            if not any(literal == r and type(literal) is type(r) for r in results):
+                shown = ", ".join("null" if r is None else str(r).lower() if isinstance(r, bool) else str(r)
+                                  for r in results)
+                yield ((test,) if i is None else (test, i),
+                       f"value '{name}' is never {literal!r}{did_you_mean(literal, [str(r) for r in results])}; "
+                       f"it is one of {shown}")
+
+
 _BOOL_PARSERS = ("int_bool", "true_or_1", "true_or_1_stripped")
 _FALSY = ("0", "no", "false", "off", "n", "f")
 

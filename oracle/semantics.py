@@ -53,6 +53,10 @@ class Semantics:
             name = node[head.key]
             if head.refers_to:
                 self.known(entry, head.what, name, self.s[head.refers_to], *where, head.key)
+            if head.key == "value" and name in self.s["values"]:
+                results = literals.value_results(self.s["values"][name].data)
+                for sub_path, message in literals.value_leaf(node, name, results) if results else ():
+                    self.err(entry, message, *where, *sub_path)
             if head.key == "package":
                 self.packages_used.add(name)
                 self.known(entry, "package", name, self.s["packages"], *where, "package")

@@ -192,6 +192,82 @@ def run_rule_mutants(work: Path, mutants: list[tuple[str, str, str]],
     return tallies
 
 
+_PROSE = re.compile(r"^\s*(-\s*)?(why|description|message|reason|missing_why|not_implemented|[a-z_]*_why):|^\s*#")
+
+
+def shipped_literal_mutants(count: int, seed: int = 0) -> list[tuple[str, int, str, str]]:
+    """(file relative to rules/, line index, label, mutated line) of `count` typo-like edits of the shipped rules'
+    names and values (prose lines left out: their words decide nothing)."""
+    from oracle.resources import rules_dir
+
+    rng = random.Random(seed)
+    root = rules_dir()
+    sites = []
+    for path in sorted(root.rglob("*.yaml")):
+        if path.name == "profiles.yaml":
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").split("\n")):
+            if not _PROSE.search(line):
+                sites += [(path.relative_to(root).as_posix(), i, m) for m in _TYPO_TOKEN.finditer(line)]
+    out = []
+    for rel, i, m in rng.sample(sites, min(count, len(sites))):
+        line = m.string
+        typo = rng.choice(_typos(m.group(1), rng))
+        out.append((rel, i, f"{rel}:{i + 1} {m.group(1)!r}->{typo!r}", line[:m.start(1)] + typo + line[m.end(1):]))
+    return out
+
+
+def _golden_questions() -> list[dict[str, Any]]:
+    data = Path(__file__).resolve().parent / "data"
+    return [json.loads(line)["scenario"] for f in sorted(data.glob("golden-sample*.jsonl"))
+            for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _shipped_answers(root: Path, questions: list[dict[str, Any]]) -> tuple[tuple[Any, ...], ...]:
+    oracle = Oracle(root)
+    out = []
+    for q in questions:
+        d = oracle.select(q)
+        if d.outcome == "error" and "internal error" in (d.error or ""):
+            raise RuntimeError(d.error)
+        out.append((d.outcome, d.backend, d.kernel, d.hidden_size, d.intermediate_size))
+    return tuple(out)
+
+
+def run_shipped_mutants(work: Path, mutants: list[tuple[str, int, str, str]], tallies: dict[str, Tally],
+                        questions: int | None = None) -> None:
+    """Each mutant edits one line of a copy of the shipped rules: validate, then answer the golden questions
+    (the first `questions` of them; default all)."""
+    import shutil
+
+    from oracle.resources import rules_dir
+
+    root = work / "shipped"
+    shutil.copytree(rules_dir(), root)
+    asked = _golden_questions()[:questions]
+    expected = _shipped_answers(root, asked)
+    tally = tallies.setdefault("rule mutants (literal, shipped rules)", Tally())
+    for rel, i, label, mutated in mutants:
+        path = root / rel
+        original = path.read_text(encoding="utf-8")
+        lines = original.split("\n")
+        path.write_text("\n".join(lines[:i] + [mutated] + lines[i + 1:]), encoding="utf-8")
+        started = time.perf_counter()
+        try:
+            problems, _ = validate_paths([root])
+            if problems:
+                ending = "rejected" if all(PLACE.search(str(p)) for p in problems) else "unplaced"
+            else:
+                ending = "unchanged" if _shipped_answers(root, asked) == expected else "changed"
+        except RuleError:
+            ending = "rejected"
+        except Exception:  # noqa: BLE001
+            ending = "crash"
+        finally:
+            path.write_text(original, encoding="utf-8")
+        tally.add("hang" if time.perf_counter() - started > HANG_SECONDS else ending, label)
+
+
 # ------------------------------------------------------------------ hostile scenarios
 
 HUGE = (10 ** 30, -10 ** 30, 10 ** 5000, -10 ** 5000, 2 ** 63, -1, 0)
