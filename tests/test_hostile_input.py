@@ -189,3 +189,53 @@ def test_the_hostile_scenario_corpus(tmp_path):
 def test_the_security_probes_of_the_figures_hold(tmp_path):
     results = list(corpus.security_probes(tmp_path))
     assert len(results) >= 16 and all(held for _, held in results), [p for p, held in results if not held]
+
+
+# ------------------------------------------------------------------ scenario files and lines: the issue's reproducers
+
+def _cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    from oracle.cli import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("text,words", [
+    ("policy: mxfp4\nmoe:\n  hidden_size: 2880\n  hidden_size: 4096\n", "s.yaml:4:3: duplicate key 'hidden_size' "
+                                                                        "(first defined at line 3)"),
+    ('{"policy": "mxfp4", "policy": "nvfp4"}', "duplicate key 'policy'"),
+    ("policy: mxfp4\non: 1\n", "s.yaml:2:1: key 'on' reads as a boolean in YAML (True), not as a name"),
+    ("policy: mxfp4\nmoe: " + "[" * 30 + "]" * 30 + "\n", "the scenario nests deeper than 16 levels"),
+    ("policy: mxfp4\nx: &a [*a]\n", "s.yaml:2:4: an alias refers to a node that contains it"),
+    ("policy: mxfp4\nmoe: {hidden_size: " + "9" * 5000 + "}\n", "an integer of 5000 digits; the limit is 20 digits"),
+])
+def test_a_hostile_scenario_file_is_one_located_error(tmp_path, capsys, text, words):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    code, out, err = _cli(["select", "--scenario", str(path)], capsys)
+    assert code == 2 and words in err and "Traceback" not in err, err
+
+
+def test_a_non_utf8_scenario_file_names_the_byte(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(b"policy: mxfp4\nmoe: {activation: \xff}\n")
+    code, _, err = _cli(["select", "--scenario", str(path)], capsys)
+    assert code == 2 and "s.yaml:2:19: byte 0xff is not UTF-8" in err
+
+
+def test_batch_lines_of_the_issue_are_each_answered(tmp_path, capsys):
+    lines = [b'{"policy": "mxfp4", "profile": "vllm-0.20"}', b"[" * 1000 + b"]" * 1000,
+             b'{"policy": "mxfp4", "moe": {"hidden_size": ' + b"9" * 4400 + b"}}",
+             b'{"policy": "mxfp4", "policy": "nvfp4"}', b"\xff\xfe", b'{"policy": "mxfp4", "moe": ' + b'{"a": ' * 40
+             + b"1" + b"}" * 41, b'{"policy": "mxfp4", "profile": "vllm-0.20"}']
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    code, out, _ = _cli(["select", "--batch", str(path)], capsys)
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert code == 1 and [a["outcome"] for a in answers] == ["selected", "error", "error", "error", "error", "error",
+                                                             "selected"]
+    errors = [a["error"] for a in answers[1:-1]]
+    assert all(e.startswith(f"{path}:{i}") for i, e in enumerate(errors, 2)), errors
+    assert "nested deeper than 16 levels" in errors[0] and "duplicate key 'policy'" in errors[2]
+    assert "byte 0xff is not UTF-8" in errors[3] and "nested deeper than 16" in errors[4]
