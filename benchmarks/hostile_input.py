@@ -1,6 +1,6 @@
 """The hostile-input figures: how the CLI, the API and the rule loader end on hostile or careless input.
 
-    python benchmarks/hostile_input.py [--scenarios N] [--batch N] [--seed S]
+    python benchmarks/hostile_input.py [--scenarios N] [--batch N] [--shipped N] [--questions N] [--seed S]
 
 Runs the whole corpus of tests/hostile_corpus.py (the tests run a bounded sample of it): every rule-file
 mutant (structural and literal) of tests/bad_rules/valid.yaml against a fixed question set, hostile
@@ -28,7 +28,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", type=int, default=12_000, help="hostile scenarios through Oracle.select")
     ap.add_argument("--batch", type=int, default=3_000, help="hostile lines through select --batch")
-    ap.add_argument("--shipped", type=int, default=400, help="typo-like edits of the shipped rules")
+    ap.add_argument("--shipped", type=int, default=200, help="typo-like edits of the shipped rules")
+    ap.add_argument("--questions", type=int, default=400, help="golden questions asked of each shipped mutant")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     started = time.perf_counter()
@@ -36,7 +37,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="moe-oracle-hostile-") as tmp_name:
         tmp = Path(tmp_name)
         corpus.run_rule_mutants(tmp / "rules", corpus.rule_mutants(args.seed), tallies)
-        corpus.run_shipped_mutants(tmp, corpus.shipped_literal_mutants(args.shipped, args.seed), tallies)
+        corpus.run_shipped_mutants(tmp, corpus.shipped_literal_mutants(args.shipped, args.seed), tallies,
+                                   args.questions)
         corpus.run_scenarios(Oracle(), args.scenarios, tallies, args.seed)
         (tmp / "batch").mkdir()
         corpus.run_batch(tmp / "batch", corpus.batch_lines(args.batch, args.seed), tallies)

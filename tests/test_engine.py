@@ -133,12 +133,13 @@ def test_unsupported_names_every_candidate_with_its_first_failing_check(oracle):
 def test_rule_values_are_data_never_code(tmp_path):
     """Generated conditions reference constants by index: a rule value that looks like code is only compared."""
     text = (ROOT / "tests" / "bad_rules" / "valid.yaml").read_text().replace(
-        "device: {fact: platform.kind, eq: cuda}", "device: {fact: moe.moe_backend, eq: \"__import__('os').system('exit 3')\"}")
+        "device: {fact: platform.kind, eq: cuda}",
+        "device: {fact: quark.weight.dtype, eq: \"__import__('os').system('exit 3')\"}")  # an open-vocabulary fact
     (tmp_path / "p.yaml").write_text(text)
     (tmp_path / "profiles.yaml").write_text("default: x\nprofiles:\n  x: {description: 'code as data', files: [p.yaml]}\n")
     o = Oracle(tmp_path)
     d = o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]},
-                  "moe": {"moe_backend": "__import__('os').system('exit 3')"}})
+                  "quark": {"weight": {"dtype": "__import__('os').system('exit 3')"}}})
     assert d.backend == "TRITON", "the string matched as a value"
     assert o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]}}).outcome == "unsupported"
 
