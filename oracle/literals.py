@@ -26,12 +26,15 @@ def vocabularies(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[s
     """fact -> (what its values are called, the values a scenario may give it)."""
     keys = ("quantization key", tuple(sections["quant_keys"]))
     # moe_backend strings: 'auto' and the names the families' explicit maps accept (what --moe-backend may say)
-    backends = ["auto"]
+    backends, names = ["auto"], []
     for family in sections["families"].values():
-        emap = family.data.get("explicit_map") if isinstance(family.data, dict) else None
+        data = family.data if isinstance(family.data, dict) else {}
+        emap = data.get("explicit_map")
         entries = emap.get("entries") if isinstance(emap, dict) else None
         backends += [k for k in entries or {} if k not in backends]
+        names += [k for k in data.get("backends") or {} if k not in names]
     return {"moe.moe_backend": ("moe_backend string", tuple(backends)),
+            "call.backend": ("backend", tuple(names)),
             "quark.weight.qscheme": ("Quark qscheme", QUARK_QSCHEMES),
             "quark.input.qscheme": ("Quark qscheme", QUARK_QSCHEMES),
             "quark.weight.scale_format": ("Quark scale format", QUARK_SCALE_FORMATS),

@@ -239,3 +239,15 @@ def test_batch_lines_of_the_issue_are_each_answered(tmp_path, capsys):
     assert all(e.startswith(f"{path}:{i}") for i, e in enumerate(errors, 2)), errors
     assert "nested deeper than 16 levels" in errors[0] and "duplicate key 'policy'" in errors[2]
     assert "byte 0xff is not UTF-8" in errors[3] and "nested deeper than 16" in errors[4]
+
+
+def test_select_turns_an_unforeseen_failure_into_an_error_answer(monkeypatch):
+    """The documented promise holds even for a bug: a RecursionError deep inside is an `error` answer."""
+    oracle = Oracle()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(oracle, "_answer", broken)
+    d = oracle.select({"policy": "mxfp4", "profile": "vllm-0.20"})
+    assert d.outcome == "error" and d.error.startswith("internal error RecursionError: nested too deeply")
