@@ -76,14 +76,14 @@ def _bounded(root: yaml.Node, file: str) -> Diagnostic | None:
     on_path: set[int] = set()
     aliases = 0
 
-    def children(node: yaml.Node) -> list[tuple[yaml.Node, tuple[int, int]]]:
-        """(child, the place an alias in its position is reported at)."""
+    def children(node: yaml.Node) -> list[tuple[yaml.Node, yaml.Node]]:
+        """(child, the node whose place an alias in its position is reported at: its key, or the sequence)."""
         if node.__class__ is yaml.MappingNode:
             out = []
             for key, value in node.value:
-                out += [(key, _mark(key)), (value, _mark(key))]
+                out += [(key, key), (value, key)]
             return out
-        return [(item, _mark(node)) for item in node.value]
+        return [(item, node) for item in node.value]
 
     # a frame: [node, depth, children, next child, expanded size so far, height so far]
     frames: list[list[Any]] = []
@@ -96,18 +96,18 @@ def _bounded(root: yaml.Node, file: str) -> Diagnostic | None:
         node, depth, kids, i = frame[0], frame[1], frame[2], frame[3]
         if i < len(kids):
             frame[3] = i + 1
-            child, (line, col) = kids[i]
+            child, site = kids[i]
             key = id(child)
             if key in on_path:
-                return Diagnostic(file, line, col, "an alias refers to a node that contains it (a self-referential "
+                return Diagnostic(file, *_mark(site), "an alias refers to a node that contains it (a self-referential "
                                                "alias expands forever); copy the data instead of the alias")
             if key in size:
                 aliases += 1
                 if aliases > MAX_ALIASES:
-                    return Diagnostic(file, line, col, f"more than {MAX_ALIASES} alias uses (*name) in one file; "
+                    return Diagnostic(file, *_mark(site), f"more than {MAX_ALIASES} alias uses (*name) in one file; "
                                                    "write the data out, or split the file")
                 if depth + height[key] > MAX_YAML_DEPTH:
-                    return Diagnostic(file, line, col, f"this alias nests the data {depth + height[key]} levels "
+                    return Diagnostic(file, *_mark(site), f"this alias nests the data {depth + height[key]} levels "
                                                    f"deep; the limit is {MAX_YAML_DEPTH}: flatten the structure")
                 frame[4] += size[key]
                 frame[5] = max(frame[5], height[key])
@@ -122,7 +122,7 @@ def _bounded(root: yaml.Node, file: str) -> Diagnostic | None:
                 on_path.add(key)
                 continue
             if frame[4] > MAX_EXPANDED_NODES:
-                return Diagnostic(file, line, col, f"the document expands to more than {MAX_EXPANDED_NODES:,} nodes "
+                return Diagnostic(file, *_mark(site), f"the document expands to more than {MAX_EXPANDED_NODES:,} nodes "
                                                "once its aliases are expanded (the limit); use fewer or smaller "
                                                "aliases")
             continue
