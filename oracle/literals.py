@@ -113,17 +113,42 @@ def fact_leaf(node: dict[str, Any], vocab: Mapping[str, tuple[str, tuple[str, ..
                 yield where, found
 
 
-def value_results(data: Any) -> tuple[Any, ...] | None:
-    """Every result a `values` entry can have, when the rules fix them: a `when` is true or false, a `map` (not
-    passing its input through) one of its outputs or its default; None when open (a coalesce, cases, a lookup)."""
-    if not isinstance(data, dict):
+def value_results(name: str, values: Mapping[str, Any], tables: Mapping[str, Any],
+                  _seen: frozenset[str] = frozenset()) -> tuple[Any, ...] | None:
+    """Every result the `values` entry `name` can have, when the rules fix them: a `when` is true or false; a `map`
+    (not passing its input through) one of its outputs or its default; `cases` one of their `is` results (literals,
+    or values whose results are fixed) or the default; a `lookup` a last-column cell of its table or the default.
+    None when open (a coalesce, a fact, a passthrough)."""
+    entry = values.get(name)
+    data = getattr(entry, "data", None)
+    if not isinstance(data, dict) or name in _seen:
         return None
+    seen = _seen | {name}
+    results: list[Any]
     if "when" in data:
         return (True, False)
     if isinstance(data.get("map"), dict) and not data.get("passthrough"):
         results = [*data["map"].values(), data.get("default")]
-        if all(r is None or isinstance(r, (str, int, float, bool)) for r in results):
-            return tuple(dict.fromkeys(results))
+    elif isinstance(data.get("cases"), list):
+        results = [data.get("default")]
+        for case in data["cases"]:
+            result = case.get("is") if isinstance(case, dict) else None
+            if isinstance(result, dict):
+                inner = value_results(result["value"], values, tables, seen) if set(result) == {"value"} else None
+                if inner is None:
+                    return None
+                results += inner
+            else:
+                results.append(result)
+    elif isinstance(data.get("lookup"), str):
+        rows = getattr(tables.get(data["lookup"]), "data", {}).get("rows")
+        if not isinstance(rows, list) or not all(isinstance(r, list) and r for r in rows):
+            return None
+        results = [r[-1] for r in rows] + [data.get("default")]
+    else:
+        return None
+    if all(r is None or isinstance(r, (str, int, float, bool)) for r in results):
+        return tuple(dict.fromkeys(results))
     return None
 
 

@@ -54,7 +54,7 @@ class Semantics:
             if head.refers_to:
                 self.known(entry, head.what, name, self.s[head.refers_to], *where, head.key)
             if head.key == "value" and name in self.s["values"]:
-                results = literals.value_results(self.s["values"][name].data)
+                results = literals.value_results(name, self.s["values"], self.s["tables"])
                 for sub_path, message in literals.value_leaf(node, name, results) if results else ():
                     self.err(entry, message, *where, *sub_path)
             if head.key == "package":
@@ -127,6 +127,25 @@ class Semantics:
         self.cycles("kernels", lambda d: [d["extends"]] if "extends" in d else [])
         return self.problems
 
+    def table_keys(self, e: Entry, table: str, keys: list[Any]) -> None:
+        """A key cell of a looked-up table that its key value can never be (a typo) would make its row dead."""
+        entry = self.s["tables"].get(table)
+        rows = entry.data.get("rows") if entry is not None and isinstance(entry.data, dict) else None
+        for i, key in enumerate(keys):
+            if not (isinstance(key, dict) and set(key) == {"value"} and isinstance(rows, list)):
+                continue
+            results = literals.value_results(key["value"], self.s["values"], self.s["tables"])
+            for r, row in enumerate(rows if results else ()):
+                cell = row[i] if isinstance(row, list) and i < len(row) else None
+                if not any(cell == x and type(cell) is type(x) for x in results or ()):
+                    found = self.s["tables"][table].diag(
+                        f"'{cell}' is never a result of value '{key['value']}', the key of this column for value "
+                        f"'{e.name}'{did_you_mean(cell, [str(x) for x in results or ()])}; so this row never "
+                        f"matches: use one of {', '.join('null' if x is None else str(x) for x in results or ())}",
+                        "rows", r, i)
+                    if found not in self.problems:
+                        self.problems.append(found)
+
     def default_value(self, e: Entry, fact: str, value: Any, *sub: Any) -> None:
         """A fact's default is a value a scenario could give it: the same closed vocabularies as a literal."""
         for _, message in literals.fact_leaf({"fact": fact, "eq": value}, self.vocab, self.capability_facts):
@@ -148,6 +167,7 @@ class Semantics:
                     self.err(e, f"table '{d['lookup']}' has {len(cols) - 1} key columns; give as many keys", "keys")
             for i, k in enumerate(d.get("keys", [])):
                 self.operand(e, k, "keys", i)
+            self.table_keys(e, d["lookup"], d.get("keys") or [])
         if "when" in d:
             self.condition(e, d["when"], "when")
         for i, op in enumerate(d.get("coalesce") or []):

@@ -251,3 +251,21 @@ def test_select_turns_an_unforeseen_failure_into_an_error_answer(monkeypatch):
     monkeypatch.setattr(oracle, "_answer", broken)
     d = oracle.select({"policy": "mxfp4", "profile": "vllm-0.20"})
     assert d.outcome == "error" and d.error.startswith("internal error RecursionError: nested too deeply")
+
+
+@pytest.mark.parametrize("rel,line,old,new", [
+    ("vllm-0.33/ocp-mx.yaml", 101, "w_mxfp6_e3m2_a_fp8", "w_mxfp6_em32_a_fp8"),  # a table result
+    ("vllm-0.33/ocp-mx.yaml", 93, "mxfp6_e3m2", "mxfp6e3m2"),  # a table key cell
+    ("vllm-0.33/ocp-mx.yaml", 58, "kFp8DynamicTensorSym", "kFp8DynamicTensorySm"),  # a compared value result
+    ("vllm-0.20/ocp-mx.yaml", 51, "w_mxfp4_a_mxfp6_e2m3", "w_mxfp4_a_mxfp6_em3"),  # a compared literal
+])
+def test_typos_in_tables_and_value_results_are_rejected(tmp_path, rel, line, old, new):
+    """Typos in the shipped rules that once validated and changed answers: now each is a located error."""
+    from oracle.resources import rules_dir
+
+    text = (rules_dir() / rel).read_text(encoding="utf-8").split("\n")[line - 1]
+    assert old in text
+    tallies: dict[str, corpus.Tally] = {}
+    corpus.run_shipped_mutants(tmp_path, [(rel, line - 1, f"{rel}:{line}", text.replace(old, new, 1))], tallies,
+                               questions=50)
+    assert tallies["rule mutants (literal, shipped rules)"].endings["rejected"] == 1, tallies
