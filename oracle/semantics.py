@@ -15,6 +15,7 @@ from .errors import Diagnostic, did_you_mean
 from .facts import FACTS, MESSAGE_WORDS
 from .limits import MAX_CONDITION_DEPTH
 from .loader import Entry, RuleSet
+from .schema import kernel_fields
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.]+)\}")
 # step keys that decide (the last step must have one); old and new spellings
@@ -178,6 +179,10 @@ class Semantics:
 
     def kernel_check(self, e: Entry) -> None:
         d = e.data
+        fields = kernel_fields()
+        if d.get("field") not in fields:
+            self.err(e, f"field '{d.get('field')}' is not a kernel field{did_you_mean(d.get('field'), fields)}; the "
+                        f"check would read nothing: one of {', '.join(fields)}", "field")
         self.condition(e, d.get("requires"), "requires")
         by_value = d.get("requires_by_value") or {}
         for v, cond in by_value.items():

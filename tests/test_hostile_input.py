@@ -258,6 +258,7 @@ def test_select_turns_an_unforeseen_failure_into_an_error_answer(monkeypatch):
     ("vllm-0.33/ocp-mx.yaml", 93, "mxfp6_e3m2", "mxfp6e3m2"),  # a table key cell
     ("vllm-0.33/ocp-mx.yaml", 58, "kFp8DynamicTensorSym", "kFp8DynamicTensorySm"),  # a compared value result
     ("vllm-0.20/ocp-mx.yaml", 51, "w_mxfp4_a_mxfp6_e2m3", "w_mxfp4_a_mxfp6_em3"),  # a compared literal
+    ("common/platform.yaml", 169, "batch_invariant", "bacth_invariant"),  # the kernel field a check reads
 ])
 def test_typos_in_tables_and_value_results_are_rejected(tmp_path, rel, line, old, new):
     """Typos in the shipped rules that once validated and changed answers: now each is a located error."""
