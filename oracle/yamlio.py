@@ -167,7 +167,11 @@ def load_yaml_text(text: str, file: str) -> Located:
         located at its key). Exact classes first: the composer builds only these three."""
         cls = node.__class__
         if cls is yaml.ScalarNode:
-            return node.value if node.tag == _STR else scalar(node)
+            if node.tag == _STR:
+                if node.value in _NEAR_KEYWORDS and not getattr(node, "style", None):  # plain: None or ""
+                    problems.append(Diagnostic(file, *_mark(node), _near_keyword_message(node.value)))
+                return node.value
+            return scalar(node)
         if node.tag not in _SAFE_TAGS:
             problems.append(Diagnostic(file, *_mark(node),
                                        f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
@@ -232,6 +236,27 @@ def _key_message(text: str, key: Any) -> str:
         key, int) else "a number" if isinstance(key, float) else f"a {type(key).__name__}"
     return (f"key '{text}' reads as {kind} in YAML ({key!r}), not as a name; quote it ('{text}':) or fix it "
             "(keys are names)")
+
+
+def _edits(word: str) -> set[str]:
+    """The typos of `word` that are no other English word: a letter dropped, doubled, or swapped with the next
+    (a substituted letter makes real words: null -> full, true -> tree)."""
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    return ({a + b[1:] for a, b in splits if b} | {a + b[0] + b for a, b in splits if b}
+            | {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1})
+
+
+# unquoted words one typo away from YAML's null/true/false read as text (`default: nul` is the string 'nul');
+# quoting one says the text is meant
+_KEYWORDS = ("null", "true", "false")
+_NEAR_KEYWORDS = {w: k for k in _KEYWORDS for w in _edits(k)}
+for _k in _KEYWORDS:
+    _NEAR_KEYWORDS.pop(_k, None)
+
+
+def _near_keyword_message(text: str) -> str:
+    return (f"'{text}' reads as the text '{text}', one typo from YAML's {_NEAR_KEYWORDS[text]}; write "
+            f"{_NEAR_KEYWORDS[text]}, or quote it ('{text}') if the text is meant")
 
 
 _STR = "tag:yaml.org,2002:str"

@@ -57,11 +57,15 @@ def test_the_known_typos_that_used_to_validate_are_rejected_at_their_place(tmp_p
         assert len(problems) == 1 and words in problems[0].message, (edit, problems)
         assert (problems[0].line, problems[0].col) > (1, 1)
     values = base.replace("derived:", "values:\n  fast:\n    when: {fact: moe.lora, eq: false}\n    why: \"a boolean "
-                                      "value\"\nderived:").replace(cond, "when: {value: fast, eq: rue}")
+                                      "value\"\nderived:").replace(cond, "when: {value: fast, eq: \"true\"}")
     corpus._write_rules(tmp_path, values)
     problems, _ = validate_paths([tmp_path])
-    assert [p.message for p in problems] == ["value 'fast' is never 'rue' (did you mean 'True'?); it is one of "
+    assert [p.message for p in problems] == ["value 'fast' is never 'true' (did you mean 'True'?); it is one of "
                                              "true, false"]
+    corpus._write_rules(tmp_path, values.replace('eq: \"true\"', "eq: rue"))
+    problems, _ = validate_paths([tmp_path])
+    assert [p.message for p in problems] == ["'rue' reads as the text 'rue', one typo from YAML's true; write true, "
+                                             "or quote it ('rue') if the text is meant"]
     defaults = base.replace("moe.activation: swigluoai", "moe.activation: swiguoai")
     corpus._write_rules(tmp_path, defaults)
     problems, _ = validate_paths([tmp_path])
@@ -259,6 +263,7 @@ def test_select_turns_an_unforeseen_failure_into_an_error_answer(monkeypatch):
     ("vllm-0.33/ocp-mx.yaml", 58, "kFp8DynamicTensorSym", "kFp8DynamicTensorySm"),  # a compared value result
     ("vllm-0.20/ocp-mx.yaml", 51, "w_mxfp4_a_mxfp6_e2m3", "w_mxfp4_a_mxfp6_em3"),  # a compared literal
     ("common/platform.yaml", 169, "batch_invariant", "bacth_invariant"),  # the kernel field a check reads
+    ("vllm-0.33/ocp-mx.yaml", 79, "null", "nul"),  # a typo of YAML's null reads as text
 ])
 def test_typos_in_tables_and_value_results_are_rejected(tmp_path, rel, line, old, new):
     """Typos in the shipped rules that once validated and changed answers: now each is a located error."""
