@@ -54,7 +54,11 @@ def _shape(t) -> tuple:
 
 @dataclass(frozen=True, eq=False)
 class MoEWeights:
-    """One MoE layer's expert weights as stored in a checkpoint (see the module docstring)."""
+    """One MoE layer's expert weights as stored in a checkpoint (see the module docstring).
+
+    Construction checks shapes, dtypes, devices and the scale values (no NaN block scale, no negative E4M3 one,
+    finite positive global and input scales: see `_check_scale_values`); it does not check activations for NaN
+    (a NaN input gives NaN outputs, as in vLLM)."""
 
     format: str
     w13: torch.Tensor
@@ -127,6 +131,7 @@ class MoEWeights:
                 if getattr(self, name) is not None:
                     self._fail(ValueError, f"{name} must be None for format='mxfp4' (E8M0 block scales need no "
                                f"global or input scale); drop it or use format='nvfp4'")
+            self._check_scale_values()
             return
         for name in ("w13_global_scale", "w2_global_scale"):
             self._check(name, torch.float32, per_expert[name],
@@ -136,6 +141,50 @@ class MoEWeights:
             if getattr(self, name) is not None:
                 self._check(name, torch.float32, per_expert[name],
                             "pass the checkpoint's activation input_scale ([E, 2] for w1/w3, [E] for w2) as fp32")
+        self._check_scale_values()
+
+    def _check_scale_values(self) -> None:
+        """Refuse scales no correct checkpoint holds: one elementwise test and one reduction per tensor (the expert
+        is located only on failure). A NaN block scale (E8M0 code 255, E4M3 0x7f/0xff) makes its block NaN, a
+        negative E4M3 one flips its sign; a zero block scale is allowed (padding writes it, and an all-zero block
+        quantizes to it: 0 * 0 = 0). Global and input scales must be finite and positive (a zero global scale
+        divides by zero). Activations are not checked: NaN inputs give NaN outputs."""
+        if self.w13.device.type == "meta":
+            return
+        tests = {"w13_scale": self._bad_block_scales, "w2_scale": self._bad_block_scales}
+        for name in ("w13_global_scale", "w2_global_scale", "w13_input_scale", "w2_input_scale"):
+            if getattr(self, name) is not None:
+                tests[name] = _not_finite_positive
+        for name, bad_of in tests.items():
+            bad = bad_of(getattr(self, name))
+            if bool(bad.any()):
+                expert = int(bad.reshape(bad.shape[0], -1).any(dim=1).nonzero()[0, 0])
+                value = getattr(self, name)[expert].reshape(-1)[bad[expert].reshape(-1).nonzero()[0, 0]]
+                self._fail(ValueError, f"{name}[{expert}] (expert {expert}) holds {self._describe(name, value)}; "
+                           f"{self._scale_fix(name)}")
+
+    def _bad_block_scales(self, t: torch.Tensor) -> torch.Tensor:
+        bits = t.view(torch.uint8)
+        if self.format == "mxfp4":
+            return bits == 255  # E8M0 NaN
+        return ((bits & 0x7F) == 0x7F) | (bits > 0x80)  # E4M3 NaN, or negative (0x80 is -0: a zero scale)
+
+    def _describe(self, name: str, value: torch.Tensor) -> str:
+        if name.endswith("global_scale") or name.endswith("input_scale"):
+            return f"{float(value)!r}, not a finite positive number"
+        code = int(value.view(torch.uint8))
+        if self.format == "mxfp4":
+            return "E8M0 code 255 (NaN)"
+        return f"E4M3 code 0x{code:02x} ({float(value.float())!r}), not a finite non-negative scale"
+
+    def _scale_fix(self, name: str) -> str:
+        if name.endswith("global_scale"):
+            return ("pass 1/weight_scale_2 of the checkpoint, finite and > 0 (see global_scale_from_weight_scale_2); "
+                    "a checkpoint holding this is corrupt or was quantized from NaN weights")
+        if name.endswith("input_scale"):
+            return "the checkpoint's input_scale must be finite and > 0; re-export or re-calibrate it"
+        return ("the checkpoint's block scales are corrupt (or it was quantized from NaN/inf weights); re-quantize "
+                "it, or check that the scales are read with the right dtype and layout")
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -268,6 +317,10 @@ class MoEWeights:
             w13_bias=cut(self.w13_bias, None, blocks13),
             w2_bias=cut(self.w2_bias, None, blocks2),
         )
+
+
+def _not_finite_positive(t: torch.Tensor) -> torch.Tensor:
+    return ~(torch.isfinite(t) & (t > 0))
 
 
 def _as_words(small: torch.Tensor, large: torch.Tensor) -> tuple:

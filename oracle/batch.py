@@ -22,6 +22,21 @@ from .tools.commands import EXIT_FINDINGS, EXIT_OK, to_stderr
 DEPLOYMENT_KEYS = {"model": str, "layer": int, "role": str}  # what picks an --overrides entry
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def _deployment(line: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """model/layer/role of a batch line ({"scenario": ..., "model": ..., "layer": ..., "role": ...}), each
     defaulting to the flag; ValueError names a field of the wrong type."""
@@ -43,7 +58,10 @@ def _batch_answer(line_text: str, where: str, args: argparse.Namespace, oracle: 
         return {"outcome": "error", "error": f"{where}: the line has {len(line_text):,} characters; the limit is "
                                              f"{MAX_LINE_BYTES:,} (a scenario is a few hundred)"}
     try:
-        line = json.loads(line_text)
+        line = json.loads(line_text, object_pairs_hook=_unique_keys)
+    except DuplicateKey as exc:
+        return {"outcome": "error", "error": f"{where}: duplicate key {str(exc)!r} in a JSON object (JSON readers "
+                                             "keep either one); give each key once"}
     except json.JSONDecodeError as exc:
         return {"outcome": "error", "error": f"{where}:{exc.colno}: not valid JSON ({exc.msg})"}
     except (RecursionError, ValueError) as exc:  # nesting past the parser's depth; an int past 4,300 digits

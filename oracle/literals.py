@@ -35,12 +35,15 @@ def vocabularies(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[s
     """fact -> (what its values are called, the values a scenario may give it)."""
     keys = ("quantization key", tuple(sections["quant_keys"]))
     # moe_backend strings: 'auto' and the names the families' explicit maps accept (what --moe-backend may say)
-    backends = ["auto"]
+    backends, names = ["auto"], []
     for family in sections["families"].values():
-        emap = family.data.get("explicit_map") if isinstance(family.data, dict) else None
+        data = family.data if isinstance(family.data, dict) else {}
+        emap = data.get("explicit_map")
         entries = emap.get("entries") if isinstance(emap, dict) else None
         backends += [k for k in entries or {} if k not in backends]
+        names += [k for k in data.get("backends") or {} if k not in names]
     return {"moe.moe_backend": ("moe_backend string", tuple(backends)),
+            "call.backend": ("backend", tuple(names)),
             "quark.weight.qscheme": ("Quark qscheme", QUARK_QSCHEMES),
             "quark.input.qscheme": ("Quark qscheme", QUARK_QSCHEMES),
             "quark.weight.scale_format": ("Quark scale format", QUARK_SCALE_FORMATS),
@@ -117,6 +120,61 @@ def fact_leaf(node: dict[str, Any], vocab: Mapping[str, tuple[str, tuple[str, ..
                 found = None
             if found:
                 yield where, found
+
+
+def value_results(name: str, values: Mapping[str, Any], tables: Mapping[str, Any],
+                  _seen: frozenset[str] = frozenset()) -> tuple[Any, ...] | None:
+    """Every result the `values` entry `name` can have, when the rules fix them: a `when` is true or false; a `map`
+    (not passing its input through) one of its outputs or its default; `cases` one of their `is` results (literals,
+    or values whose results are fixed) or the default; a `lookup` a last-column cell of its table or the default.
+    None when open (a coalesce, a fact, a passthrough)."""
+    entry = values.get(name)
+    data = getattr(entry, "data", None)
+    if not isinstance(data, dict) or name in _seen:
+        return None
+    seen = _seen | {name}
+    results: list[Any]
+    if "when" in data:
+        return (True, False)
+    if isinstance(data.get("map"), dict) and not data.get("passthrough"):
+        results = [*data["map"].values(), data.get("default")]
+    elif isinstance(data.get("cases"), list):
+        results = [data.get("default")]
+        for case in data["cases"]:
+            result = case.get("is") if isinstance(case, dict) else None
+            if isinstance(result, dict):
+                inner = value_results(result["value"], values, tables, seen) if set(result) == {"value"} else None
+                if inner is None:
+                    return None
+                results += inner
+            else:
+                results.append(result)
+    elif isinstance(data.get("lookup"), str):
+        rows = getattr(tables.get(data["lookup"]), "data", {}).get("rows")
+        if not isinstance(rows, list) or not all(isinstance(r, list) and r for r in rows):
+            return None
+        results = [r[-1] for r in rows] + [data.get("default")]
+    else:
+        return None
+    if all(r is None or isinstance(r, (str, int, float, bool)) for r in results):
+        return tuple(dict.fromkeys(results))
+    return None
+
+
+def value_leaf(node: dict[str, Any], name: str, results: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(path below the leaf, message) for every literal a `{value: name, ...}` leaf compares that the value can
+    never be (`eq: rue` on a true/false value never matches)."""
+    for test in _EQUALITY:
+        raw = node.get(test)
+        if test not in node:
+            continue
+        for i, literal in list(enumerate(raw)) if isinstance(raw, list) else [(None, raw)]:
+            if not any(literal == r and type(literal) is type(r) for r in results):
+                shown = ", ".join("null" if r is None else str(r).lower() if isinstance(r, bool) else str(r)
+                                  for r in results)
+                yield ((test,) if i is None else (test, i),
+                       f"value '{name}' is never {literal!r}{did_you_mean(literal, [str(r) for r in results])}; "
+                       f"it is one of {shown}")
 
 
 _BOOL_PARSERS = ("int_bool", "true_or_1", "true_or_1_stripped")

@@ -112,7 +112,11 @@ def load_profile_index(root: Path, _seen: tuple[Path, ...] = ()) -> ProfileIndex
     parent_files: tuple[Path, ...] = ()
     if "extends" in data:
         parent = rules_dir() if data["extends"] == "builtin" else (root / data["extends"])
-        if parent.resolve() in _seen + (root.resolve(),) or not (parent / "profiles.yaml").is_file():
+        try:
+            seen_before = parent.resolve() in _seen + (root.resolve(),)
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+            seen_before = False
+        if seen_before or not (parent / "profiles.yaml").is_file():
             why = "extends itself" if (parent / "profiles.yaml").is_file() else "has no profiles.yaml"
             raise RuleError([doc.diag(("extends",), f"rules directory '{data['extends']}' {why}; "
                                                     "name a rules directory with a profiles.yaml, or 'builtin'")])

@@ -153,7 +153,7 @@ def _typed(value: Any, kind: str, where: str) -> Any:
             raise ScenarioError(f"{where}: expected true, false or null, got {_show(value)}")
     elif kind == "num?":
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0
-                                  or not math.isfinite(value) or value > MAX_NUMBER):
+                                  or isinstance(value, float) and not math.isfinite(value) or value > MAX_NUMBER):
             raise ScenarioError(f"{where}: expected a finite non-negative number up to {MAX_NUMBER:g} or null, "
                                 f"got {_show(value)}")
     return value

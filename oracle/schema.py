@@ -25,6 +25,12 @@ def _schema(schema_name: str) -> dict[str, Any]:
     return schema
 
 
+def kernel_fields() -> tuple[str, ...]:
+    """The fields a kernel may have (what a kernel check's `field` may read)."""
+    props = _schema("rules.schema.json")["properties"]["kernels"]["additionalProperties"]["properties"]
+    return tuple(k for k in props if k not in ("extends", "why", "override"))
+
+
 @cache
 def _fast_validator(schema_name: str) -> Any:
     """jsonschema-rs answers 'valid?' ~50x faster than jsonschema; None when it is not installed."""

@@ -15,6 +15,7 @@ from .errors import Diagnostic, did_you_mean
 from .facts import FACTS, MESSAGE_WORDS
 from .limits import MAX_CONDITION_DEPTH
 from .loader import Entry, RuleSet
+from .schema import kernel_fields
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.]+)\}")
 # step keys that decide (the last step must have one); old and new spellings
@@ -53,6 +54,10 @@ class Semantics:
             name = node[head.key]
             if head.refers_to:
                 self.known(entry, head.what, name, self.s[head.refers_to], *where, head.key)
+            if head.key == "value" and name in self.s["values"]:
+                results = literals.value_results(name, self.s["values"], self.s["tables"])
+                for sub_path, message in literals.value_leaf(node, name, results) if results else ():
+                    self.err(entry, message, *where, *sub_path)
             if head.key == "package":
                 self.packages_used.add(name)
                 self.known(entry, "package", name, self.s["packages"], *where, "package")
@@ -117,12 +122,37 @@ class Semantics:
         for e in self.s["policies"].values():
             self.guarded(self.policy, e)
         for e in self.s["fact_defaults"].values():
-            self.known(e, "fact", e.name, FACTS)
+            if self.known(e, "fact", e.name, FACTS):
+                self.default_value(e, e.name, e.data)
         for e, k in ((e, k) for e in self.s["checkpoint_policies"].values() for k in ("interleaved", "contiguous")):
             self.known(e, "policy", e.data.get(k), self.s["policies"], k)
         self.cycles("derived", lambda d: operators.references(d.get("when"), "derived"))
         self.cycles("kernels", lambda d: [d["extends"]] if "extends" in d else [])
         return self.problems
+
+    def table_keys(self, e: Entry, table: str, keys: list[Any]) -> None:
+        """A key cell of a looked-up table that its key value can never be (a typo) would make its row dead."""
+        entry = self.s["tables"].get(table)
+        rows = entry.data.get("rows") if entry is not None and isinstance(entry.data, dict) else None
+        for i, key in enumerate(keys):
+            if not (isinstance(key, dict) and set(key) == {"value"} and isinstance(rows, list)):
+                continue
+            results = literals.value_results(key["value"], self.s["values"], self.s["tables"])
+            for r, row in enumerate(rows if results else ()):
+                cell = row[i] if isinstance(row, list) and i < len(row) else None
+                if not any(cell == x and type(cell) is type(x) for x in results or ()):
+                    found = self.s["tables"][table].diag(
+                        f"'{cell}' is never a result of value '{key['value']}', the key of this column for value "
+                        f"'{e.name}'{did_you_mean(cell, [str(x) for x in results or ()])}; so this row never "
+                        f"matches: use one of {', '.join('null' if x is None else str(x) for x in results or ())}",
+                        "rows", r, i)
+                    if found not in self.problems:
+                        self.problems.append(found)
+
+    def default_value(self, e: Entry, fact: str, value: Any, *sub: Any) -> None:
+        """A fact's default is a value a scenario could give it: the same closed vocabularies as a literal."""
+        for _, message in literals.fact_leaf({"fact": fact, "eq": value}, self.vocab, self.capability_facts):
+            self.err(e, message.replace("in 'eq'", "as a default").replace("eq: ", "the default "), *sub)
 
     def env_default(self, e: Entry) -> None:
         found = literals.env_default_problem(e.name, e.data) if "default" in e.data else None
@@ -140,6 +170,7 @@ class Semantics:
                     self.err(e, f"table '{d['lookup']}' has {len(cols) - 1} key columns; give as many keys", "keys")
             for i, k in enumerate(d.get("keys", [])):
                 self.operand(e, k, "keys", i)
+            self.table_keys(e, d["lookup"], d.get("keys") or [])
         if "when" in d:
             self.condition(e, d["when"], "when")
         for i, op in enumerate(d.get("coalesce") or []):
@@ -150,9 +181,17 @@ class Semantics:
 
     def kernel_check(self, e: Entry) -> None:
         d = e.data
+        fields = kernel_fields()
+        if d.get("field") not in fields:
+            self.err(e, f"field '{d.get('field')}' is not a kernel field{did_you_mean(d.get('field'), fields)}; the "
+                        f"check would read nothing: one of {', '.join(fields)}", "field")
         self.condition(e, d.get("requires"), "requires")
-        for v, cond in (d.get("requires_by_value") or {}).items():
+        by_value = d.get("requires_by_value") or {}
+        for v, cond in by_value.items():
             self.condition(e, cond, "requires_by_value", v)
+        if by_value and "default" in d and d["default"] not in by_value:
+            self.err(e, f"default '{d['default']}' is not a value of requires_by_value"
+                        f"{did_you_mean(d['default'], by_value)}; one of {', '.join(map(str, by_value))}", "default")
         self.message(e, d.get("reason"), "reason")
 
     def kernel(self, e: Entry) -> None:
@@ -163,6 +202,10 @@ class Semantics:
             field = check.data["field"]
             if check.data.get("field_is_condition"):
                 self.condition(e, d.get(field), field)
+            by_value = check.data.get("requires_by_value")
+            if by_value and field in d and d[field] not in by_value:
+                self.err(e, f"{field} '{d[field]}' is not a value kernel check '{check.name}' knows"
+                            f"{did_you_mean(d[field], by_value)}; one of {', '.join(map(str, by_value))}", field)
             fact = check.data.get("fact_in_field")
             if fact in self.vocab and isinstance(d.get(field), list):
                 for i, v in enumerate(d[field]):
@@ -308,8 +351,9 @@ class Semantics:
                      "steps", len(steps) - 1)
         for q, spec in (d.get("queries") or {}).items():
             self.known(e, "value", spec.get("value"), self.s["values"], "queries", q, "value")
-        for fact in d.get("defaults") or {}:
-            self.known(e, "fact", fact, FACTS, "defaults", fact)
+        for fact, value in (d.get("defaults") or {}).items():
+            if self.known(e, "fact", fact, FACTS, "defaults", fact):
+                self.default_value(e, fact, value, "defaults", fact)
         self.policy_quant_config(e, d, fam)
         self.operand(e, d.get("activation_key"), "activation_key")
 
@@ -375,23 +419,38 @@ class Semantics:
         self.message(e, st.get("message"), "steps", i, "message")
 
     def cycles(self, section: str, edges: Callable[[Any], list[str]]) -> None:
+        """Report each reference cycle once; iterative (a chain of thousands of entries is no RecursionError),
+        and an entry too malformed to have references (already a schema error) has none."""
         items = self.s[section]
         state: dict[str, int] = {}
 
-        def visit(name: str, stack: list[str]) -> None:
-            if state.get(name) == 2 or name not in items:
-                return
-            if state.get(name) == 1:
-                cyc = stack[stack.index(name):] + [name]
-                self.err(items[name], f"{section} reference cycle: {' -> '.join(cyc)}")
-                return
-            state[name] = 1
-            for nxt in edges(items[name].data):
-                visit(nxt, stack + [name])
-            state[name] = 2
+        def targets(name: str) -> list[str]:
+            try:
+                return [t for t in edges(items[name].data) if isinstance(t, str)]
+            except (TypeError, AttributeError, KeyError, ValueError, IndexError):
+                return []
 
-        for n in items:
-            visit(n, [])
+        for start in items:
+            if state.get(start):
+                continue
+            stack: list[tuple[str, list[str]]] = [(start, targets(start))]
+            state[start] = 1
+            while stack:
+                name, pending = stack[-1]
+                if not pending:
+                    state[name] = 2
+                    stack.pop()
+                    continue
+                nxt = pending.pop(0)
+                if nxt not in items or state.get(nxt) == 2:
+                    continue
+                if state.get(nxt) == 1:
+                    path = [n for n, _ in stack]
+                    cyc = path[path.index(nxt):] + [nxt]
+                    self.err(items[nxt], f"{section} reference cycle: {' -> '.join(cyc)}")
+                    continue
+                state[nxt] = 1
+                stack.append((nxt, targets(nxt)))
 
 
 def semantic_diagnostics(rs: RuleSet) -> tuple[list[Diagnostic], set[str]]:

@@ -49,7 +49,7 @@ def validate_paths(paths: list[Path] | None, rules: str | None = None) -> tuple[
                     sub, sub_files = _validate_file(f)
                     found += sub
                     files |= sub_files
-            elif target.is_file():
+            elif target.is_file() or target.is_symlink():
                 found, files = _validate_file(target)
             else:
                 found, files = [Diagnostic(str(target), 1, 1, "no such file or directory")], set()
@@ -62,6 +62,11 @@ def validate_paths(paths: list[Path] | None, rules: str | None = None) -> tuple[
 
 
 def _validate_file(path: Path) -> tuple[list[Diagnostic], set[Path]]:
+    try:
+        path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        why = "is a symlink loop; make it a regular file" if path.is_symlink() else f"cannot be read ({exc})"
+        return [Diagnostic(str(path), 1, 1, f"rule file {why}")], {path}
     if path.name == "profiles.yaml":
         return _check_profiles(path.parent)
     root = _profile_root(path)

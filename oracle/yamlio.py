@@ -76,14 +76,14 @@ def _bounded(root: yaml.Node, file: str) -> Diagnostic | None:
     on_path: set[int] = set()
     aliases = 0
 
-    def children(node: yaml.Node) -> list[tuple[yaml.Node, tuple[int, int]]]:
-        """(child, the place an alias in its position is reported at)."""
+    def children(node: yaml.Node) -> list[tuple[yaml.Node, yaml.Node]]:
+        """(child, the node whose place an alias in its position is reported at: its key, or the sequence)."""
         if node.__class__ is yaml.MappingNode:
             out = []
             for key, value in node.value:
-                out += [(key, _mark(key)), (value, _mark(key))]
+                out += [(key, key), (value, key)]
             return out
-        return [(item, _mark(node)) for item in node.value]
+        return [(item, node) for item in node.value]
 
     # a frame: [node, depth, children, next child, expanded size so far, height so far]
     frames: list[list[Any]] = []
@@ -96,18 +96,18 @@ def _bounded(root: yaml.Node, file: str) -> Diagnostic | None:
         node, depth, kids, i = frame[0], frame[1], frame[2], frame[3]
         if i < len(kids):
             frame[3] = i + 1
-            child, (line, col) = kids[i]
+            child, site = kids[i]
             key = id(child)
             if key in on_path:
-                return Diagnostic(file, line, col, "an alias refers to a node that contains it (a self-referential "
+                return Diagnostic(file, *_mark(site), "an alias refers to a node that contains it (a self-referential "
                                                "alias expands forever); copy the data instead of the alias")
             if key in size:
                 aliases += 1
                 if aliases > MAX_ALIASES:
-                    return Diagnostic(file, line, col, f"more than {MAX_ALIASES} alias uses (*name) in one file; "
+                    return Diagnostic(file, *_mark(site), f"more than {MAX_ALIASES} alias uses (*name) in one file; "
                                                    "write the data out, or split the file")
                 if depth + height[key] > MAX_YAML_DEPTH:
-                    return Diagnostic(file, line, col, f"this alias nests the data {depth + height[key]} levels "
+                    return Diagnostic(file, *_mark(site), f"this alias nests the data {depth + height[key]} levels "
                                                    f"deep; the limit is {MAX_YAML_DEPTH}: flatten the structure")
                 frame[4] += size[key]
                 frame[5] = max(frame[5], height[key])
@@ -122,7 +122,7 @@ def _bounded(root: yaml.Node, file: str) -> Diagnostic | None:
                 on_path.add(key)
                 continue
             if frame[4] > MAX_EXPANDED_NODES:
-                return Diagnostic(file, line, col, f"the document expands to more than {MAX_EXPANDED_NODES:,} nodes "
+                return Diagnostic(file, *_mark(site), f"the document expands to more than {MAX_EXPANDED_NODES:,} nodes "
                                                "once its aliases are expanded (the limit); use fewer or smaller "
                                                "aliases")
             continue
@@ -167,7 +167,11 @@ def load_yaml_text(text: str, file: str) -> Located:
         located at its key). Exact classes first: the composer builds only these three."""
         cls = node.__class__
         if cls is yaml.ScalarNode:
-            return node.value if node.tag == _STR else scalar(node)
+            if node.tag == _STR:
+                if node.value in _NEAR_KEYWORDS and not getattr(node, "style", None):  # plain: None or ""
+                    problems.append(Diagnostic(file, *_mark(node), _near_keyword_message(node.value)))
+                return node.value
+            return scalar(node)
         if node.tag not in _SAFE_TAGS:
             problems.append(Diagnostic(file, *_mark(node),
                                        f"tag {node.tag} is not allowed in rule files (rules never build objects)"))
@@ -232,6 +236,27 @@ def _key_message(text: str, key: Any) -> str:
         key, int) else "a number" if isinstance(key, float) else f"a {type(key).__name__}"
     return (f"key '{text}' reads as {kind} in YAML ({key!r}), not as a name; quote it ('{text}':) or fix it "
             "(keys are names)")
+
+
+def _edits(word: str) -> set[str]:
+    """The typos of `word` that are no other English word: a letter dropped, doubled, or swapped with the next
+    (a substituted letter makes real words: null -> full, true -> tree)."""
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    return ({a + b[1:] for a, b in splits if b} | {a + b[0] + b for a, b in splits if b}
+            | {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1})
+
+
+# unquoted words one typo away from YAML's null/true/false read as text (`default: nul` is the string 'nul');
+# quoting one says the text is meant
+_KEYWORDS = ("null", "true", "false")
+_NEAR_KEYWORDS = {w: k for k in _KEYWORDS for w in _edits(k)}
+for _k in _KEYWORDS:
+    _NEAR_KEYWORDS.pop(_k, None)
+
+
+def _near_keyword_message(text: str) -> str:
+    return (f"'{text}' reads as the text '{text}', one typo from YAML's {_NEAR_KEYWORDS[text]}; write "
+            f"{_NEAR_KEYWORDS[text]}, or quote it ('{text}') if the text is meant")
 
 
 _STR = "tag:yaml.org,2002:str"

@@ -15,14 +15,15 @@ def random_bytes(shape, generator, device="cpu") -> torch.Tensor:
 def random_layer(fmt: str = "mxfp4", *, experts: int = 3, hidden: int = 64, inter: int = 32,
                  gate_up: str = "interleaved", bias: bool = True, seed: int = 0, device: str = "cpu",
                  finite_scales: bool = False, bf16_bias: bool = False) -> MoEWeights:
-    """A random MoEWeights. finite_scales keeps NVFP4 scales in 0x00..0x7e (positive, no NaN) and MXFP4 in 2^-7..2^0."""
+    """A random MoEWeights. Scale codes are any MoEWeights accepts (NVFP4 0x00..0x7e, MXFP4 0..254: no NaN, no
+    negative scale); finite_scales keeps MXFP4 scales in 2^-7..2^0 (no overflow in a GEMM)."""
     g = torch.Generator().manual_seed(seed)
     block = BLOCK_SIZE[fmt]
 
     def scales(rows, k):
         raw = random_bytes((experts, rows, k // block), g, device)
-        if finite_scales and device != "meta":
-            raw = raw % 0x7F if fmt == "nvfp4" else 120 + raw % 8  # MXFP4: 2^-7..2^0, no overflow in a GEMM
+        if device != "meta":
+            raw = raw % 0x7F if fmt == "nvfp4" else 120 + raw % 8 if finite_scales else raw % 255
         return raw if fmt == "mxfp4" else raw.view(torch.float8_e4m3fn)
 
     def fp32(*shape):

@@ -5,10 +5,7 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from oracle import Oracle, Scenario
-from oracle.errors import RuleError
 from oracle.facts import FACTS
 from oracle.registry import resolve
 from oracle.trace import CandidateEntry, StepEntry
@@ -134,16 +131,17 @@ def test_unsupported_names_every_candidate_with_its_first_failing_check(oracle):
 
 
 def test_rule_values_are_data_never_code(tmp_path):
-    """A rule value that looks like code is a literal: refused by the closed vocabulary with its place, never run."""
-    sentinel = tmp_path / "ran"
-    code = f"__import__('pathlib').Path({str(sentinel)!r}).touch()"
+    """Generated conditions reference constants by index: a rule value that looks like code is only compared."""
     text = (ROOT / "tests" / "bad_rules" / "valid.yaml").read_text().replace(
-        "device: {fact: platform.kind, eq: cuda}", f"device: {{fact: moe.moe_backend, eq: \"{code}\"}}")
+        "device: {fact: platform.kind, eq: cuda}",
+        "device: {fact: quark.weight.dtype, eq: \"__import__('os').system('exit 3')\"}")  # an open-vocabulary fact
     (tmp_path / "p.yaml").write_text(text)
     (tmp_path / "profiles.yaml").write_text("default: x\nprofiles:\n  x: {description: 'code as data', files: [p.yaml]}\n")
-    with pytest.raises(RuleError, match=r"p\.yaml:14:\d+: unknown moe_backend string"):
-        Oracle(tmp_path)
-    assert not sentinel.exists()
+    o = Oracle(tmp_path)
+    d = o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]},
+                  "quark": {"weight": {"dtype": "__import__('os').system('exit 3')"}}})
+    assert d.backend == "TRITON", "the string matched as a value"
+    assert o.select({"policy": "pol", "platform": {"kind": "cuda", "capability": [9, 0]}}).outcome == "unsupported"
 
 
 def test_emulation_backends_name_the_reference_implementation(oracle):

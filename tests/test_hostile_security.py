@@ -189,14 +189,13 @@ def test_a_rule_file_that_is_a_symlink_to_itself_is_named(tmp_path, capsys):
     assert "Traceback" not in out.out + out.err
 
 
-RUNNER_RULES = """families:
-  rogue:
-    description: names code of a registered but rejected plugin
-    weight_key: mxfp4
-    backends:
-      ROGUE:
-        runner: {runner}
-"""
+def test_validate_names_a_rule_file_that_is_a_symlink_loop(tmp_path, capsys):
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "a.yaml")
+    for target in (tmp_path / "a.yaml", tmp_path):
+        assert main(["validate", str(target)]) == 3
+        out = capsys.readouterr()
+        assert f"{tmp_path / 'a.yaml'}:1:1: rule file is a symlink loop; make it a regular file" in out.out
+        assert "internal error" not in out.err
 
 
 def test_a_rejected_plugin_widens_nothing(tmp_path, monkeypatch):

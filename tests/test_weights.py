@@ -122,3 +122,62 @@ def test_kernel_weights_is_read_only_and_names_missing_tensors():
     with pytest.raises(KeyError, match="has no tensor 'w2'; it has \\['w13'\\]"):
         kw["w2"]
     assert isinstance(MoEWeights, type)
+
+
+def _with_code(w: MoEWeights, name: str, expert: int, code: int) -> MoEWeights:
+    """`w` with one byte of a block-scale tensor set to `code`."""
+    scales = getattr(w, name).view(torch.uint8).clone()
+    scales[expert, 1, 0] = code
+    return w.replace(**{name: scales.view(getattr(w, name).dtype)})
+
+
+@pytest.mark.parametrize("fmt,name,code,needle", [
+    ("mxfp4", "w13_scale", 255, "w13_scale[1] (expert 1) holds E8M0 code 255 (NaN)"),
+    ("mxfp4", "w2_scale", 255, "w2_scale[1] (expert 1) holds E8M0 code 255 (NaN)"),
+    ("nvfp4", "w13_scale", 0x7F, "w13_scale[1] (expert 1) holds E4M3 code 0x7f (nan)"),
+    ("nvfp4", "w2_scale", 0xFF, "w2_scale[1] (expert 1) holds E4M3 code 0xff (nan)"),
+    ("nvfp4", "w2_scale", 0xB8, "w2_scale[1] (expert 1) holds E4M3 code 0xb8 (-1.0), not a finite non-negative"),
+])
+def test_a_nan_or_negative_block_scale_is_refused_naming_tensor_and_expert(fmt, name, code, needle):
+    w = random_layer(fmt, experts=3, hidden=64, inter=32)
+    with pytest.raises(ValueError, match="MoEWeights: ") as err:
+        _with_code(w, name, 1, code)
+    assert needle in str(err.value) and "re-quantize it" in str(err.value)
+
+
+def test_zero_block_scales_are_accepted():
+    """Padding writes zero scales, and an all-zero block quantizes to one: 0 * 0 = 0, not a corrupt value."""
+    w = random_layer("nvfp4", experts=2, hidden=64, inter=32)
+    for code in (0x00, 0x80):
+        assert _with_code(w, "w13_scale", 0, code).E == 2
+    assert _with_code(random_layer("mxfp4", experts=2, hidden=64, inter=32), "w2_scale", 0, 0).E == 2
+
+
+@pytest.mark.parametrize("name", ["w13_global_scale", "w2_global_scale", "w2_input_scale"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -2.0])
+def test_global_and_input_scales_must_be_finite_and_positive(name, value):
+    w = random_layer("nvfp4", experts=3, hidden=64, inter=32)
+    t = getattr(w, name).clone()
+    t[2] = value
+    with pytest.raises(ValueError, match=rf"MoEWeights: {name}\[2\] \(expert 2\) holds {value!r}, not a finite "
+                                         "positive number"):
+        w.replace(**{name: t})
+
+
+def test_the_scale_check_is_one_reduction_per_tensor(monkeypatch):
+    """Cheap at load: one `any` per scale tensor when the checkpoint is sound (no per-expert loop)."""
+    w = random_layer("nvfp4", experts=4, hidden=64, inter=32)
+    calls = []
+    real_any = torch.Tensor.any
+
+    def counting_any(self, *args, **kwargs):
+        calls.append(tuple(self.shape))
+        return real_any(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "any", counting_any)
+    w.replace()
+    assert len(calls) == 6  # two block-scale tensors, two global and two input scales
+
+
+def test_the_docstring_says_activations_are_not_checked():
+    assert "does not check activations for NaN" in " ".join((MoEWeights.__doc__ or "").split())

@@ -110,8 +110,10 @@ def global_options_first(argv: Sequence[str]) -> list[str]:
 
 
 def set_quark(sc: dict[str, Any], item: str) -> None:
-    """--quark weight.dtype=fp4 -> scenario quark.weight.dtype; values read as YAML scalars (64, true, null)."""
-    import yaml
+    """--quark weight.dtype=fp4 -> scenario quark.weight.dtype; values read as YAML scalars (64, true, null), with
+    the bounds of every YAML the oracle reads (no alias expansion, no 5,000-digit integer)."""
+    from ..errors import RuleError
+    from ..yamlio import load_yaml_text
 
     key, sep, raw = item.partition("=")
     if not sep or not key:
@@ -121,7 +123,10 @@ def set_quark(sc: dict[str, Any], item: str) -> None:
     *path, last = key.split(".")
     for part in path:
         node = node.setdefault(part, {})
-    node[last] = yaml.safe_load(raw) if raw else raw
+    try:
+        node[last] = load_yaml_text(raw, f"--quark {item}").data if raw else raw
+    except RuleError as exc:
+        raise OracleError(str(exc).replace(":1:", ": column ", 1)) from None
 
 
 def run_tool(args: argparse.Namespace) -> int:

@@ -52,6 +52,9 @@ def read_cases(path: Path) -> list[tuple[str, dict[str, Any]]]:
                     cases.append((f"{path}:{i}", json.loads(line)))
                 except json.JSONDecodeError as exc:
                     raise OracleError(f"{path}:{i}:{exc.colno}: not valid JSON ({exc.msg})") from None
+                except (RecursionError, ValueError) as exc:  # nested past the parser's depth, a 4,300-digit int
+                    why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:120]
+                    raise OracleError(f"{path}:{i}: not readable as JSON ({why})") from None
     else:
         data = load_yaml_text(text, str(path)).data
         items = data.get("cases") if isinstance(data, dict) else data
