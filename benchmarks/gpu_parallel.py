@@ -12,7 +12,7 @@ Writes into OUT_DIR (rank 0):
 * steps.csv: median µs per step (route, dispatch, experts, combine, and the whole step) of each mode, the larger
   of the two ranks; steps_by_rank.csv: each rank's. Modes: single (one GPU, the rank's T tokens),
   single-all-tokens (one GPU, both ranks' tokens: what EP=2 serves), tp, allgather_reducescatter,
-  deepep_high_throughput. Shapes gpt-oss-120b (MXFP4) and deepseek-nvfp4 (DeepSeek-V3's routed experts).
+  deepep_high_throughput. Shapes gpt-oss-120b (MXFP4) and deepseek-v3 (DeepSeek-V3's routed experts).
 * cuda_graph.csv: TP's forward captured as a CUDA graph (runner + NCCL all-reduce), replayed against eager.
 * cost_model_check.md: benchmarks/parallel_cost_model.py's prediction against these measurements (also printed).
 * log lines on stdout. Eager timing (no CUDA graph: the dispatches read token counts on the host), L2 flushed
@@ -47,11 +47,11 @@ from backends.weights import MoEWeights  # noqa: E402
 
 from tolerances import tolerance  # noqa: E402
 
-SHAPE_NAMES = ("gpt-oss-120b", "deepseek-nvfp4")
+SHAPE_NAMES = ("gpt-oss-120b", "deepseek-v3")
 TOKENS = (1, 64, 4096)
 #: --cpu-smoke: the same code paths on 2 CPU processes (gloo, emulation, tiny layers) to check the script itself
 SMOKE_SHAPES = {"gpt-oss-120b": Shape("gpt-oss-120b", "mxfp4", 8, 2, 64, 128, "swigluoai", True),
-                "deepseek-nvfp4": Shape("deepseek-nvfp4", "nvfp4", 8, 4, 64, 64, "silu", False)}
+                "deepseek-v3": Shape("deepseek-v3", "nvfp4", 8, 4, 64, 64, "silu", False)}
 SMOKE_TOKENS = (1, 8, 64)
 MODES = ("single", "single-all-tokens", "tp", "allgather_reducescatter", "deepep_high_throughput")
 START = time.monotonic()

@@ -36,7 +36,7 @@ class Layer:
 
 LAYERS = {  # routed experts of one layer (shared experts are a dense MLP outside this model)
     "gpt-oss-120b": Layer("gpt-oss-120b", 128, 4, 2880, 2880, 4.25),
-    "deepseek-v3": Layer("deepseek-v3", 256, 8, 7168, 2048, 4.5),  # also the benchmark's deepseek-nvfp4 shape
+    "deepseek-v3": Layer("deepseek-v3", 256, 8, 7168, 2048, 4.5),
     "kimi-k2": Layer("kimi-k2", 384, 8, 7168, 2048, 4.5),
 }
 
@@ -44,8 +44,8 @@ LAYERS = {  # routed experts of one layer (shared experts are a dense MLP outsid
 @dataclass(frozen=True)
 class Kernels:
     """Roofline of this project's fused W4A16 MoE on one GPU: a fixed cost (routing, alignment, launches), then
-    the larger of streaming the touched experts' weights and the MMAs. Calibrated on the H100 final table of
-    benchmarks/README-moe.md (deepseek-nvfp4: T = 1 108.7 µs with 65.3 µs floor -> t0 ~40 µs; T = 16-256 at
+    the larger of streaming the touched experts' weights and the MMAs. Calibrated on the single-GPU H100 table
+    (deepseek-v3: T = 1 108.7 µs with 65.3 µs floor -> t0 ~40 µs; T = 16-256 at
     0.93-0.94 of the 3036 GB/s floor; T = 4096 at 370 TFLOP/s, gpt-oss-120b at 418)."""
 
     fixed_us: float = 40.0
@@ -188,7 +188,7 @@ def check(run_dir: str | Path) -> str:
                                                  for k, v in sorted(links.items())),
              "| shape | mode | T per rank | step | predicted µs | measured µs | measured / predicted |",
              "|---|---|---|---|---|---|---|"]
-    shape_layer = {"gpt-oss-120b": LAYERS["gpt-oss-120b"], "deepseek-nvfp4": LAYERS["deepseek-v3"]}
+    shape_layer = {"gpt-oss-120b": LAYERS["gpt-oss-120b"], "deepseek-v3": LAYERS["deepseek-v3"]}
     for row in steps:
         layer = shape_layer[row["shape"]]
         mode = row["mode"]

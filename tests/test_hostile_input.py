@@ -262,7 +262,7 @@ def test_select_turns_an_unforeseen_failure_into_an_error_answer(monkeypatch):
     ("vllm-0.33/ocp-mx.yaml", 93, "mxfp6_e3m2", "mxfp6e3m2"),  # a table key cell
     ("vllm-0.33/ocp-mx.yaml", 58, "kFp8DynamicTensorSym", "kFp8DynamicTensorySm"),  # a compared value result
     ("vllm-0.20/ocp-mx.yaml", 51, "w_mxfp4_a_mxfp6_e2m3", "w_mxfp4_a_mxfp6_em3"),  # a compared literal
-    ("common/platform.yaml", 169, "batch_invariant", "bacth_invariant"),  # the kernel field a check reads
+    ("common/platform.yaml", 172, "batch_invariant", "bacth_invariant"),  # the kernel field a check reads
     ("vllm-0.33/ocp-mx.yaml", 79, "null", "nul"),  # a typo of YAML's null reads as text
 ])
 def test_typos_in_tables_and_value_results_are_rejected(tmp_path, rel, line, old, new):

@@ -63,9 +63,9 @@ def test_check_compares_a_run_with_the_model(tmp_path):
         w = csv.DictWriter(f, fieldnames=["shape", "mode", "world", "tokens_per_rank", "dispatch_us", "experts_us",
                                           "combine_us", "total_us"])
         w.writeheader()
-        w.writerow({"shape": "deepseek-nvfp4", "mode": "tp", "world": 2, "tokens_per_rank": 64,
+        w.writerow({"shape": "deepseek-v3", "mode": "tp", "world": 2, "tokens_per_rank": 64,
                     **{f"{k}_us": p[k] * (2 if k == "experts" else 1) for k in ("dispatch", "experts", "combine",
                                                                                    "total")}})
     report = model.check(tmp_path)
-    assert "| deepseek-nvfp4 | tp | 64 | combine |" in report and "| 1.00 |" in report
-    assert "| deepseek-nvfp4 | tp | 64 | experts |" in report and "| 2.00 |" in report
+    assert "| deepseek-v3 | tp | 64 | combine |" in report and "| 1.00 |" in report
+    assert "| deepseek-v3 | tp | 64 | experts |" in report and "| 2.00 |" in report
