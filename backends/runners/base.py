@@ -98,3 +98,14 @@ def require_module(spec: RunnerSpec, module: str, how_to_get: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise spec.unavailable(f"the Python package {module!r} is not importable here ({exc})", how_to_get) from exc
+
+
+def require_layout(spec: RunnerSpec, weights: Any, layout: str, *, reader: str, converter: str) -> None:
+    """Refuse weights the rules converted to another layout than the one the runner's kernels read (`reader`
+    says who reads it), naming the converter the backend's rules entry should set."""
+    from backends.weights import KernelWeights
+
+    if not isinstance(weights, KernelWeights) or weights.layout != layout:
+        got = weights.layout if isinstance(weights, KernelWeights) else type(weights).__name__
+        raise spec.unavailable(f"{reader} the {layout!r} layout, the rules give {got}",
+                               f"set `converter: {converter}` for this backend")

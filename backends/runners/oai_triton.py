@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from backends.emulation import _route
-from backends.runners.base import Routing, RunnerSpec, require_module
+from backends.runners.base import Routing, RunnerSpec, require_layout, require_module
 from backends.weights import KernelWeights
 
 __all__ = ["HOW_TO_GET", "OaiTritonRunner"]
@@ -59,10 +59,8 @@ class OaiTritonRunner:
     def prepare(cls, spec: RunnerSpec, weights: KernelWeights) -> OaiTritonRunner:
         from backends.layouts.oai_triton import OaiTritonLayout
 
-        if not isinstance(weights, KernelWeights) or weights.layout != OaiTritonLayout.layout:
-            got = weights.layout if isinstance(weights, KernelWeights) else type(weights).__name__
-            raise spec.unavailable(f"matmul_ogs reads the {OaiTritonLayout.layout!r} layout, the rules give {got}",
-                                   "set `converter: backends.layouts.oai_triton:mxfp4` for this backend")
+        require_layout(spec, weights, OaiTritonLayout.layout, reader="matmul_ogs reads",
+                       converter="backends.layouts.oai_triton:mxfp4")
         if spec.activation != "swigluoai":
             raise spec.unavailable(f"triton_kernels fuses only the gpt-oss SwiGLU (swigluoai), not "
                                    f"{spec.activation!r}", "force moe_backend='humming' or another backend")

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from backends.runners.base import Routing, RunnerSpec
+from backends.runners.base import Routing, RunnerSpec, require_layout
 from backends.weights import KernelWeights
 
 __all__ = ["TritonMoERunner"]
@@ -27,10 +27,8 @@ class TritonMoERunner:
         from backends.layouts.triton_moe import TritonMoELayout, triton_weights
         from backends.triton_moe.capabilities import ACTIVATIONS
 
-        if not isinstance(weights, KernelWeights) or weights.layout != TritonMoELayout.layout:
-            got = weights.layout if isinstance(weights, KernelWeights) else type(weights).__name__
-            raise spec.unavailable(f"the kernels read the {TritonMoELayout.layout!r} layout, the rules give {got}",
-                                   "set `converter: backends.layouts.triton_moe:converter` for this backend")
+        require_layout(spec, weights, TritonMoELayout.layout, reader="the kernels read",
+                       converter="backends.layouts.triton_moe:converter")
         if spec.activation not in ACTIVATIONS:
             raise spec.unavailable(f"activation {spec.activation!r} is not one of the kernels' {ACTIVATIONS}",
                                    "pick another backend with moe_backend= or another profile")
