@@ -24,7 +24,7 @@ from backends.layouts.triton_moe import (
     to_kernel_layout,
 )
 from backends.triton_moe import _routing, tuning
-from backends.triton_moe.testing import Shape, random_checkpoint
+from backends.triton_moe.testing import Shape, compare, random_checkpoint
 
 from conftest import requires_cuda
 
@@ -254,3 +254,16 @@ def test_one_pass_scale_words_match_the_definition(poisoned_new_empty, fmt, logi
         expected = getattr(reference, name)
         assert words[name].dtype == expected.dtype and words[name].shape == expected.shape, name
         assert torch.equal(words[name].reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)), name
+
+
+def test_compare_scales_the_elementwise_bound_by_each_rows_rms():
+    """An error that is small against the whole tensor but large against its own (small) row fails, and the same
+    error on a large row passes: the element-wise bound follows each token's magnitude."""
+    ref = torch.cat([torch.full((1, 64), 0.01), torch.full((1, 64), 10.0)])
+    small_row_off = ref.clone()
+    small_row_off[0, 0] += 0.05  # 5x the small row's values, 0.5% of the tensor's RMS
+    large_row_off = ref.clone()
+    large_row_off[1, 0] += 0.05
+    args = dict(rel_l2_tol=1.0, rtol=2**-6, atol_rms_units=2**-5)
+    assert compare(small_row_off, ref, **args)["elementwise_ratio"] > 1.0
+    assert compare(large_row_off, ref, **args)["elementwise_ratio"] < 1.0
