@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from .errors import OracleError, ScenarioError
 from .generation import MANIFEST, Generation, Observed, ReloadResult
 from .log import DecisionLog
 from .prepared import PreparedScenario, freeze
-from .reloading import SETTLE, Reloading
+from .reloading import _KEPT_STATS, SETTLE, Reloading
 from .resources import rules_dir
 from .scenario import Scenario
 
@@ -52,7 +53,6 @@ CACHE_SIZE = 8192  # answers per generation before the cache starts over
 POLL_INTERVAL = 0.25  # seconds between polls of watch(); an edit serves within two of them
 MAX_PAUSE = 0.25  # the longest a select waits for the store reading files
 FAILED_OUTCOMES = ("error", "invalid", "unsupported")
-_KEPT_STATS = 32  # generations whose answer counts stats() keeps
 
 
 
@@ -99,7 +99,9 @@ class RuleStore(Reloading):
         self._gate.set()
         self._failed_answers: dict[int, dict[str, int]] = {}  # generation -> outcome -> answers given
         self._reloads = {"installed": 0, "failed": 0, "held_back": 0, "unsettled": 0}
-        self._pending: tuple[Observed, float] | None = None  # files changed but not yet settled: (as seen, since)
+        # files changed but not yet settled: (as seen, first look (monotonic), first look (wall), filesystem stamp)
+        self._pending: tuple[Observed, float, float, float | None] | None = None
+        self._latencies: dict[int, dict[str, float | None]] = {}  # generation -> seconds to install it
         first = self._build(1, (), None)
         self._smoke(None, first)
         first.installed_at = time.time()
@@ -246,14 +248,19 @@ class RuleStore(Reloading):
         return decision if cache is gen.answers else self._count(gen, decision)
 
     def stats(self) -> dict[str, Any]:
-        """A metrics snapshot: the serving generation, the last reload problem, reloads by result, and per
-        generation the answers given with outcome error, invalid and unsupported (so an outage shows)."""
+        """A metrics snapshot: the serving generation, the last reload problem, reloads by result, per
+        generation the answers given with outcome error, invalid and unsupported (so an outage shows), and per
+        installed generation how long it took to serve: `seen_to_install` (from the first poll that saw its
+        files to the install) and `change_to_install` (from the filesystem's stamp of the change, so the wait
+        for that poll included; None where stamps are not trusted)."""
         gen = self._generation
         with self._stats_lock:
             answers = {n: dict(c) for n, c in self._failed_answers.items()}
             reloads = dict(self._reloads)
+            latencies = {n: dict(x) for n, x in self._latencies.items()}
         return {"generation": gen.number, "serving_since": gen.loaded_at, "last_error": self.last_error,
-                "manifest_version": gen.manifest_version, "reloads": reloads, "failed_answers": answers}
+                "manifest_version": gen.manifest_version, "reloads": reloads, "failed_answers": answers,
+                "reload_seconds": latencies}
 
 
     # ------------------------------------------------------------------ watching
@@ -264,7 +271,20 @@ class RuleStore(Reloading):
         self._stop.clear()
 
         def loop() -> None:
-            while not self._stop.wait(interval):
+            # Polls start at most `interval` apart (start to start). Waking costs a wait for the GIL, long when
+            # threads select in tight loops (one of 9 contenders, a handoff per switch interval); the timer is
+            # set that much early (the second longest of the last 16 waits, at most interval/2), so the next
+            # poll still starts within `interval` of this one.
+            due = time.monotonic() + interval
+            lateness = deque([0.0], maxlen=16)
+            while True:
+                lead = min(sorted(lateness)[-2 if len(lateness) > 1 else -1], interval / 2)
+                timer = due - lead
+                if self._stop.wait(max(0.0, timer - time.monotonic())):
+                    return
+                woke = time.monotonic()
+                lateness.append(max(0.0, woke - timer))
+                due = woke + interval
                 try:
                     self.poll()
                 except Exception:  # the watcher must outlive any surprise; the error is logged
