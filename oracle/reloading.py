@@ -2,9 +2,9 @@
 
 A version is observed (`observe`: the resolved rules directory, every symlink below it, every rule-like file
 below it and every file the serving generation was loaded from, by size and sha256), built once it has been
-seen unchanged over the settle window, checked (validation, removals, a smoke answer per new policy, the
-manifest) and installed in one assignment. Selects wait (at most `max_pause` each) while this runs: see
-oracle/store.py's docstring for why.
+unchanged over the settle window (by the filesystem's stamp of the change, or by two looks), checked
+(validation, removals, a smoke answer per new policy, the manifest) and installed in one assignment. Selects
+wait (at most `max_pause` each) while this runs: see oracle/store.py's docstring for why.
 """
 from __future__ import annotations
 
@@ -210,10 +210,11 @@ class Reloading:
 
     def poll(self, wait: bool = True) -> ReloadResult | None:
         """Reload if anything changed since the serving generation was loaded; None when nothing changed (then
-        `last_error` is cleared: the files on disk are the serving ones). A change is built once the files were
-        the same at two looks `settle` seconds apart: `wait` (the watcher's way) sleeps for the second look, with
-        selects waiting; without it a change seen for the first time is `unsettled` and the next poll looks again.
-        Never raises."""
+        `last_error` is cleared: the files on disk are the serving ones). A change is built once the files have
+        been as seen for `settle` seconds: since the filesystem stamped the change (a change seen late is built
+        at once), or since the first look that saw them so. Before that, `wait` (the watcher's way) sleeps until
+        the window ends and looks again, with selects waiting; without it the result is `unsettled` and the next
+        poll looks again. Never raises."""
         with self._reload_lock, self._reading():
             try:
                 now = self._fingerprint()

@@ -51,6 +51,7 @@ from .scenario import Scenario
 log = logging.getLogger("moe_oracle")
 CACHE_SIZE = 8192  # answers per generation before the cache starts over
 POLL_INTERVAL = 0.25  # seconds between polls of watch(); an edit serves within two of them
+WAKERS = 2  # threads of watch() that race to make each poll (see watch)
 MAX_PAUSE = 0.25  # the longest a select waits for the store reading files
 FAILED_OUTCOMES = ("error", "invalid", "unsupported")
 
@@ -91,7 +92,9 @@ class RuleStore(Reloading):
         self._stats_lock = threading.Lock()
         self._reported: set[str] = set()  # content keys of broken versions logged since the last install
         self.last_error: str | None = None
-        self._watcher: threading.Thread | None = None
+        self._watcher: tuple[threading.Thread, ...] | None = None
+        self._due = 0.0  # monotonic time the next poll of watch() is due
+        self._wake_lock = threading.Lock()
         self._stop = threading.Event()
         self._options: dict[str, Any] = {}  # what default_store() was called with
         self._pausing = False  # selects wait on _gate while the store reads files
@@ -265,41 +268,47 @@ class RuleStore(Reloading):
 
     # ------------------------------------------------------------------ watching
     def watch(self, interval: float = POLL_INTERVAL) -> None:
-        """Poll for changed files every `interval` seconds in a daemon thread (idempotent)."""
-        if self._watcher is not None and self._watcher.is_alive():
+        """Poll for changed files every `interval` seconds in daemon threads (idempotent)."""
+        if self._watcher is not None and any(t.is_alive() for t in self._watcher):
             return
         self._stop.clear()
+        self._due = time.monotonic() + interval
 
         def loop() -> None:
-            # Polls start at most `interval` apart (start to start). Waking costs a wait for the GIL, long when
-            # threads select in tight loops (one of 9 contenders, a handoff per switch interval); the timer is
-            # set that much early (the second longest of the last 16 waits, at most interval/2), so the next
-            # poll still starts within `interval` of this one.
-            due = time.monotonic() + interval
+            # Polls start at most `interval` apart (start to start), made by whichever of WAKERS threads wakes
+            # first. Waking costs a wait for the GIL, long when threads select in tight loops (one of 9
+            # contenders, a handoff per switch interval, and now and then a far longer wait): each waker sets
+            # its timer that much early (the longest of its last 16 waits, at most 0.6 interval), and a poll
+            # needs only one of them in time, so one long wait does not make the poll late.
             lateness = deque([0.0], maxlen=16)
             while True:
-                lead = min(sorted(lateness)[-2 if len(lateness) > 1 else -1], interval / 2)
-                timer = due - lead
+                lead = min(max(lateness), 0.6 * interval)
+                timer = self._due - lead
                 if self._stop.wait(max(0.0, timer - time.monotonic())):
                     return
                 woke = time.monotonic()
                 lateness.append(max(0.0, woke - timer))
-                due = woke + interval
+                with self._wake_lock:
+                    if woke < self._due - 0.6 * interval:
+                        continue  # another waker polled meanwhile
+                    self._due = woke + interval
                 try:
                     self.poll()
                 except Exception:  # the watcher must outlive any surprise; the error is logged
                     log.exception("moe-oracle: rule watcher: unexpected error (still serving generation %d)",
                                   self._generation.number)
 
-        self._watcher = threading.Thread(target=loop, name="moe-oracle-rule-watcher", daemon=True)
-        self._watcher.start()
+        self._watcher = tuple(threading.Thread(target=loop, name=f"moe-oracle-rule-watcher-{k}", daemon=True)
+                              for k in range(WAKERS))
+        for t in self._watcher:
+            t.start()
 
     def close(self) -> None:
         """Stop watching and close the audit log."""
         self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
-            self._watcher = None
+        for t in self._watcher or ():
+            t.join(timeout=5)
+        self._watcher = None
         self.decisions.close()
 
     def __enter__(self) -> RuleStore:
