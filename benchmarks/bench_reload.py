@@ -221,6 +221,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8, help="throughput rounds per variant (interleaved)")
     ap.add_argument("--seconds", type=float, default=1.0, help="length of one throughput round")
     ap.add_argument("--timeout", type=float, default=30.0, help="give up on one edit after this many seconds")
+    ap.add_argument("--noise", type=int, default=0,
+                    help="processes spinning on the CPU while edits are timed (other jobs on a shared machine)")
     ap.add_argument("--latency-worker", nargs=2, metavar=("SITE", "THREADS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.latency_worker:
@@ -241,22 +243,43 @@ def main() -> None:
                 mode = f"watcher every {interval} s" if interval else "no watcher"
                 for name, tree in trees.items():
                     tp_rows.append((name, mode, r, *throughput_process(tree, args.threads, args.seconds, interval)))
-        for kind in sites:
-            for load in (0, args.threads):
-                for half in range(2):  # each variant's edits in two halves, interleaved
-                    for name, tree in trees.items():
-                        n = args.edits // 2 + (args.edits % 2 if half else 0)
-                        proc = subprocess.run([sys.executable, __file__, "--out", str(out), "--latency-worker", kind,
-                                               str(load), "--edits", str(n), "--interval", str(args.interval),
-                                               "--timeout", str(args.timeout)], env={**os.environ,
-                                              "BENCH_RELOAD_TREE": str(tree)}, capture_output=True, text=True,
-                                              check=True, timeout=n * (args.timeout + 2) + 60)
-                        for installed, observed in json.loads(proc.stdout.splitlines()[-1]):
-                            e = sum(1 for v, k, t, *_ in lat_rows if v == name and k == kind and t == load)
-                            lat_rows.append((name, kind, load, e, installed, observed))
-                            print(f"{name}, {kind}: {load} selecting threads, edit {e}: installed {installed:.3f} s, "
-                                  f"observed {observed:.3f} s", flush=True)
+        noise = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.noise)]
+        try:
+            lat_rows += latencies(trees, sites, args)
+        finally:
+            for p in noise:
+                p.kill()
+                p.wait()
     load_after = os.getloadavg()
+    write_results(out, args, trees, sites, lat_rows, tp_rows, load_before, load_after)
+
+
+def latencies(trees: dict[str, Path], sites: list[str], args: argparse.Namespace) -> list[
+        tuple[str, str, int, int, float, float]]:
+    """Every variant's edits, each variant, rules directory and load in a worker process."""
+    lat_rows: list[tuple[str, str, int, int, float, float]] = []
+    for kind in sites:
+        for load in (0, args.threads):
+            for half in range(2):  # each variant's edits in two halves, interleaved
+                for name, tree in trees.items():
+                    n = args.edits // 2 + (args.edits % 2 if half else 0)
+                    proc = subprocess.run([sys.executable, __file__, "--out", args.out, "--latency-worker", kind,
+                                           str(load), "--edits", str(n), "--interval", str(args.interval),
+                                           "--timeout", str(args.timeout)], env={**os.environ,
+                                          "BENCH_RELOAD_TREE": str(tree)}, capture_output=True, text=True,
+                                          check=True, timeout=n * (args.timeout + 2) + 60)
+                    for installed, observed in json.loads(proc.stdout.splitlines()[-1]):
+                        e = sum(1 for v, k, t, *_ in lat_rows if v == name and k == kind and t == load)
+                        lat_rows.append((name, kind, load, e, installed, observed))
+                        print(f"{name}, {kind}: {load} selecting threads, edit {e}: installed {installed:.3f} s, "
+                              f"observed {observed:.3f} s", flush=True)
+    return lat_rows
+
+
+def write_results(out: Path, args: argparse.Namespace, trees: dict[str, Path], sites: list[str],
+                  lat_rows: list[tuple[str, str, int, int, float, float]],
+                  tp_rows: list[tuple[str, str, int, float, float]], load_before: tuple[float, float, float],
+                  load_after: tuple[float, float, float]) -> None:
     with open(out / "latency.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["variant", "rules", "selecting_threads", "edit", "seconds_to_install", "seconds_to_observe"])
@@ -268,7 +291,8 @@ def main() -> None:
     lines = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs), Python "
              f"{platform.python_version()}; load average (1, 5, 15 min) {', '.join(f'{x:.2f}' for x in load_before)} "
              f"before the run, {', '.join(f'{x:.2f}' for x in load_after)} after; {args.threads} selecting "
-             f"threads, watcher interval {args.interval} s, settle {current_store.SETTLE} s", "",
+             f"threads, watcher interval {args.interval} s, settle {current_store.SETTLE} s; "
+             f"{args.noise} processes spinning on the CPU while edits were timed", "",
              "Seconds from the end of an edit to the new generation installed (`installed_at`; observed: seen by "
              "a thread checking every 2 ms, its own wait for the GIL included).", "",
              "| rules | variant | selecting threads | edits | installed: median | p90 | max | observed: median | "
@@ -282,15 +306,16 @@ def main() -> None:
                 lines.append(f"| {kind} | {name} | {load} | {len(xs)} | {statistics.median(xs):.3f} | "
                              f"{xs[int(0.9 * (len(xs) - 1))]:.3f} | {max(xs):.3f} | {statistics.median(ys):.3f} | "
                              f"{max(ys):.3f} | {sum(x > target for x in xs)} | ≤ {target:.2f} |")
-    lines += ["", f"| variant | watcher | median selects per CPU second ({args.threads} threads together) | vs before "
-              "| median selects per wall second | vs before |", "|---|---|---|---|---|---|"]
-    for mode in sorted({m for _, m, _, _, _ in tp_rows}):
-        cpu0 = statistics.median(x for v, m, _, _, x in tp_rows if m == mode and v.startswith("before"))
-        wall0 = statistics.median(x for v, m, _, x, _ in tp_rows if m == mode and v.startswith("before"))
-        for name in trees:
-            cpu = statistics.median(x for v, m, _, _, x in tp_rows if m == mode and v == name)
-            wall = statistics.median(x for v, m, _, x, _ in tp_rows if m == mode and v == name)
-            lines.append(f"| {name} | {mode} | {cpu:,.0f} | {cpu / cpu0:.3f} | {wall:,.0f} | {wall / wall0:.3f} |")
+    if tp_rows:
+        lines += ["", f"| variant | watcher | median selects per CPU second ({args.threads} threads together) | "
+                  "vs before | median selects per wall second | vs before |", "|---|---|---|---|---|---|"]
+        for mode in sorted({m for _, m, _, _, _ in tp_rows}):
+            cpu0 = statistics.median(x for v, m, _, _, x in tp_rows if m == mode and v.startswith("before"))
+            wall0 = statistics.median(x for v, m, _, x, _ in tp_rows if m == mode and v.startswith("before"))
+            for name in trees:
+                cpu = statistics.median(x for v, m, _, _, x in tp_rows if m == mode and v == name)
+                wall = statistics.median(x for v, m, _, x, _ in tp_rows if m == mode and v == name)
+                lines.append(f"| {name} | {mode} | {cpu:,.0f} | {cpu / cpu0:.3f} | {wall:,.0f} | {wall / wall0:.3f} |")
     text = "\n".join(lines)
     print(text)
     (out / "summary.md").write_text(text + "\n")
