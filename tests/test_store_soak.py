@@ -15,7 +15,7 @@ after each one so that it can), in two parts:
 - wall clock, from the end of the write to the install: 80% within two poll intervals, and every one within
   four. The rest of the wait is for the next poll, and a poll begins with the watcher's wake-up, one wait for the
   GIL among the 8 busy threads, left to the OS scheduler; the store wakes early by what it measured and races two
-  wakers, and on the shared 2-core VM every edit of these runs served within two intervals (0.25-0.34 s at
+  wakers, and on the shared 2-core VM every edit of its runs here served within two intervals (0.20-0.34 s at
   most), but a CI machine loaded by other jobs can stretch one wake-up past it. `benchmarks/bench_reload.py`
   measures the worst case over many edits instead."""
 from __future__ import annotations
