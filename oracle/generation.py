@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -59,6 +60,8 @@ class Generation:
     watched_dirs: tuple[Path, ...] = ()
     manifest_version: str | None = None
     installed_at: float = 0.0  # time.time() when it started serving
+    change_seen: float | None = None  # time.time() when a poll first saw the change it installs
+    changed_at: float | None = None  # the filesystem's time of that change (None: timestamps not trusted)
     # (scenario, model, layer, role) -> answer: the cached path, one lookup ('selected' and 'none' answers only)
     answers: dict[tuple[Scenario, str | None, int | None, str | None], Decision] = field(default_factory=dict)
     # the other outcomes, kept apart so that each one given is counted (stats()) off the cached path
@@ -122,6 +125,33 @@ def observe(dirs: Iterable[Path], files: Iterable[Path]) -> Observed:
         if key not in out:
             out[key] = _file_state(key)
     return out
+
+
+_CLOCK_SLACK = 0.02  # seconds a file timestamp may lag the write (Linux stamps with a coarse, per-tick clock)
+
+
+def changed_at(old: Observed, now: Observed) -> float | None:
+    """When the filesystem says the latest of the differences between `old` and `now` was made (time.time()
+    scale): the newest mtime/ctime of every path that differs and of its directory (a rename or a removal
+    stamps the directory). None where the stamps cannot be trusted: a path whose stamps are whole seconds (a
+    coarse filesystem), or one stamped in the future (a skewed clock); the caller then waits the settle window
+    from its own first sight."""
+    newest = 0
+    for key in {k for k in old.keys() | now.keys() if old.get(k) != now.get(k)}:
+        path = key[4:] if key.startswith("dir:") else key
+        for p in (path, os.path.dirname(path)):
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            stamp = max(st.st_mtime_ns, st.st_ctime_ns)
+            if stamp % 1_000_000_000 == 0:
+                return None
+            newest = max(newest, stamp)
+    if newest == 0:
+        return None
+    when = newest / 1e9 + _CLOCK_SLACK
+    return when if when <= time.time() + _CLOCK_SLACK else None
 
 
 def content_key(observed: Observed) -> str:

@@ -2,9 +2,9 @@
 
 A version is observed (`observe`: the resolved rules directory, every symlink below it, every rule-like file
 below it and every file the serving generation was loaded from, by size and sha256), built once it has been
-seen unchanged over the settle window, checked (validation, removals, a smoke answer per new policy, the
-manifest) and installed in one assignment. Selects wait (at most `max_pause` each) while this runs: see
-oracle/store.py's docstring for why.
+unchanged over the settle window (by the filesystem's stamp of the change, or by two looks), checked
+(validation, removals, a smoke answer per new policy, the manifest) and installed in one assignment. Selects
+wait (at most `max_pause` each) while this runs: see oracle/store.py's docstring for why.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from .generation import (
     ReloadResult,
     _file_state,
     _index_files,
+    changed_at,
     content_key,
     observe,
 )
@@ -37,6 +38,7 @@ from .plugins import Plugin, with_plugins
 
 log = logging.getLogger("moe_oracle")
 SETTLE = 0.1  # seconds the files of a new version must stay unchanged before it is installed
+_KEPT_STATS = 32  # generations whose numbers stats() keeps
 
 
 class Reloading:
@@ -52,7 +54,8 @@ class Reloading:
     max_pause: float
     last_error: str | None
     _generation: Generation
-    _pending: tuple[Observed, float] | None
+    _pending: tuple[Observed, float, float, float | None] | None
+    _latencies: dict[int, dict[str, float | None]]
     _reported: set[str]
     _reload_lock: threading.Lock
     _stats_lock: threading.Lock
@@ -207,10 +210,11 @@ class Reloading:
 
     def poll(self, wait: bool = True) -> ReloadResult | None:
         """Reload if anything changed since the serving generation was loaded; None when nothing changed (then
-        `last_error` is cleared: the files on disk are the serving ones). A change is built once the files were
-        the same at two looks `settle` seconds apart: `wait` (the watcher's way) sleeps for the second look, with
-        selects waiting; without it a change seen for the first time is `unsettled` and the next poll looks again.
-        Never raises."""
+        `last_error` is cleared: the files on disk are the serving ones). A change is built once the files have
+        been as seen for `settle` seconds: since the filesystem stamped the change (a change seen late is built
+        at once), or since the first look that saw them so. Before that, `wait` (the watcher's way) sleeps until
+        the window ends and looks again, with selects waiting; without it the result is `unsettled` and the next
+        poll looks again. Never raises."""
         with self._reload_lock, self._reading():
             try:
                 now = self._fingerprint()
@@ -230,6 +234,18 @@ class Reloading:
             return max(self.settle * 10, 1.0)
         return self.settle
 
+    @staticmethod
+    def _quiet_for(pending: tuple[Observed, float, float, float | None], seen: float) -> float:
+        """Seconds the files have been as `pending` observed them, at monotonic time `seen`: since the first
+        look that saw them so, or since the filesystem stamped the change, whichever is longer. The stamp is
+        why a change first seen late (a poll delayed by a busy machine) is built at once instead of after one
+        more window; the first look is what holds where stamps are not trusted (see generation.changed_at)."""
+        _, first_look, first_wall, stamp = pending
+        since_look = seen - first_look
+        if stamp is None:
+            return since_look
+        return max(since_look, first_wall + since_look - stamp)
+
     def _reload_locked(self, now: Observed | None, wait: bool) -> ReloadResult:
         """Wait for the files to settle, build, check, install (called with selects paused)."""
         old = self._generation
@@ -242,15 +258,15 @@ class Reloading:
                     now = self._fingerprint()
                 seen = time.monotonic()
                 if self._pending is None or self._pending[0] != now:
-                    self._pending = (now, seen)
-                age, need = seen - self._pending[1], self._settle_for(now)
-                if age < need:
+                    self._pending = (now, seen, time.time(), changed_at(old.observed, now))
+                quiet, need = self._quiet_for(self._pending, seen), self._settle_for(now)
+                if quiet < need:
                     if not wait:
                         return ReloadResult(False, old.number, False, seconds=time.perf_counter() - started,
                                             unsettled=True)
-                    # look again soon (a writer that was mid-line is seen done), with selects waiting (max_pause
-                    # each): this thread then wakes without a fight for the GIL
-                    time.sleep(min(need - age, self.settle))
+                    # look again once the window has passed (a writer that was mid-line is seen done), with
+                    # selects waiting (max_pause each): this thread then wakes without a fight for the GIL
+                    time.sleep(min(need - quiet, self.settle))
                     now = None
                     continue
             except Exception as exc:  # noqa: BLE001 - reload never raises
@@ -285,12 +301,19 @@ class Reloading:
             message, diagnostics, held = failure
             return self._failed(old, message, diagnostics, started, content, held)
         fresh.installed_at = time.time()
+        if self._pending is not None:
+            fresh.change_seen, fresh.changed_at = self._pending[2], self._pending[3]
         self._generation = fresh  # the one place a new version becomes visible
         self._pending = None
         self.last_error = None
         self._reported.clear()
         with self._stats_lock:
             self._reloads["installed"] += 1
+            self._latencies[fresh.number] = {
+                "seen_to_install": None if fresh.change_seen is None else fresh.installed_at - fresh.change_seen,
+                "change_to_install": None if fresh.changed_at is None else fresh.installed_at - fresh.changed_at}
+            for number in sorted(self._latencies)[:-_KEPT_STATS]:
+                del self._latencies[number]
         log.info("moe-oracle: rules generation %d serving (%s, %d files, %d plugin(s)%s%s)", fresh.number,
                  display_name(self.root), len(fresh.hashes), len(fresh.plugins),
                  f", {len(fresh.overrides)} override(s)" if fresh.overrides is not None else "",

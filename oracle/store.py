@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,16 +44,16 @@ from .errors import OracleError, ScenarioError
 from .generation import MANIFEST, Generation, Observed, ReloadResult
 from .log import DecisionLog
 from .prepared import PreparedScenario, freeze
-from .reloading import SETTLE, Reloading
+from .reloading import _KEPT_STATS, SETTLE, Reloading
 from .resources import rules_dir
 from .scenario import Scenario
 
 log = logging.getLogger("moe_oracle")
 CACHE_SIZE = 8192  # answers per generation before the cache starts over
 POLL_INTERVAL = 0.25  # seconds between polls of watch(); an edit serves within two of them
+WAKERS = 2  # threads of watch() that race to make each poll (see watch)
 MAX_PAUSE = 0.25  # the longest a select waits for the store reading files
 FAILED_OUTCOMES = ("error", "invalid", "unsupported")
-_KEPT_STATS = 32  # generations whose answer counts stats() keeps
 
 
 
@@ -91,7 +92,9 @@ class RuleStore(Reloading):
         self._stats_lock = threading.Lock()
         self._reported: set[str] = set()  # content keys of broken versions logged since the last install
         self.last_error: str | None = None
-        self._watcher: threading.Thread | None = None
+        self._watcher: tuple[threading.Thread, ...] | None = None
+        self._due = 0.0  # monotonic time the next poll of watch() is due
+        self._wake_lock = threading.Lock()
         self._stop = threading.Event()
         self._options: dict[str, Any] = {}  # what default_store() was called with
         self._pausing = False  # selects wait on _gate while the store reads files
@@ -99,7 +102,9 @@ class RuleStore(Reloading):
         self._gate.set()
         self._failed_answers: dict[int, dict[str, int]] = {}  # generation -> outcome -> answers given
         self._reloads = {"installed": 0, "failed": 0, "held_back": 0, "unsettled": 0}
-        self._pending: tuple[Observed, float] | None = None  # files changed but not yet settled: (as seen, since)
+        # files changed but not yet settled: (as seen, first look (monotonic), first look (wall), filesystem stamp)
+        self._pending: tuple[Observed, float, float, float | None] | None = None
+        self._latencies: dict[int, dict[str, float | None]] = {}  # generation -> seconds to install it
         first = self._build(1, (), None)
         self._smoke(None, first)
         first.installed_at = time.time()
@@ -246,40 +251,64 @@ class RuleStore(Reloading):
         return decision if cache is gen.answers else self._count(gen, decision)
 
     def stats(self) -> dict[str, Any]:
-        """A metrics snapshot: the serving generation, the last reload problem, reloads by result, and per
-        generation the answers given with outcome error, invalid and unsupported (so an outage shows)."""
+        """A metrics snapshot: the serving generation, the last reload problem, reloads by result, per
+        generation the answers given with outcome error, invalid and unsupported (so an outage shows), and per
+        installed generation how long it took to serve: `seen_to_install` (from the first poll that saw its
+        files to the install) and `change_to_install` (from the filesystem's stamp of the change, so the wait
+        for that poll included; None where stamps are not trusted)."""
         gen = self._generation
         with self._stats_lock:
             answers = {n: dict(c) for n, c in self._failed_answers.items()}
             reloads = dict(self._reloads)
+            latencies = {n: dict(x) for n, x in self._latencies.items()}
         return {"generation": gen.number, "serving_since": gen.loaded_at, "last_error": self.last_error,
-                "manifest_version": gen.manifest_version, "reloads": reloads, "failed_answers": answers}
+                "manifest_version": gen.manifest_version, "reloads": reloads, "failed_answers": answers,
+                "reload_seconds": latencies}
 
 
     # ------------------------------------------------------------------ watching
     def watch(self, interval: float = POLL_INTERVAL) -> None:
-        """Poll for changed files every `interval` seconds in a daemon thread (idempotent)."""
-        if self._watcher is not None and self._watcher.is_alive():
+        """Poll for changed files every `interval` seconds in daemon threads (idempotent)."""
+        if self._watcher is not None and any(t.is_alive() for t in self._watcher):
             return
         self._stop.clear()
+        self._due = time.monotonic() + interval
 
         def loop() -> None:
-            while not self._stop.wait(interval):
+            # Polls start at most `interval` apart (start to start), made by whichever of WAKERS threads wakes
+            # first. Waking costs a wait for the GIL, long when threads select in tight loops (one of 9
+            # contenders, a handoff per switch interval, and now and then a far longer wait): each waker sets
+            # its timer that much early (the longest of its last 16 waits, at most 0.6 interval), and a poll
+            # needs only one of them in time, so one long wait does not make the poll late.
+            lateness = deque([0.0], maxlen=16)
+            while True:
+                lead = min(max(lateness), 0.6 * interval)
+                timer = self._due - lead
+                if self._stop.wait(max(0.0, timer - time.monotonic())):
+                    return
+                woke = time.monotonic()
+                lateness.append(max(0.0, woke - timer))
+                with self._wake_lock:
+                    if woke < self._due - 0.6 * interval:
+                        continue  # another waker polled meanwhile
+                    self._due = woke + interval
                 try:
                     self.poll()
                 except Exception:  # the watcher must outlive any surprise; the error is logged
                     log.exception("moe-oracle: rule watcher: unexpected error (still serving generation %d)",
                                   self._generation.number)
 
-        self._watcher = threading.Thread(target=loop, name="moe-oracle-rule-watcher", daemon=True)
-        self._watcher.start()
+        self._watcher = tuple(threading.Thread(target=loop, name=f"moe-oracle-rule-watcher-{k}", daemon=True)
+                              for k in range(WAKERS))
+        for t in self._watcher:
+            t.start()
 
     def close(self) -> None:
         """Stop watching and close the audit log."""
         self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
-            self._watcher = None
+        for t in self._watcher or ():
+            t.join(timeout=5)
+        self._watcher = None
         self.decisions.close()
 
     def __enter__(self) -> RuleStore:
