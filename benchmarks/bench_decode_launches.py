@@ -1,7 +1,8 @@
 """Decode latency (T = 1, 4, 16) of this project's layer: the top-k sum as its own launch (the reference) against
 the sum folded into GEMM2 (moe_forward(topk_sum=...)), A/B in the same run, plus the per-kernel split at T = 1 and
-a sweep of the T = 1 config's neighbours with the folded sum. Method as bench_matrix.py: whole layer with routing
-as a CUDA graph, L2 flushed before each replay, median of --iters replays (best of --rounds, A and B alternating).
+sweeps of configs around the T = 1 table configs (--sweeps, --sweep-topk-sum). Method as bench_matrix.py: whole
+layer with routing as a CUDA graph, L2 flushed before each replay, median of --iters replays (best of --rounds, A
+and B alternating).
 
     python benchmarks/bench_decode_launches.py --out benchmarks/results/<run> [--layers a,b] [--budget-s 150]
 
@@ -59,14 +60,24 @@ def profile_kernels(fn, flush, iters=10) -> list:
     return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
-def neighbours(base: tuning.MoEConfig) -> list:
-    """The T = 1 config's neighbours: split-K, column tile, warps of both GEMMs (fused split epilogue)."""
+#: (gemm1 split_k, gemm2 split_k, block_n, warps, stages) around the T = 1 configs: "neighbours" (split-K, column
+#: tile, warps), "in-flight" (more bytes in flight per program: wider tiles, more warps and stages at split 4).
+SWEEPS = {
+    "neighbours": ((2, 2, 64, 2, 3), (8, 4, 64, 2, 3), (4, 8, 64, 2, 3), (8, 8, 64, 2, 3), (4, 4, 32, 2, 3),
+                   (4, 4, 128, 4, 3), (4, 4, 64, 4, 3), (8, 8, 32, 2, 3), (2, 4, 32, 2, 3), (4, 2, 64, 2, 3)),
+    "in-flight": ((4, 4, 64, 2, 4), (4, 4, 64, 2, 5), (4, 4, 128, 4, 4), (4, 4, 128, 4, 5), (4, 4, 128, 8, 4),
+                  (4, 4, 256, 8, 3), (2, 2, 128, 4, 5), (2, 2, 256, 8, 4), (4, 2, 128, 4, 4), (4, 4, 128, 2, 4)),
+}
+
+
+def neighbours(base: tuning.MoEConfig, sweep: str) -> list:
+    """Configs of one SWEEPS list around the T = 1 config (fused split epilogue)."""
     out = []
-    for s1, s2, bn, warps in ((2, 2, 64, 2), (8, 4, 64, 2), (4, 8, 64, 2), (8, 8, 64, 2), (4, 4, 32, 2),
-                              (4, 4, 128, 4), (4, 4, 64, 4), (8, 8, 32, 2), (2, 4, 32, 2), (4, 2, 64, 2)):
-        g1 = dataclasses.replace(base.gemm1, split_k=s1, block_n=bn, num_warps=warps, split_epilogue="fused")
-        g2 = dataclasses.replace(base.gemm2, split_k=s2, block_n=bn, num_warps=warps)
-        out.append(tuning.MoEConfig(g1, g2, "neighbour"))
+    for s1, s2, bn, warps, stages in SWEEPS[sweep]:
+        g1 = dataclasses.replace(base.gemm1, split_k=s1, block_n=bn, num_warps=warps, num_stages=stages,
+                                 split_epilogue="fused")
+        g2 = dataclasses.replace(base.gemm2, split_k=s2, block_n=bn, num_warps=warps, num_stages=stages)
+        out.append(tuning.MoEConfig(g1, g2, sweep))
     return out
 
 
@@ -78,6 +89,8 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--budget-s", type=float, default=1e9, help="skip the sweep after this many seconds")
+    p.add_argument("--sweep-topk-sum", default="launch", choices=("launch", "fused"))
+    p.add_argument("--sweeps", default="neighbours", help=f"comma-separated subset of {','.join(SWEEPS)} ('' for none)")
     args = p.parse_args()
     start = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -142,17 +155,17 @@ def main() -> int:
             if tokens == 1:
                 setups[name] = (call, floor, config)
     for name, (call, floor, config) in setups.items():
-        for cand in neighbours(config):
+        for cand in [c for sweep in filter(None, args.sweeps.split(",")) for c in neighbours(config, sweep)]:
             if time.time() - start > args.budget_s:
                 print("budget reached: sweep cut", flush=True)
                 return 0
             try:
-                us = min(graph_us(functools.partial(call, config=cand, topk_sum="fused")) for _ in range(2))
-                emit(shape=name, tokens=1, variant="sweep fused", config=describe(cand), us=us, floor_us=floor,
-                     note="")
+                us = min(graph_us(functools.partial(call, config=cand, topk_sum=args.sweep_topk_sum)) for _ in range(2))
+                emit(shape=name, tokens=1, variant=f"sweep {cand.source}", config=describe(cand), us=us,
+                     floor_us=floor, note=f"top-k sum {args.sweep_topk_sum}")
             except Exception as exc:  # noqa: BLE001  a config that does not compile is a result
-                emit(shape=name, tokens=1, variant="sweep fused", config=describe(cand), us=None, floor_us=floor,
-                     note=f"failed: {type(exc).__name__}: {exc}"[:200])
+                emit(shape=name, tokens=1, variant=f"sweep {cand.source}", config=describe(cand), us=None,
+                     floor_us=floor, note=f"failed: {type(exc).__name__}: {exc}"[:200])
     return 0
 
 
