@@ -36,7 +36,7 @@ from backends.triton_moe import forward, tuning  # noqa: E402
 from backends.triton_moe.testing import SHAPES  # noqa: E402
 
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32", "gs_ptr": "*fp32", "bias_ptr": "*fp32",
-            "part_ptr": "*fp32", "ticket_ptr": "*i32", "route_w_ptr": "*fp32", "out_ptr": "*fp32",
+            "part_ptr": "*fp32", "ticket_ptr": "*i32", "route_w_ptr": "*fp32", "out_ptr": "*fp32", "y_ptr": "*bf16",
             "sorted_pair_ptr": "*i32", "block_expert_ptr": "*i32", "padded_total_ptr": "*i32"}
 
 
@@ -51,6 +51,8 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):
     consts.update(K=k_size, N=n, RETIRE_WGMMA=retire)
     if gemm == 1:
         consts.update(LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k, ACTIVATION=int(not nvfp4))
+    else:
+        consts.update(LAST_PAIR_SUMS=False, TOP_K=shape.top_k)
     signature = {name: "constexpr" if name in consts else POINTERS.get(name, "fp32" if name in ("alpha", "beta",
                  "limit") else "i32") for name in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)  # pointers and strides

@@ -364,9 +364,9 @@ def test_launch_refuses_tickets_sized_for_another_config():
     ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
     config = _config(2)  # gemm1 BLOCK_N = 32: I = 64 has 2 column tiles per row block
     al = _routing.align(ids, 4, 16, path="torch", tickets_per_block=1)
-    with pytest.raises(ValueError, match=r"holds 4 tickets but GEMM1 launches 8 tiles"):
+    with pytest.raises(ValueError, match=r"holds 4 tickets but GEMM1 launches 8 ticketed tiles"):
         forward._launch(_kernels, x, weights, al, torch.full((2, 2), 0.5), torch.empty_like(x), config, "silu",
-                        (1.702, 1.0, 7.0), False, False)
+                        (1.702, 1.0, 7.0), False, False, tickets_per_block=1)
 
 
 # --------------------------------------------------------------------------------------------

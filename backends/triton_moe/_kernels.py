@@ -586,15 +586,15 @@ def gemm1_split_epilogue_kernel(
 @triton.jit
 def _gemm2_tile(
     pid_m, pid_n, ROWS: tl.constexpr,
-    h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
+    h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr, ticket_ptr, y_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
-    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    USE_ASM: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
 ):
     """gemm2_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
@@ -617,25 +617,57 @@ def _gemm2_tile(
     out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     if SPLIT_K > 1:
         out_ptrs += tl.program_id(1) * stride_os
-    tl.store(out_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
+    ok = row_ok[:, None] & col_ok[None, :]
+    tl.store(out_ptrs, acc, mask=ok)
+    if LAST_PAIR_SUMS:
+        # every thread's rows are stored (CTA barrier) before each row draws its token's column-tile ticket (release
+        # at GPU scope); a row that draws TOP_K * SPLIT_K - 1 comes after all of that token's other slices of this
+        # column tile (acquire), so this program sums them: one launch fewer than topk_sum_kernel, the same bits.
+        # A row block holds one expert, hence each token at most once: no two programs sum the same token tile.
+        tl.debug_barrier()
+        token = pair // TOP_K
+        drawn = tl.atomic_add(ticket_ptr + token * tl.cdiv(N, BLOCK_N) + pid_n, 1, mask=row_ok, sem="acq_rel",
+                              scope="gpu")
+        last = row_ok & (drawn == TOP_K * SPLIT_K - 1)
+        if tl.max(last.to(tl.int32), axis=0) > 0:
+            tl.debug_barrier()
+            _topk_sum_store(out_ptr, y_ptr, token, offs_n, last[:, None] & col_ok[None, :], stride_om, stride_os,
+                            stride_ym, TOP_K, SPLIT_K, ROWS, BLOCK_N, DOT_FP32)
+
+
+@triton.jit
+def _topk_sum_store(pair_out_ptr, y_ptr, token, offs_n, ok, stride_pm, stride_ps, stride_ym, TOP_K: tl.constexpr,
+                    SPLIT_K: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
+    """y[token] = sum_j sum_s pair_out[s, token*k + j] for the rows in ok: topk_sum_kernel's order and rounding, bit
+    for bit (its own copy there, so that the tests comparing the two paths catch a change of order). Loads bypass L1
+    (.cg): other SMs wrote the slices during this launch."""
+    first = token.to(tl.int64) * TOP_K
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(pair_out_ptr + s * stride_ps + (first + j)[:, None] * stride_pm + offs_n[None, :], mask=ok,
+                           other=0.0, cache_modifier=".cg")
+    tl.store(y_ptr + token.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], _round_bf16(acc, INTERPRETED), mask=ok)
 
 
 @triton.jit
 def gemm2_kernel(
-    h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
+    h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr, ticket_ptr, y_ptr,
     sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
-    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
-    USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr,
+    USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
 
     SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] (bias in slice 0 only); the
-    top-k sum kernel adds the slices in fixed order.
+    top-k sum kernel adds the slices in fixed order. LAST_PAIR_SUMS: the program whose row draws the last of a
+    (token, column tile)'s TOP_K * SPLIT_K tickets (int32 [T * ceil(N / BLOCK_N)], zero at launch: the alignment
+    zeroes them) writes y[token] for that tile itself (_topk_sum_store), and no top-k sum launch follows.
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -646,16 +678,16 @@ def gemm2_kernel(
         half = real <= BLOCK_M // 2
     if half:
         _gemm2_tile(pid_m, pid_n, BLOCK_M // 2, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
-            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_hm, stride_we,
-            stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, SPLIT_K, K_SPLIT, EVEN_K, BLOCK_M,
-            BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA,
-            DOT_FP32, USE_ASM)
+            ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
+            stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
+            K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
+            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K)
     else:
         _gemm2_tile(pid_m, pid_n, BLOCK_M, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
-            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_hm, stride_we,
-            stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, SPLIT_K, K_SPLIT, EVEN_K, BLOCK_M,
-            BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA,
-            DOT_FP32, USE_ASM)
+            ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
+            stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
+            K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
+            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K)
 
 
 @triton.jit

@@ -62,10 +62,11 @@ class Alignment:
     sorted_pairs: int32 [num_blocks * BLOCK_M], pad entries hold num_pairs (masked by the kernels);
     block_expert: int32 [num_blocks], the expert of each row block (unused past padded_total);
     padded_total: int32 [1] on the device, rows in use (a multiple of BLOCK_M);
-    tickets: int32 [num_blocks * tickets_per_block] zeroes written by the alignment launch itself (None when
-    tickets_per_block = 0): the split-K GEMM1's per-tile counters of this call (_kernels.gemm1_act_kernel,
-    LAST_SLICE_ACTIVATES). Allocated per call like the other outputs, so every call, stream and CUDA-graph
-    replay gets zeroed tickets before its GEMM1, whatever an earlier (perhaps aborted) call left.
+    tickets: int32 [num_blocks * tickets_per_block + extra_tickets] zeroes written by the alignment launch itself
+    (None when both are 0): first the split-K GEMM1's per-tile counters of this call (_kernels.gemm1_act_kernel,
+    LAST_SLICE_ACTIVATES), then GEMM2's per-(token, column tile) counters (_kernels.gemm2_kernel, LAST_PAIR_SUMS).
+    Allocated per call like the other outputs, so every call, stream and CUDA-graph replay gets zeroed tickets
+    before its GEMMs, whatever an earlier (perhaps aborted) call left.
     """
 
     sorted_pairs: torch.Tensor
@@ -93,15 +94,16 @@ def align_path(num_pairs: int, have_kernels: bool = True) -> str:
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, path: str | None = None,
-          tickets_per_block: int = 0) -> Alignment:
+          tickets_per_block: int = 0, extra_tickets: int = 0) -> Alignment:
     """Counting sort of the pairs by expert, with per-expert padding to BLOCK_M; stable in pair order.
 
     With `kernels` (the Triton module): one launch for few pairs, two (histograms per chunk, then scatter)
     up to MULTI_ALIGN_PAIRS; otherwise a fixed sequence of torch ops. All give the same result without a
     host sync. path: force one of ALIGN_PATHS (tests, benchmarks). tickets_per_block: also return that many
-    zeroed tickets per row block (Alignment.tickets; GEMM1's column tiles per row block), zeroed in the same launch.
+    zeroed tickets per row block (Alignment.tickets; GEMM1's column tiles per row block), zeroed in the same launch;
+    extra_tickets: that many more after them (GEMM2's top-k sum tickets: T * its column tiles).
     """
-    _check_tickets_per_block("align", tickets_per_block)
+    _check_tickets_per_block("align", tickets_per_block, extra_tickets)
     num_pairs = topk_ids.numel()
     if path is None:
         path = align_path(num_pairs, kernels is not None)
@@ -110,30 +112,40 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, 
     if path != "torch" and (kernels is None or num_pairs == 0):
         raise ValueError(f"align: path={path!r} needs the Triton kernels module and at least one pair")
     if path == "one-program":
-        return _align_fused(topk_ids, num_experts, block_m, kernels, tickets_per_block)
+        return _align_fused(topk_ids, num_experts, block_m, kernels, (tickets_per_block, extra_tickets))
     if path == "multi-program":
-        return _align_multi(topk_ids, num_experts, block_m, kernels, tickets_per_block)
-    return _align_torch(topk_ids, num_experts, block_m, tickets_per_block)
+        return _align_multi(topk_ids, num_experts, block_m, kernels, (tickets_per_block, extra_tickets))
+    return _align_torch(topk_ids, num_experts, block_m, (tickets_per_block, extra_tickets))
 
 
-def _check_tickets_per_block(caller: str, tickets_per_block) -> None:
+def _check_tickets_per_block(caller: str, tickets_per_block, extra_tickets=0) -> None:
     if isinstance(tickets_per_block, bool) or not isinstance(tickets_per_block, int) or tickets_per_block < 0:
         raise ValueError(f"{caller}: tickets_per_block={tickets_per_block!r} must be an int >= 0 (GEMM1's column "
                          f"tiles per row block when its split-K slices activate in-kernel, else 0)")
+    if isinstance(extra_tickets, bool) or not isinstance(extra_tickets, int) or extra_tickets < 0:
+        raise ValueError(f"{caller}: extra_tickets={extra_tickets!r} must be an int >= 0 (GEMM2's top-k sum tickets, "
+                         f"T * its column tiles, when its last program per token tile sums the pairs, else 0)")
 
 
-def _empty_tickets(num_blocks: int, tickets_per_block: int, device) -> torch.Tensor | None:
+def _num_tickets(num_blocks: int, tickets) -> int:
+    """tickets = (per row block, extra): the ticket count an alignment zeroes."""
+    per_block, extra = tickets
+    return num_blocks * per_block + extra
+
+
+def _empty_tickets(num_blocks: int, tickets, device) -> torch.Tensor | None:
     """The uninitialized ticket buffer an alignment kernel zeroes (None for none)."""
-    if not tickets_per_block:
+    count = _num_tickets(num_blocks, tickets)
+    if not count:
         return None
-    return torch.empty(num_blocks * tickets_per_block, dtype=torch.int32, device=device)
+    return torch.empty(count, dtype=torch.int32, device=device)
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _align_fused(topk_ids, num_experts, block_m, kernels, tickets_per_block=0, routing=None) -> Alignment:
+def _align_fused(topk_ids, num_experts, block_m, kernels, tickets=(0, 0), routing=None) -> Alignment:
     """One launch; routing = (router_logits, top_k, renormalize, route_weights): route first, in the same program,
     writing topk_ids (int32 [T, k]) and route_weights (fp32 [T, k])."""
     device = topk_ids.device
@@ -144,7 +156,7 @@ def _align_fused(topk_ids, num_experts, block_m, kernels, tickets_per_block=0, r
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
     padded_total = torch.empty(1, dtype=torch.int32, device=device)
     scratch = torch.empty(2 * e_block, dtype=torch.int32, device=device)
-    tickets = _empty_tickets(num_blocks, tickets_per_block, device)
+    tickets = _empty_tickets(num_blocks, tickets, device)
     logits, top_k, renormalize, route_weights = routing or (scratch, 1, True, scratch)
     kernels.align_small_kernel[(1,)](
         topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch,
@@ -165,11 +177,12 @@ ROUTE_IN_ALIGN_LOGITS = _ARCH.route_in_align_logits
 
 
 def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int, block_m: int,
-                    kernels, tickets_per_block: int = 0):
+                    kernels, tickets_per_block: int = 0, extra_tickets: int = 0):
     """(topk_ids int32 [T, k], topk_weights fp32 [T, k], Alignment) in one launch: `route` then `align`, with
     route's selection and formulas, for T >= 1 with T * E <= 4096 (one program holds the logits; by default
-    only T * E <= ROUTE_IN_ALIGN_LOGITS takes this path: see there). tickets_per_block: as in `align`."""
-    _check_tickets_per_block("route_and_align", tickets_per_block)
+    only T * E <= ROUTE_IN_ALIGN_LOGITS takes this path: see there). tickets_per_block, extra_tickets: as in
+    `align`."""
+    _check_tickets_per_block("route_and_align", tickets_per_block, extra_tickets)
     tokens = router_logits.shape[0]
     if not 1 <= tokens or tokens * num_experts > 4096:
         raise ValueError(f"route_and_align: T={tokens} with E={num_experts} must have 1 <= T and T * E <= 4096; "
@@ -177,11 +190,12 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
     logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    al = _align_fused(ids, num_experts, block_m, kernels, tickets_per_block, (logits, top_k, renormalize, weights))
+    al = _align_fused(ids, num_experts, block_m, kernels, (tickets_per_block, extra_tickets),
+                      (logits, top_k, renormalize, weights))
     return ids, weights, al
 
 
-def _align_multi(topk_ids, num_experts, block_m, kernels, tickets_per_block=0) -> Alignment:
+def _align_multi(topk_ids, num_experts, block_m, kernels, tickets=(0, 0)) -> Alignment:
     device = topk_ids.device
     num_pairs = topk_ids.numel()
     num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
@@ -193,7 +207,7 @@ def _align_multi(topk_ids, num_experts, block_m, kernels, tickets_per_block=0) -
     padded_total = torch.empty(1, dtype=torch.int32, device=device)
     counts = torch.empty(num_chunks, e_block, dtype=torch.int32, device=device)
     scratch = torch.empty(num_chunks, e_block, dtype=torch.int32, device=device)
-    tickets = _empty_tickets(num_blocks, tickets_per_block, device)
+    tickets = _empty_tickets(num_blocks, tickets, device)
     num_tickets = 0 if tickets is None else tickets.numel()
     rows = num_blocks * block_m
     kernels.align_count_kernel[(num_chunks,)](
@@ -208,7 +222,7 @@ def _align_multi(topk_ids, num_experts, block_m, kernels, tickets_per_block=0) -
     return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m, tickets)
 
 
-def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, tickets_per_block: int = 0) -> Alignment:
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, tickets=(0, 0)) -> Alignment:
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     num_pairs = flat.numel()
@@ -228,6 +242,6 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, tickets
     block_start = torch.arange(num_blocks, device=device, dtype=torch.int64) * block_m
     block_expert = torch.searchsorted(padded_end, block_start, right=True).clamp_(max=num_experts - 1)
     padded_total = padded_end[-1:].to(torch.int32)
-    tickets = (torch.zeros(num_blocks * tickets_per_block, dtype=torch.int32, device=device) if tickets_per_block
-               else None)
+    count = _num_tickets(num_blocks, tickets)
+    tickets = torch.zeros(count, dtype=torch.int32, device=device) if count else None
     return Alignment(sorted_pairs, block_expert.to(torch.int32), padded_total, num_blocks, block_m, tickets)

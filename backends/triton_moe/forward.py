@@ -9,6 +9,8 @@
                     epilogue launch: SPLIT_EPILOGUE_ENV / split_epilogue=)
       4. GEMM2      FP4 in registers, bias, router weight, one row per pair         _kernels.gemm2_kernel
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
+                    (or by the GEMM2 program that stores a token tile's last pair slice, on tickets the
+                    alignment zeroed: TOPK_SUM_ENV / topk_sum=)
 Tiles come from tuning.select_config (a measured table entry, else heuristics from the rows per expert); a
 config's split_k > 1 splits a GEMM's K loop over programs (decode), the slices summed in a fixed order afterwards.
 No atomics on data (a split-K tile's slices only count themselves in on a ticket the alignment launch zeroed):
@@ -43,6 +45,17 @@ _FN = "backends.triton_moe.moe_forward"
 SPLIT_EPILOGUES = ("fused", "launch")
 SPLIT_EPILOGUE_ENV = "MOE_ORACLE_TRITON_SPLIT_EPILOGUE"
 DEFAULT_SPLIT_EPILOGUE = "launch"
+
+#: Who sums a token's k pair rows (times GEMM2's split-K slices) into y, same bits either way: "fused" - the GEMM2
+#: program whose row draws the last of the (token, column tile)'s k * split_k tickets (the alignment zeroes
+#: T * ceil(H / gemm2.block_n) more tickets; one launch fewer); "launch" - topk_sum_kernel (the reference, and the
+#: A/B baseline). moe_forward's topk_sum= wins over this environment variable, which wins over DEFAULT_TOPK_SUM:
+#: "launch", because on an H100 at T = 1 the fused sum measured no faster on gpt-oss-120b (47.2 vs 47.5 µs) and
+#: slower on DeepSeek-V3 (101.8 vs 97.6 µs): the saved launch (~2 µs) goes into GEMM2's per-row ticket atomics and
+#: the summing program's dependent L2 loads (benchmarks/results/t1-h100-2026-11-26/).
+TOPK_SUMS = ("fused", "launch")
+TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
+DEFAULT_TOPK_SUM = "launch"
 
 
 def _fail(kind, message: str):
@@ -169,13 +182,15 @@ def moe_forward(
     deterministic: bool = False,
     config: tuning.MoEConfig | None = None,
     split_epilogue: str | None = None,
+    topk_sum: str | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]); same contract as the emulation.
 
     deterministic: accepted for the rules' sake; no atomics touch data, so runs are always bit-identical.
     config: override the tuned launch config (benchmark sweeps). split_epilogue: "fused" or "launch", where a
     split-K GEMM1 sums its slices (SPLIT_EPILOGUES; None: $MOE_ORACLE_TRITON_SPLIT_EPILOGUE, else the config's
-    gemm1.split_epilogue, else DEFAULT_SPLIT_EPILOGUE).
+    gemm1.split_epilogue, else DEFAULT_SPLIT_EPILOGUE). topk_sum: "fused" or "launch", who sums the k pairs (TOPK_SUMS;
+    None: $MOE_ORACLE_TRITON_TOPK_SUM, else DEFAULT_TOPK_SUM).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -184,7 +199,10 @@ def moe_forward(
               f"TritonMoEWeights view), got {type(weights).__name__}; convert the checkpoint once with it")
     _check_weights(weights)
     _check_inputs(x, weights, activation)
-    forced_epilogue = _forced_split_epilogue(split_epilogue)
+    forced_epilogue = _forced_choice("split_epilogue", split_epilogue, SPLIT_EPILOGUES, SPLIT_EPILOGUE_ENV,
+                                     "the config's gemm1.split_epilogue")
+    forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
+                                     f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
               f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
@@ -206,29 +224,30 @@ def moe_forward(
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
     # the fused split epilogue's tile tickets (one per GEMM1 column tile of each row block), zeroed by the alignment
     tickets_per_block = _cdiv(inter, c1.block_n) if fused_epilogue and c1.split_k > 1 else 0
+    fused_topk_sum = (forced_topk_sum or DEFAULT_TOPK_SUM) == "fused"
+    sum_tickets = tokens * _cdiv(hidden, config.gemm2.block_n) if fused_topk_sum else 0
     if ids is None:  # decode with router logits: routing and alignment in one launch
         ids, route_w, al = route_and_align(router_logits, k, renormalize, experts, c1.block_m, kernels,
-                                           tickets_per_block)
+                                           tickets_per_block, sum_tickets)
     else:
-        al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block)
+        al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block, extra_tickets=sum_tickets)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
-            _scales_fold(weights))
+            _scales_fold(weights), tickets_per_block, sum_tickets)
     return out
 
 
-def _forced_split_epilogue(choice: str | None) -> str | None:
-    """The split-K GEMM1 epilogue the caller forces (one of SPLIT_EPILOGUES): the argument, else the environment,
-    else None (the config decides); an unknown value of either is an error, never a fallback."""
+def _forced_choice(arg: str, choice: str | None, choices: tuple, env: str, otherwise: str) -> str | None:
+    """The path the caller forces (one of choices): the argument, else the environment variable, else None (then
+    `otherwise` decides); an unknown value of either is an error, never a fallback."""
     if choice is not None:
-        if choice not in SPLIT_EPILOGUES:
-            _fail(ValueError, f"split_epilogue={choice!r} must be one of {SPLIT_EPILOGUES} or None (then "
-                  f"${SPLIT_EPILOGUE_ENV}, else the config's gemm1.split_epilogue)")
+        if choice not in choices:
+            _fail(ValueError, f"{arg}={choice!r} must be one of {choices} or None (then ${env}, else {otherwise})")
         return choice
-    from_env = os.environ.get(SPLIT_EPILOGUE_ENV)
-    if from_env is not None and from_env not in SPLIT_EPILOGUES:
-        _fail(ValueError, f"environment variable {SPLIT_EPILOGUE_ENV}={from_env!r} must be one of {SPLIT_EPILOGUES}; "
-              f"set one of them or unset it (then the config's gemm1.split_epilogue decides)")
+    from_env = os.environ.get(env)
+    if from_env is not None and from_env not in choices:
+        _fail(ValueError, f"environment variable {env}={from_env!r} must be one of {choices}; "
+              f"set one of them or unset it (then {otherwise} decides)")
     return from_env
 
 
@@ -259,10 +278,13 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
     return verdict
 
 
-def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded):
+def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded,
+            tickets_per_block=0, sum_tickets=0):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids. A split-K GEMM1
-    sums its fp32 slices in fixed order and activates either in the tile's last slice program (al.tickets: the
-    alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
+    sums its fp32 slices in fixed order and activates either in the tile's last slice program (tickets_per_block:
+    the alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
+    Likewise GEMM2 sums each token's pair slices in the program that stores a token tile's last one (sum_tickets:
+    the alignment zeroed them after GEMM1's), or topk_sum_kernel does.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
     because every GEMM2 column program re-reads the fp32 slices.)"""
     tokens, hidden = x.shape
@@ -284,11 +306,15 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
     tiles = al.num_blocks * _cdiv(inter, c1.block_n)
-    last_slice_activates = c1.split_k > 1 and al.tickets is not None
-    if last_slice_activates and al.tickets.numel() != tiles:  # the alignment was sized for another config
-        _fail(ValueError, f"the alignment holds {al.tickets.numel()} tickets but GEMM1 launches {tiles} tiles; "
-              f"align with tickets_per_block = ceil(I / gemm1.block_n) of the config that launches")
-    tickets = al.tickets if last_slice_activates else al.padded_total  # any int32 tensor when unused (never read)
+    last_slice_activates = c1.split_k > 1 and tickets_per_block > 0
+    gemm1_tickets = tiles if last_slice_activates else 0
+    held = 0 if al.tickets is None else al.tickets.numel()
+    if held != gemm1_tickets + sum_tickets:  # the alignment was sized for another config
+        _fail(ValueError, f"the alignment holds {held} tickets but GEMM1 launches {gemm1_tickets} ticketed tiles and "
+              f"GEMM2 sums on {sum_tickets}; align with tickets_per_block = ceil(I / gemm1.block_n) (0 without the "
+              f"fused split epilogue) and extra_tickets = T * ceil(H / gemm2.block_n) (0 without the fused top-k sum)")
+    unused_int = al.padded_total  # any int32 tensor when unused (never read)
+    tickets = al.tickets[:tiles] if last_slice_activates else unused_int
     kernels.gemm1_act_kernel[(tiles, c1.split_k)](
         x, weights.w13, weights.w13_scale, gs13, b13, h, part, tickets,
         al.sorted_pairs, al.block_expert, al.padded_total,
@@ -309,16 +335,21 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
             HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, num_warps=4,
         )
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
+    last_pair_sums = sum_tickets > 0
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
         h, weights.w2, weights.w2_scale, gs2, b2, route_w, pair_out,
+        al.tickets[gemm1_tickets:] if last_pair_sums else unused_int, out,
         al.sorted_pairs, al.block_expert, al.padded_total,
         num_pairs, al.num_blocks, inter, hidden,
         h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
-        weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
+        weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), out.stride(0),
         **gemm_constexprs(2, c2, k_size=inter, nvfp4=nvfp4, wgmma=wgmma2, interpreted=interpreted, folded=folded,
                           has_bias=weights.w2_bias is not None),
+        LAST_PAIR_SUMS=last_pair_sums, TOP_K=k,
         num_warps=c2.num_warps, num_stages=c2.num_stages, maxnreg=c2.maxnreg,
     )
+    if last_pair_sums:
+        return
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, _cdiv(hidden, sum_block))](
         pair_out, out, hidden, pair_out.stride(1), out.stride(0), pair_out.stride(0), TOP_K=k,
