@@ -381,12 +381,91 @@ def _row_factor(r_ptrs, ok, NEEDED: tl.constexpr):
 
 
 @triton.jit
-def _quant_act(lo, hi, a_inv, A_QUANT: tl.constexpr, INTERPRETED: tl.constexpr):
-    """GEMM1's activation operand: A_QUANT 1 (static per-tensor FP8) e4m3(clamp(x * (1 / a1), +-448)) as the tile
-    is loaded (no pass over x before GEMM1); 0: as loaded."""
+def _mx_exp(amax):
+    """MXFP8 block exponent of a block's fp32 amax: floor(log2(amax)) - 8 (E4M3's emax), clamped to [-127, 127], as
+    formats.quantize_mxfp8 (the exponent field; 0 and subnormals count as -127)."""
+    return tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 135, -127), 127)
+
+
+@triton.jit
+def _pow2_from_m127(e):
+    """2^e as fp32 for int32 e in [-127, 126] (2^-127 is subnormal: built as 2^(e+1) / 2, exact)."""
+    return _pow2(e + 1) * 0.5
+
+
+@triton.jit
+def _rescale_groups(t, shift, INTERPRETED: tl.constexpr):
+    """[ROWS, G * 32] E4M3 values, each 32-column group times 2^shift[row, group] (shift <= 0; below -126 every
+    value rounds to 0 anyway), rounded to E4M3: the per-row rebase of MXFP8 data."""
+    ROWS: tl.constexpr = t.shape[0]
+    COLS: tl.constexpr = t.shape[1]
+    g = tl.reshape(t.to(tl.float32), (ROWS, COLS // 32, 32))
+    g = g * _pow2(tl.maximum(shift, -126))[:, :, None]
+    return tl.reshape(_to_e4m3(g, INTERPRETED), (ROWS, COLS))
+
+
+@triton.jit
+def _mx_quant_rebased(t, ra, INTERPRETED: tl.constexpr):
+    """[ROWS, G * 32] activations (any float) -> the W4A8 'mxfp8' operand: each 32-column group (one MX block, in
+    either K order: the stored order permutes within 16-column runs) quantized to MXFP8 (E4M3 of t / 2^se), then
+    rebased to the row's exponent ra [ROWS] (formats.mxfp8_row_rebased)."""
+    ROWS: tl.constexpr = t.shape[0]
+    COLS: tl.constexpr = t.shape[1]
+    g = tl.reshape(t.to(tl.float32), (ROWS, COLS // 32, 32))
+    se = _mx_exp(tl.max(tl.abs(g), axis=2))
+    elem = _to_e4m3(g * _pow2(-se)[:, :, None], INTERPRETED)
+    return _rescale_groups(tl.reshape(elem, (ROWS, COLS)), se - ra[:, None], INTERPRETED)
+
+
+@triton.jit
+def _row_mx_exp(x_rows, row_ok, K: tl.constexpr):
+    """ra [ROWS]: the largest MXFP8 block exponent of each activation row (= _mx_exp of the row's amax), the GEMM1
+    prologue of act_quant 'mxfp8': one read of the tile's rows of x."""
+    CHUNK: tl.constexpr = 256
+    ROWS: tl.constexpr = x_rows.shape[0]
+    amax = tl.zeros((ROWS,), dtype=tl.float32)
+    for c0 in range(0, K, CHUNK):
+        cols = c0 + tl.arange(0, CHUNK)
+        v = tl.load(x_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(v.to(tl.float32)), axis=1))
+    return _mx_exp(amax)
+
+
+@triton.jit
+def _row_scale_max(hs_rows, row_ok, NB: tl.constexpr):
+    """ra [ROWS]: the largest E8M0 exponent among a row's NB block scales of h (GEMM2's prologue, act_quant
+    'mxfp8'; the scales come from GEMM1's epilogue)."""
+    CHUNK: tl.constexpr = 64
+    ROWS: tl.constexpr = hs_rows.shape[0]
+    top = tl.zeros((ROWS,), dtype=tl.int32)
+    for c0 in range(0, NB, CHUNK):
+        cols = c0 + tl.arange(0, CHUNK)
+        b = tl.load(hs_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < NB)[None, :], other=0)
+        top = tl.maximum(top, tl.max(b.to(tl.int32), axis=1))
+    return top - 127
+
+
+@triton.jit
+def _quant_act(lo, hi, a_inv, A_QUANT: tl.constexpr, INTERPRETED: tl.constexpr, ra=0, hs_rows=None, k0=0,
+               row_ok=None, K: tl.constexpr = 0):
+    """The activation operand of a W4A8 dot, from the tile as loaded (no pass over the activations before):
+    A_QUANT 1 (GEMM1, static per-tensor) e4m3(clamp(x * (1 / a1), +-448)); 2 (GEMM1, mxfp8) MXFP8 of x rebased to
+    the row's exponent ra; 3 (GEMM2, mxfp8) the stored MXFP8 h (E4M3 codes, E8M0 bytes at hs_rows) rebased to ra;
+    0: as loaded (W4A16, and GEMM2's static E4M3 h)."""
     if A_QUANT == 1:
         lo = _to_e4m3(lo.to(tl.float32) * a_inv, INTERPRETED)
         hi = _to_e4m3(hi.to(tl.float32) * a_inv, INTERPRETED)
+    elif A_QUANT == 2:
+        lo = _mx_quant_rebased(lo, ra, INTERPRETED)
+        hi = _mx_quant_rebased(hi, ra, INTERPRETED)
+    elif A_QUANT == 3:  # low half: the step's even 32-blocks (k0 / 32 + 2j), high half: the odd ones
+        NBH: tl.constexpr = lo.shape[1] // 32
+        blk = k0 // 32 + 2 * tl.arange(0, NBH)
+        ok = row_ok[:, None] & (blk < K // 32)[None, :]
+        s_lo = tl.load(hs_rows[:, None] + blk[None, :], mask=ok, other=0).to(tl.int32) - 127
+        s_hi = tl.load(hs_rows[:, None] + (blk + 1)[None, :], mask=ok, other=0).to(tl.int32) - 127
+        lo = _rescale_groups(lo, s_lo - ra[:, None], INTERPRETED)
+        hi = _rescale_groups(hi, s_hi - ra[:, None], INTERPRETED)
     return lo, hi
 
 
@@ -419,14 +498,14 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
                   NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
                   STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
                   USE_ASM: tl.constexpr, FP8: tl.constexpr = False, A_QUANT: tl.constexpr = 0, a_inv=1.0,
-                  row_factor=1.0):
+                  row_factor=1.0, ra=0, hs_rows=None):
     """fp32 [BLOCK_M, ROWS]: the activation rows times ROWS weight rows over this program's K slice, one weight tile
     per step (GEMM2, and GEMM1 with its gate and up rows stacked). FP8: E4M3 operands (_weight_tile, _quant_act)."""
     acc = _zero_acc(BLOCK_M, ROWS, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
         a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
-        a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, A_QUANT, DOT_FP32)
+        a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, A_QUANT, DOT_FP32, ra, hs_rows, k0, row_ok, K)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_ok, K, BLOCK_K,
                                   SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
                                   FP8, row_factor)
@@ -440,14 +519,17 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr = 0, rexp_ptr=None,
-               stride_re=0, qscale_ptr=None):
+               stride_re=0, qscale_ptr=None, hs_ptr=None, stride_hsm=0):
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
 
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
-    global scale; h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand."""
+    global scale; h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand. ACT_QUANT 2
+    (mxfp8; the rows' 2^ra already applied): h stored as MXFP8, E4M3 codes and one E8M0 byte per 32 columns (hs)."""
     if ACT_QUANT != 0:
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
-        a1 = tl.load(qscale_ptr)
+        a1 = 1.0
+        if ACT_QUANT == 1:
+            a1 = tl.load(qscale_ptr)
         acc_g = acc_g * (_pow2(tl.load(r_ptrs, mask=col_ok, other=0)) * a1)[None, :]
         acc_u = acc_u * (_pow2(tl.load(r_ptrs + N, mask=col_ok, other=0)) * a1)[None, :]
         if NVFP4:
@@ -471,6 +553,16 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
     if ACT_QUANT == 1:
         tl.store(h_ptrs, _to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float8e4nv), mask=store_ok)
+    elif ACT_QUANT == 2:
+        ROWS: tl.constexpr = h.shape[0]
+        COLS: tl.constexpr = h.shape[1]
+        g = tl.reshape(h, (ROWS, COLS // 32, 32))
+        se = _mx_exp(tl.max(tl.abs(g), axis=2))
+        elem = tl.reshape(_to_e4m3(g * _pow2(-se)[:, :, None], INTERPRETED), (ROWS, COLS))
+        tl.store(h_ptrs, elem.to(tl.float8e4nv), mask=store_ok)
+        blk = tl.max(tl.reshape(offs_n, (COLS // 32, 32)), axis=1) // 32
+        tl.store(hs_ptr + offs_m.to(tl.int64)[:, None] * stride_hsm + blk[None, :], (se + 127).to(tl.uint8),
+                 mask=(blk < N // 32)[None, :])
     else:
         tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
 
@@ -525,7 +617,7 @@ def _gemm1_tile(
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
-    ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr,
+    ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm,
 ):
     """gemm1_act_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
@@ -535,6 +627,9 @@ def _gemm1_tile(
     a_inv = 1.0
     if ACT_QUANT == 1:
         a_inv = tl.load(qscale_ptr + 1)
+    ra = 0
+    if ACT_QUANT == 2:
+        ra = _row_mx_exp(x_rows, row_ok, K)
     if STACK_GATE_UP:
         # one [2 * BLOCK_N]-row weight tile: the tile's gate rows, then its up rows (one dot per half-step)
         r = tl.arange(0, 2 * BLOCK_N)
@@ -545,7 +640,7 @@ def _gemm1_tile(
         row_factor = _row_factor(rexp_ptr + expert * stride_re + w_row, w_col < N, FP8 and NVFP4)
         acc = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, ROWS,
                             2 * BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER,
-                            RETIRE_WGMMA, DOT_FP32, USE_ASM, FP8, ACT_QUANT, a_inv, row_factor)
+                            RETIRE_WGMMA, DOT_FP32, USE_ASM, FP8, ACT_QUANT, a_inv, row_factor, ra)
         acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
     else:
         wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
@@ -559,7 +654,7 @@ def _gemm1_tile(
         for k_step in range(0, K_SPLIT, BLOCK_K):
             k0 = k_base + k_step
             a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
-            a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, ACT_QUANT, DOT_FP32)
+            a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, ACT_QUANT, DOT_FP32, ra)
             g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
                                       SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
                                       FP8, g_factor)
@@ -571,10 +666,13 @@ def _gemm1_tile(
         if SWAP_AB:
             acc_g = tl.trans(acc_g)
             acc_u = tl.trans(acc_u)
+    if ACT_QUANT == 2:  # the rows' 2^ra, exact, before any split-K slice is stored
+        acc_g = acc_g * _pow2_from_m127(ra)[:, None]
+        acc_u = acc_u * _pow2_from_m127(ra)[:, None]
     if SPLIT_K == 1:
         _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
                    stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
-                   rexp_ptr, stride_re, qscale_ptr)
+                   rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
     else:
         p_ptrs = (part_ptr + tl.program_id(1) * stride_ps + offs_m.to(tl.int64)[:, None] * stride_pm
                   + offs_n[None, :])
@@ -590,15 +688,16 @@ def _gemm1_tile(
                                                ok, stride_ps, N, SPLIT_K, ROWS, BLOCK_N)
                 _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
                            stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
-                           rexp_ptr, stride_re, qscale_ptr)
+                           rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
 
 
 @triton.jit
 def gemm1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
-    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, hs_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
     stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, stride_re,
+    stride_hsm,
     alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     LAST_SLICE_ACTIVATES: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -631,14 +730,14 @@ def gemm1_act_kernel(
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
-            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr)
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
     else:
         _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
-            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr)
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
 
 
 
@@ -659,7 +758,8 @@ def _last_slice_sum(p_ptrs, ok, stride_ps, N: tl.constexpr, SPLIT_K: tl.constexp
 @triton.jit
 def gemm1_split_epilogue_kernel(
     part_ptr, gs_ptr, bias_ptr, h_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr,
-    num_pairs, N: tl.constexpr, stride_ps, stride_pm, stride_be, stride_hm, stride_re, alpha, beta, limit,
+    hs_ptr, num_pairs, N: tl.constexpr, stride_ps, stride_pm, stride_be, stride_hm, stride_re, stride_hsm, alpha, beta,
+    limit,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NVFP4: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
 ):
@@ -681,7 +781,7 @@ def gemm1_split_epilogue_kernel(
         acc_u += tl.load(p_ptrs + s * stride_ps + N, mask=ok, other=0.0)
     _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
                stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT,
-               rexp_ptr, stride_re, qscale_ptr)
+               rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
 
 
 @triton.jit
@@ -695,7 +795,7 @@ def _gemm2_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
-    USE_ASM: tl.constexpr, ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr,
+    USE_ASM: tl.constexpr, ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm,
 ):
     """gemm2_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
@@ -705,11 +805,22 @@ def _gemm2_tile(
     s_ptrs = s_ptr + expert * stride_se + offs_n
     FP8: tl.constexpr = ACT_QUANT != 0
     r_ptrs = rexp_ptr + expert * stride_re + offs_n
+    hs_rows = hs_ptr + offs_m.to(tl.int64) * stride_hsm
+    ra = 0
+    if ACT_QUANT == 2:
+        ra = _row_scale_max(hs_rows, row_ok, K // 32)
     acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, ROWS, BLOCK_N,
                         BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32,
-                        USE_ASM, FP8, 0, 1.0, _row_factor(r_ptrs, col_ok, FP8 and NVFP4))
-    if FP8:  # the FP8 dots' sums times 2^r of each weight row, the input scale a2 (qscale[2]), the global scale
-        acc = acc * (_pow2(tl.load(r_ptrs, mask=col_ok, other=0)) * tl.load(qscale_ptr + 2))[None, :]
+                        USE_ASM, FP8, 3 if ACT_QUANT == 2 else 0, 1.0, _row_factor(r_ptrs, col_ok, FP8 and NVFP4),
+                        ra, hs_rows)
+    if FP8:  # the FP8 dots' sums times 2^r of each weight row, the input scale (a2 = qscale[2], or the rows' 2^ra),
+        # the global scale
+        a2 = 1.0
+        if ACT_QUANT == 1:
+            a2 = tl.load(qscale_ptr + 2)
+        acc = acc * (_pow2(tl.load(r_ptrs, mask=col_ok, other=0)) * a2)[None, :]
+        if ACT_QUANT == 2:
+            acc = acc * _pow2_from_m127(ra)[:, None]
         if NVFP4:
             acc = acc / tl.load(gs_ptr + expert)
     elif NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
@@ -730,9 +841,9 @@ def _gemm2_tile(
 @triton.jit
 def gemm2_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
-    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, hs_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
-    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_re,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_re, stride_hsm,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -757,13 +868,13 @@ def gemm2_kernel(
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_hm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, SPLIT_K, K_SPLIT, EVEN_K, BLOCK_M,
             BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA,
-            DOT_FP32, USE_ASM, ACT_QUANT, rexp_ptr, stride_re, qscale_ptr)
+            DOT_FP32, USE_ASM, ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
     else:
         _gemm2_tile(pid_m, pid_n, BLOCK_M, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_hm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, SPLIT_K, K_SPLIT, EVEN_K, BLOCK_M,
             BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA,
-            DOT_FP32, USE_ASM, ACT_QUANT, rexp_ptr, stride_re, qscale_ptr)
+            DOT_FP32, USE_ASM, ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
 
 
 @triton.jit

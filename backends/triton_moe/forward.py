@@ -262,9 +262,6 @@ def _check_act_quant(x, act_quant, a1_scale, a2_scale):
         _fail(ValueError, f"act_quant={act_quant!r} needs FP8 tensor cores (compute capability >= 8.9); "
               f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}: "
               f"use act_quant=None")
-    if act_quant == "mxfp8":
-        _fail(NotImplementedError, "act_quant='mxfp8' is not implemented in these kernels yet; use "
-              "act_quant='fp8_per_tensor_static' or the EMULATION backend (emulation.moe_forward(fp8_operands=True))")
     if not static:
         return None
     a1, a2 = a1_scale.reshape(1), a2_scale.reshape(1)
@@ -377,6 +374,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
     h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant else torch.bfloat16, device=x.device)
+    # mxfp8: h's E8M0 block scales, one per 32 columns, written by GEMM1's epilogue
+    hs = torch.empty(rows, inter // 32, dtype=torch.uint8, device=x.device) if act_quant == 2 else al.padded_total
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
@@ -388,10 +387,10 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     tickets = al.tickets if last_slice_activates else al.padded_total  # any int32 tensor when unused (never read)
     kernels.gemm1_act_kernel[(tiles, c1.split_k)](
         x, weights.w13, s13, gs13, b13, h, part, tickets,
-        al.sorted_pairs, al.block_expert, al.padded_total, r13, qs,
+        al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, hs,
         num_pairs, al.num_blocks, hidden, inter,
         x.stride(0), weights.w13.stride(0), weights.w13.stride(1), s13.stride(0),
-        s13.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), stride_r13, *swiglu,
+        s13.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), stride_r13, hs.stride(0), *swiglu,
         **gemm_constexprs(1, c1, k_size=hidden, nvfp4=nvfp4, wgmma=wgmma1, interpreted=interpreted, folded=folded,
                           has_bias=weights.w13_bias is not None),
         LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id, ACT_QUANT=act_quant,
@@ -400,18 +399,18 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     if c1.split_k > 1 and not last_slice_activates:
         epi_n = 256
         kernels.gemm1_split_epilogue_kernel[(al.num_blocks, _cdiv(inter, epi_n))](
-            part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, num_pairs, inter,
-            part.stride(0), part.stride(1), b13.stride(0), h.stride(0), stride_r13, *swiglu,
+            part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, hs, num_pairs, inter,
+            part.stride(0), part.stride(1), b13.stride(0), h.stride(0), stride_r13, hs.stride(0), *swiglu,
             SPLIT_K=c1.split_k, BLOCK_M=c1.block_m, BLOCK_N=epi_n, NVFP4=nvfp4, ACTIVATION=act_id,
             HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, ACT_QUANT=act_quant, num_warps=4,
         )
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
         h, weights.w2, s2, gs2, b2, route_w, pair_out,
-        al.sorted_pairs, al.block_expert, al.padded_total, r2, qs,
+        al.sorted_pairs, al.block_expert, al.padded_total, r2, qs, hs,
         num_pairs, al.num_blocks, inter, hidden,
         h.stride(0), weights.w2.stride(0), weights.w2.stride(1), s2.stride(0),
-        s2.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), stride_r2,
+        s2.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), stride_r2, hs.stride(0),
         **gemm_constexprs(2, c2, k_size=inter, nvfp4=nvfp4, wgmma=wgmma2, interpreted=interpreted, folded=folded,
                           has_bias=weights.w2_bias is not None),
         ACT_QUANT=act_quant, num_warps=c2.num_warps, num_stages=c2.num_stages, maxnreg=c2.maxnreg,
