@@ -267,7 +267,7 @@ def moe_forward(
     fp8_operands=True: the W4A8 numerics of backends.triton_moe (act_quant), both GEMMs as FP8 tensor-core dots
     with fp32 sums. Weights (mxfp4/nvfp4): per expert and output row n, r = ceil(log2(max_k |W[n, k]| / 448)) (0 for
     a zero row; W without the NVFP4 global scale), the operand e4m3_rn(W * 2^-r) (exact for MXFP4 rows spanning
-    <= 13 binades, rounded for NVFP4), the result times 2^r (and / global scale). Inputs: each GEMM's scheme must
+    <= 14 binades, rounded for NVFP4), the result times 2^r (and / global scale). Inputs: each GEMM's scheme must
     be 'fp8_per_tensor_static' (e4m3(clamp(x / a, +-448)) * a, as without fp8_operands) or 'mxfp8' (MXFP8, then
     each row rebased to its largest block exponent ra: e4m3_rn(x_mx * 2^-ra) * 2^ra, formats.mxfp8_row_rebased).
     """

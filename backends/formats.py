@@ -701,8 +701,8 @@ def rebase_rows_to_e4m3(w: torch.Tensor):
     """w [..., K] float -> (w8 = e4m3_rn(w * 2^-r) as float32 [..., K], r int32 [...]), r per row (last dim).
 
     The W4A8 weight operand (backends.triton_moe, act_quant): w8 * 2^r is the weight the FP8 tensor cores
-    multiply. Exact for MXFP4 rows whose nonzero blocks' exponents lie within 13 binades of the row's largest
-    (every value times 2^-r is then a multiple of E4M3's smallest subnormal 2^-9 with at most 2 significant bits);
+    multiply. Exact for MXFP4 rows whose nonzero blocks' exponents lie within 14 binades of the row's largest
+    (every value times 2^-r is then a multiple of E4M3's smallest subnormal 2^-9, with at most 2 significant bits);
     NVFP4's fp4 x E4M3 products (up to 5 significant bits) are rounded to E4M3's 4."""
     r = fp8_row_rebase_exponent(w.float().abs().amax(dim=-1))
     return e4m3_rn(torch.ldexp(w.float(), -r.unsqueeze(-1).float())), r

@@ -205,6 +205,7 @@ def moe_forward(
     _check_weights(weights)
     _check_inputs(x, weights, activation)
     qscale = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    fp8 = _w4a8_data(weights) if act_quant is not None else None
     forced_epilogue = _forced_split_epilogue(split_epilogue)
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
@@ -232,7 +233,6 @@ def moe_forward(
                                            tickets_per_block)
     else:
         al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block)
-    fp8 = _w4a8_data(weights) if act_quant is not None else None
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
             _scales_fold(weights) and fp8 is None, _ACT_QUANT_IDS[act_quant], fp8, qscale)
