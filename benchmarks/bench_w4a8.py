@@ -41,7 +41,8 @@ VARIANTS = {
                                      LaunchConfig(64, 128, 128, 8, False, 4, 3), "variant"),
 }
 COLUMNS = ("gpu", "shape", "format", "tokens", "path", "config", "us", "tflops", "speedup_vs_w4a16",
-           "fraction_of_scaled_mm", "fraction_of_bf16_matmul", "rel_l2_vs_emulation", "scaled_mm_tflops", "bf16_matmul_tflops")
+           "fraction_of_scaled_mm", "fraction_of_bf16_matmul", "rel_l2_vs_emulation", "scaled_mm_tflops",
+           "bf16_matmul_tflops")
 
 
 def scaled_mm_tflops(size: int = 8192) -> float:
