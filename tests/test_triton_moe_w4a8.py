@@ -239,10 +239,11 @@ def _reference(ckpt, x, route, scheme, scales):
                                  **scales)
 
 
-def _compare_w4a8(out, ref) -> dict:
+def _compare_w4a8(out, ref, scheme) -> dict:
     from backends.triton_moe.testing import compare
 
-    elementwise = tolerance("w4a8_moe_elementwise_rms_units")
+    elementwise = tolerance("w4a8_mxfp8_moe_elementwise_rms_units" if scheme == "mxfp8"
+                            else "w4a8_moe_elementwise_rms_units")
     return compare(out, ref, rel_l2_tol=tolerance("w4a8_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
                    atol_rms_units=elementwise["atol"])
 
@@ -261,7 +262,7 @@ def _run_case(spec) -> dict:
     converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
     again = moe_forward(x, converted, **route, config=config, act_quant=scheme, **scales)
     w4a16 = emulation.moe_forward(x, **ckpt, **route)
-    return {**_compare_w4a8(out, ref), "bits_equal_reference": torch.equal(out, ref),
+    return {**_compare_w4a8(out, ref, scheme), "bits_equal_reference": torch.equal(out, ref),
             "same_bits_with_converted_weights": torch.equal(out.view(torch.int16), again.view(torch.int16)),
             "differs_from_w4a16": not torch.equal(ref, w4a16)}
 
@@ -332,7 +333,7 @@ def test_cuda_w4a8_layers_match_emulation(name, tokens, scheme):
     ckpt, weights = _cuda_layer(name)
     x, route, scales = _cuda_inputs(name, tokens, scheme)
     out = moe_forward(x, weights, **route, act_quant=scheme, **scales)
-    stats = _compare_w4a8(out, _reference(ckpt, x, route, scheme, scales))
+    stats = _compare_w4a8(out, _reference(ckpt, x, route, scheme, scales), scheme)
     print(json.dumps({"layer": name, "tokens": tokens, "scheme": scheme, **stats}))
     assert stats["shape_ok"] and stats["finite"], stats
     assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats

@@ -42,6 +42,13 @@ TOLERANCES: dict[str, dict[str, float]] = {
     # Same element by element, atol in units of the reference's RMS: one flipped h element moves an output by its
     # weight times an E4M3 ulp of h; 2^-4 rms (and rtol 2^-5) bounds that with room and still fails a wrong tile.
     "w4a8_moe_elementwise_rms_units": dict(rtol=2**-5, atol=2**-4),
+    # act_quant 'mxfp8' element by element: an MXFP8 block's scale is a step function of its amax (floor(log2)), and
+    # values in [448, 512) of the scaled block saturate to 448. When an fp32 reordering moves a block's amax across
+    # a power of two, the block's largest element moves by up to 1 - 448/512 = 2^-3 of itself, and with heavy-tailed
+    # h (an outlier input channel through SiLU) that one element can carry a third of an output: measured 0.34 rms
+    # on the DeepSeek-V3 layer of an H100 (rel L2 stayed at 4e-3, under w4a8_moe_rel_l2), and the emulation alone
+    # moves by 0.19 rms when its fp32 activations are perturbed by 1e-4 relative. Hence 2^-1 rms and rtol 2^-3.
+    "w4a8_mxfp8_moe_elementwise_rms_units": dict(rtol=2**-3, atol=2**-1),
     # A checkpoint's NVFP4 weight_scale_2 is the reciprocal of the layer's global scale: writing 1/s and reading
     # 1/(1/s) rounds twice, each correctly rounded (half an fp32 ulp, 2^-24 relative), so 2^-23 bounds both.
     "fp32_reciprocals": dict(rtol=2**-23, atol=0.0),
