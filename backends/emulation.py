@@ -29,6 +29,8 @@ GEMM_INPUT_SCHEMES = (*formats.ACTIVATION_SCHEMES, "mxfp8", "fp8_per_tensor_dyna
 _PER_TENSOR = ("fp8_per_tensor_dynamic", "fp8_per_tensor_static")
 
 _FN = "moe_forward"
+#: GEMM input schemes the W4A8 operand numerics (fp8_operands=True) define.
+_FP8_OPERAND_SCHEMES = ("fp8_per_tensor_static", "mxfp8")
 
 
 def _fail(kind, message: str):
@@ -99,8 +101,16 @@ def _check_weight(name, weight, scale, global_scale, fmt, experts, rows, k, devi
                   f"(got {got}); pass the per-expert quantization multiplier 1/weight_scale_2")
 
 
-def _dequantize_expert(fmt, weight, scale, global_scale, expert):
-    """One expert's weight matrix as float32 [rows, K]."""
+def _dequantize_expert(fmt, weight, scale, global_scale, expert, fp8_operands=False):
+    """One expert's weight matrix as float32 [rows, K]; fp8_operands: as the W4A8 kernels multiply it, each row
+    rebased by 2^-r to E4M3 (formats.rebase_rows_to_e4m3, the NVFP4 global scale left out), times 2^r."""
+    if fp8_operands:
+        no_global = torch.ones((), device=weight.device)
+        w = (formats.dequantize_mxfp4(weight[expert], scale[expert]) if fmt == "mxfp4"
+             else formats.dequantize_nvfp4(weight[expert], scale[expert], no_global))
+        w8, r = formats.rebase_rows_to_e4m3(w)
+        w = torch.ldexp(w8, r.unsqueeze(-1).float())
+        return w if fmt == "mxfp4" else w / global_scale[expert].float()
     if fmt == "bf16":
         return weight[expert].float()
     if fmt == "mxfp4":
@@ -135,8 +145,11 @@ def _input_schemes(activation_scheme, gemm_input_schemes, a1_scale, a2_scale, fp
     return schemes
 
 
-def _qdq_input(x, scheme, scale, fp8_dtype):
-    """Fake-quantize one GEMM input (fp32 [n, K]); `scale`: the per-tensor scale (None: dynamic, from this x)."""
+def _qdq_input(x, scheme, scale, fp8_dtype, fp8_operands=False):
+    """Fake-quantize one GEMM input (fp32 [n, K]); `scale`: the per-tensor scale (None: dynamic, from this x);
+    fp8_operands with 'mxfp8': each row then rebased to one power of two (formats.mxfp8_row_rebased)."""
+    if fp8_operands and scheme == "mxfp8":
+        return formats.mxfp8_row_rebased(x)
     if scheme in _PER_TENSOR:
         return formats.qdq_fp8_per_tensor(x, scale, fp8_dtype=fp8_dtype)
     return formats.qdq_activation(x, "fp8" if scheme == "mxfp8" else scheme)
@@ -236,6 +249,7 @@ def moe_forward(
     a1_scale: Optional[torch.Tensor] = None,
     a2_scale: Optional[torch.Tensor] = None,
     fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    fp8_operands: bool = False,
 ) -> torch.Tensor:
     """Mixture-of-Experts MLP: out[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]).
 
@@ -249,6 +263,13 @@ def moe_forward(
     activation_scheme fake-quantizes both GEMM inputs (see formats.qdq_activation); gemm_input_schemes instead
     gives each its own (GEMM_INPUT_SCHEMES), with a1_scale / a2_scale for 'fp8_per_tensor_static' and fp8_dtype
     (e4m3fn, or e4m3fnuz with vLLM's 224 bound) for the per-tensor FP8 ones. Returns [T, H] in x.dtype.
+
+    fp8_operands=True: the W4A8 numerics of backends.triton_moe (act_quant), both GEMMs as FP8 tensor-core dots
+    with fp32 sums. Weights (mxfp4/nvfp4): per expert and output row n, r = ceil(log2(max_k |W[n, k]| / 448)) (0 for
+    a zero row; W without the NVFP4 global scale), the operand e4m3_rn(W * 2^-r) (exact for MXFP4 rows spanning
+    <= 14 binades, rounded for NVFP4), the result times 2^r (and / global scale). Inputs: each GEMM's scheme must
+    be 'fp8_per_tensor_static' (e4m3(clamp(x / a, +-448)) * a, as without fp8_operands) or 'mxfp8' (MXFP8, then
+    each row rebased to its largest block exponent ra: e4m3_rn(x_mx * 2^-ra) * 2^ra, formats.mxfp8_row_rebased).
     """
     if not isinstance(x, torch.Tensor):
         _fail(TypeError, f"x must be a torch.Tensor [T, H], got {type(x).__name__}")
@@ -263,6 +284,13 @@ def moe_forward(
     if gate_up_layout not in GATE_UP_LAYOUTS:
         _fail(ValueError, f"gate_up_layout={gate_up_layout!r} must be one of {GATE_UP_LAYOUTS}")
     schemes = _input_schemes(activation_scheme, gemm_input_schemes, a1_scale, a2_scale, fp8_dtype)
+    if fp8_operands:
+        if format not in ("mxfp4", "nvfp4"):
+            _fail(ValueError, f"fp8_operands=True needs format 'mxfp4' or 'nvfp4' (the W4A8 kernels' weights), got "
+                  f"{format!r}")
+        if any(s not in _FP8_OPERAND_SCHEMES for s in schemes) or fp8_dtype != torch.float8_e4m3fn:
+            _fail(ValueError, f"fp8_operands=True needs both GEMM input schemes in {_FP8_OPERAND_SCHEMES} and "
+                  f"fp8_dtype=torch.float8_e4m3fn, got {schemes} and {fp8_dtype}; pass gemm_input_schemes=")
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3:
         _fail(ValueError, "w13 must be a 3-D tensor [E, 2I (or I for *_no_mul), H stored in the format]")
     if not isinstance(w2, torch.Tensor) or w2.dim() != 3:
@@ -299,7 +327,7 @@ def moe_forward(
         return out.to(x.dtype)
 
     gemm1_input = _qdq_input(x.float(), schemes[0], a1_scale if schemes[0] == "fp8_per_tensor_static" else None,
-                             fp8_dtype)
+                             fp8_dtype, fp8_operands)
     k = ids.shape[1]
     flat_experts = ids.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
@@ -311,7 +339,7 @@ def moe_forward(
         rows = sorted_tokens[start:start + count]
         route_weight = sorted_weights[start:start + count]
         start += count
-        w13_e = _dequantize_expert(format, w13, w13_scale, w13_global_scale, expert)
+        w13_e = _dequantize_expert(format, w13, w13_scale, w13_global_scale, expert, fp8_operands)
         hidden = gemm1_input[rows] @ w13_e.T
         if w13_bias is not None:
             hidden = hidden + w13_bias[expert].float()
@@ -322,8 +350,8 @@ def moe_forward(
     elif schemes[1] != "fp8_per_tensor_static":
         a2_scale = None
     for expert, rows, route_weight, act in gemm2_inputs:
-        w2_e = _dequantize_expert(format, w2, w2_scale, w2_global_scale, expert)
-        expert_out = _qdq_input(act, schemes[1], a2_scale, fp8_dtype) @ w2_e.T
+        w2_e = _dequantize_expert(format, w2, w2_scale, w2_global_scale, expert, fp8_operands)
+        expert_out = _qdq_input(act, schemes[1], a2_scale, fp8_dtype, fp8_operands) @ w2_e.T
         if w2_bias is not None:
             expert_out = expert_out + w2_bias[expert].float()
         out.index_add_(0, rows, expert_out * route_weight.unsqueeze(-1))

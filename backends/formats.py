@@ -83,6 +83,10 @@ __all__ = [
     "dequantize_fp8_per_tensor",
     "qdq_fp8_per_tensor",
     "qdq_activation",
+    "e4m3_rn",
+    "fp8_row_rebase_exponent",
+    "rebase_rows_to_e4m3",
+    "mxfp8_row_rebased",
 ]
 
 MX_BLOCK_SIZE = 32
@@ -671,3 +675,45 @@ def qdq_activation(x: torch.Tensor, scheme: Optional[str]) -> torch.Tensor:
         return dequantize_mxfp8(*quantize_mxfp8(x), dtype=x.dtype)
     packed, scales, global_scale = quantize_nvfp4(x)
     return dequantize_nvfp4(packed, scales, global_scale, dtype=x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# W4A8: FP4 weights and FP8 activations as FP8 tensor-core operands, one power of two per row
+# ----------------------------------------------------------------------------------------------
+
+
+def e4m3_rn(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to the nearest FP8 E4M3 value (ties to even, subnormals kept), saturated at +-448, as float32."""
+    return x.float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+
+
+def fp8_row_rebase_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """r = ceil(log2(amax / 448)) as int32, exactly: the smallest r with amax <= 448 * 2^r (0 where amax == 0).
+
+    With amax = m * 2^e (frexp, m in [0.5, 1)) and 448 = 0.875 * 2^9: r = e - 9 if m <= 0.875, else e - 8.
+    A row multiplied by 2^-r then fits E4M3 without saturating, its largest value in (224, 448]."""
+    mantissa, exponent = torch.frexp(amax.float())
+    r = torch.where(mantissa <= 0.875, exponent - 9, exponent - 8)
+    return torch.where(amax > 0, r, torch.zeros_like(r)).to(torch.int32)
+
+
+def rebase_rows_to_e4m3(w: torch.Tensor):
+    """w [..., K] float -> (w8 = e4m3_rn(w * 2^-r) as float32 [..., K], r int32 [...]), r per row (last dim).
+
+    The W4A8 weight operand (backends.triton_moe, act_quant): w8 * 2^r is the weight the FP8 tensor cores
+    multiply. Exact for MXFP4 rows whose nonzero blocks' exponents lie within 14 binades of the row's largest
+    (every value times 2^-r is then a multiple of E4M3's smallest subnormal 2^-9, with at most 2 significant bits);
+    NVFP4's fp4 x E4M3 products (up to 5 significant bits) are rounded to E4M3's 4."""
+    r = fp8_row_rebase_exponent(w.float().abs().amax(dim=-1))
+    return e4m3_rn(torch.ldexp(w.float(), -r.unsqueeze(-1).float())), r
+
+
+def mxfp8_row_rebased(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] -> float32 values of the W4A8 'mxfp8' activation operand: MXFP8 (quantize_mxfp8: E4M3 elements,
+    E8M0 per 32 along K), then one power of two per row, ra = the row's largest block exponent, and
+    e4m3_rn(x_mx * 2^-ra) * 2^ra (exact unless a value falls below E4M3's normal range after the shift)."""
+    data, scales = quantize_mxfp8(x)
+    exps = scales.to(torch.int32) - E8M0_BIAS
+    ra = exps.amax(dim=-1, keepdim=True) if exps.numel() else exps
+    shift = (exps - ra).repeat_interleave(MX_BLOCK_SIZE, dim=-1).float()
+    return torch.ldexp(e4m3_rn(torch.ldexp(data.float(), shift)), ra.float())

@@ -37,7 +37,8 @@ from backends.triton_moe.testing import SHAPES  # noqa: E402
 
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32", "gs_ptr": "*fp32", "bias_ptr": "*fp32",
             "part_ptr": "*fp32", "ticket_ptr": "*i32", "route_w_ptr": "*fp32", "out_ptr": "*fp32", "y_ptr": "*bf16",
-            "sorted_pair_ptr": "*i32", "block_expert_ptr": "*i32", "padded_total_ptr": "*i32"}
+            "sorted_pair_ptr": "*i32", "block_expert_ptr": "*i32", "padded_total_ptr": "*i32", "rexp_ptr": "*i32",
+            "qscale_ptr": "*fp32", "hs_ptr": "*i32"}
 
 
 def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):
@@ -48,7 +49,7 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):
     nvfp4 = shape.format == "nvfp4"
     consts = forward.gemm_constexprs(gemm, c, k_size=k_size, nvfp4=nvfp4, wgmma=True, interpreted=False, folded=True,
                                      has_bias=not nvfp4)
-    consts.update(K=k_size, N=n, RETIRE_WGMMA=retire)
+    consts.update(K=k_size, N=n, RETIRE_WGMMA=retire, ACT_QUANT=0)
     if gemm == 1:
         consts.update(LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k, ACTIVATION=int(not nvfp4))
     else:

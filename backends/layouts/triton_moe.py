@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backends import formats
 from backends.layouts import _nibble_kernels as kernels
 from backends.layouts.base import Layout, require_multiple, source_config
 from backends.weights import KernelWeights, MoEWeights
@@ -65,6 +66,11 @@ class TritonMoEWeights:
     w2_bias: torch.Tensor | None = None
     w13_global_scale: torch.Tensor | None = None
     w2_global_scale: torch.Tensor | None = None
+    # W4A8 (FP8-operand) row data, `w4a8_row_data`: written by converter_w4a8, else computed by moe_forward
+    w13_row_exp: torch.Tensor | None = None
+    w2_row_exp: torch.Tensor | None = None
+    w13_scale_fp8: torch.Tensor | None = None
+    w2_scale_fp8: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
@@ -300,6 +306,8 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
 # ---------------------------------------------------------------------------------------------
 
 _KERNEL_TENSORS = ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias", "w13_global_scale", "w2_global_scale")
+#: The W4A8 row data (w4a8_row_data) that converter_w4a8 adds.
+W4A8_TENSORS = ("w13_row_exp", "w2_row_exp", "w13_scale_fp8", "w2_scale_fp8")
 
 
 class TritonMoELayout(Layout):
@@ -343,8 +351,65 @@ def triton_weights(kw: KernelWeights) -> TritonMoEWeights:
         got = kw.layout if isinstance(kw, KernelWeights) else type(kw).__name__
         raise TypeError(f"triton_moe layout: expected KernelWeights in layout 'triton_moe', got {got}; convert the "
                         f"checkpoint with backends.layouts.triton_moe:converter")
-    return TritonMoEWeights(format=kw.format, **{name: kw.tensors.get(name) for name in _KERNEL_TENSORS})
+    return TritonMoEWeights(format=kw.format,
+                            **{name: kw.tensors.get(name) for name in (*_KERNEL_TENSORS, *W4A8_TENSORS)})
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A8: the per-row power of two that makes each weight row an FP8 E4M3 operand
+# ---------------------------------------------------------------------------------------------
+
+
+def _row_data(words: torch.Tensor, scale_words: torch.Tensor, fmt: str, k: int):
+    """One weight tensor's (row exponents int32 [E, rows], MXFP4 rebased scale words or None), expert by expert
+    (a dequantized expert is [rows, K] fp32; the whole layer at once would not fit)."""
+    if words.device.type == "meta":
+        return (scale_words.new_empty((words.shape[0], words.shape[1])),
+                scale_words.new_empty(scale_words.shape) if fmt == "mxfp4" else None)
+    exps, rebased = [], []
+    for e in range(words.shape[0]):
+        codes = _join_halves(_untile_rows(words[e:e + 1]))[0]
+        scale_bytes = _from_words(scale_words[e:e + 1], fmt, k)[0]
+        if fmt == "mxfp4":
+            w = formats.dequantize_mxfp4(codes, scale_bytes)
+        else:
+            w = formats.dequantize_nvfp4(codes, scale_bytes.view(torch.float8_e4m3fn), 1.0)
+        r = formats.fp8_row_rebase_exponent(w.abs().amax(dim=-1))
+        exps.append(r)
+        if fmt == "mxfp4":  # 2^-r folded into the E8M0 bytes; below code 0 the values round to 0 in E4M3 anyway
+            shifted = (scale_bytes.to(torch.int32) - r[:, None]).clamp(0, 254)
+            shifted = torch.where(scale_bytes == formats.E8M0_NAN_CODE, formats.E8M0_NAN_CODE, shifted)
+            rebased.append(_to_words(shifted.to(torch.uint8)[None], fmt)[0])
+    if not exps:
+        empty = scale_words.new_zeros((0, words.shape[1]))
+        return empty, (scale_words.clone() if fmt == "mxfp4" else None)
+    return torch.stack(exps), (torch.stack(rebased) if fmt == "mxfp4" else None)
+
+
+def w4a8_row_data(w: TritonMoEWeights) -> dict:
+    """The W4A8 kernels' extra tensors (backends.formats.rebase_rows_to_e4m3 in kernel form): w13_row_exp /
+    w2_row_exp int32 [E, rows], r = ceil(log2(max |W[row]| / 448)) of each kernel-layout row (W without the NVFP4
+    global scale), and for MXFP4 w13_scale_fp8 / w2_scale_fp8, the scale words with every E8M0 byte lowered by its
+    row's r (clamped at 0), so that the kernels' dequantization gives W * 2^-r, an E4M3 value, at no cost."""
+    r13, s13 = _row_data(w.w13, w.w13_scale, w.format, w.hidden_size)
+    r2, s2 = _row_data(w.w2, w.w2_scale, w.format, w.intermediate_size)
+    out = {"w13_row_exp": r13, "w2_row_exp": r2}
+    if w.format == "mxfp4":
+        out.update(w13_scale_fp8=s13, w2_scale_fp8=s2)
+    return out
+
+
+class TritonMoEW4A8Layout(TritonMoELayout):
+    """The triton_moe layout plus the W4A8 row data (w4a8_row_data), computed once at conversion; the W4A16 path
+    reads the same tensors as before, invert ignores the extras."""
+
+    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
+        tensors, config = super()._to_kernel(w, hidden, inter)
+        view = TritonMoEWeights(format=w.format, **{n: tensors.get(n) for n in _KERNEL_TENSORS})
+        return {**tensors, **w4a8_row_data(view)}, config
 
 
 #: converter of backend TRITON_MOE in the moe-oracle rules (profile moe-oracle)
 converter = TritonMoELayout()
+#: the same layout with the W4A8 row data (backends.triton_moe.moe_forward(act_quant=...) reads it)
+converter_w4a8 = TritonMoEW4A8Layout()

@@ -209,10 +209,17 @@ def _e4m3_folded_f32(s):
 
 
 @triton.jit
-def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr, FP8: tl.constexpr = False,
+                row_factor=1.0):
     """A scale word shifted so that its low byte is the low values' scale -> (low, high) bf16 factors that
-    _dequant_words applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1)."""
-    if NVFP4:
+    _dequant_words applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1).
+
+    FP8 (W4A8) NVFP4: the unfolded factor s * 2^-r of each row (row_factor [ROWS] = 2^(60 - r), see
+    _e4m3_times_2_60), exact in bf16 (4 significant bits); MXFP4's rebased E8M0 bytes need nothing here."""
+    if FP8 and NVFP4:
+        lo = (_e4m3_times_2_60(x) * row_factor[:, None]).to(tl.bfloat16)
+        hi = (_e4m3_times_2_60(x >> 16) * row_factor[:, None]).to(tl.bfloat16)
+    elif NVFP4:
         if USE_ASM:
             pair = tl.inline_asm_elementwise(_E4M3_PAIR_BF16X2_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True,
                                              pack=1)
@@ -229,6 +236,36 @@ def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.conste
         lo = _scale_bf16(x, FOLDED)
         hi = _scale_bf16(x >> 8, FOLDED)
     return lo, hi
+
+
+@triton.jit
+def _e4m3_times_2_60(s):
+    """E4M3 byte (int32, bits above the low byte ignored) -> fp32 scale * 2^-60, exact (subnormals included): the
+    bits as fp32 are scale * 2^-120."""
+    bits = (((s & 0x80) << 24) | ((s & 0x7F) << 20)).to(tl.float32, bitcast=True)
+    return bits * 1.152921504606847e18  # 2^60
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as fp32 for int32 e in [-126, 127], from the exponent bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_e4m3(v, INTERPRETED: tl.constexpr):
+    """v rounded to FP8 E4M3, nearest even, saturated at +-448: float8e4nv on the GPU (cvt.rn.satfinite, which
+    saturates by itself; a NaN stays NaN); the CPU interpreter's cast neither rounds nor saturates, so there the
+    value is clamped and rounded in fp32 bits and returned as fp32 (its dots run in fp32 anyway, DOT_FP32)."""
+    if INTERPRETED:
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -448.0), 448.0)
+        bits = v.to(tl.int32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
+        sub = (tl.abs(v) + 16384.0) - 16384.0  # multiples of 2^-9 (the fp32 ulp of 2^14), nearest even
+        out = tl.where(tl.abs(v) >= 0.015625, normal, tl.where(v < 0, -sub, sub))
+    else:
+        out = v.to(tl.float32).to(tl.float8e4nv)
+    return out
 
 
 @triton.jit
@@ -260,7 +297,8 @@ def _to_stored_order(t, ROWS: tl.constexpr, COLS: tl.constexpr):
 @triton.jit
 def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
-                 STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr):
+                 STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr,
+                 FP8: tl.constexpr = False, row_factor=1.0):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
     activation columns of _act_halves (K byte b: value k = k0 + 64*(b//32) + b%32, and k + 32; with
     STORED_K_ORDER the columns stay in the stored byte order and _act_halves permutes the activations alike).
@@ -269,6 +307,7 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     warp's 16-byte copies cover consecutive rows of one tile: 512 contiguous bytes), viewed as [ROWS, words] for
     one asm routine per word; the scales as one word per (row, scale block of the low values), broadcast in
     registers (a stored 16-byte run lies inside one scale block, so either order sees the same scale per column).
+    FP8 (W4A8): the values are W * 2^-r (rebased scales, see _scale_pair), rounded to E4M3 (_to_e4m3).
     """
     HALF: tl.constexpr = BLOCK_K // 2
     NSUB: tl.constexpr = HALF // SCALE_BLOCK  # scale blocks among a step's low values
@@ -296,12 +335,15 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
         scales = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
     ROWS: tl.constexpr = tiles.shape[1]
     words = tl.reshape(tl.permute(tiles, (1, 0, 2)), (ROWS, WORDS))
-    scale_lo, scale_hi = _scale_pair(scales >> (8 * scale_byte)[None, :], NVFP4, FOLDED, USE_ASM)
+    scale_lo, scale_hi = _scale_pair(scales >> (8 * scale_byte)[None, :], NVFP4, FOLDED, USE_ASM, FP8, row_factor)
     e0, e1, e2, e3, e4, e5, e6, e7 = _dequant_words(
         words, _per_word(scale_lo, ROWS, NSUB, WORDS), _per_word(scale_hi, ROWS, NSUB, WORDS), FOLDED, USE_ASM,
         RETIRE_WGMMA)
     lo = tl.reshape(_words_to_bytes(e0, e1, e2, e3), (ROWS, HALF))
     hi = tl.reshape(_words_to_bytes(e4, e5, e6, e7), (ROWS, HALF))
+    if FP8:
+        lo = _to_e4m3(lo, not USE_ASM)
+        hi = _to_e4m3(hi, not USE_ASM)
     if not STORED_K_ORDER:
         lo = _to_k_order(lo, ROWS, HALF)
         hi = _to_k_order(hi, ROWS, HALF)
@@ -329,6 +371,105 @@ def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN
 
 
 @triton.jit
+def _row_factor(r_ptrs, ok, NEEDED: tl.constexpr):
+    """2^(60 - r) per weight row ([rows] fp32), the factor _scale_pair puts into W4A8 NVFP4 block scales; 1.0 when
+    not NEEDED (W4A16, or MXFP4 whose rebased E8M0 bytes carry 2^-r)."""
+    factor = 1.0
+    if NEEDED:
+        factor = _pow2(60 - tl.load(r_ptrs, mask=ok, other=0))
+    return factor
+
+
+@triton.jit
+def _mx_exp(amax):
+    """MXFP8 block exponent of a block's fp32 amax: floor(log2(amax)) - 8 (E4M3's emax), clamped to [-127, 127], as
+    formats.quantize_mxfp8 (the exponent field; 0 and subnormals count as -127)."""
+    return tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 135, -127), 127)
+
+
+@triton.jit
+def _pow2_from_m127(e):
+    """2^e as fp32 for int32 e in [-127, 126] (2^-127 is subnormal: built as 2^(e+1) / 2, exact)."""
+    return _pow2(e + 1) * 0.5
+
+
+@triton.jit
+def _rescale_groups(t, shift, INTERPRETED: tl.constexpr):
+    """[ROWS, G * 32] E4M3 values, each 32-column group times 2^shift[row, group] (shift <= 0; below -126 every
+    value rounds to 0 anyway), rounded to E4M3: the per-row rebase of MXFP8 data."""
+    ROWS: tl.constexpr = t.shape[0]
+    COLS: tl.constexpr = t.shape[1]
+    g = tl.reshape(t.to(tl.float32), (ROWS, COLS // 32, 32))
+    g = g * _pow2(tl.maximum(shift, -126))[:, :, None]
+    return tl.reshape(_to_e4m3(g, INTERPRETED), (ROWS, COLS))
+
+
+@triton.jit
+def _mx_quant_rebased(t, ra, INTERPRETED: tl.constexpr):
+    """[ROWS, G * 32] activations (any float) -> the W4A8 'mxfp8' operand: each 32-column group (one MX block, in
+    either K order: the stored order permutes within 16-column runs) quantized to MXFP8 (E4M3 of t / 2^se), then
+    rebased to the row's exponent ra [ROWS] (formats.mxfp8_row_rebased)."""
+    ROWS: tl.constexpr = t.shape[0]
+    COLS: tl.constexpr = t.shape[1]
+    g = tl.reshape(t.to(tl.float32), (ROWS, COLS // 32, 32))
+    se = _mx_exp(tl.max(tl.abs(g), axis=2))
+    elem = _to_e4m3(g * _pow2(-se)[:, :, None], INTERPRETED)
+    return _rescale_groups(tl.reshape(elem, (ROWS, COLS)), se - ra[:, None], INTERPRETED)
+
+
+@triton.jit
+def _row_mx_exp(x_rows, row_ok, K: tl.constexpr):
+    """ra [ROWS]: the largest MXFP8 block exponent of each activation row (= _mx_exp of the row's amax), the GEMM1
+    prologue of act_quant 'mxfp8': one read of the tile's rows of x."""
+    CHUNK: tl.constexpr = 256
+    ROWS: tl.constexpr = x_rows.shape[0]
+    amax = tl.zeros((ROWS,), dtype=tl.float32)
+    for c0 in range(0, K, CHUNK):
+        cols = c0 + tl.arange(0, CHUNK)
+        v = tl.load(x_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(v.to(tl.float32)), axis=1))
+    return _mx_exp(amax)
+
+
+@triton.jit
+def _row_scale_max(hs_rows, row_ok, NB: tl.constexpr):
+    """ra [ROWS]: the largest E8M0 exponent among a row's NB block scales of h (GEMM2's prologue, act_quant
+    'mxfp8'; the scales come from GEMM1's epilogue)."""
+    CHUNK: tl.constexpr = 64
+    ROWS: tl.constexpr = hs_rows.shape[0]
+    top = tl.zeros((ROWS,), dtype=tl.int32)
+    for c0 in range(0, NB, CHUNK):
+        cols = c0 + tl.arange(0, CHUNK)
+        b = tl.load(hs_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < NB)[None, :], other=0)
+        top = tl.maximum(top, tl.max(b.to(tl.int32), axis=1))
+    return top - 127
+
+
+@triton.jit
+def _quant_act(lo, hi, a_inv, A_QUANT: tl.constexpr, INTERPRETED: tl.constexpr, ra=0, hs_rows=None, k0=0,
+               row_ok=None, K: tl.constexpr = 0):
+    """The activation operand of a W4A8 dot, from the tile as loaded (no pass over the activations before):
+    A_QUANT 1 (GEMM1, static per-tensor) e4m3(clamp(x * (1 / a1), +-448)); 2 (GEMM1, mxfp8) MXFP8 of x rebased to
+    the row's exponent ra; 3 (GEMM2, mxfp8) the stored MXFP8 h (E4M3 codes, E8M0 bytes at hs_rows) rebased to ra;
+    0: as loaded (W4A16, and GEMM2's static E4M3 h)."""
+    if A_QUANT == 1:
+        lo = _to_e4m3(lo.to(tl.float32) * a_inv, INTERPRETED)
+        hi = _to_e4m3(hi.to(tl.float32) * a_inv, INTERPRETED)
+    elif A_QUANT == 2:
+        lo = _mx_quant_rebased(lo, ra, INTERPRETED)
+        hi = _mx_quant_rebased(hi, ra, INTERPRETED)
+    elif A_QUANT == 3:  # low half: the step's even 32-blocks (k0 / 32 + 2j), high half: the odd ones
+        NBH: tl.constexpr = lo.shape[1] // 32
+        blk = k0 // 32 + 2 * tl.arange(0, NBH)
+        ok = row_ok[:, None] & (blk < K // 32)[None, :]
+        s_lo = tl.load(hs_rows[:, None] + blk[None, :], mask=ok, other=0).to(tl.int32) - 127
+        s_hi = tl.load(hs_rows[:, None] + (blk + 1)[None, :], mask=ok, other=0).to(tl.int32) - 127
+        lo = _rescale_groups(lo, s_lo - ra[:, None], INTERPRETED)
+        hi = _rescale_groups(hi, s_hi - ra[:, None], INTERPRETED)
+    return lo, hi
+
+
+@triton.jit
 def _round_bf16(v, INTERPRETED: tl.constexpr):
     """fp32 -> bf16 rounded to nearest even; the CPU interpreter truncates casts, so round the bits there."""
     if INTERPRETED:
@@ -338,13 +479,25 @@ def _round_bf16(v, INTERPRETED: tl.constexpr):
     return v.to(tl.bfloat16)
 
 
+#: W4A8 dots: K values a Hopper FP8 wgmma may sum in the tensor core's own accumulator before Triton adds its result
+#: to the fp32 one (tl.dot's max_num_imprecise_acc). That accumulator keeps fewer bits than fp32; Triton's default on
+#: SM90 (never promote) measured 0.6-1.8% relative L2 error against the fp32-summed emulation on the gpt-oss-120b and
+#: DeepSeek-V3 layers of an H100. 32 (one wgmma K step) sums every step in fp32.
+FP8_PROMOTE_EVERY: tl.constexpr = tl.constexpr(32)
+
+
 @triton.jit
 def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
     """acc += a @ w^T ([BM, BN]) or, swapped, w @ a^T ([BN, BM]) so weights fill the MMA's M side."""
     if DOT_FP32:  # CPU interpreter: its bf16 dot is wrong (triton 3.9); the operands are bf16-exact anyway
         a = a.to(tl.float32)
         w = w.to(tl.float32)
-    if SWAP_AB:  # one return: triton 3.6 compiles both returns of an early-return constexpr branch
+    if a.dtype == tl.float8e4nv:  # W4A8: every wgmma's sum added to the fp32 accumulator (FP8_PROMOTE_EVERY)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(a), acc, max_num_imprecise_acc=FP8_PROMOTE_EVERY)
+        else:
+            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=FP8_PROMOTE_EVERY)
+    elif SWAP_AB:  # one return: triton 3.6 compiles both returns of an early-return constexpr branch
         acc = tl.dot(w, tl.trans(a), acc)
     else:
         acc = tl.dot(a, tl.trans(w), acc)
@@ -356,15 +509,18 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
                   BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                   NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
                   STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
-                  USE_ASM: tl.constexpr):
+                  USE_ASM: tl.constexpr, FP8: tl.constexpr = False, A_QUANT: tl.constexpr = 0, a_inv=1.0,
+                  row_factor=1.0, ra=0, hs_rows=None):
     """fp32 [BLOCK_M, ROWS]: the activation rows times ROWS weight rows over this program's K slice, one weight tile
-    per step (GEMM2, and GEMM1 with its gate and up rows stacked)."""
+    per step (GEMM2, and GEMM1 with its gate and up rows stacked). FP8: E4M3 operands (_weight_tile, _quant_act)."""
     acc = _zero_acc(BLOCK_M, ROWS, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         k0 = k_base + k_step
         a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+        a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, A_QUANT, DOT_FP32, ra, hs_rows, k0, row_ok, K)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
+                                  FP8, row_factor)
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
     if SWAP_AB:
         acc = tl.trans(acc)
@@ -374,9 +530,25 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
 @triton.jit
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
-               HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
-    """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h."""
-    if NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_pair): undo it, exactly
+               HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr = 0, rexp_ptr=None,
+               stride_re=0, qscale_ptr=None, hs_ptr=None, stride_hsm=0):
+    """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
+
+    ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
+    global scale; h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand. ACT_QUANT 2
+    (mxfp8; the rows' 2^ra already applied): h stored as MXFP8, E4M3 codes and one E8M0 byte per 32 columns (hs)."""
+    if ACT_QUANT != 0:
+        r_ptrs = rexp_ptr + expert * stride_re + offs_n
+        a1 = 1.0
+        if ACT_QUANT == 1:
+            a1 = tl.load(qscale_ptr)
+        acc_g = acc_g * (_pow2(tl.load(r_ptrs, mask=col_ok, other=0)) * a1)[None, :]
+        acc_u = acc_u * (_pow2(tl.load(r_ptrs + N, mask=col_ok, other=0)) * a1)[None, :]
+        if NVFP4:
+            global_scale = tl.load(gs_ptr + expert)
+            acc_g = acc_g / global_scale
+            acc_u = acc_u / global_scale
+    elif NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_pair): undo it, exactly
         global_scale = tl.load(gs_ptr + expert)
         acc_g = acc_g * 65536.0 / global_scale
         acc_u = acc_u * 65536.0 / global_scale
@@ -391,7 +563,20 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     else:  # silu-and-mul
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
-    tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
+    if ACT_QUANT == 1:
+        tl.store(h_ptrs, _to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float8e4nv), mask=store_ok)
+    elif ACT_QUANT == 2:
+        ROWS: tl.constexpr = h.shape[0]
+        COLS: tl.constexpr = h.shape[1]
+        g = tl.reshape(h, (ROWS, COLS // 32, 32))
+        se = _mx_exp(tl.max(tl.abs(g), axis=2))
+        elem = tl.reshape(_to_e4m3(g * _pow2(-se)[:, :, None], INTERPRETED), (ROWS, COLS))
+        tl.store(h_ptrs, elem.to(tl.float8e4nv), mask=store_ok)
+        blk = tl.max(tl.reshape(offs_n, (COLS // 32, 32)), axis=1) // 32
+        tl.store(hs_ptr + offs_m.to(tl.int64)[:, None] * stride_hsm + blk[None, :], (se + 127).to(tl.uint8),
+                 mask=(blk < N // 32)[None, :])
+    else:
+        tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
 
 
 @triton.jit
@@ -444,11 +629,19 @@ def _gemm1_tile(
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
+    ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm,
 ):
     """gemm1_act_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
+    FP8: tl.constexpr = ACT_QUANT != 0
+    a_inv = 1.0
+    if ACT_QUANT == 1:
+        a_inv = tl.load(qscale_ptr + 1)
+    ra = 0
+    if ACT_QUANT == 2:
+        ra = _row_mx_exp(x_rows, row_ok, K)
     if STACK_GATE_UP:
         # one [2 * BLOCK_N]-row weight tile: the tile's gate rows, then its up rows (one dot per half-step)
         r = tl.arange(0, 2 * BLOCK_N)
@@ -456,32 +649,42 @@ def _gemm1_tile(
         w_row = w_col + (r // BLOCK_N) * N
         w_rows = _weight_rows(w_ptr + expert * stride_we, w_row, stride_wn)
         s_ptrs = s_ptr + expert * stride_se + w_row
+        row_factor = _row_factor(rexp_ptr + expert * stride_re + w_row, w_col < N, FP8 and NVFP4)
         acc = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, ROWS,
                             2 * BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER,
-                            RETIRE_WGMMA, DOT_FP32, USE_ASM)
+                            RETIRE_WGMMA, DOT_FP32, USE_ASM, FP8, ACT_QUANT, a_inv, row_factor, ra)
         acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
     else:
         wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
         wu_rows = _weight_rows(w_ptr + expert * stride_we, offs_n + N, stride_wn)
         sg_ptrs = s_ptr + expert * stride_se + offs_n
         su_ptrs = sg_ptrs + N
+        g_factor = _row_factor(rexp_ptr + expert * stride_re + offs_n, col_ok, FP8 and NVFP4)
+        u_factor = _row_factor(rexp_ptr + expert * stride_re + N + offs_n, col_ok, FP8 and NVFP4)
         acc_g = _zero_acc(ROWS, BLOCK_N, SWAP_AB)
         acc_u = _zero_acc(ROWS, BLOCK_N, SWAP_AB)
         for k_step in range(0, K_SPLIT, BLOCK_K):
             k0 = k_base + k_step
             a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+            a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, ACT_QUANT, DOT_FP32, ra)
             g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
+                                      FP8, g_factor)
             u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
+                                      FP8, u_factor)
             acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
             acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
         if SWAP_AB:
             acc_g = tl.trans(acc_g)
             acc_u = tl.trans(acc_u)
+    if ACT_QUANT == 2:  # the rows' 2^ra, exact, before any split-K slice is stored
+        acc_g = acc_g * _pow2_from_m127(ra)[:, None]
+        acc_u = acc_u * _pow2_from_m127(ra)[:, None]
     if SPLIT_K == 1:
         _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
-                   stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32)
+                   stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
+                   rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
     else:
         p_ptrs = (part_ptr + tl.program_id(1) * stride_ps + offs_m.to(tl.int64)[:, None] * stride_pm
                   + offs_n[None, :])
@@ -496,22 +699,24 @@ def _gemm1_tile(
                 acc_g, acc_u = _last_slice_sum(part_ptr + offs_m.to(tl.int64)[:, None] * stride_pm + offs_n[None, :],
                                                ok, stride_ps, N, SPLIT_K, ROWS, BLOCK_N)
                 _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
-                           stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32)
+                           stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
+                           rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
 
 
 @triton.jit
 def gemm1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
-    sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, hs_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
-    stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, stride_re,
+    stride_hsm,
     alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     LAST_SLICE_ACTIVATES: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
-    HALF_ROWS: tl.constexpr,
+    HALF_ROWS: tl.constexpr, ACT_QUANT: tl.constexpr,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
@@ -519,6 +724,10 @@ def gemm1_act_kernel(
     to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ... or, with
     LAST_SLICE_ACTIVATES, the tile's program that finishes last does (_last_slice_sum: one launch fewer, same
     bits). Its tickets (int32, one per tile = program_id(0)) must be zero at launch: the alignment zeroes them.
+
+    ACT_QUANT 1 (W4A8, static per-tensor FP8): E4M3 dots, x quantized with 1 / a1 = qscale[1] as it loads, the
+    weights rebased per row (rexp: int32 [E, 2N] row exponents; MXFP4's rebased scale words come as s_ptr), h
+    written as E4M3 codes (_act_store). 0: W4A16 (rexp_ptr and qscale_ptr unused).
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -532,13 +741,15 @@ def gemm1_act_kernel(
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
-            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP)
+            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
     else:
         _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
-            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP)
+            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
 
 
 
@@ -558,10 +769,11 @@ def _last_slice_sum(p_ptrs, ok, stride_ps, N: tl.constexpr, SPLIT_K: tl.constexp
 
 @triton.jit
 def gemm1_split_epilogue_kernel(
-    part_ptr, gs_ptr, bias_ptr, h_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
-    num_pairs, N: tl.constexpr, stride_ps, stride_pm, stride_be, stride_hm, alpha, beta, limit,
+    part_ptr, gs_ptr, bias_ptr, h_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr,
+    hs_ptr, num_pairs, N: tl.constexpr, stride_ps, stride_pm, stride_be, stride_hm, stride_re, stride_hsm, alpha, beta,
+    limit,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NVFP4: tl.constexpr,
-    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
 ):
     """Split-K GEMM1: h = act(sum over s = 0..SPLIT_K-1 of part[s]) in that fixed order (deterministic)."""
     pid_m = tl.program_id(0)
@@ -580,7 +792,8 @@ def gemm1_split_epilogue_kernel(
         acc_g += tl.load(p_ptrs + s * stride_ps, mask=ok, other=0.0)
         acc_u += tl.load(p_ptrs + s * stride_ps + N, mask=ok, other=0.0)
     _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
-               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED)
+               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT,
+               rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
 
 
 @triton.jit
@@ -594,7 +807,8 @@ def _gemm2_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
-    USE_ASM: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
+    USE_ASM: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr, ACT_QUANT: tl.constexpr, rexp_ptr,
+    stride_re, qscale_ptr, hs_ptr, stride_hsm,
 ):
     """gemm2_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
@@ -602,10 +816,27 @@ def _gemm2_tile(
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
     w_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
     s_ptrs = s_ptr + expert * stride_se + offs_n
+    FP8: tl.constexpr = ACT_QUANT != 0
+    r_ptrs = rexp_ptr + expert * stride_re + offs_n
+    hs_rows = hs_ptr + offs_m.to(tl.int64) * stride_hsm
+    ra = 0
+    if ACT_QUANT == 2:
+        ra = _row_scale_max(hs_rows, row_ok, K // 32)
     acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, ROWS, BLOCK_N,
                         BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32,
-                        USE_ASM)
-    if NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
+                        USE_ASM, FP8, 3 if ACT_QUANT == 2 else 0, 1.0, _row_factor(r_ptrs, col_ok, FP8 and NVFP4),
+                        ra, hs_rows)
+    if FP8:  # the FP8 dots' sums times 2^r of each weight row, the input scale (a2 = qscale[2], or the rows' 2^ra),
+        # the global scale
+        a2 = 1.0
+        if ACT_QUANT == 1:
+            a2 = tl.load(qscale_ptr + 2)
+        acc = acc * (_pow2(tl.load(r_ptrs, mask=col_ok, other=0)) * a2)[None, :]
+        if ACT_QUANT == 2:
+            acc = acc * _pow2_from_m127(ra)[:, None]
+        if NVFP4:
+            acc = acc / tl.load(gs_ptr + expert)
+    elif NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
         acc = acc * 65536.0 / tl.load(gs_ptr + expert)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert * stride_be + offs_n, mask=col_ok, other=0.0)
@@ -653,14 +884,16 @@ def _topk_sum_store(pair_out_ptr, y_ptr, token, offs_n, ok, stride_pm, stride_ps
 @triton.jit
 def gemm2_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr, ticket_ptr, y_ptr,
-    sorted_pair_ptr, block_expert_ptr, padded_total_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, hs_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
-    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, stride_re,
+    stride_hsm,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
+    ACT_QUANT: tl.constexpr,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
 
@@ -668,6 +901,8 @@ def gemm2_kernel(
     top-k sum kernel adds the slices in fixed order. LAST_PAIR_SUMS: the program whose row draws the last of a
     (token, column tile)'s TOP_K * SPLIT_K tickets (int32 [T * ceil(N / BLOCK_N)], zero at launch: the alignment
     zeroes them) writes y[token] for that tile itself (_topk_sum_store), and no top-k sum launch follows.
+    ACT_QUANT != 0 (W4A8): h holds E4M3 codes, the weights are rebased per row (rexp int32 [E, N]) as in
+    gemm1_act_kernel, and the sums are scaled by 2^r and a2 = qscale[2].
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -681,13 +916,15 @@ def gemm2_kernel(
             ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
             stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
             K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
-            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K)
+            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K, ACT_QUANT, rexp_ptr, stride_re,
+            qscale_ptr, hs_ptr, stride_hsm)
     else:
         _gemm2_tile(pid_m, pid_n, BLOCK_M, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
             ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
             stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
             K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
-            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K)
+            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K, ACT_QUANT, rexp_ptr, stride_re,
+            qscale_ptr, hs_ptr, stride_hsm)
 
 
 @triton.jit

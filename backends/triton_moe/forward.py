@@ -25,7 +25,14 @@ from importlib.metadata import version
 
 import torch
 
-from backends.layouts.triton_moe import FORMATS, SCALE_BLOCK, SCALE_CHUNK, TritonMoEWeights, triton_weights
+from backends.layouts.triton_moe import (
+    FORMATS,
+    SCALE_BLOCK,
+    SCALE_CHUNK,
+    TritonMoEWeights,
+    triton_weights,
+    w4a8_row_data,
+)
 from backends.triton_moe import _routing, tuning
 from backends.triton_moe._routing import align, route, route_and_align
 from backends.triton_moe.capabilities import ACTIVATIONS, require_triton_version
@@ -56,6 +63,12 @@ DEFAULT_SPLIT_EPILOGUE = "launch"
 TOPK_SUMS = ("fused", "launch")
 TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 DEFAULT_TOPK_SUM = "launch"
+#: act_quant values: None is W4A16 (bf16 activations); the others run both GEMMs as FP8 E4M3 tensor-core dots
+#: (W4A8, the numerics of backends.emulation.moe_forward(fp8_operands=True)): "fp8_per_tensor_static" with the
+#: checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32 along K).
+ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
+#: The kernels' ACT_QUANT constexpr of each act_quant.
+_ACT_QUANT_IDS = {None: 0, "fp8_per_tensor_static": 1, "mxfp8": 2}
 
 
 def _fail(kind, message: str):
@@ -183,6 +196,9 @@ def moe_forward(
     config: tuning.MoEConfig | None = None,
     split_epilogue: str | None = None,
     topk_sum: str | None = None,
+    act_quant: str | None = None,
+    a1_scale: torch.Tensor | None = None,
+    a2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]); same contract as the emulation.
 
@@ -191,6 +207,9 @@ def moe_forward(
     split-K GEMM1 sums its slices (SPLIT_EPILOGUES; None: $MOE_ORACLE_TRITON_SPLIT_EPILOGUE, else the config's
     gemm1.split_epilogue, else DEFAULT_SPLIT_EPILOGUE). topk_sum: "fused" or "launch", who sums the k pairs (TOPK_SUMS;
     None: $MOE_ORACLE_TRITON_TOPK_SUM, else DEFAULT_TOPK_SUM).
+    act_quant (ACT_QUANTS): None runs W4A16; "fp8_per_tensor_static" (needs a1_scale, a2_scale: one-element fp32
+    tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 on FP8 tensor cores
+    (compute capability >= 8.9), the weights' per-row rebase from the converter_w4a8 tensors or computed once here.
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -203,6 +222,8 @@ def moe_forward(
                                      "the config's gemm1.split_epilogue")
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
+    qscale = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    fp8 = _w4a8_data(weights) if act_quant is not None else None
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
               f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
@@ -233,8 +254,71 @@ def moe_forward(
         al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block, extra_tickets=sum_tickets)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
-            _scales_fold(weights), tickets_per_block, sum_tickets)
+            _scales_fold(weights) and fp8 is None, tickets_per_block, sum_tickets, _ACT_QUANT_IDS[act_quant], fp8,
+            qscale)
     return out
+
+
+def _check_act_quant(x, act_quant, a1_scale, a2_scale):
+    """The checked activation quantization: for 'fp8_per_tensor_static' the fp32 [a1, 1/a1, a2, 1/a2] the kernels
+    read (reciprocals by torch, as formats.quantize_fp8_per_tensor computes them), else None."""
+    if act_quant not in ACT_QUANTS:
+        _fail(ValueError, f"act_quant={act_quant!r} must be one of {ACT_QUANTS}")
+    static = act_quant == "fp8_per_tensor_static"
+    for name, scale in (("a1_scale", a1_scale), ("a2_scale", a2_scale)):
+        if not static:
+            if scale is not None:
+                _fail(ValueError, f"{name} is only read with act_quant='fp8_per_tensor_static' (got act_quant="
+                      f"{act_quant!r}); drop {name} or pass that act_quant")
+            continue
+        if not isinstance(scale, torch.Tensor) or scale.numel() != 1 or scale.dtype != torch.float32:
+            got = f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else repr(scale)
+            _fail(ValueError, f"{name} must be a one-element torch.float32 tensor (the checkpoint's static input scale "
+                  f"of GEMM{name[1]}) for act_quant='fp8_per_tensor_static', got {got}; pass e.g. "
+                  f"layer.{name.replace('a', 'w', 1)[:2]}_input_scale.float().max().reshape(1)")
+        if scale.device != x.device:
+            _fail(ValueError, f"{name} is on {scale.device} but x is on {x.device}; move it with .to(x.device)")
+    if act_quant is not None and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 9):
+        _fail(ValueError, f"act_quant={act_quant!r} needs FP8 tensor cores (compute capability >= 8.9); "
+              f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}: "
+              f"use act_quant=None")
+    if not static:
+        return None
+    a1, a2 = a1_scale.reshape(1), a2_scale.reshape(1)
+    return torch.cat([a1, 1.0 / a1, a2, 1.0 / a2])
+
+
+#: id(w13) -> (weakref to it, (w13, w13_scale, w2, w2_scale) versions, the w4a8_row_data) of _w4a8_data.
+_W4A8_CACHE: dict = {}
+
+
+def _w4a8_data(w: TritonMoEWeights) -> dict:
+    """The W4A8 row data: the weights' own (converter_w4a8), else w4a8_row_data computed once per weight tensor and
+    cached (outside graph capture; inside a capture an uncached layer is an error, never a silent recompute)."""
+    names = ("w13_row_exp", "w2_row_exp") + (("w13_scale_fp8", "w2_scale_fp8") if w.format == "mxfp4" else ())
+    given = {name: getattr(w, name) for name in names}
+    if all(t is not None for t in given.values()):
+        rows = {"w13_row_exp": w.w13.shape[1], "w2_row_exp": w.w2.shape[1]}
+        for name, t in given.items():
+            shape = (w.num_experts, rows[name]) if name in rows else tuple(getattr(w, name[:-4]).shape)
+            dtype = torch.int32
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.stride(-1) != 1 \
+                    or t.device != w.device:
+                got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                _fail(ValueError, f"weights.{name} must be {dtype} of shape {shape} with unit inner stride on "
+                      f"{w.device}, got {got}; convert with backends.layouts.triton_moe:converter_w4a8")
+        return given
+    key = id(w.w13)
+    versions = tuple(t._version for t in (w.w13, w.w13_scale, w.w2, w.w2_scale))
+    cached = _W4A8_CACHE.get(key)
+    if cached is not None and cached[0]() is w.w13 and cached[1] == versions:
+        return cached[2]
+    if w.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _fail(RuntimeError, "the W4A8 row data of these weights is not computed yet and cannot be inside CUDA graph "
+              "capture; convert with backends.layouts.triton_moe:converter_w4a8, or run the layer once before capture")
+    data = w4a8_row_data(w)
+    _W4A8_CACHE[key] = (weakref.ref(w.w13, lambda _ref, k=key: _W4A8_CACHE.pop(k, None)), versions, data)
+    return data
 
 
 def _forced_choice(arg: str, choice: str | None, choices: tuple, env: str, otherwise: str) -> str | None:
@@ -279,14 +363,15 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded,
-            tickets_per_block=0, sum_tickets=0):
+            tickets_per_block=0, sum_tickets=0, act_quant=0, fp8=None, qscale=None):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids. A split-K GEMM1
     sums its fp32 slices in fixed order and activates either in the tile's last slice program (tickets_per_block:
     the alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
     Likewise GEMM2 sums each token's pair slices in the program that stores a token tile's last one (sum_tickets:
     the alignment zeroed them after GEMM1's), or topk_sum_kernel does.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
-    because every GEMM2 column program re-reads the fp32 slices.)"""
+    because every GEMM2 column program re-reads the fp32 slices.) act_quant != 0 (W4A8): fp8 holds the weights'
+    row data (_w4a8_data), qscale the static input scales; h is E4M3."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -298,10 +383,20 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     gs2 = weights.w2_global_scale if nvfp4 else unused
     b13 = weights.w13_bias if weights.w13_bias is not None else unused
     b2 = weights.w2_bias if weights.w2_bias is not None else unused
+    s13, s2 = weights.w13_scale, weights.w2_scale
+    r13 = r2 = al.padded_total  # any int32 tensor when unused (never read)
+    if act_quant:
+        r13, r2 = fp8["w13_row_exp"], fp8["w2_row_exp"]
+        if not nvfp4:  # MXFP4: the scale bytes lowered by each row's exponent
+            s13, s2 = fp8["w13_scale_fp8"], fp8["w2_scale_fp8"]
+    qs = qscale if qscale is not None else unused
+    stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if act_quant else (0, 0)
 
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
-    h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
+    h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant else torch.bfloat16, device=x.device)
+    # mxfp8: h's E8M0 block scales, one per 32 columns, written by GEMM1's epilogue
+    hs = torch.empty(rows, inter // 32, dtype=torch.uint8, device=x.device) if act_quant == 2 else al.padded_total
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
@@ -316,36 +411,36 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     unused_int = al.padded_total  # any int32 tensor when unused (never read)
     tickets = al.tickets[:tiles] if last_slice_activates else unused_int
     kernels.gemm1_act_kernel[(tiles, c1.split_k)](
-        x, weights.w13, weights.w13_scale, gs13, b13, h, part, tickets,
-        al.sorted_pairs, al.block_expert, al.padded_total,
+        x, weights.w13, s13, gs13, b13, h, part, tickets,
+        al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, hs,
         num_pairs, al.num_blocks, hidden, inter,
-        x.stride(0), weights.w13.stride(0), weights.w13.stride(1), weights.w13_scale.stride(0),
-        weights.w13_scale.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), *swiglu,
+        x.stride(0), weights.w13.stride(0), weights.w13.stride(1), s13.stride(0),
+        s13.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), stride_r13, hs.stride(0), *swiglu,
         **gemm_constexprs(1, c1, k_size=hidden, nvfp4=nvfp4, wgmma=wgmma1, interpreted=interpreted, folded=folded,
                           has_bias=weights.w13_bias is not None),
-        LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id,
+        LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id, ACT_QUANT=act_quant,
         num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1 and not last_slice_activates:
         epi_n = 256
         kernels.gemm1_split_epilogue_kernel[(al.num_blocks, _cdiv(inter, epi_n))](
-            part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, num_pairs, inter,
-            part.stride(0), part.stride(1), b13.stride(0), h.stride(0), *swiglu,
+            part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, hs, num_pairs, inter,
+            part.stride(0), part.stride(1), b13.stride(0), h.stride(0), stride_r13, hs.stride(0), *swiglu,
             SPLIT_K=c1.split_k, BLOCK_M=c1.block_m, BLOCK_N=epi_n, NVFP4=nvfp4, ACTIVATION=act_id,
-            HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, num_warps=4,
+            HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, ACT_QUANT=act_quant, num_warps=4,
         )
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
     last_pair_sums = sum_tickets > 0
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
-        h, weights.w2, weights.w2_scale, gs2, b2, route_w, pair_out,
+        h, weights.w2, s2, gs2, b2, route_w, pair_out,
         al.tickets[gemm1_tickets:] if last_pair_sums else unused_int, out,
-        al.sorted_pairs, al.block_expert, al.padded_total,
+        al.sorted_pairs, al.block_expert, al.padded_total, r2, qs, hs,
         num_pairs, al.num_blocks, inter, hidden,
-        h.stride(0), weights.w2.stride(0), weights.w2.stride(1), weights.w2_scale.stride(0),
-        weights.w2_scale.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), out.stride(0),
+        h.stride(0), weights.w2.stride(0), weights.w2.stride(1), s2.stride(0),
+        s2.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), out.stride(0), stride_r2, hs.stride(0),
         **gemm_constexprs(2, c2, k_size=inter, nvfp4=nvfp4, wgmma=wgmma2, interpreted=interpreted, folded=folded,
                           has_bias=weights.w2_bias is not None),
-        LAST_PAIR_SUMS=last_pair_sums, TOP_K=k,
+        LAST_PAIR_SUMS=last_pair_sums, TOP_K=k, ACT_QUANT=act_quant,
         num_warps=c2.num_warps, num_stages=c2.num_stages, maxnreg=c2.maxnreg,
     )
     if last_pair_sums:

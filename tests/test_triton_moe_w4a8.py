@@ -1,0 +1,375 @@
+"""W4A8 (FP8 E4M3 activations) of backends.triton_moe against the emulation's fp8_operands numerics.
+
+The numerics are defined once, in backends.formats (rebase_rows_to_e4m3, mxfp8_row_rebased) and
+backends.emulation.moe_forward(fp8_operands=True); the kernels (act_quant='fp8_per_tensor_static' | 'mxfp8') are
+checked against it: under Triton's CPU interpreter at small shapes (a TRITON_INTERPRET=1 subprocess, as
+test_triton_moe_interp.py: both formats, both schemes, both GEMMs, swap-AB and plain tiles, stacked gate/up, split-K
+with both epilogues, converter_w4a8 weights), and on CUDA at the gpt-oss-120b and DeepSeek-V3 layers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from backends import emulation, formats
+
+from conftest import interpreter_worker_rows, requires_cuda
+from tolerances import tolerance
+
+SCHEMES = ("fp8_per_tensor_static", "mxfp8")
+
+
+# --------------------------------------------------------------------------------------------
+# The rebase math (backends.formats), no Triton
+# --------------------------------------------------------------------------------------------
+
+def test_rebase_exponent_is_the_smallest_that_fits_448():
+    gen = torch.Generator().manual_seed(0)
+    amax = torch.cat([torch.tensor([448.0, 449.0, 224.0, 224.00002, 2688.0, 1e-30, 3e38]),
+                      torch.rand(2000, generator=gen) * 10.0 ** torch.randint(-20, 20, (2000,), generator=gen)])
+    r = formats.fp8_row_rebase_exponent(amax).double()
+    assert torch.all(amax.double() <= 448 * 2.0**r), "amax * 2^-r must not exceed 448"
+    assert torch.all(amax.double() > 224 * 2.0**r), "a smaller r would fit too (r must be the smallest)"
+    assert formats.fp8_row_rebase_exponent(torch.zeros(3)).tolist() == [0, 0, 0]  # all-zero rows: r = 0
+
+
+def _mxfp4_rows(span: int, rows: int = 64, seed: int = 0) -> torch.Tensor:
+    """Dequantized MXFP4 rows [rows, 256] whose 8 block exponents lie in [120 - span, 120], both ends present."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (rows, 128), dtype=torch.uint8, generator=gen)
+    exps = torch.randint(120 - span, 121, (rows, 8), generator=gen)
+    exps[:, 0], exps[:, 1] = 120, 120 - span
+    return formats.dequantize_mxfp4(codes, exps.to(torch.uint8))
+
+
+def test_mxfp4_rebase_is_exact_within_14_binades():
+    w = _mxfp4_rows(span=14)
+    w8, r = formats.rebase_rows_to_e4m3(w)
+    assert torch.equal(torch.ldexp(w8, r[:, None].float()), w), "MXFP4 rows spanning <= 14 binades must be exact"
+    assert w8.abs().max() <= 448
+
+
+def test_mxfp4_rebase_rounds_beyond_14_binades():
+    """The bound is tight: 18 binades push the smallest blocks below E4M3's subnormals (this test shows the check
+    above can fail)."""
+    w = _mxfp4_rows(span=18)
+    w8, r = formats.rebase_rows_to_e4m3(w)
+    assert not torch.equal(torch.ldexp(w8, r[:, None].float()), w)
+
+
+def test_nvfp4_rebase_rounds_to_e4m3_once():
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 256, (64, 128), dtype=torch.uint8, generator=gen)
+    scales = (torch.rand(64, 16, generator=gen) * 400 + 0.02).to(torch.float8_e4m3fn)
+    w = formats.dequantize_nvfp4(codes, scales, 1.0)
+    w8, r = formats.rebase_rows_to_e4m3(w)
+    back = torch.ldexp(w8, r[:, None].float())
+    normal = w.abs() * torch.ldexp(torch.ones(()), -r[:, None].float()) >= 2.0**-6  # E4M3 normal range
+    torch.testing.assert_close(back[normal], w[normal], **tolerance("e4m3_one_rounding"))
+    assert not torch.equal(back, w), "NVFP4 products carry up to 5 significant bits: some must round"
+
+
+def test_e4m3_rn_rounds_to_nearest_even_and_saturates():
+    x = torch.tensor([1.0625, 1.1875, 17.0, 19.0, 500.0, -1e9, 2.0**-10, 3 * 2.0**-10])
+    assert formats.e4m3_rn(x).tolist() == [1.0, 1.25, 16.0, 20.0, 448.0, -448.0, 0.0, 2.0**-8]
+
+
+def test_mxfp8_row_rebase_keeps_rows_of_one_exponent_and_shifts_the_others():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 128, generator=gen)
+    same = x / x.abs().amax(dim=-1, keepdim=True) * 3.0  # every block's amax in [2, 4): one block exponent
+    same[:, ::32] = 3.5
+    assert torch.equal(formats.mxfp8_row_rebased(same), formats.qdq_activation(same, "fp8"))
+    spread = x.clone()
+    spread[:, :32] *= 2.0**12  # one block 12 binades up: the others lose bits to E4M3's subnormals
+    rebased, mx = formats.mxfp8_row_rebased(spread), formats.qdq_activation(spread, "fp8")
+    assert torch.equal(rebased[:, :32], mx[:, :32]) and not torch.equal(rebased, mx)
+
+
+# --------------------------------------------------------------------------------------------
+# The converter's row data (backends.layouts.triton_moe:converter_w4a8, w4a8_row_data)
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_row_data_is_the_formats_rebase_of_each_kernel_row(fmt):
+    from backends.layouts.triton_moe import _from_words, from_kernel_layout, to_kernel_layout, w4a8_row_data
+    from backends.triton_moe.testing import Shape, random_checkpoint
+
+    shape = Shape("s", fmt, 3, 2, 128, 64, "swigluoai", True)
+    kw = to_kernel_layout(**random_checkpoint(shape, generator=torch.Generator().manual_seed(3)))
+    data = w4a8_row_data(kw)
+    back = from_kernel_layout(kw, gate_up_layout="contiguous")  # kernel row order: [gate; up]
+    for name, k in (("w13", shape.hidden_size), ("w2", shape.intermediate_size)):
+        for e in range(shape.experts):
+            if fmt == "mxfp4":
+                w = formats.dequantize_mxfp4(back[name][e], back[f"{name}_scale"][e])
+            else:
+                w = formats.dequantize_nvfp4(back[name][e], back[f"{name}_scale"][e], 1.0)
+            r = formats.rebase_rows_to_e4m3(w)[1]
+            assert torch.equal(data[f"{name}_row_exp"][e], r), (name, e)
+            if fmt == "mxfp4":
+                rebased = _from_words(data[f"{name}_scale_fp8"][e:e + 1], fmt, k)[0].to(torch.int32)
+                want = (back[f"{name}_scale"][e].to(torch.int32) - r[:, None]).clamp(0, 254)
+                assert torch.equal(rebased, want), (name, e)
+    assert ("w13_scale_fp8" in data) == (fmt == "mxfp4")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_converter_w4a8_adds_the_row_data_and_inverts_like_converter(fmt):
+    from backends.layouts.triton_moe import W4A8_TENSORS, converter, converter_w4a8, triton_weights, w4a8_row_data
+
+    from layout_cases import random_layer
+
+    w = random_layer(fmt, experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
+    plain, extended = converter.convert(w), converter_w4a8.convert(w)
+    assert set(extended.tensors) - set(plain.tensors) == {n for n in W4A8_TENSORS if fmt == "mxfp4" or "row" in n}
+    for name, t in w4a8_row_data(triton_weights(plain)).items():
+        assert torch.equal(extended[name], t), name
+    back, want = converter_w4a8.invert(extended), converter.invert(plain)
+    assert torch.equal(back.w13, want.w13) and torch.equal(back.w2_scale.view(torch.uint8),
+                                                           want.w2_scale.view(torch.uint8))
+
+
+# --------------------------------------------------------------------------------------------
+# Bad arguments: one message naming the argument and the fix, before any launch
+# --------------------------------------------------------------------------------------------
+
+def _small_layer():
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe.testing import Shape, random_checkpoint
+
+    shape = Shape("s", "mxfp4", 8, 2, 128, 64, "swigluoai", True)
+    ckpt = random_checkpoint(shape)
+    return ckpt, to_kernel_layout(**ckpt), torch.randn(4, 128).bfloat16(), torch.randn(4, 8)
+
+
+@pytest.mark.parametrize(("kwargs", "kind", "message"), [
+    ({"act_quant": "fp8"}, ValueError, r"act_quant='fp8' must be one of \(None, 'fp8_per_tensor_static', 'mxfp8'\)"),
+    ({"act_quant": "fp8_per_tensor_static", "a2_scale": torch.ones(1)}, ValueError,
+     r"a1_scale must be a one-element torch.float32 tensor .* got None"),
+    ({"act_quant": "fp8_per_tensor_static", "a1_scale": torch.ones(1, dtype=torch.float64),
+      "a2_scale": torch.ones(1)}, ValueError, r"a1_scale must be a one-element torch.float32 tensor .* got torch.float64"),
+    ({"act_quant": "fp8_per_tensor_static", "a1_scale": torch.ones(1), "a2_scale": torch.ones(2)}, ValueError,
+     r"a2_scale must be a one-element .* shape \(2,\)"),
+    ({"a1_scale": torch.ones(1)}, ValueError, r"a1_scale is only read with act_quant='fp8_per_tensor_static'"),
+    ({"act_quant": "mxfp8", "a2_scale": torch.ones(1)}, ValueError, r"a2_scale is only read with"),
+])
+def test_bad_act_quant_arguments_name_the_argument(kwargs, kind, message):
+    pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+    from backends.triton_moe import moe_forward
+
+    _, weights, x, logits = _small_layer()
+    with pytest.raises(kind, match=message):
+        moe_forward(x, weights, router_logits=logits, top_k=2, **kwargs)
+
+
+def test_hand_built_row_data_of_the_wrong_shape_is_refused():
+    pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+    import dataclasses
+
+    from backends.layouts.triton_moe import w4a8_row_data
+    from backends.triton_moe import moe_forward
+
+    _, weights, x, logits = _small_layer()
+    data = w4a8_row_data(weights)
+    bad = dataclasses.replace(weights, **{**data, "w2_row_exp": data["w2_row_exp"][:, :64]})
+    with pytest.raises(ValueError, match=r"weights.w2_row_exp must be torch.int32 of shape \(8, 128\).*converter_w4a8"):
+        moe_forward(x, bad, router_logits=logits, top_k=2, act_quant="mxfp8")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"format": "bf16"}, r"fp8_operands=True needs format 'mxfp4' or 'nvfp4'"),
+    ({"gemm_input_schemes": ("mxfp8", "fp8_per_tensor_dynamic")}, r"needs both GEMM input schemes in"),
+])
+def test_emulation_fp8_operands_refuses_what_the_kernels_do_not_define(kwargs, message):
+    ckpt, _, x, logits = _small_layer()
+    args = {**ckpt, "router_logits": logits, "top_k": 2, "gemm_input_schemes": ("mxfp8", "mxfp8"), **kwargs}
+    if args["format"] == "bf16":
+        args.update(w13=torch.randn(8, 128, 128), w2=torch.randn(8, 128, 64), w13_scale=None, w2_scale=None)
+    with pytest.raises(ValueError, match=message):
+        emulation.moe_forward(x, **args, fp8_operands=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Interpreter: the kernels against the emulation (TRITON_INTERPRET=1 subprocess)
+# --------------------------------------------------------------------------------------------
+
+# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, scheme, config)
+CASES = {}
+for _fmt, _act, _h, _i, _biases, _layout in (("mxfp4", "swigluoai", 128, 64, True, "interleaved"),
+                                             ("nvfp4", "silu", 192, 64, False, "contiguous")):
+    for _scheme in SCHEMES:
+        for _config in ("swap", "plain", "split", "stacked-split-fused"):
+            CASES[f"{_fmt}-{_scheme}-{_config}"] = (_fmt, 8, 2, _h, _i, _act, _biases, 9, _layout, _scheme, _config)
+
+
+def _configs():
+    from backends.triton_moe.tuning import LaunchConfig, MoEConfig
+
+    swap = LaunchConfig(16, 32, 64, 1, True, 4, 2)
+    plain = LaunchConfig(32, 32, 128, 2, False, 4, 2)  # nvfp4: K tail (H = 192 = 128 + 64)
+    split = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=2)
+    stacked = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=3, stack_gate_up=True, split_epilogue="fused")
+    return {"swap": MoEConfig(swap, swap, "test"), "plain": MoEConfig(plain, plain, "test"),
+            "split": MoEConfig(split, split, "test"), "stacked-split-fused": MoEConfig(stacked, split, "test")}
+
+
+def _layer_inputs(spec, seed=0):
+    from backends.triton_moe.testing import Shape, activation_kwargs, random_checkpoint
+
+    fmt, e, k, h, i, act, biases, tokens, layout, scheme, _ = spec
+    shape = Shape("s", fmt, e, k, h, i, act, biases)
+    gen = torch.Generator().manual_seed(seed)
+    ckpt = random_checkpoint(shape, generator=gen, gate_up_layout=layout)
+    x = torch.randn(tokens, h, generator=gen)
+    x[:, 3] *= 200.0  # an outlier channel: the static scale and the MX blocks that hold it see it
+    x = x.bfloat16()
+    route = {"router_logits": torch.randn(tokens, e, generator=gen), "top_k": k, **activation_kwargs(shape)}
+    scales = {}
+    if scheme == "fp8_per_tensor_static":
+        scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1), "a2_scale": torch.full((1,), 1 / 64)}
+    return ckpt, x, route, scales
+
+
+def _reference(ckpt, x, route, scheme, scales):
+    return emulation.moe_forward(x, **ckpt, **route, gemm_input_schemes=(scheme, scheme), fp8_operands=True,
+                                 **scales)
+
+
+def _compare_w4a8(out, ref, scheme) -> dict:
+    from backends.triton_moe.testing import compare
+
+    elementwise = tolerance("w4a8_mxfp8_moe_elementwise_rms_units" if scheme == "mxfp8"
+                            else "w4a8_moe_elementwise_rms_units")
+    return compare(out, ref, rel_l2_tol=tolerance("w4a8_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
+                   atol_rms_units=elementwise["atol"])
+
+
+def _run_case(spec) -> dict:
+    import dataclasses
+
+    from backends.layouts.triton_moe import to_kernel_layout, w4a8_row_data
+    from backends.triton_moe import moe_forward
+
+    scheme, config = spec[9], _configs()[spec[10]]
+    ckpt, x, route, scales = _layer_inputs(spec)
+    ref = _reference(ckpt, x, route, scheme, scales)
+    weights = to_kernel_layout(**ckpt)
+    out = moe_forward(x, weights, **route, config=config, act_quant=scheme, **scales)
+    converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
+    again = moe_forward(x, converted, **route, config=config, act_quant=scheme, **scales)
+    w4a16 = emulation.moe_forward(x, **ckpt, **route)
+    return {**_compare_w4a8(out, ref, scheme), "bits_equal_reference": torch.equal(out, ref),
+            "same_bits_with_converted_weights": torch.equal(out.view(torch.int16), again.view(torch.int16)),
+            "differs_from_w4a16": not torch.equal(ref, w4a16)}
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict:
+    pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+    return interpreter_worker_rows(__file__, ("mxfp4",), ("nvfp4",))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
+    row = interpreter_results[case]
+    assert "error" not in row, row.get("error")
+    assert row["shape_ok"] and row["finite"], row
+    assert row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
+    assert row["same_bits_with_converted_weights"], "converter_w4a8's row data must give the lazily computed bits"
+    assert row["differs_from_w4a16"], "the FP8 numerics must differ from W4A16's (else the test compares nothing)"
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA: the real layers
+# --------------------------------------------------------------------------------------------
+
+_CUDA_LAYERS: dict = {}
+
+
+def _cuda_layer(name):
+    """(checkpoint, converter_w4a8-style kernel weights) of a registry layer, built once per module."""
+    import dataclasses
+
+    from backends.layouts.triton_moe import to_kernel_layout, w4a8_row_data
+    from backends.triton_moe.testing import SHAPES, random_checkpoint
+
+    if name not in _CUDA_LAYERS:
+        ckpt = random_checkpoint(SHAPES[name], device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        weights = to_kernel_layout(**ckpt)
+        _CUDA_LAYERS.clear()  # one layer on the GPU at a time
+        _CUDA_LAYERS[name] = ckpt, dataclasses.replace(weights, **w4a8_row_data(weights))
+    return _CUDA_LAYERS[name]
+
+
+def _cuda_inputs(name, tokens, scheme):
+    from backends.triton_moe.testing import SHAPES, activation_kwargs
+
+    shape = SHAPES[name]
+    gen = torch.Generator("cuda").manual_seed(tokens)
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen)
+    x[:, 7] *= 100.0  # an outlier channel
+    x = x.bfloat16()
+    route = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
+             "top_k": shape.top_k, **activation_kwargs(shape)}
+    scales = {}
+    if scheme == "fp8_per_tensor_static":
+        scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
+                  "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
+    return x, route, scales
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tokens", [1, 37, 1000, 4096])
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
+def test_cuda_w4a8_layers_match_emulation(name, tokens, scheme):
+    from backends.triton_moe import moe_forward
+
+    ckpt, weights = _cuda_layer(name)
+    x, route, scales = _cuda_inputs(name, tokens, scheme)
+    out = moe_forward(x, weights, **route, act_quant=scheme, **scales)
+    stats = _compare_w4a8(out, _reference(ckpt, x, route, scheme, scales), scheme)
+    print(json.dumps({"layer": name, "tokens": tokens, "scheme": scheme, **stats}))
+    assert stats["shape_ok"] and stats["finite"], stats
+    assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cuda_w4a8_graph_replay_gives_the_eager_bits(scheme):
+    from backends.triton_moe import moe_forward
+
+    _, weights = _cuda_layer("gpt-oss-120b")
+    x, route, scales = _cuda_inputs("gpt-oss-120b", 256, scheme)
+    eager = moe_forward(x, weights, **route, act_quant=scheme, **scales)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe_forward(x, weights, **route, act_quant=scheme, **scales)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_forward(x, weights, **route, act_quant=scheme, **scales)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(eager.view(torch.int16), captured.view(torch.int16))
+
+
+if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
+    import sys
+    import traceback
+
+    for case_name, case_spec in CASES.items():
+        if case_spec[0] != sys.argv[1]:
+            continue
+        try:
+            result = _run_case(case_spec)
+        except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
+            result = {"error": traceback.format_exc()[-3000:]}
+        print(json.dumps({"case": case_name, **result}), flush=True)
