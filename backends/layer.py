@@ -429,13 +429,22 @@ def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssemb
         problem = (f"{where} selects {decision.backend} (kernel {decision.kernel}), which this project cannot run "
                    f"(not runnable here): "
                    f"{decision.missing_why or 'no runner'}")
-    elif decision.activation_key is not None:
+    elif decision.activation_key is not None and not _runs_activation_key(decision):
         problem = (f"{where} selects {decision.backend}, which quantizes activations ({decision.activation_key}); "
-                   f"a MoELayer runs W4A16 (unquantized activations)")
+                   f"its runner runs W4A16 (unquantized activations) only")
     else:
         return
     raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question, policies)}", decision=decision,
                                 assembly=assembly)
+
+
+def _runs_activation_key(decision) -> bool:
+    """Whether the decision's runner quantizes activations as asked: it declares the key (`activation_keys`) and the
+    rules' quant-config kind quantizes to FP8 (mxfp8, or fp8 per tensor), the formats those runners implement."""
+    factory = resolve_named(decision.runner, "runner", decision)
+    kind = decision.quant_config or {}
+    return decision.activation_key in getattr(factory, "activation_keys", ()) and kind.get("activation") in (
+        "mxfp8", "fp8")
 
 
 def _who_can_run(oracle, question: dict, policies: Mapping[str, str] | None = None) -> str:

@@ -33,6 +33,9 @@ class EmulationRunner:
     activation kind (W4A8 questions where no FP8 kernel runs) fake-quantizes both GEMM inputs as vLLM's emulation
     does (`fp8_input_schemes`), with the checkpoint's static input scales for per-tensor FP8."""
 
+    #: the activation keys this runner fake-quantizes to (backends.layer.require_runnable reads it)
+    activation_keys = ("kMxfp8Dynamic", "kFp8StaticTensorSym")
+
     def __init__(self, spec: RunnerSpec, weights: MoEWeights):
         self.spec = spec
         self._weights = weights.emulation_kwargs()

@@ -28,7 +28,8 @@ class TritonMoERunner:
     def prepare(cls, spec: RunnerSpec, weights: KernelWeights) -> TritonMoERunner:
         from backends.layouts.triton_moe import triton_weights
 
-        return cls(spec, triton_weights(weights), _checked_forward(spec, weights, "converter"))
+        forward = _checked_forward(spec, weights, "converter")
+        return cls(spec, triton_weights(weights), forward)
 
     def apply(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         return self._forward(x, self._weights, **routing.as_kwargs(), **self._call)
@@ -52,6 +53,9 @@ class TritonMoEW4A8Runner(TritonMoERunner):
     """Runs `moe_forward(..., act_quant=...)` over the converter_w4a8 layout: the act scheme is the decision's quant
     config (`act_quant_of`); static per-tensor FP8 takes a1/a2 from the config the converter kept (the checkpoint's
     input scales, `MoEWeights.static_input_scales`)."""
+
+    #: the activation keys this runner quantizes to (backends.layer.require_runnable reads it)
+    activation_keys = ("kMxfp8Dynamic", "kFp8StaticTensorSym")
 
     @classmethod
     def prepare(cls, spec: RunnerSpec, weights: KernelWeights) -> TritonMoEW4A8Runner:
