@@ -219,8 +219,9 @@ class MoEWeights:
         (and w1/w3), as vLLM's W4A8 quant configs reduce them; `needed_by` names who asks, for the error."""
         if self.w13_input_scale is None or self.w2_input_scale is None:
             self._fail(ValueError, f"{needed_by} quantizes activations to FP8 per tensor with the checkpoint's static "
-                       f"input scales, but these weights carry none (w13_input_scale={_described(self.w13_input_scale)}, "
-                       f"w2_input_scale={_described(self.w2_input_scale)}); load them from the checkpoint's "
+                       f"input scales, but these weights carry none (w13_input_scale="
+                       f"{_described(self.w13_input_scale)}, w2_input_scale={_described(self.w2_input_scale)}); "
+                       f"load them from the checkpoint's "
                        f"input_scale tensors (MoEWeights(w13_input_scale=[E, 2] for w1/w3, w2_input_scale=[E]) as "
                        f"fp32), or ask dynamic MXFP8 activations (activation_key='kMxfp8Dynamic')")
         if self.E == 0:

@@ -144,13 +144,13 @@ def test_explain_of_a_bf16_question_says_no_fp8_was_asked(capsys, tmp_path):
 # MoELayer -> TritonMoEW4A8Runner (fake kernel function) and the EMULATION fallback
 # --------------------------------------------------------------------------------------------
 
-E, H, I, TOP_K = 4, 64, 64, 2
+E, H, INTER, TOP_K = 4, 64, 64, 2
 
 
 def layer_weights(fmt: str, *, input_scales: bool = True, seed: int = 0) -> MoEWeights:
     gen = torch.Generator().manual_seed(seed)
-    w13 = torch.randn(E, 2 * I, H, generator=gen) / H ** 0.5
-    w2 = torch.randn(E, H, I, generator=gen) / I ** 0.5
+    w13 = torch.randn(E, 2 * INTER, H, generator=gen) / H ** 0.5
+    w2 = torch.randn(E, H, INTER, generator=gen) / INTER ** 0.5
     scales = {}
     if input_scales:
         scales = {"w13_input_scale": torch.rand(E, 2, generator=gen) * 0.02 + 0.01,

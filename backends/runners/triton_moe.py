@@ -1,5 +1,6 @@
 """TRITON_MOE and TRITON_MOE_W4A8 as runners: this project's fused Triton kernels (`backends.triton_moe`), with
-BF16 activations (W4A16) or FP8 E4M3 ones on FP8 tensor cores (W4A8, the act scheme from the decision's quant config)."""
+BF16 activations (W4A16) or FP8 E4M3 ones on FP8 tensor cores (W4A8, the act scheme from the decision's quant
+config)."""
 
 from __future__ import annotations
 
