@@ -131,9 +131,10 @@ def layer_rows() -> list[dict]:
 
 @torch.no_grad()
 def logits_rows() -> list[dict]:
+    from hf_tiny_models import quantized_model
+
     from backends.checkpoints import gpt_oss, modelopt
     from backends.integrations.transformers import patch_model
-    from hf_tiny_models import quantized_model
 
     rows = []
     models = (("gpt_oss", gpt_oss.LAYOUT, "mxfp4"), ("deepseek_v3", modelopt.LAYOUT, "nvfp4"))
