@@ -298,3 +298,20 @@ if __name__ == "__main__":  # the TRITON_INTERPRET=1 worker of test_interpreter_
     import sys
 
     _worker(sys.argv[1])
+
+
+def test_quark_w_mxfp4_a_fp8_layer_runs_the_w4a8_runner_with_its_static_scales(fake_kernel):
+    """A Quark w_mxfp4_a_fp8 layer where TRITON_MOE_W4A8 is selected (CPU + interpreter): the runner gets
+    act_quant='fp8_per_tensor_static' and the layer's reduced static input scales as a1/a2."""
+    import test_quark as q
+
+    layer = q.QuarkOCPMXMoE.create(q.quant_config(*q.SCHEMES["w_mxfp4_a_fp8"]), q.E, q.H, q.I, top_k=q.TOP_K,
+                                   platform=q.CPU, packages={**q.NO_PACKAGES, "triton": True},
+                                   env={"TRITON_INTERPRET": "1"}, profile="moe-oracle")
+    assert layer.decision.backend == "TRITON_MOE_W4A8"
+    gen = torch.Generator().manual_seed(5)
+    q._load_and_process(layer, q._random_checkpoint("mxfp4", gen, False), q.STATIC_SCALES)
+    layer.forward(torch.randn(3, q.H, generator=gen), torch.randn(3, q.E, generator=gen))
+    (call,) = fake_kernel
+    assert call["act_quant"] == "fp8_per_tensor_static"
+    assert (float(call["a1_scale"]), float(call["a2_scale"])) == q.STATIC_SCALES
