@@ -18,7 +18,7 @@ from backends.layer import LayerUnavailableError, MoELayer
 from backends.weights import MoEWeights
 from oracle.cli import main
 
-from conftest import interpreter_worker_rows
+from conftest import interpreter_worker_rows, requires_cuda
 from tolerances import tolerance
 
 FP8_KEYS = {"kMxfp8Dynamic": "mxfp8", "kFp8StaticTensorSym": "fp8_per_tensor_static"}
@@ -315,3 +315,27 @@ def test_quark_w_mxfp4_a_fp8_layer_runs_the_w4a8_runner_with_its_static_scales(f
     (call,) = fake_kernel
     assert call["act_quant"] == "fp8_per_tensor_static"
     assert (float(call["a1_scale"]), float(call["a2_scale"])) == q.STATIC_SCALES
+
+
+@requires_cuda
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("key", sorted(FP8_KEYS))
+def test_cuda_moelayer_w4a8_matches_the_emulation(fmt, key):
+    """On an SM89+ GPU the rules give an FP8 question TRITON_MOE_W4A8 and MoELayer runs the real kernels."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 tensor cores need compute capability >= 8.9")
+    weights = layer_weights(fmt)
+    layer = MoELayer.from_checkpoint(weights, activation="swigluoai", top_k=TOP_K, device="cuda",
+                                     activation_key=key)
+    assert layer.decision.backend == "TRITON_MOE_W4A8"
+    gen = torch.Generator().manual_seed(3)
+    x, logits = torch.randn(40, H, generator=gen).bfloat16(), torch.randn(40, E, generator=gen)
+    y = layer.forward(x.cuda(), logits.cuda()).float().cpu()
+    scheme = FP8_KEYS[key]
+    scales = {}
+    if scheme == "fp8_per_tensor_static":
+        scales = dict(a1_scale=weights.w13_input_scale.max().reshape(1), a2_scale=weights.w2_input_scale.max().reshape(1))
+    ref = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=TOP_K,
+                                activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=True,
+                                **scales).float()
+    assert float((y - ref).norm() / ref.norm()) <= tolerance("w4a8_moe_rel_l2")["rtol"]
