@@ -77,7 +77,7 @@ def static_scales(x: torch.Tensor, layer: dict, logits: torch.Tensor, top_k: int
     checkpoint's input_scale: GEMM2's input is act(x W13^T) of every routed (token, expert) pair."""
     xf = x.float()
     ids, _ = emulation._route(logits, None, None, top_k, True, x.shape[0], layer["w13"].shape[0], x.device)
-    amax2 = torch.zeros(())
+    amax2 = torch.zeros((), device=x.device)
     for expert in ids.unique().tolist():
         rows = (ids == expert).any(dim=1)
         w13 = emulation._dequantize_expert(layer["format"], layer["w13"], layer["w13_scale"],
