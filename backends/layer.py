@@ -119,7 +119,7 @@ class MoELayer:
                         policy: str | None = None, moe_backend: str = "auto",
                         packages: Mapping[str, bool] | None = None, env: Mapping[str, str] | None = None,
                         deterministic: bool = False, max_num_batched_tokens: int | None = None,
-                        oracle=None) -> MoELayer:
+                        activation_key: str | None = None, oracle=None) -> MoELayer:
         """Select a backend for these weights here, pad and convert them once, bind the runner.
 
         weights: a `backends.weights.MoEWeights` (gpt-oss interleaved or generic contiguous; MXFP4/NVFP4).
@@ -133,7 +133,9 @@ class MoELayer:
         policy / moe_backend / packages / env: override what the question asks (defaults: the
         checkpoint's policy, auto, the packages installed and the rules' env vars as set here).
         max_num_batched_tokens: the scheduler's token budget, the batched format's max tokens per rank (default:
-        the rules'). oracle: an `oracle.Oracle` over other rules (default: the shipped rules).
+        the rules'). activation_key: the activations the checkpoint (or user) asks, e.g. 'kMxfp8Dynamic' or
+        'kFp8StaticTensorSym' for FP8 (W4A8, docs/w4a8.md); None = BF16 (W4A16). oracle: an `oracle.Oracle` over
+        other rules (default: the shipped rules).
         A backend this project cannot run raises LayerUnavailableError carrying the decision and its assembly.
         """
         if not isinstance(weights, MoEWeights):
@@ -169,7 +171,8 @@ class MoELayer:
         chosen, served_by = (policy, None) if policy is not None else checkpoint_policy(oracle, profile, weights)
         question = _question(oracle, profile=profile, policy=chosen,
                              platform=platform, packages=packages, env=env, weights=weights, activation=activation,
-                             top_k=top_k, renormalize=renormalize, moe_backend=moe_backend)
+                             top_k=top_k, renormalize=renormalize, moe_backend=moe_backend,
+                             activation_key=activation_key)
         decision = select_logged(oracle, question)
         assembly = kernel_assembly(oracle, decision, question, max_num_batched_tokens=max_num_batched_tokens)
         require_runnable(oracle, decision, question, assembly=assembly, policies=served_by)
@@ -319,8 +322,11 @@ def convert_with_quant_config(decision, weights: MoEWeights, activation: str, hi
     """The decision's converter over the weights, with the quant config built from the rules' kind (none when
     the rules give the backend no kind)."""
     converter = resolve_named(decision.converter, "converter", decision)
+    static = decision.quant_config is not None and decision.quant_config.get("input_scales") == "static"
+    input_scales = (weights.static_input_scales(f"{decision.backend} (quant config {decision.quant_config['kind']})")
+                    if static else None)
     quant_config = (None if decision.quant_config is None
-                    else build_quant_config(decision, weights, activation=activation))
+                    else build_quant_config(decision, weights, activation=activation, input_scales=input_scales))
     return converter.convert(weights, hidden_size=hidden, intermediate_size=inter, quant_config=quant_config)
 
 
@@ -363,14 +369,14 @@ def question_for(oracle, *, policy: str, profile, platform: Mapping[str, Any], p
 
 
 def _question(oracle, *, profile, policy, platform, packages, env, weights: MoEWeights, activation, top_k,
-              renormalize, moe_backend) -> dict:
-    """The scenario of a W4A16 layer built from checkpoint weights."""
+              renormalize, moe_backend, activation_key: str | None = None) -> dict:
+    """The scenario of a layer built from checkpoint weights (activation_key None: BF16 activations)."""
     return question_for(oracle, policy=policy, profile=profile, platform=platform, packages=packages, env=env, moe={
         "activation": activation, "is_act_and_mul": True, "moe_backend": moe_backend,
         "routing_method": "Renormalize" if renormalize else "Default",
         "hidden_size": weights.H, "intermediate_size": weights.I, "num_experts": weights.E, "top_k": top_k,
         "has_bias": weights.w13_bias is not None or weights.w2_bias is not None,
-        "weight_key": _WEIGHT_KEY[weights.format], "activation_key": None})
+        "weight_key": _WEIGHT_KEY[weights.format], "activation_key": activation_key})
 
 
 def select_logged(oracle, question: dict):
@@ -423,13 +429,22 @@ def require_runnable(oracle, decision, question: dict, *, assembly: KernelAssemb
         problem = (f"{where} selects {decision.backend} (kernel {decision.kernel}), which this project cannot run "
                    f"(not runnable here): "
                    f"{decision.missing_why or 'no runner'}")
-    elif decision.activation_key is not None:
+    elif decision.activation_key is not None and not _runs_activation_key(decision):
         problem = (f"{where} selects {decision.backend}, which quantizes activations ({decision.activation_key}); "
-                   f"a MoELayer runs W4A16 (unquantized activations)")
+                   f"its runner runs W4A16 (unquantized activations) only")
     else:
         return
     raise LayerUnavailableError(f"MoELayer: {problem}. {_who_can_run(oracle, question, policies)}", decision=decision,
                                 assembly=assembly)
+
+
+def _runs_activation_key(decision) -> bool:
+    """Whether the decision's runner quantizes activations as asked: it declares the key (`activation_keys`) and the
+    rules' quant-config kind quantizes to FP8 (mxfp8, or fp8 per tensor), the formats those runners implement."""
+    factory = resolve_named(decision.runner, "runner", decision)
+    kind = decision.quant_config or {}
+    return decision.activation_key in getattr(factory, "activation_keys", ()) and kind.get("activation") in (
+        "mxfp8", "fp8")
 
 
 def _who_can_run(oracle, question: dict, policies: Mapping[str, str] | None = None) -> str:

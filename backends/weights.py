@@ -15,8 +15,10 @@ inverse goes back. `MoEWeights` is the one place that says what a checkpoint ten
   ModelOpt checkpoint. A checkpoint stores w1 and w3 global scales separately ([E, 2]); the kernels
   take one per expert, so `global_scale_from_weight_scale_2` accepts [E, 2] only when both columns
   are equal (vLLM silently keeps column 0; a w3 quantized with another scale would be mis-scaled).
-  ``w13_input_scale`` [E, 2] (w1, w3) / ``w2_input_scale`` [E] fp32 are the checkpoint's activation
-  ``input_scale`` (dequantization multipliers); only W4A4 backends need them, for their quant config.
+* ``w13_input_scale`` [E, 2] (w1, w3) / ``w2_input_scale`` [E] fp32 (both formats, optional) are the checkpoint's
+  activation ``input_scale`` (dequantization multipliers): NVFP4 W4A4 backends take them for their quant config,
+  and static per-tensor FP8 activations (W4A8, kFp8StaticTensorSym) take their max as a1 / a2
+  (`static_input_scales`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ _SCALE_DTYPE = {"mxfp4": torch.uint8, "nvfp4": torch.float8_e4m3fn}
 
 def _shape(t) -> tuple:
     return tuple(t.shape)
+
+
+def _described(t) -> str:
+    return "None" if t is None else f"{tuple(t.shape)} {t.dtype}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,16 +133,15 @@ class MoEWeights:
         per_expert = {"w13_global_scale": (experts,), "w2_global_scale": (experts,),
                       "w13_input_scale": (experts, 2), "w2_input_scale": (experts,)}
         if self.format == "mxfp4":
-            for name in per_expert:
+            for name in ("w13_global_scale", "w2_global_scale"):
                 if getattr(self, name) is not None:
                     self._fail(ValueError, f"{name} must be None for format='mxfp4' (E8M0 block scales need no "
-                               f"global or input scale); drop it or use format='nvfp4'")
-            self._check_scale_values()
-            return
-        for name in ("w13_global_scale", "w2_global_scale"):
-            self._check(name, torch.float32, per_expert[name],
-                        "pass the per-expert quantization multiplier 1/weight_scale_2 "
-                        "(see global_scale_from_weight_scale_2)")
+                               f"global scale); drop it or use format='nvfp4'")
+        else:
+            for name in ("w13_global_scale", "w2_global_scale"):
+                self._check(name, torch.float32, per_expert[name],
+                            "pass the per-expert quantization multiplier 1/weight_scale_2 "
+                            "(see global_scale_from_weight_scale_2)")
         for name in ("w13_input_scale", "w2_input_scale"):
             if getattr(self, name) is not None:
                 self._check(name, torch.float32, per_expert[name],
@@ -208,6 +213,20 @@ class MoEWeights:
         fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
         fields.update(changes)
         return MoEWeights(**fields)
+
+    def static_input_scales(self, needed_by: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a1, a2): one-element fp32 tensors, the max of the checkpoint's static activation input scales over experts
+        (and w1/w3), as vLLM's W4A8 quant configs reduce them; `needed_by` names who asks, for the error."""
+        if self.w13_input_scale is None or self.w2_input_scale is None:
+            self._fail(ValueError, f"{needed_by} quantizes activations to FP8 per tensor with the checkpoint's static "
+                       f"input scales, but these weights carry none (w13_input_scale="
+                       f"{_described(self.w13_input_scale)}, w2_input_scale={_described(self.w2_input_scale)}); "
+                       f"load them from the checkpoint's "
+                       f"input_scale tensors (MoEWeights(w13_input_scale=[E, 2] for w1/w3, w2_input_scale=[E]) as "
+                       f"fp32), or ask dynamic MXFP8 activations (activation_key='kMxfp8Dynamic')")
+        if self.E == 0:
+            self._fail(ValueError, f"{needed_by}: a layer with no experts has no static input scale")
+        return self.w13_input_scale.amax().reshape(1), self.w2_input_scale.amax().reshape(1)
 
     def emulation_kwargs(self) -> dict:
         """Keyword arguments for `backends.emulation.moe_forward` that describe these weights."""

@@ -25,6 +25,12 @@ except ImportError:  # run from another directory without the checkout on sys.pa
 OURS, HEURISTIC = "this project (tuned)", "this project (heuristic)"
 FLOOR, MATMUL = "memory floor", "bf16 matmul bound"
 PEERS = ("Humming", "triton_kernels")
+#: benchmarks/bench_w4a8_matrix.py's rows: this project's W4A8 layer per FP8 activation scheme, and the FP8 bound
+W4A8 = ("this project W4A8 mxfp8", "this project W4A8 fp8 static")
+FP8_MATMUL = "fp8 matmul bound"
+#: issue 32's speed conditions: at T >= 4096 W4A8 >= 1.6x W4A16 and >= 0.55 of the FP8 torch._scaled_mm rate; at
+#: T <= 256 no slower than W4A16
+W4A8_SPEEDUP, W4A8_SCALED_MM, W4A8_PREFILL_T, W4A8_DECODE_T = 1.6, 0.55, 4096, 256
 #: Done-when thresholds of the matrix (issue 26): peers within 3% count as parity where they run at >= 90% of the
 #: floor; the heuristic within 10% of the tuned table; T = 1 at >= 0.60 of the floor on the two named layers.
 PARITY, PARITY_FLOOR, HEURISTIC_SLACK, T1_FLOOR, T1_LAYERS = 0.03, 0.90, 0.10, 0.60, ("gpt-oss-120b", "deepseek-v3")
@@ -46,13 +52,19 @@ def load(results: Path) -> dict:
                 by_cell[(gpu_kind(row["gpu"]), row["shape"], int(row["tokens"]))][row["run_id"]][
                     row["implementation"]] = row
     out: dict = defaultdict(dict)
+    w4a8: dict = defaultdict(dict)
     for (kind, shape, tokens), runs in by_cell.items():
-        def score(run_id, runs=runs):
-            measured = sum(1 for r in runs[run_id].values() if r["us"] and r["implementation"] not in (FLOOR, MATMUL))
+        def score(run_id, runs=runs):  # W4A8 rows do not count: they have a section of their own
+            measured = sum(1 for r in runs[run_id].values() if r["us"] and r["implementation"] not in (
+                FLOOR, MATMUL, FP8_MATMUL, *W4A8))
             return measured, envs[run_id]["date"]
         best = max(runs, key=score)
         out[kind][(shape, tokens)] = {"run": best, **runs[best]}
-    return {"cells": out, "envs": envs}
+        with_w4a8 = [r for r in runs if any(runs[r].get(impl, {}).get("us") for impl in W4A8)]
+        if with_w4a8:  # the latest run that timed W4A8 here, with its own W4A16 row
+            latest = max(with_w4a8, key=lambda r: envs[r]["date"])
+            w4a8[kind][(shape, tokens)] = {"run": latest, **runs[latest]}
+    return {"cells": out, "envs": envs, "w4a8": w4a8}
 
 
 def _us(row) -> float | None:
@@ -146,7 +158,56 @@ def markdown(kind: str, data: dict) -> str:
               f"{summary['heuristic_within_10pct'][1]} |",
               f"| T = 1 at ≥ 0.60 of the floor ({', '.join(T1_LAYERS)}) | {summary['t1_floor'][0]} / "
               f"{summary['t1_floor'][1]} |", "", f"![µs vs T per layer]({kind}.png)", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + w4a8_markdown(kind, data))
+
+
+def w4a8_markdown(kind: str, data: dict) -> list[str]:
+    """W4A16 vs W4A8 per layer, each cell from one run of benchmarks/bench_w4a8_matrix.py, and issue 32's speed
+    conditions over the cells measured."""
+    cells = data.get("w4a8", {}).get(kind)
+    if not cells:
+        return []
+    lines = ["## W4A8 (FP8 activations) beside W4A16", "",
+             "From `benchmarks/bench_w4a8_matrix.py`: W4A16 and both W4A8 schemes timed in the same run. Cells: µs "
+             "(W4A16 µs ÷ W4A8 µs; fraction of the run's FP8 8192³ `torch._scaled_mm` rate).", ""]
+    held = defaultdict(lambda: [0, 0])
+    for shape in _ordered(cells):
+        tokens = sorted(t for s, t in cells if s == shape)
+        lines += [f"### {shape}", "", "| T | " + " | ".join(map(str, tokens)) + " |", "|---|" + "---|" * len(tokens)]
+        lines.append("| this project W4A16 µs | " + " | ".join(
+            f"{_us(cells[(shape, t)].get(OURS)):.1f}" if _us(cells[(shape, t)].get(OURS)) else "-" for t in tokens)
+            + " |")
+        for impl in W4A8:
+            row = []
+            for t in tokens:
+                c = cells[(shape, t)]
+                us, w16, fp8 = _us(c.get(impl)), _us(c.get(OURS)), _us(c.get(FP8_MATMUL))
+                if not us:
+                    row.append("-")
+                    continue
+                speedup = w16 / us if w16 else None
+                fraction = fp8 / us if fp8 else None
+                parts = ([f"{speedup:.2f}x"] if speedup else []) + ([f"{fraction:.2f}"] if fraction else [])
+                row.append(f"{us:.1f} ({'; '.join(parts)})" if parts else f"{us:.1f}")
+                if speedup and t >= W4A8_PREFILL_T:
+                    held["prefill_speedup"][0] += speedup >= W4A8_SPEEDUP
+                    held["prefill_speedup"][1] += 1
+                if fraction and t >= W4A8_PREFILL_T:
+                    held["prefill_scaled_mm"][0] += fraction >= W4A8_SCALED_MM
+                    held["prefill_scaled_mm"][1] += 1
+                if speedup and t <= W4A8_DECODE_T:
+                    held["decode_no_slower"][0] += speedup >= 1.0
+                    held["decode_no_slower"][1] += 1
+            lines.append(f"| {impl} | " + " | ".join(row) + " |")
+        lines.append("")
+    lines += ["| condition (issue 32) | cells that hold / cells judged |", "|---|---|",
+              f"| T ≥ {W4A8_PREFILL_T}: W4A8 ≥ {W4A8_SPEEDUP}x W4A16 | {held['prefill_speedup'][0]} / "
+              f"{held['prefill_speedup'][1]} |",
+              f"| T ≥ {W4A8_PREFILL_T}: W4A8 ≥ {W4A8_SCALED_MM} of FP8 scaled_mm | {held['prefill_scaled_mm'][0]} / "
+              f"{held['prefill_scaled_mm'][1]} |",
+              f"| T ≤ {W4A8_DECODE_T}: W4A8 no slower than W4A16 | {held['decode_no_slower'][0]} / "
+              f"{held['decode_no_slower'][1]} |", ""]
+    return lines
 
 
 def plot(kind: str, data: dict, path: Path) -> None:

@@ -39,8 +39,9 @@ def test_record_rewrites_the_pinned_fields_and_lists_the_changes(capsys, tmp_pat
     # the deliberate edit: the moe-oracle profile prefers the emulation over its Triton kernels
     path = root / "moe-oracle" / "w4a16.yaml"
     text = path.read_text()
-    assert "candidates: [TRITON_MOE, EMULATION]" in text
-    path.write_text(text.replace("candidates: [TRITON_MOE, EMULATION]", "candidates: [EMULATION, TRITON_MOE]"))
+    assert "candidates: [TRITON_MOE, TRITON_MOE_W4A8, EMULATION]" in text
+    path.write_text(text.replace("candidates: [TRITON_MOE, TRITON_MOE_W4A8, EMULATION]",
+                                 "candidates: [EMULATION, TRITON_MOE, TRITON_MOE_W4A8]"))
     code, out, _ = run(capsys, "--rules", str(root), "test", str(golden))
     assert code == 1 and f"FAIL {golden}:1" in out
     code, out, _ = run(capsys, "--rules", str(root), "test", "--record", str(golden))

@@ -56,9 +56,9 @@ def _rules_copy(root: Path, extra_profiles: dict) -> Path:
 def rules(tmp_path_factory) -> Oracle:
     """The shipped rules, plus 'padded': the native profile where EMULATION pads like TRITON_MOE."""
     native = NATIVE_FILE.read_text()
-    anchor = "- {backends: [TRITON_MOE], "
+    anchor = "- {backends: [TRITON_MOE, TRITON_MOE_W4A8], "
     assert native.count(anchor) == 2, "the native round_up rows changed; update this fixture"
-    padded = native.replace(anchor, "- {backends: [TRITON_MOE, EMULATION], ")
+    padded = native.replace(anchor, "- {backends: [TRITON_MOE, TRITON_MOE_W4A8, EMULATION], ")
     extra = {"padded": ("native rules, EMULATION padded like TRITON_MOE", {"moe-oracle/padded.yaml": padded})}
     return Oracle(_rules_copy(tmp_path_factory.mktemp("rules") / "rules", extra))
 

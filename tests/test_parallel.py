@@ -253,8 +253,8 @@ def ranks(tmp_path_factory) -> list[dict]:
                              "gated experts (edited on one rank)"),
         "no_a2a": _edited_rules(root, "no_a2a", "in: [allgather_reducescatter, deepep_high_throughput]",
                                 "in: [allgather_reducescatter]"),
-        "padded": _edited_rules(root, "padded", "- {backends: [TRITON_MOE], hidden: 64",
-                                "- {backends: [TRITON_MOE, EMULATION], hidden: 64", count=2),
+        "padded": _edited_rules(root, "padded", "- {backends: [TRITON_MOE, TRITON_MOE_W4A8], hidden: 64",
+                                "- {backends: [TRITON_MOE, TRITON_MOE_W4A8, EMULATION], hidden: 64", count=2),
     }
     ctx = mp.start_processes(_worker, args=(_free_port(), str(root), rules_dirs), nprocs=WORLD, join=False,
                              start_method="spawn")

@@ -138,9 +138,9 @@ def test_diff_tags_changes_through_an_edited_kernel(capsys, tmp_path):
     a, b = _only_profile(tmp_path / "a", "moe-oracle"), _only_profile(tmp_path / "b", "moe-oracle")
     path = b / "moe-oracle" / "w4a16.yaml"
     text = path.read_text()
-    old = "    activations: [swigluoai, silu]\n"
+    old = "    device: {ref: triton_runs_here}\n    activations: [swigluoai, silu]\n"  # TritonMoeW4A16's
     assert text.count(old) == 1
-    path.write_text(text.replace(old, "    activations: [swigluoai]\n"))
+    path.write_text(text.replace(old, "    device: {ref: triton_runs_here}\n    activations: [swigluoai]\n"))
     code, out, _ = run(capsys, "diff", str(a), str(b), "--format", "json")
     found = json.loads(out)["findings"]
     assert code == 1 and found and all(f["edited_rules"] for f in found)

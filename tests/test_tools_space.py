@@ -31,8 +31,8 @@ def _only_profile(tmp: Path, profile: str) -> Path:
 def _swap_candidates(root: Path, file: str, policy: str) -> None:
     path = root / file
     data = yaml.safe_load(path.read_text())
-    cands = data["policies"][policy]["candidates"]
-    cands[0], cands[1] = cands[1], cands[0]
+    cands = data["policies"][policy]["candidates"]  # the fast kernel and the emulation (first and last)
+    cands[0], cands[-1] = cands[-1], cands[0]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 

@@ -319,9 +319,14 @@ class QuarkOCPMXMoE:
             _fail(LayerUnavailableError, f"{d.backend} was selected for {self.scheme}, but converters take MXFP4 "
                   f"weights only")
         p = self.params
+        scales = {}
+        if self.static_input_scales:  # already one max over experts: every expert (and w1, w3) gets it
+            e = self.num_experts
+            scales = {"w13_input_scale": p["w13_input_scale"].float().reshape(1, 1).expand(e, 2).contiguous(),
+                      "w2_input_scale": p["w2_input_scale"].float().reshape(1).expand(e).contiguous()}
         weights = MoEWeights(format="mxfp4", w13=p["w13_weight"], w13_scale=p["w13_weight_scale"], w2=p["w2_weight"],
                              w2_scale=p["w2_weight_scale"], gate_up=self.gate_up, w13_bias=p.get("w13_bias"),
-                             w2_bias=p.get("w2_bias"))
+                             w2_bias=p.get("w2_bias"), **scales)
         kernel_weights, runner = build_runner(d, weights, hidden=weights.H, inter=weights.I,
                                               activation=self.activation, top_k=self.top_k,
                                               renormalize=self.renormalize, swiglu=self.swiglu,

@@ -1,0 +1,219 @@
+"""W4A8 accuracy: what FP8 activations cost against the W4A16 layer and against an fp32 reference (CPU).
+
+Layer table: for MXFP4 and NVFP4 weights and each activation scheme (W4A16 = BF16 activations; W4A8 with static
+per-tensor FP8 = kFp8StaticTensorSym, the scales calibrated on another batch of the same distribution as a checkpoint's
+input_scale; W4A8 with dynamic MXFP8 = kMxfp8Dynamic), the output of `backends.emulation.moe_forward` with the W4A8
+kernels' numerics (fp8_operands=True, what backends.triton_moe's act_quant path is checked against) against
+
+* the W4A16 layer (BF16 activations, the same quantized weights), and
+* the fp32 reference (the same dequantized weights, unquantized fp32 activations),
+
+as relative L2 error and max |error| / RMS(reference), on a gpt-oss-like and a DeepSeek-like small shape, with
+Gaussian activations and with LLM-like outlier channels (a few hidden channels scaled x20-x100).
+
+Logits table: tiny random GptOss (MXFP4 experts) and DeepSeek-V3 (NVFP4 experts) models of the real architectures
+(tests/hf_tiny_models.py), experts patched with `backends.integrations.transformers.patch_model`, W4A16 vs W4A8
+(dynamic MXFP8, the rules' kMxfp8Dynamic question): on the CPU the rules pick EMULATION for it (FP8 fake-quantized
+activations, vLLM's emulation numerics), on an SM89+ GPU TRITON_MOE_W4A8.
+
+    python benchmarks/w4a8_accuracy.py [OUT_DIR]    # default benchmarks/results/w4a8-accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from backends import emulation, formats  # noqa: E402
+
+#: name -> (experts, hidden, intermediate, top_k, activation, gate_up): the real layers' proportions, CPU-sized
+SHAPES = {
+    "gpt-oss-like": (16, 768, 768, 4, "swigluoai", "interleaved"),       # gpt-oss-120b: 128 x 2880 x 2880, top 4
+    "deepseek-like": (32, 896, 256, 8, "silu", "contiguous"),            # DeepSeek-V3: 256 x 7168 x 2048, top 8
+}
+#: (scheme, numerics): "kernel" = the W4A8 kernels' operands (fp8_operands=True: weights rebased per row to E4M3,
+#: MXFP8 rows rebased to one power of two); "fake-quant" = FP8 fake-quantized inputs on exact fp32 weights (vLLM's
+#: emulation, what EMULATION runs for an FP8 question): the gap between the two is what the kernels' operands cost
+VARIANTS = (("w4a16", "bf16"), ("fp8_per_tensor_static", "kernel"), ("mxfp8", "kernel"),
+            ("fp8_per_tensor_static", "fake-quant"), ("mxfp8", "fake-quant"))
+ACTIVATION_KEYS = {"fp8_per_tensor_static": "kFp8StaticTensorSym", "mxfp8": "kMxfp8Dynamic"}
+OUTLIER_FACTORS = (20.0, 40.0, 70.0, 100.0)
+TOKENS = 256
+
+
+def activations(tokens: int, hidden: int, outliers: bool, gen: torch.Generator,
+                channels: torch.Tensor) -> torch.Tensor:
+    x = torch.randn(tokens, hidden, generator=gen)
+    if outliers:
+        x[:, channels] *= torch.tensor(OUTLIER_FACTORS)
+    return x.to(torch.bfloat16)
+
+
+def quantized_layer(fmt: str, experts: int, hidden: int, inter: int, gen: torch.Generator) -> dict:
+    """emulation.moe_forward's weight arguments for a random layer quantized to `fmt`."""
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter ** 0.5
+    if fmt == "mxfp4":
+        (q13, s13), (q2, s2) = formats.quantize_mxfp4(w13), formats.quantize_mxfp4(w2)
+        return dict(format="mxfp4", w13=q13, w13_scale=s13, w2=q2, w2_scale=s2)
+    q13, s13, g13 = formats.quantize_nvfp4(w13, (448 * 6 / w13.abs().amax(dim=(1, 2))).float())
+    q2, s2, g2 = formats.quantize_nvfp4(w2, (448 * 6 / w2.abs().amax(dim=(1, 2))).float())
+    return dict(format="nvfp4", w13=q13, w13_scale=s13, w2=q2, w2_scale=s2, w13_global_scale=g13,
+                w2_global_scale=g2)
+
+
+def static_scales(x: torch.Tensor, layer: dict, logits: torch.Tensor, top_k: int, activation: str,
+                  gate_up: str) -> dict:
+    """Per-tensor FP8 input scales (amax / 448) of both GEMM inputs on a calibration batch, as a static-FP8
+    checkpoint's input_scale: GEMM2's input is act(x W13^T) of every routed (token, expert) pair."""
+    xf = x.float()
+    ids, _ = emulation._route(logits, None, None, top_k, True, x.shape[0], layer["w13"].shape[0], x.device)
+    amax2 = torch.zeros((), device=x.device)
+    for expert in ids.unique().tolist():
+        rows = (ids == expert).any(dim=1)
+        w13 = emulation._dequantize_expert(layer["format"], layer["w13"], layer["w13_scale"],
+                                           layer.get("w13_global_scale"), expert)
+        h = emulation._activate(xf[rows] @ w13.T, activation, gate_up, 1.702, 1.0, 7.0)
+        amax2 = torch.maximum(amax2, h.abs().amax())
+    return dict(a1_scale=(xf.abs().amax() / 448).reshape(1), a2_scale=(amax2 / 448).reshape(1))
+
+
+def errors(y: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(relative L2, max |y - ref| / RMS(ref))."""
+    diff = y.float() - ref.float()
+    rms = ref.float().pow(2).mean().sqrt().clamp_min(1e-30)
+    return float(diff.norm() / ref.float().norm().clamp_min(1e-30)), float(diff.abs().max() / rms)
+
+
+def layer_rows() -> list[dict]:
+    rows = []
+    for shape, (experts, hidden, inter, top_k, activation, gate_up) in SHAPES.items():
+        for fmt in ("mxfp4", "nvfp4"):
+            gen = torch.Generator().manual_seed(0)
+            layer = quantized_layer(fmt, experts, hidden, inter, gen)
+            channels = torch.randperm(hidden, generator=gen)[:len(OUTLIER_FACTORS)]
+            call = dict(top_k=top_k, renormalize=True, activation=activation, gate_up_layout=gate_up)
+            for outliers in (False, True):
+                calib = activations(TOKENS, hidden, outliers, gen, channels)
+                x = activations(TOKENS, hidden, outliers, gen, channels)
+                logits = torch.randn(TOKENS, experts, generator=gen)
+                calib_logits = torch.randn(TOKENS, experts, generator=gen)
+                ref = emulation.moe_forward(x.float(), **layer, router_logits=logits, **call)
+                w4a16 = emulation.moe_forward(x, **layer, router_logits=logits, **call)
+                scales = static_scales(calib, layer, calib_logits, top_k, activation, gate_up)
+                for scheme, numerics in VARIANTS:
+                    if scheme == "w4a16":
+                        y = w4a16
+                    else:
+                        extra = scales if scheme == "fp8_per_tensor_static" else {}
+                        y = emulation.moe_forward(x, **layer, router_logits=logits, **call,
+                                                  gemm_input_schemes=(scheme, scheme),
+                                                  fp8_operands=numerics == "kernel", **extra)
+                    for against, reference in (("fp32", ref), ("w4a16", w4a16)):
+                        if scheme == "w4a16" and against == "w4a16":
+                            continue
+                        rel, peak = errors(y, reference)
+                        rows.append(dict(shape=shape, format=fmt, activations="outliers" if outliers else "normal",
+                                         scheme=scheme, numerics=numerics, against=against, rel_l2=f"{rel:.3e}",
+                                         max_abs_over_rms=f"{peak:.3e}", tokens=TOKENS,
+                                         layer=f"E{experts} H{hidden} I{inter} top{top_k} {activation}"))
+    return rows
+
+
+@torch.no_grad()
+def logits_rows() -> list[dict]:
+    from hf_tiny_models import quantized_model
+
+    from backends.checkpoints import gpt_oss, modelopt
+    from backends.integrations.transformers import patch_model
+
+    rows = []
+    models = (("gpt_oss", gpt_oss.LAYOUT, "mxfp4"), ("deepseek_v3", modelopt.LAYOUT, "nvfp4"))
+    for model_type, layout, fmt in models:
+        with tempfile.TemporaryDirectory() as tmp:
+            reference, _ = quantized_model(model_type, layout, Path(tmp), seed=0, hidden=128, inter=64, experts=8,
+                                           top_k=2, layers=2)
+            ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+            ref = reference(input_ids=ids).logits.float()
+            outputs, backends = {}, {}
+            for scheme, key in (("w4a16", None), ("mxfp8", "kMxfp8Dynamic")):
+                model = copy.deepcopy(reference)
+                layers = patch_model(model, tmp, layer_kwargs={"profile": "moe-oracle", "platform": {"kind": "cpu"},
+                                                               "activation_key": key})
+                backends[scheme] = sorted({layer.decision.backend for layer in layers.values()})
+                outputs[scheme] = model(input_ids=ids).logits.float()
+            for scheme, y in outputs.items():
+                for against, reference_logits in (("fp32", ref), ("w4a16", outputs["w4a16"])):
+                    if scheme == "w4a16" and against == "w4a16":
+                        continue
+                    rel, peak = errors(y, reference_logits)
+                    top1 = float((y.argmax(-1) == reference_logits.argmax(-1)).float().mean())
+                    rows.append(dict(model=model_type, format=fmt, scheme=scheme, against=against,
+                                     backend="+".join(backends[scheme]), rel_l2=f"{rel:.3e}",
+                                     max_abs_over_rms=f"{peak:.3e}", top1_agreement=f"{top1:.4f}"))
+    return rows
+
+
+def write(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def markdown(layer: list[dict], logits: list[dict]) -> str:
+    lines = ["# W4A8 accuracy (CPU, backends.emulation)", "",
+             "`kernel`: the W4A8 kernels' operand numerics (emulation fp8_operands=True, what backends.triton_moe's "
+             "act_quant path is checked against); `fake-quant`: FP8 fake-quantized inputs on exact weights (vLLM's "
+             "emulation, what the EMULATION backend runs for an FP8 question).", "",
+             f"{TOKENS} tokens; rel L2 = ||y - ref|| / ||ref||, peak = max |y - ref| / RMS(ref). "
+             "`outliers`: 4 hidden channels scaled x20, x40, x70, x100. Static FP8 scales calibrated on another batch.",
+             "", "| shape | format | activations | scheme | vs fp32: rel L2 | vs fp32: peak | vs W4A16: rel L2 | "
+             "vs W4A16: peak |", "|---|---|---|---|---|---|---|---|"]
+    keyed = {(r["shape"], r["format"], r["activations"], r["scheme"], r["numerics"], r["against"]): r for r in layer}
+    for (shape, fmt, acts, scheme, numerics, against), r in keyed.items():
+        if against != "fp32":
+            continue
+        other = keyed.get((shape, fmt, acts, scheme, numerics, "w4a16"))
+        vs16 = (other["rel_l2"], other["max_abs_over_rms"]) if other else ("—", "—")
+        name = scheme if scheme == "w4a16" else f"w4a8 {scheme} ({ACTIVATION_KEYS[scheme]}), {numerics}"
+        lines.append(f"| {shape} | {fmt} | {acts} | {name} | {r['rel_l2']} | {r['max_abs_over_rms']} | {vs16[0]} | "
+                     f"{vs16[1]} |")
+    lines += ["", "## Logits of tiny real-architecture models (2 x 24 tokens, vocabulary 128)", "",
+              "| model | experts | scheme | backend (CPU) | against | rel L2 | peak | top-1 agreement |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in logits:
+        lines.append(f"| {r['model']} | {r['format']} | {r['scheme']} | {r['backend']} | {r['against']} | "
+                     f"{r['rel_l2']} | {r['max_abs_over_rms']} | {r['top1_agreement']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default=str(ROOT / "benchmarks" / "results" / "w4a8-accuracy"))
+    parser.add_argument("--skip-logits", action="store_true", help="the layer table only")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    layer = layer_rows()
+    write(layer, out / "accuracy.csv")
+    logits = [] if args.skip_logits else logits_rows()
+    if logits:
+        write(logits, out / "logits.csv")
+    (out / "accuracy.md").write_text(markdown(layer, logits))
+    print((out / "accuracy.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
