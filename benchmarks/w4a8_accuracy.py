@@ -24,6 +24,9 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -129,38 +132,54 @@ def layer_rows() -> list[dict]:
     return rows
 
 
-@torch.no_grad()
 def logits_rows() -> list[dict]:
+    """The logits table, from a TRITON_INTERPRET=1 worker (Triton fixes interpreted vs compiled at import)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, __file__, "--logits-worker"], env=env, capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode:
+        raise RuntimeError(f"logits worker failed:\n{done.stderr[-4000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+#: (scheme, activation key, run the kernels under the interpreter): the rules then pick TRITON_MOE (W4A16) and
+#: TRITON_MOE_W4A8; without the interpreter an FP8 question gets EMULATION (FP8 fake-quant on exact weights)
+LOGITS_VARIANTS = (("w4a16", None, True), ("mxfp8", "kMxfp8Dynamic", True), ("mxfp8", "kMxfp8Dynamic", False))
+
+
+@torch.no_grad()
+def _logits_worker() -> None:
     from hf_tiny_models import quantized_model
 
     from backends.checkpoints import gpt_oss, modelopt
     from backends.integrations.transformers import patch_model
 
-    rows = []
-    models = (("gpt_oss", gpt_oss.LAYOUT, "mxfp4"), ("deepseek_v3", modelopt.LAYOUT, "nvfp4"))
-    for model_type, layout, fmt in models:
-        with tempfile.TemporaryDirectory() as tmp:
-            reference, _ = quantized_model(model_type, layout, Path(tmp), seed=0, hidden=128, inter=64, experts=8,
-                                           top_k=2, layers=2)
+    sizes = dict(seed=0, hidden=128, inter=64, experts=8, top_k=2, layers=2)
+    for model_type, layout, fmt in (("gpt_oss", gpt_oss.LAYOUT, "mxfp4"), ("deepseek_v3", modelopt.LAYOUT, "nvfp4")):
+        with tempfile.TemporaryDirectory() as ref_dir, tempfile.TemporaryDirectory() as tmp:
+            reference, _ = quantized_model(model_type, layout, Path(ref_dir), **sizes)  # fp32, dequantized experts
+            bf16, _ = quantized_model(model_type, layout, Path(tmp), dtype=torch.bfloat16, **sizes)  # the kernels'
             ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
             ref = reference(input_ids=ids).logits.float()
-            outputs, backends = {}, {}
-            for scheme, key in (("w4a16", None), ("mxfp8", "kMxfp8Dynamic")):
-                model = copy.deepcopy(reference)
-                layers = patch_model(model, tmp, layer_kwargs={"profile": "moe-oracle", "platform": {"kind": "cpu"},
-                                                               "activation_key": key})
-                backends[scheme] = sorted({layer.decision.backend for layer in layers.values()})
-                outputs[scheme] = model(input_ids=ids).logits.float()
-            for scheme, y in outputs.items():
-                for against, reference_logits in (("fp32", ref), ("w4a16", outputs["w4a16"])):
+            outputs = {}
+            for scheme, key, interpret in LOGITS_VARIANTS:
+                model = copy.deepcopy(bf16)
+                kwargs = {"profile": "moe-oracle", "platform": {"kind": "cpu"}, "activation_key": key,
+                          "packages": {"triton": interpret}, "env": {"TRITON_INTERPRET": "1"} if interpret else {}}
+                layers = patch_model(model, tmp, layer_kwargs=kwargs)
+                backend = "+".join(sorted({layer.decision.backend for layer in layers.values()}))
+                outputs[(scheme, backend)] = model(input_ids=ids).logits.float()
+            w4a16 = outputs[("w4a16", "TRITON_MOE")]
+            for (scheme, backend), y in outputs.items():
+                for against, reference_logits in (("fp32", ref), ("w4a16", w4a16)):
                     if scheme == "w4a16" and against == "w4a16":
                         continue
                     rel, peak = errors(y, reference_logits)
                     top1 = float((y.argmax(-1) == reference_logits.argmax(-1)).float().mean())
-                    rows.append(dict(model=model_type, format=fmt, scheme=scheme, against=against,
-                                     backend="+".join(backends[scheme]), rel_l2=f"{rel:.3e}",
-                                     max_abs_over_rms=f"{peak:.3e}", top1_agreement=f"{top1:.4f}"))
-    return rows
+                    print(json.dumps(dict(model=model_type, format=fmt, scheme=scheme, backend=backend,
+                                          against=against, rel_l2=f"{rel:.3e}", max_abs_over_rms=f"{peak:.3e}",
+                                          top1_agreement=f"{top1:.4f}")), flush=True)
 
 
 def write(rows: list[dict], path: Path) -> None:
@@ -189,6 +208,9 @@ def markdown(layer: list[dict], logits: list[dict]) -> str:
         lines.append(f"| {shape} | {fmt} | {acts} | {name} | {r['rel_l2']} | {r['max_abs_over_rms']} | {vs16[0]} | "
                      f"{vs16[1]} |")
     lines += ["", "## Logits of tiny real-architecture models (2 x 24 tokens, vocabulary 128)", "",
+              "bf16 models with their experts patched (`patch_model`); TRITON_MOE / TRITON_MOE_W4A8 are the kernels "
+              "under Triton's interpreter, EMULATION the FP8 fake-quant the rules give an FP8 question without FP8 "
+              "tensor cores; `fp32` = the fp32 model with the dequantized experts.", "",
               "| model | experts | scheme | backend (CPU) | against | rel L2 | peak | top-1 agreement |",
               "|---|---|---|---|---|---|---|---|"]
     for r in logits:
@@ -201,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default=str(ROOT / "benchmarks" / "results" / "w4a8-accuracy"))
     parser.add_argument("--skip-logits", action="store_true", help="the layer table only")
+    parser.add_argument("--logits-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.logits_worker:
+        _logits_worker()
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))

@@ -339,3 +339,36 @@ def test_cuda_moelayer_w4a8_matches_the_emulation(fmt, key):
                                 activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=True,
                                 **scales).float()
     assert float((y - ref).norm() / ref.norm()) <= tolerance("w4a8_moe_rel_l2")["rtol"]
+
+
+def test_the_act_scheme_comes_from_the_quant_config_kind():
+    from backends.runners.emulation import fp8_input_schemes
+    from backends.runners.triton_moe import act_quant_of
+
+    mxfp8 = {"kind": "w4a8-mxfp8", "activation": "mxfp8"}
+    static = {"kind": "w4a8-fp8-static", "activation": "fp8", "input_scales": "static",
+              "emulated_activation": {"gemm1": "fp8_per_tensor_static", "gemm2": "fp8_per_tensor_static"}}
+    assert (act_quant_of(mxfp8), act_quant_of(static)) == ("mxfp8", "fp8_per_tensor_static")
+    assert fp8_input_schemes(mxfp8) == ("mxfp8", "mxfp8")
+    assert fp8_input_schemes(static) == ("fp8_per_tensor_static", "fp8_per_tensor_static")
+    for not_fp8 in (None, {"kind": "w4a16", "activation": None}, {"kind": "ocp-mx", "activation": "mxfp4"}):
+        assert fp8_input_schemes(not_fp8) is None
+        with pytest.raises(ValueError, match="not an FP8 activation scheme of the W4A8 kernels"):
+            act_quant_of(not_fp8)
+    with pytest.raises(ValueError, match="not an FP8 activation scheme"):  # fp8 without static scales: no kernel
+        act_quant_of({"kind": "dynamic-fp8", "activation": "fp8"})
+
+
+def test_a_runner_without_fp8_refuses_an_fp8_decision(oracle):
+    """vLLM 0.33's EMULATION kind quantizes to MXFP4, not FP8: a layer refuses its FP8 question (never runs W4A16);
+    moe-oracle's EMULATION kind for the same question is FP8 and runs."""
+    from backends.layer import require_runnable
+
+    q = {"policy": "mxfp4", "profile": "vllm-0.33", "platform": {"kind": "cuda", "capability": [8, 0]},
+         "packages": {"quark": True}, "moe": {"activation_key": "kMxfp8Dynamic"}}
+    d = oracle.select(q)
+    assert (d.backend, d.activation_key, d.quant_config["activation"]) == ("EMULATION", "kMxfp8Dynamic", "mxfp4")
+    with pytest.raises(LayerUnavailableError, match="quantizes activations \\(kMxfp8Dynamic\\); its runner runs W4A16"):
+        require_runnable(oracle, d, q)
+    ours = {**question("mxfp4", (8, 0), activation_key="kMxfp8Dynamic")}
+    require_runnable(oracle, oracle.select(ours), ours)
