@@ -253,6 +253,13 @@ def main() -> int:
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args()
     results = Path(args.results)
+    if not args.no_plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("report_matrix.py: the plots need matplotlib (pip install matplotlib); or pass --no-plot",
+                  file=sys.stderr)
+            return 2
     data = load(results)
     for kind in sorted(data["cells"]):
         (results / f"{kind}.md").write_text(markdown(kind, data))
