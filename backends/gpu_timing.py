@@ -100,3 +100,23 @@ def time_eager(fn: Callable[[], Any], flush: Callable[[], Any], iters: int) -> f
     fn()
     torch.cuda.synchronize()
     return events_ms(fn, flush, iters) * 1e3
+
+
+def profile_kernels(fn: Callable[[], Any], flush: Callable[[], Any], iters: int = 10) -> list:
+    """(kernel name, mean µs per call) of fn run eagerly under torch.profiler, L2 flushed before each call (the
+    flush's memset and fill kernels left out): the graph's time minus their sum is what launches and gaps cost."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush()
+            fn()
+        torch.cuda.synchronize()
+    totals: dict = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in event.name \
+                and "fill" not in event.name.lower():
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / iters
+    return sorted(totals.items(), key=lambda kv: -kv[1])

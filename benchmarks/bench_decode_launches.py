@@ -26,7 +26,14 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from backends.gpu_timing import Flusher, events_ms, expert_bytes, graph_of, measure_ceilings  # noqa: E402
+from backends.gpu_timing import (  # noqa: E402
+    Flusher,
+    events_ms,
+    expert_bytes,
+    graph_of,
+    measure_ceilings,
+    profile_kernels,
+)
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.model_shapes import SHAPES  # noqa: E402
 from backends.triton_moe import moe_forward, tuning  # noqa: E402
@@ -39,25 +46,6 @@ def describe(c: tuning.MoEConfig) -> str:
     g1, g2 = c.gemm1, c.gemm2
     return (f"{g1.block_m}x{g1.block_n}x{g1.block_k}/{g2.block_n}x{g2.block_k} w{g1.num_warps}/{g2.num_warps} "
             f"s{g1.num_stages}/{g2.num_stages} split{g1.split_k}/{g2.split_k} {g1.split_epilogue or 'launch'}")
-
-
-def profile_kernels(fn, flush, iters=10) -> list:
-    """(kernel name, mean µs per call) of fn run eagerly under torch.profiler, L2 flushed before each call."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            flush()
-            fn()
-        torch.cuda.synchronize()
-    totals: dict = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in event.name \
-                and "fill" not in event.name.lower():
-            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / iters
-    return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
 #: (gemm1 split_k, gemm2 split_k, block_n, warps, stages) around the T = 1 configs: "neighbours" (split-K, column

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from backends import emulation, gpu_timing  # noqa: E402
-from backends.gpu_timing import GIB, Flusher, events_ms, graph_of, measure_ceilings  # noqa: E402
+from backends.gpu_timing import GIB, Flusher, events_ms, graph_of, measure_ceilings, profile_kernels  # noqa: E402
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.triton_moe import moe_forward, tuning  # noqa: E402
 from backends.triton_moe.testing import SHAPES, activation_kwargs, random_checkpoint  # noqa: E402
@@ -87,26 +87,6 @@ class GroupedBf16Layer:
         out = torch.zeros(x.shape[0], s.hidden_size, device=x.device, dtype=torch.float32)
         out.index_add_(0, order // s.top_k, y)
         return out.bfloat16()
-
-
-def profile_kernels(layer, flush, iters=10) -> list:
-    """(kernel name, mean µs per layer call) of the eager layer under torch.profiler, L2 flushed before each
-    call; the graph's time minus their sum is what launches and gaps cost."""
-    from torch.profiler import ProfilerActivity, profile
-
-    layer()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            flush()
-            layer()
-        torch.cuda.synchronize()
-    totals: dict = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in event.name \
-                and "fill" not in event.name.lower():
-            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / iters
-    return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
 def time_alignments(gpu: str, shapes: list, tokens_list: list, flush, iters: int) -> list:

@@ -429,7 +429,15 @@ def test_cuda_fused_split_epilogue_graph_replays_zero_their_tickets():
         return moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **act, config=config,
                            split_epilogue=split_epilogue)
 
-    run("fused")  # compile outside the capture
+    assert_replays_match_launch(run, x, logits)
+
+
+def assert_replays_match_launch(run, x, logits) -> None:
+    """run("fused") captured as a CUDA graph (its first call on the stream compiles outside the capture), replayed on
+    new x and logits written in place: each replay equals run("launch") on those inputs, bit for bit."""
+    import torch
+
+    run("fused")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -439,18 +447,24 @@ def test_cuda_fused_split_epilogue_graph_replays_zero_their_tickets():
         logits.copy_(torch.randn_like(logits))
         graph.replay()
         torch.cuda.synchronize()
-        assert _same_bits(captured, run("launch")), "a replay differs from the two-launch path on its inputs"
+        assert _same_bits(captured, run("launch")), "a replay differs from the launched path on its inputs"
 
 
-if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
+def print_worker_rows(bit_cases: dict, checks: dict, compare_paths) -> None:
+    """The interpreter worker's output: one JSON row per case (compare_paths(spec, seed) for a bit case, the check's
+    own dict otherwise), an exception reported as that case's row so that each test shows its own failure."""
     import traceback
 
-    for case_name in [*BIT_CASES, *CHECKS]:
+    for case_name in [*bit_cases, *checks]:
         try:
-            if case_name in CHECKS:
-                result = CHECKS[case_name]()
+            if case_name in checks:
+                result = checks[case_name]()
             else:
-                result = _compare_paths(BIT_CASES[case_name], seed=len(case_name))
+                result = compare_paths(bit_cases[case_name], seed=len(case_name))
         except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
             result = {"error": traceback.format_exc()[-3000:]}
         print(json.dumps({"case": case_name, **result}), flush=True)
+
+
+if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
+    print_worker_rows(BIT_CASES, CHECKS, _compare_paths)

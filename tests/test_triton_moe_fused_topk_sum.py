@@ -10,8 +10,6 @@ these cases prove the bits and the zeroing; concurrency is the CUDA cases' part.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
@@ -253,7 +251,7 @@ def test_cuda_folded_topk_sum_graph_replays_zero_their_tickets():
     """Captured and replayed with new inputs: every replay matches the launched sum on them - each replay's
     alignment zeroes GEMM2's tickets again."""
     import torch
-    from test_triton_moe_fused_split import _cuda_layer
+    from test_triton_moe_fused_split import _cuda_layer, assert_replays_match_launch
 
     from backends.triton_moe import moe_forward, tuning
 
@@ -267,28 +265,10 @@ def test_cuda_folded_topk_sum_graph_replays_zero_their_tickets():
         return moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **act, config=config,
                            topk_sum=topk_sum)
 
-    run("fused")  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run("fused")
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        logits.copy_(torch.randn_like(logits))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _same_bits(captured, run("launch")), "a replay differs from the launched sum on its inputs"
+    assert_replays_match_launch(run, x, logits)
 
 
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
-    import traceback
+    from test_triton_moe_fused_split import print_worker_rows
 
-    for case_name in [*BIT_CASES, *CHECKS]:
-        try:
-            if case_name in CHECKS:
-                result = CHECKS[case_name]()
-            else:
-                result = _compare_paths(BIT_CASES[case_name], seed=len(case_name))
-        except Exception:  # noqa: BLE001  report and keep going: each test shows its own case's failure
-            result = {"error": traceback.format_exc()[-3000:]}
-        print(json.dumps({"case": case_name, **result}), flush=True)
+    print_worker_rows(BIT_CASES, CHECKS, _compare_paths)
