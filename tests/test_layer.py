@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from random_weights import random_moe_weights
 
-from backends import LayerUnavailableError, MoELayer, emulation, formats
+from backends import LayerUnavailableError, MoELayer, emulation
 from backends import layer as layer_module
 from backends.weights import MoEWeights
 from oracle import Oracle
@@ -64,24 +65,7 @@ def rules(tmp_path_factory) -> Oracle:
 
 
 # --------------------------------------------------------------------------- checkpoints
-def _checkpoint(fmt: str, gate_up: str, *, experts=4, hidden=64, inter=64, bias=False, seed=0) -> MoEWeights:
-    """A layer quantized from random fp32 weights (realistic codes and scales, no NaN)."""
-    g = torch.Generator().manual_seed(seed)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
-    w2 = torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5
-    fields: dict = {}
-    if fmt == "mxfp4":
-        fields["w13"], fields["w13_scale"] = formats.quantize_mxfp4(w13)
-        fields["w2"], fields["w2_scale"] = formats.quantize_mxfp4(w2)
-    else:
-        gs13 = 448 * 6 / w13.abs().amax(dim=(1, 2))
-        gs2 = 448 * 6 / w2.abs().amax(dim=(1, 2))
-        fields["w13"], fields["w13_scale"], fields["w13_global_scale"] = formats.quantize_nvfp4(w13, gs13)
-        fields["w2"], fields["w2_scale"], fields["w2_global_scale"] = formats.quantize_nvfp4(w2, gs2)
-    if bias:
-        fields["w13_bias"] = torch.randn(experts, 2 * inter, generator=g)
-        fields["w2_bias"] = torch.randn(experts, hidden, generator=g)
-    return MoEWeights(format=fmt, gate_up=gate_up, **fields)
+_checkpoint = random_moe_weights
 
 
 def _inputs(weights: MoEWeights, tokens=7, dtype=torch.bfloat16, seed=1):

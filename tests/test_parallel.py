@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from random_weights import random_moe_weights
 
-from backends import MoELayer, emulation, formats
+from backends import MoELayer, emulation
 from backends.weights import MoEWeights
 from oracle import Oracle
 
@@ -53,23 +54,8 @@ TOKENS = [(1, 1, "random"), (64, 64, "random"), (4096, 4096, "random"), (5, 0, "
 
 
 def checkpoint(fmt, gate_up, bias, experts, hidden, inter, seed=0, **_) -> MoEWeights:
-    """A layer quantized from random fp32 weights (realistic codes and scales)."""
-    g = torch.Generator().manual_seed(seed)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
-    w2 = torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5
-    fields: dict = {}
-    if fmt == "mxfp4":
-        fields["w13"], fields["w13_scale"] = formats.quantize_mxfp4(w13)
-        fields["w2"], fields["w2_scale"] = formats.quantize_mxfp4(w2)
-    else:
-        fields["w13"], fields["w13_scale"], fields["w13_global_scale"] = formats.quantize_nvfp4(
-            w13, 448 * 6 / w13.abs().amax(dim=(1, 2)))
-        fields["w2"], fields["w2_scale"], fields["w2_global_scale"] = formats.quantize_nvfp4(
-            w2, 448 * 6 / w2.abs().amax(dim=(1, 2)))
-    if bias:
-        fields["w13_bias"] = torch.randn(experts, 2 * inter, generator=g)
-        fields["w2_bias"] = torch.randn(experts, hidden, generator=g)
-    return MoEWeights(format=fmt, gate_up=gate_up, **fields)
+    """A case's layer, from its fields (the extra fields of a case are the parallel settings)."""
+    return random_moe_weights(fmt, gate_up, experts=experts, hidden=hidden, inter=inter, bias=bias, seed=seed)
 
 
 @functools.cache
