@@ -37,21 +37,11 @@ import oracle.store as current_store  # noqa: E402
 from oracle.api import Oracle  # noqa: E402
 from oracle.log import DecisionLog  # noqa: E402
 
-POLICY = """\
-policies:
-  mxfp4-gpt-oss:
-    override: true
-    family: mxfp4
-    description: "gpt-oss, {name}"
-    candidates: [{first}, {second}]
-    steps:
-      - {{id: auto-{lower}, try: candidates, why: "version {name}"}}
-      - {{id: none-fits, outcome: unsupported, message: "neither fits", why: "a benchmark profile"}}
-"""
-VERSIONS = [POLICY.format(name="A", lower="a", first="TRITON", second="MARLIN"),
-            POLICY.format(name="B", lower="b", first="MARLIN", second="TRITON")]
-PROFILES = ("extends: builtin\ndefault: mine\nprofiles:\n"
-            "  mine: {description: 'vllm-0.20 with one policy edited', extends: vllm-0.20, files: [policy.yaml]}\n")
+# the two rule versions and the site profile of the store tests (tests/runtime_rules.py): A tries TRITON first, B MARLIN
+sys.path.insert(0, str(ROOT / "tests"))
+from runtime_rules import PROFILES, VERSION_A, VERSION_B  # noqa: E402
+
+VERSIONS = [VERSION_A, VERSION_B]
 SM90 = {"kind": "cuda", "capability": [9, 0]}
 QUESTION = {"policy": "mxfp4-gpt-oss", "moe": {"activation": "swigluoai", "hidden_size": 2880}}
 
