@@ -319,39 +319,46 @@ def _tiny_layer():
     return x, weights, {"router_logits": torch.randn(2, 4, generator=gen), "top_k": 2, "activation": "silu"}
 
 
+#: moe_forward's two path switches (keyword, environment variable), both read by forward._forced_choice
+PATH_SWITCHES = [("split_epilogue", "MOE_ORACLE_TRITON_SPLIT_EPILOGUE"), ("topk_sum", "MOE_ORACLE_TRITON_TOPK_SUM")]
+
+
+@pytest.mark.parametrize("keyword, env", PATH_SWITCHES)
 @pytest.mark.parametrize("value", ["Fused", "", "two-launch", "1"])
-def test_split_epilogue_env_value_is_parsed_strictly(monkeypatch, value):
+def test_path_switch_env_value_is_parsed_strictly(monkeypatch, keyword, env, value):
     from backends.triton_moe import moe_forward
 
     x, weights, kw = _tiny_layer()
-    monkeypatch.setenv("MOE_ORACLE_TRITON_SPLIT_EPILOGUE", value)
+    monkeypatch.setenv(env, value)
     with pytest.raises(ValueError) as info:
         moe_forward(x, weights, **kw)
     message = str(info.value)
-    assert "MOE_ORACLE_TRITON_SPLIT_EPILOGUE" in message and repr(value) in message, message
+    assert env in message and repr(value) in message, message
     assert "'fused'" in message and "'launch'" in message, message
 
 
+@pytest.mark.parametrize("keyword, env", PATH_SWITCHES)
 @pytest.mark.parametrize("value", ["Launch", "auto", 1])
-def test_split_epilogue_keyword_is_parsed_strictly(monkeypatch, value):
+def test_path_switch_keyword_is_parsed_strictly(monkeypatch, keyword, env, value):
     from backends.triton_moe import moe_forward
 
     x, weights, kw = _tiny_layer()
-    monkeypatch.setenv("MOE_ORACLE_TRITON_SPLIT_EPILOGUE", "fused")
+    monkeypatch.setenv(env, "fused")
     with pytest.raises(ValueError) as info:
-        moe_forward(x, weights, **kw, split_epilogue=value)
+        moe_forward(x, weights, **kw, **{keyword: value})
     message = str(info.value)
-    assert f"split_epilogue={value!r}" in message and "'fused'" in message and "'launch'" in message, message
+    assert f"{keyword}={value!r}" in message and "'fused'" in message and "'launch'" in message, message
 
 
+@pytest.mark.parametrize("argument", ["tickets_per_block", "extra_tickets"])
 @pytest.mark.parametrize("value", [-1, 1.5, True])
-def test_align_tickets_per_block_must_be_a_count(value):
+def test_align_ticket_counts_must_be_counts(argument, value):
     import torch
 
     from backends.triton_moe import _routing
 
-    with pytest.raises(ValueError, match="tickets_per_block"):
-        _routing.align(torch.zeros(2, 2, dtype=torch.int32), 4, 16, path="torch", tickets_per_block=value)
+    with pytest.raises(ValueError, match=argument):
+        _routing.align(torch.zeros(2, 2, dtype=torch.int32), 4, 16, path="torch", **{argument: value})
 
 
 def test_launch_refuses_tickets_sized_for_another_config():

@@ -173,50 +173,6 @@ def test_topk_sum_switch_env_and_keyword(worker):
                                "default": LAUNCHED}
 
 
-def _tiny_layer():
-    from test_triton_moe_fused_split import _tiny_layer as tiny
-
-    return tiny()
-
-
-@pytest.mark.parametrize("value", ["Fused", "", "1"])
-def test_topk_sum_env_value_is_parsed_strictly(monkeypatch, value):
-    from backends.triton_moe import moe_forward
-
-    x, weights, kw = _tiny_layer()
-    monkeypatch.setenv(ENV, value)
-    with pytest.raises(ValueError) as info:
-        moe_forward(x, weights, **kw)
-    message = str(info.value)
-    assert ENV in message and repr(value) in message and "'fused'" in message and "'launch'" in message, message
-
-
-@pytest.mark.parametrize("value", ["Launch", "auto", 1])
-def test_topk_sum_keyword_is_parsed_strictly(monkeypatch, value):
-    from backends.triton_moe import moe_forward
-
-    x, weights, kw = _tiny_layer()
-    monkeypatch.setenv(ENV, "fused")
-    with pytest.raises(ValueError) as info:
-        moe_forward(x, weights, **kw, topk_sum=value)
-    message = str(info.value)
-    assert f"topk_sum={value!r}" in message and "'fused'" in message and "'launch'" in message, message
-
-
-@pytest.mark.parametrize("value", [-1, 1.5, True])
-def test_align_extra_tickets_must_be_a_count(value):
-    import torch
-
-    from backends.triton_moe import _routing
-
-    with pytest.raises(ValueError, match="extra_tickets"):
-        _routing.align(torch.zeros(2, 2, dtype=torch.int32), 4, 16, path="torch", extra_tickets=value)
-
-
-# --------------------------------------------------------------------------------------------
-# CUDA: concurrent programs (the summing one is whichever row draws last), real layer sizes
-# --------------------------------------------------------------------------------------------
-
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
