@@ -308,17 +308,29 @@ def _w4a8_data(w: TritonMoEWeights) -> dict:
                 _fail(ValueError, f"weights.{name} must be {dtype} of shape {shape} with unit inner stride on "
                       f"{w.device}, got {got}; convert with backends.layouts.triton_moe:converter_w4a8")
         return given
-    key = id(w.w13)
-    versions = tuple(t._version for t in (w.w13, w.w13_scale, w.w2, w.w2_scale))
-    cached = _W4A8_CACHE.get(key)
-    if cached is not None and cached[0]() is w.w13 and cached[1] == versions:
+    return _once_per_tensor(_W4A8_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale), lambda: w4a8_row_data(w),
+                            _w4a8_data_in_capture)
+
+
+def _w4a8_data_in_capture():
+    _fail(RuntimeError, "the W4A8 row data of these weights is not computed yet and cannot be inside CUDA graph "
+          "capture; convert with backends.layouts.triton_moe:converter_w4a8, or run the layer once before capture")
+
+
+def _once_per_tensor(cache: dict, anchor: torch.Tensor, watched: tuple, compute, in_capture):
+    """compute() once per anchor tensor, again when a watched tensor changed in place (its version moved); the entry
+    goes with the anchor (weakref). Inside CUDA-graph capture an uncached anchor gets in_capture() instead, since
+    compute() may sync the device."""
+    key = id(anchor)
+    versions = tuple(t._version for t in watched)
+    cached = cache.get(key)
+    if cached is not None and cached[0]() is anchor and cached[1] == versions:
         return cached[2]
-    if w.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        _fail(RuntimeError, "the W4A8 row data of these weights is not computed yet and cannot be inside CUDA graph "
-              "capture; convert with backends.layouts.triton_moe:converter_w4a8, or run the layer once before capture")
-    data = w4a8_row_data(w)
-    _W4A8_CACHE[key] = (weakref.ref(w.w13, lambda _ref, k=key: _W4A8_CACHE.pop(k, None)), versions, data)
-    return data
+    if anchor.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return in_capture()
+    value = compute()
+    cache[key] = (weakref.ref(anchor, lambda _ref, k=key: cache.pop(k, None)), versions, value)
+    return value
 
 
 def _forced_choice(arg: str, choice: str | None, choices: tuple, env: str, otherwise: str) -> str | None:
@@ -349,17 +361,8 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
     """
     if w.format == "nvfp4":
         return True
-    key = id(w.w13_scale)
-    versions = (w.w13_scale._version, w.w2_scale._version)
-    cached = _FOLD_VERDICTS.get(key)
-    if cached is not None and cached[0]() is w.w13_scale and cached[1] == versions:
-        return cached[2]
-    if w.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return False
-    verdict = max(int(w.w13_scale.view(torch.uint8).max()), int(w.w2_scale.view(torch.uint8).max())) <= 128
-    _FOLD_VERDICTS[key] = (weakref.ref(w.w13_scale, lambda _ref, k=key: _FOLD_VERDICTS.pop(k, None)), versions,
-                           verdict)
-    return verdict
+    return _once_per_tensor(_FOLD_VERDICTS, w.w13_scale, (w.w13_scale, w.w2_scale), lambda: max(
+        int(w.w13_scale.view(torch.uint8).max()), int(w.w2_scale.view(torch.uint8).max())) <= 128, lambda: False)
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded,
