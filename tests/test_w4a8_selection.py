@@ -3,11 +3,10 @@
 no FP8 tensor cores are, `explain` says why; MoELayer builds the W4A8 runner from the decision.
 
 The runner's plumbing is checked with a recording fake kernel function; the real kernels run in a
-TRITON_INTERPRET=1 worker (skipped while backends.triton_moe.moe_forward has no act_quant parameter)."""
+TRITON_INTERPRET=1 worker."""
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
@@ -216,15 +215,6 @@ def test_static_fp8_without_input_scales_is_one_clear_error(fake_kernel):
     assert build(weights, "kMxfp8Dynamic", interpret=True).decision.backend == "TRITON_MOE_W4A8"
 
 
-def test_the_runner_refuses_a_kernel_without_act_quant(monkeypatch):
-    pytest.importorskip("triton", reason="the W4A8 runner imports backends.triton_moe")
-    import backends.triton_moe.forward as forward
-
-    monkeypatch.setattr(forward, "moe_forward", lambda x, weights, **kw: x)
-    with pytest.raises(LayerUnavailableError, match="no act_quant parameter"):
-        build(layer_weights("mxfp4"), "kMxfp8Dynamic", interpret=True)
-
-
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("key", sorted(FP8_KEYS))
 def test_emulation_fallback_fake_quantizes_fp8(fmt, key):
@@ -250,19 +240,9 @@ def test_emulation_fallback_fake_quantizes_fp8(fmt, key):
 # The real kernels under Triton's interpreter, through MoELayer
 # --------------------------------------------------------------------------------------------
 
-def _has_act_quant() -> bool:
-    try:
-        from backends.triton_moe import moe_forward
-    except ImportError:
-        return False
-    return "act_quant" in inspect.signature(moe_forward).parameters
-
-
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_interpreter_moelayer_w4a8_matches_the_emulation(fmt):
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
-    if not _has_act_quant():
-        pytest.skip("backends.triton_moe.moe_forward has no act_quant parameter yet (the W4A8 kernels)")
     rows = interpreter_worker_rows(__file__, (fmt,))
     for key in FP8_KEYS:
         row = rows[f"{fmt}-{key}"]

@@ -4,7 +4,6 @@ config)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -68,9 +67,6 @@ class TritonMoEW4A8Runner(TritonMoERunner):
         except ValueError as exc:
             raise spec.unavailable(str(exc), "fix the backend's quant_config in the rules") from exc
         forward = _checked_forward(spec, weights, "converter_w4a8")
-        if "act_quant" not in inspect.signature(forward).parameters:
-            raise spec.unavailable("backends.triton_moe.moe_forward has no act_quant parameter (no W4A8 kernels in "
-                                   "this build)", "install a build with the W4A8 kernels, or ask BF16 activations")
         if spec.device.type == "cuda" and torch.cuda.get_device_capability(spec.device) < (8, 9):
             raise spec.unavailable(f"FP8 tensor cores need compute capability >= 8.9, {spec.device} has "
                                    f"{torch.cuda.get_device_capability(spec.device)}",
