@@ -66,11 +66,13 @@ class TritonMoEWeights:
     w2_bias: torch.Tensor | None = None
     w13_global_scale: torch.Tensor | None = None
     w2_global_scale: torch.Tensor | None = None
-    # W4A8 (FP8-operand) row data, `w4a8_row_data`: written by converter_w4a8, else computed by moe_forward
+    # W4A8 (FP8-operand) tensors, `w4a8_row_data`: written by converter_w4a8, else computed by moe_forward
     w13_row_exp: torch.Tensor | None = None
     w2_row_exp: torch.Tensor | None = None
-    w13_scale_fp8: torch.Tensor | None = None
-    w2_scale_fp8: torch.Tensor | None = None
+    w13_fp8: torch.Tensor | None = None
+    w2_fp8: torch.Tensor | None = None
+    w13_lut_code: torch.Tensor | None = None
+    w2_lut_code: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
@@ -306,8 +308,8 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
 # ---------------------------------------------------------------------------------------------
 
 _KERNEL_TENSORS = ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias", "w13_global_scale", "w2_global_scale")
-#: The W4A8 row data (w4a8_row_data) that converter_w4a8 adds.
-W4A8_TENSORS = ("w13_row_exp", "w2_row_exp", "w13_scale_fp8", "w2_scale_fp8")
+#: The W4A8 tensors (w4a8_row_data) that converter_w4a8 adds.
+W4A8_TENSORS = ("w13_row_exp", "w2_row_exp", "w13_fp8", "w2_fp8", "w13_lut_code", "w2_lut_code")
 
 
 class TritonMoELayout(Layout):
@@ -356,47 +358,200 @@ def triton_weights(kw: KernelWeights) -> TritonMoEWeights:
 
 
 # ---------------------------------------------------------------------------------------------
-# W4A8: the per-row power of two that makes each weight row an FP8 E4M3 operand
+# W4A8: each weight row as an FP8 E4M3 operand, decoded by two byte lookups per 8 weights
 # ---------------------------------------------------------------------------------------------
+#
+# The W4A8 kernels multiply w8[n, k] = e4m3_rn(W[n, k] * 2^-r[n]) (formats.rebase_rows_to_e4m3). With
+# W = fp4 * s (s the block scale) and v = s * 2^-r, w8 = sign(fp4) * e4m3_rn(|fp4| * v): per (row, scale block)
+# there are only 8 magnitudes, one per 3-bit E2M1 magnitude code. They are a row of w4a8_lut_table (8 E4M3 bytes),
+# picked by the block's LUT code (w13_lut_code / w2_lut_code, addressed like the scale words), and the kernel turns
+# 8 weights into 8 E4M3 bytes with two `prmt` byte selects (the magnitude codes are the selectors) and the signs
+# with bit operations. The weights are stored for that (w13_fp8 / w2_fp8, W4A8_CHUNK below).
+
+#: K values per W4A8 chunk: 16 bytes of a row = 4 little-endian 32-bit words; word t holds A_i = value 4t + i and
+#: B_i = value 16 + 4t + i (i = 0..3) of the chunk: A_i's magnitude at bits 4i..4i+2 and sign at bit 8i+7, B_i's
+#: magnitude at bits 16+4i..16+4i+2 and sign at bit 8i+3. The low and high 16 bits are then the selectors of one
+#: `prmt` each (A, B) once bits 3 of every nibble are masked, and the signs land on bit 7 of their byte as
+#: `w & 0x80808080` (A) and `(w << 4) & 0x80808080` (B).
+W4A8_CHUNK = 32
+#: LUT code of a block whose products all round to 0 (v == 0 or v < 2^-13: 6 v < 2^-10, half E4M3's smallest
+#: subnormal); its table row is 8 zero bytes.
+W4A8_LUT_ZERO = 0
+#: LUT code of a NaN block scale (E8M0 255, E4M3 0x7F / 0xFF); its table row is 8 E4M3 NaN bytes (0x7F).
+W4A8_LUT_NAN = 255
+#: v = (1 + m/8) * 2^E has code ((E + _LUT_EXP_BIAS) << 3) | m for E in [_LUT_EXP_MIN, _LUT_EXP_MAX]: codes 8..247.
+#: E is clamped to _LUT_EXP_MAX: from v >= 2^10 on, every nonzero entry (>= 0.5 v = 512) saturates to 448 anyway.
+#: Codes 1..7 and 248..254 never occur; their table rows are zeros.
+_LUT_EXP_BIAS = 14
+_LUT_EXP_MIN = -13
+_LUT_EXP_MAX = 16
+
+
+def w4a8_lut_codes(scale_bytes: torch.Tensor, fmt: str, row_exp: torch.Tensor) -> torch.Tensor:
+    """LUT code (uint8 [..., rows, K/B]) of v = |s| * 2^-r for each block scale byte s of [..., rows, K/B] (E8M0
+    for MXFP4, E4M3 for NVFP4) and row exponent r [..., rows]. A negative NVFP4 scale's sign goes to the weights'
+    sign bits instead (_w4a8_expert), so the table holds magnitudes only."""
+    if fmt == "mxfp4":
+        s = formats.decode_e8m0(scale_bytes)
+    else:
+        s = scale_bytes.view(torch.float8_e4m3fn).float()
+    nan = torch.isnan(s)
+    # float64: 2^-r spans 2^+-160, beyond float32; the product is exact (s has <= 4 significant bits)
+    v = s.double().abs() * torch.pow(2.0, -row_exp.double()).unsqueeze(-1)
+    mantissa, exponent = torch.frexp(v)  # v = mantissa * 2^exponent, mantissa in [0.5, 1)
+    eighths = mantissa * 16 - 8  # v = (1 + eighths/8) * 2^(exponent - 1)
+    m = eighths.round()
+    nonzero = (v > 0) & ~nan
+    if bool((nonzero & (m != eighths)).any()):
+        _fail("W4A8 LUT codes: a block scale times 2^-r has more than 3 mantissa bits; the scales must be E8M0 "
+              "(MXFP4) or E4M3 (NVFP4) bytes")
+    e = (exponent.to(torch.int64) - 1).clamp(max=_LUT_EXP_MAX)
+    code = ((e + _LUT_EXP_BIAS) << 3) | m.to(torch.int64)
+    code = torch.where(nonzero & (e >= _LUT_EXP_MIN), code, W4A8_LUT_ZERO)
+    return torch.where(nan, W4A8_LUT_NAN, code).to(torch.uint8)
+
+
+def _lut_code_values() -> torch.Tensor:
+    """v of every LUT code (float64 [256]); 0 for the zero code and the unused ones, NaN for W4A8_LUT_NAN."""
+    code = torch.arange(256, dtype=torch.int64)
+    exponent = (code >> 3) - _LUT_EXP_BIAS
+    v = (1 + (code & 7).double() / 8) * torch.pow(2.0, exponent.double())
+    used = (code >= (_LUT_EXP_MIN + _LUT_EXP_BIAS) << 3) & (code < (_LUT_EXP_MAX + _LUT_EXP_BIAS + 1) << 3)
+    v = torch.where(used, v, 0.0)
+    return torch.where(code == W4A8_LUT_NAN, float("nan"), v)
+
+
+@functools.lru_cache(maxsize=8)
+def _lut_table(device: torch.device) -> torch.Tensor:
+    magnitudes = formats.decode_fp4(torch.arange(8, dtype=torch.uint8)).double()  # 0, 0.5, 1, 1.5, 2, 3, 4, 6
+    values = formats.e4m3_rn(magnitudes[None, :] * _lut_code_values()[:, None])  # exact in fp32: <= 6 bits
+    entries = values.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)  # [256, 8]; NaN row 0x7F
+    shifts = 8 * torch.arange(4, dtype=torch.int64)
+    words = (entries.reshape(256, 2, 4) << shifts).sum(dim=-1)  # little-endian; < 2^31: no byte has bit 7 set
+    return words.to(torch.int32).to(device)
+
+
+def w4a8_lut_table(device: torch.device | str) -> torch.Tensor:
+    """The W4A8 decode table, int32 [256, 2] (one per device, cached: do not modify it): row c holds the E4M3
+    bytes t_j = e4m3_rn(MAG[j] * v(c)) of the 8 E2M1 magnitudes MAG = (0, 0.5, 1, 1.5, 2, 3, 4, 6), word 0 =
+    t0 | t1 << 8 | t2 << 16 | t3 << 24, word 1 = t4..t7 (a `prmt` pair's two source registers). Code
+    W4A8_LUT_ZERO and the unused codes 1..7, 248..254: zeros; W4A8_LUT_NAN: 0x7F (E4M3 NaN)."""
+    return _lut_table(torch.device(device))
+
+
+def _w4a8_bytes(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] E2M1 codes (uint8 0..15, K % W4A8_CHUNK == 0) -> [..., K/2] bytes in the W4A8 order (W4A8_CHUNK),
+    before the row tiling."""
+    k = codes.shape[-1]
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], k // W4A8_CHUNK, 2, 4, 4)  # [chunk, A/B, t, i]
+    a, b = c[..., 0, :, :], c[..., 1, :, :]
+    i = torch.arange(4, dtype=torch.int64, device=codes.device)
+    parts = ((a & 7) << (4 * i)) | ((a >> 3) << (8 * i + 7)) | ((b & 7) << (16 + 4 * i)) | ((b >> 3) << (8 * i + 3))
+    word = parts.sum(dim=-1)  # the parts' bits are disjoint
+    out = torch.stack([(word >> (8 * j)) & 0xFF for j in range(4)], dim=-1)  # [chunk, t, byte]
+    return out.to(torch.uint8).reshape(*codes.shape[:-1], k // 2)
+
+
+def decode_w4a8(fp8_words: torch.Tensor, lut_codes: torch.Tensor, table: torch.Tensor, fmt: str, k: int
+                ) -> torch.Tensor:
+    """The E4M3 weight operand the W4A8 kernels multiply (float32 [E, rows, K], without the row's 2^r), decoded
+    from w13_fp8 / w2_fp8 (uint8 [E, rows, K/2], tiled), w13_lut_code / w2_lut_code (int32 scale-word layout) and
+    w4a8_lut_table as the kernel's `prmt` does: A byte i of word t = lut_byte(LUT_A, (w >> 4i) & 7) | bit 8i+7 << 7,
+    B byte i = lut_byte(LUT_B, (w >> 16+4i) & 7) | bit 8i+3 << 7; LUT_A / LUT_B the table rows of the scale blocks
+    of the chunk's two halves (MXFP4: the same block; NVFP4: blocks 2c and 2c+1). The reference of the layout."""
+    if fmt not in FORMATS:
+        _fail(f"decode_w4a8: fmt={fmt!r} must be one of {FORMATS}")
+    if fp8_words.dtype != torch.uint8 or fp8_words.dim() != 3 or fp8_words.shape[-1] * 2 != k:
+        _fail(f"decode_w4a8: fp8_words must be uint8 [E, rows, {k // 2}] (w13_fp8 / w2_fp8 for K={k}), got "
+              f"{fp8_words.dtype} {tuple(fp8_words.shape)}")
+    experts, rows, _ = fp8_words.shape
+    raw = _untile_rows(fp8_words).to(torch.int64).reshape(experts, rows, k // W4A8_CHUNK, 4, 4)  # [chunk, t, byte]
+    word = (raw << (8 * torch.arange(4, dtype=torch.int64, device=raw.device))).sum(dim=-1)[..., None]
+    codes = _from_words(lut_codes, fmt, k).to(torch.int64)  # [E, rows, K/B]
+    code_a, code_b = (codes, codes) if fmt == "mxfp4" else (codes[..., 0::2], codes[..., 1::2])
+    entries = table.to(device=raw.device, dtype=torch.int64)
+    lut = torch.stack([(entries[:, j // 4] >> (8 * (j % 4))) & 0xFF for j in range(8)], dim=-1).reshape(-1)
+    i = torch.arange(4, dtype=torch.int64, device=raw.device)
+    byte_a = lut[code_a[..., None, None] * 8 + ((word >> (4 * i)) & 7)] | (((word >> (8 * i + 7)) & 1) << 7)
+    byte_b = lut[code_b[..., None, None] * 8 + ((word >> (16 + 4 * i)) & 7)] | (((word >> (8 * i + 3)) & 1) << 7)
+    out = torch.stack([byte_a, byte_b], dim=-3).to(torch.uint8)  # [E, rows, chunk, A/B, t, i]
+    return out.reshape(experts, rows, k).view(torch.float8_e4m3fn).float()
+
+
+def _w4a8_expert(packed: torch.Tensor, scale_bytes: torch.Tensor, fmt: str):
+    """One expert's (row exponents int32 [rows], W4A8 bytes uint8 [rows, K/2] untiled, LUT codes uint8 [rows, K/B])
+    from its checkpoint-order bytes [rows, K/2] and scale bytes [rows, K/B] in kernel row order."""
+    if fmt == "mxfp4":
+        w = formats.dequantize_mxfp4(packed, scale_bytes)
+    else:
+        w = formats.dequantize_nvfp4(packed, scale_bytes.view(torch.float8_e4m3fn), 1.0)
+    r = formats.fp8_row_rebase_exponent(w.abs().amax(dim=-1))
+    codes = formats.unpack_fp4(packed)
+    if fmt == "nvfp4":  # a negative scale flips its block's signs (-0 included): the table holds |s| only
+        codes = codes ^ ((scale_bytes >> 7) << 3).repeat_interleave(SCALE_BLOCK[fmt], dim=-1)
+    return r, _w4a8_bytes(codes), w4a8_lut_codes(scale_bytes, fmt, r)
 
 
 def _row_data(words: torch.Tensor, scale_words: torch.Tensor, fmt: str, k: int):
-    """One weight tensor's (row exponents int32 [E, rows], MXFP4 rebased scale words or None), expert by expert
-    (a dequantized expert is [rows, K] fp32; the whole layer at once would not fit)."""
-    if words.device.type == "meta":
-        return (scale_words.new_empty((words.shape[0], words.shape[1])),
-                scale_words.new_empty(scale_words.shape) if fmt == "mxfp4" else None)
-    exps, rebased = [], []
-    for e in range(words.shape[0]):
-        codes = _join_halves(_untile_rows(words[e:e + 1]))[0]
-        scale_bytes = _from_words(scale_words[e:e + 1], fmt, k)[0]
-        if fmt == "mxfp4":
-            w = formats.dequantize_mxfp4(codes, scale_bytes)
-        else:
-            w = formats.dequantize_nvfp4(codes, scale_bytes.view(torch.float8_e4m3fn), 1.0)
-        r = formats.fp8_row_rebase_exponent(w.abs().amax(dim=-1))
+    """One weight tensor's (row exponents int32 [E, rows], W4A8 bytes uint8 [E, rows, K/2] tiled, LUT code words
+    int32 like scale_words), expert by expert (a dequantized expert is [rows, K] fp32; the whole layer at once
+    would not fit)."""
+    experts, rows = words.shape[0], words.shape[1]
+    if words.device.type == "meta" or experts == 0:
+        make = torch.empty if words.device.type == "meta" else torch.zeros
+        return (make((experts, rows), dtype=torch.int32, device=words.device),
+                make(words.shape, dtype=torch.uint8, device=words.device),
+                make(scale_words.shape, dtype=torch.int32, device=words.device))
+    exps, fp8, lut = [], [], []
+    for e in range(experts):
+        packed = _join_halves(_untile_rows(words[e:e + 1]))[0]
+        r, stored, codes = _w4a8_expert(packed, _from_words(scale_words[e:e + 1], fmt, k)[0], fmt)
         exps.append(r)
-        if fmt == "mxfp4":  # 2^-r folded into the E8M0 bytes; below code 0 the values round to 0 in E4M3 anyway
-            shifted = (scale_bytes.to(torch.int32) - r[:, None]).clamp(0, 254)
-            shifted = torch.where(scale_bytes == formats.E8M0_NAN_CODE, formats.E8M0_NAN_CODE, shifted)
-            rebased.append(_to_words(shifted.to(torch.uint8)[None], fmt)[0])
-    if not exps:
-        empty = scale_words.new_zeros((0, words.shape[1]))
-        return empty, (scale_words.clone() if fmt == "mxfp4" else None)
-    return torch.stack(exps), (torch.stack(rebased) if fmt == "mxfp4" else None)
+        fp8.append(_tile_rows(stored[None])[0])
+        lut.append(_to_words(codes[None], fmt)[0])
+    return torch.stack(exps), torch.stack(fp8), torch.stack(lut)
 
 
 def w4a8_row_data(w: TritonMoEWeights) -> dict:
-    """The W4A8 kernels' extra tensors (backends.formats.rebase_rows_to_e4m3 in kernel form): w13_row_exp /
-    w2_row_exp int32 [E, rows], r = ceil(log2(max |W[row]| / 448)) of each kernel-layout row (W without the NVFP4
-    global scale), and for MXFP4 w13_scale_fp8 / w2_scale_fp8, the scale words with every E8M0 byte lowered by its
-    row's r (clamped at 0), so that the kernels' dequantization gives W * 2^-r, an E4M3 value, at no cost."""
-    r13, s13 = _row_data(w.w13, w.w13_scale, w.format, w.hidden_size)
-    r2, s2 = _row_data(w.w2, w.w2_scale, w.format, w.intermediate_size)
-    out = {"w13_row_exp": r13, "w2_row_exp": r2}
-    if w.format == "mxfp4":
-        out.update(w13_scale_fp8=s13, w2_scale_fp8=s2)
-    return out
+    """The W4A8 kernels' tensors (backends.formats.rebase_rows_to_e4m3 in kernel form), per weight tensor
+    (w13: K = H, w2: K = I): *_row_exp int32 [E, rows], r = ceil(log2(max |W[row]| / 448)) of each kernel-layout
+    row (W without the NVFP4 global scale); *_fp8 uint8 [E, rows, K/2], the E2M1 codes in the W4A8 order
+    (W4A8_CHUNK) and the W4A16 row tiling; *_lut_code int32, each (row, scale block)'s w4a8_lut_codes in the
+    scale words' layout. decode_w4a8 of them is e4m3_rn(W * 2^-r), bit for bit."""
+    r13, f13, c13 = _row_data(w.w13, w.w13_scale, w.format, w.hidden_size)
+    r2, f2, c2 = _row_data(w.w2, w.w2_scale, w.format, w.intermediate_size)
+    return {"w13_row_exp": r13, "w2_row_exp": r2, "w13_fp8": f13, "w2_fp8": f2, "w13_lut_code": c13,
+            "w2_lut_code": c2}
+
+
+def w4a8_tensor_specs(w: TritonMoEWeights) -> dict:
+    """name -> (dtype, shape) of the W4A8 tensors that go with w's W4A16 tensors."""
+    experts, hidden, inter, chunk = w.num_experts, w.hidden_size, w.intermediate_size, SCALE_CHUNK[w.format]
+    return {"w13_row_exp": (torch.int32, (experts, 2 * inter)), "w2_row_exp": (torch.int32, (experts, hidden)),
+            "w13_fp8": (torch.uint8, (experts, 2 * inter, hidden // 2)),
+            "w2_fp8": (torch.uint8, (experts, hidden, inter // 2)),
+            "w13_lut_code": (torch.int32, (experts, -(-hidden // chunk), 2 * inter)),
+            "w2_lut_code": (torch.int32, (experts, -(-inter // chunk), hidden))}
+
+
+def given_w4a8_tensors(w: TritonMoEWeights) -> dict | None:
+    """w's own W4A8 tensors (converter_w4a8), checked as the kernels address them (the *_fp8 bytes contiguous, the
+    others with unit inner stride, all on w13's device); None when it has none. Some but not all, or one of the
+    wrong dtype, shape, stride or device: one ValueError naming the tensor and the fix."""
+    given = {name: getattr(w, name) for name in W4A8_TENSORS}
+    if all(t is None for t in given.values()):
+        return None
+    fix = "convert the checkpoint with backends.layouts.triton_moe:converter_w4a8 (or leave all W4A8 tensors out)"
+    for name, (dtype, shape) in w4a8_tensor_specs(w).items():
+        t = given[name]
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.device != w.device:
+            got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            _fail(f"weights.{name} must be {dtype} of shape {shape} on {w.device}, got {got}; {fix}")
+        if (not t.is_contiguous()) if name.endswith("_fp8") else t.stride(-1) != 1:
+            _fail(f"weights.{name} has strides {t.stride()}: the kernels need "
+                  f"{'a contiguous tensor' if name.endswith('_fp8') else 'unit stride in the last dimension'}; "
+                  f"pass weights.{name}.contiguous()")
+    return given
 
 
 class TritonMoEW4A8Layout(TritonMoELayout):
