@@ -147,9 +147,11 @@ def _input_schemes(activation_scheme, gemm_input_schemes, a1_scale, a2_scale, fp
 
 def _qdq_input(x, scheme, scale, fp8_dtype, fp8_operands=False):
     """Fake-quantize one GEMM input (fp32 [n, K]); `scale`: the per-tensor scale (None: dynamic, from this x);
-    fp8_operands with 'mxfp8': each row then rebased to one power of two (formats.mxfp8_row_rebased)."""
+    fp8_operands with 'mxfp8': x rounded to bf16 (the kernels' GEMM1 stores h in bf16: the row-wise rebase needs the
+    whole row, which spans column tiles; x is bf16 already), then MXFP8 with each row rebased to one power of two
+    (formats.mxfp8_row_rebased)."""
     if fp8_operands and scheme == "mxfp8":
-        return formats.mxfp8_row_rebased(x)
+        return formats.mxfp8_row_rebased(x.to(torch.bfloat16).float())
     if scheme in _PER_TENSOR:
         return formats.qdq_fp8_per_tensor(x, scale, fp8_dtype=fp8_dtype)
     return formats.qdq_activation(x, "fp8" if scheme == "mxfp8" else scheme)
@@ -268,8 +270,9 @@ def moe_forward(
     with fp32 sums. Weights (mxfp4/nvfp4): per expert and output row n, r = ceil(log2(max_k |W[n, k]| / 448)) (0 for
     a zero row; W without the NVFP4 global scale), the operand e4m3_rn(W * 2^-r) (exact for MXFP4 rows spanning
     <= 14 binades, rounded for NVFP4), the result times 2^r (and / global scale). Inputs: each GEMM's scheme must
-    be 'fp8_per_tensor_static' (e4m3(clamp(x / a, +-448)) * a, as without fp8_operands) or 'mxfp8' (MXFP8, then
-    each row rebased to its largest block exponent ra: e4m3_rn(x_mx * 2^-ra) * 2^ra, formats.mxfp8_row_rebased).
+    be 'fp8_per_tensor_static' (e4m3(clamp(x / a, +-448)) * a, as without fp8_operands) or 'mxfp8' (the input
+    rounded to bf16, MXFP8, then each row rebased to its largest block exponent ra: e4m3_rn(x_mx * 2^-ra) * 2^ra,
+    formats.mxfp8_row_rebased).
     """
     if not isinstance(x, torch.Tensor):
         _fail(TypeError, f"x must be a torch.Tensor [T, H], got {type(x).__name__}")

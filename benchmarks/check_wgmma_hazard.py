@@ -38,7 +38,7 @@ from backends.triton_moe.testing import SHAPES  # noqa: E402
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32", "gs_ptr": "*fp32", "bias_ptr": "*fp32",
             "part_ptr": "*fp32", "ticket_ptr": "*i32", "route_w_ptr": "*fp32", "out_ptr": "*fp32", "y_ptr": "*bf16",
             "sorted_pair_ptr": "*i32", "block_expert_ptr": "*i32", "padded_total_ptr": "*i32", "rexp_ptr": "*i32",
-            "qscale_ptr": "*fp32", "hs_ptr": "*i32"}
+            "qscale_ptr": "*fp32", "ra_ptr": "*i32", "lut_ptr": "*i32"}
 
 
 def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):

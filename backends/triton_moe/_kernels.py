@@ -209,17 +209,10 @@ def _e4m3_folded_f32(s):
 
 
 @triton.jit
-def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr, FP8: tl.constexpr = False,
-                row_factor=1.0):
+def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
     """A scale word shifted so that its low byte is the low values' scale -> (low, high) bf16 factors that
-    _dequant_words applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1).
-
-    FP8 (W4A8) NVFP4: the unfolded factor s * 2^-r of each row (row_factor [ROWS] = 2^(60 - r), see
-    _e4m3_times_2_60), exact in bf16 (4 significant bits); MXFP4's rebased E8M0 bytes need nothing here."""
-    if FP8 and NVFP4:
-        lo = (_e4m3_times_2_60(x) * row_factor[:, None]).to(tl.bfloat16)
-        hi = (_e4m3_times_2_60(x >> 16) * row_factor[:, None]).to(tl.bfloat16)
-    elif NVFP4:
+    _dequant_words applies; the high values' scale is the byte 32 // SCALE_BLOCK further (NVFP4: 2, MXFP4: 1)."""
+    if NVFP4:
         if USE_ASM:
             pair = tl.inline_asm_elementwise(_E4M3_PAIR_BF16X2_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True,
                                              pack=1)
@@ -236,14 +229,6 @@ def _scale_pair(x, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.conste
         lo = _scale_bf16(x, FOLDED)
         hi = _scale_bf16(x >> 8, FOLDED)
     return lo, hi
-
-
-@triton.jit
-def _e4m3_times_2_60(s):
-    """E4M3 byte (int32, bits above the low byte ignored) -> fp32 scale * 2^-60, exact (subnormals included): the
-    bits as fp32 are scale * 2^-120."""
-    bits = (((s & 0x80) << 24) | ((s & 0x7F) << 20)).to(tl.float32, bitcast=True)
-    return bits * 1.152921504606847e18  # 2^60
 
 
 @triton.jit
@@ -297,8 +282,7 @@ def _to_stored_order(t, ROWS: tl.constexpr, COLS: tl.constexpr):
 @triton.jit
 def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
-                 STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr,
-                 FP8: tl.constexpr = False, row_factor=1.0):
+                 STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr):
     """One K step of ROWS weight rows -> (low, high) bf16 [ROWS, BLOCK_K/2]: column b of both matches the
     activation columns of _act_halves (K byte b: value k = k0 + 64*(b//32) + b%32, and k + 32; with
     STORED_K_ORDER the columns stay in the stored byte order and _act_halves permutes the activations alike).
@@ -307,7 +291,6 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
     warp's 16-byte copies cover consecutive rows of one tile: 512 contiguous bytes), viewed as [ROWS, words] for
     one asm routine per word; the scales as one word per (row, scale block of the low values), broadcast in
     registers (a stored 16-byte run lies inside one scale block, so either order sees the same scale per column).
-    FP8 (W4A8): the values are W * 2^-r (rebased scales, see _scale_pair), rounded to E4M3 (_to_e4m3).
     """
     HALF: tl.constexpr = BLOCK_K // 2
     NSUB: tl.constexpr = HALF // SCALE_BLOCK  # scale blocks among a step's low values
@@ -335,19 +318,142 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
         scales = tl.load(s_ptrs, mask=row_ok[:, None] & (k_first < K)[None, :], other=0)
     ROWS: tl.constexpr = tiles.shape[1]
     words = tl.reshape(tl.permute(tiles, (1, 0, 2)), (ROWS, WORDS))
-    scale_lo, scale_hi = _scale_pair(scales >> (8 * scale_byte)[None, :], NVFP4, FOLDED, USE_ASM, FP8, row_factor)
+    scale_lo, scale_hi = _scale_pair(scales >> (8 * scale_byte)[None, :], NVFP4, FOLDED, USE_ASM)
     e0, e1, e2, e3, e4, e5, e6, e7 = _dequant_words(
         words, _per_word(scale_lo, ROWS, NSUB, WORDS), _per_word(scale_hi, ROWS, NSUB, WORDS), FOLDED, USE_ASM,
         RETIRE_WGMMA)
     lo = tl.reshape(_words_to_bytes(e0, e1, e2, e3), (ROWS, HALF))
     hi = tl.reshape(_words_to_bytes(e4, e5, e6, e7), (ROWS, HALF))
-    if FP8:
-        lo = _to_e4m3(lo, not USE_ASM)
-        hi = _to_e4m3(hi, not USE_ASM)
     if not STORED_K_ORDER:
         lo = _to_k_order(lo, ROWS, HALF)
         hi = _to_k_order(hi, ROWS, HALF)
     return lo, hi
+
+
+# W4A8 weights (layout: backends.layouts.triton_moe, W4A8 byte order): one asm instance per 32-bit word of 8 E2M1
+# codes, the K values A_i = 32c + 4t + i and B_i = 32c + 16 + 4t + i of a 32-wide chunk c (i = 0..3): magnitudes
+# A_i at bits 4i..4i+2 and B_i at 16+4i..16+4i+2 (4-bit prmt selectors with bit 3 clear once masked), signs A_i at
+# bit 8i+7 and B_i at 8i+3 (already, resp. after one shift, at bit 7 of output byte i). Each prmt looks the 4
+# magnitudes up in the 8-byte table of their scale block (backends.layouts.triton_moe.w4a8_lut_table: the E4M3 byte
+# of each E2M1 magnitude times the block scale times 2^-r of the row, rounded once), one or-with-mask adds the
+# signs: 8 ops per 8 values, and the 4 bytes of each output register are a thread's 4 consecutive K values of an
+# FP8 wgmma operand. pack=4: $2 holds the 4 bytes; the table words come 4 times each ($3.., $7.., $11.., $15..).
+_E2M1_TO_E4M3_BODY = """
+.reg .b32 s, m, t;
+and.b32 s, $2, 0x7777;
+prmt.b32 m, $3, $7, s;
+and.b32 t, $2, 0x80808080;
+or.b32 $0, m, t;
+shr.u32 s, $2, 16;
+and.b32 s, s, 0x7777;
+prmt.b32 m, $11, $15, s;
+shl.b32 t, $2, 4;
+and.b32 t, t, 0x80808080;
+or.b32 $1, m, t;
+}
+"""
+_E2M1_TO_E4M3_ASM = tl.constexpr("{" + _E2M1_TO_E4M3_BODY)
+_E2M1_TO_E4M3_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + "{" + _E2M1_TO_E4M3_BODY)
+_E2M1_TO_E4M3_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,=r,r," + ",".join(["r"] * 16))
+
+
+@triton.jit
+def _lut_byte(l0, l1, sel):
+    """Byte sel (0..7, int32) of the 8-byte table (l0: bytes 0-3, l1: 4-7): prmt's default mode."""
+    return (tl.where(sel < 4, l0, l1) >> (8 * (sel & 3))) & 0xFF
+
+
+@triton.jit
+def _e4m3_byte_value(b):
+    """E4M3 bit pattern (int32 0..255) -> its fp32 value (the interpreter's view of an FP8 operand)."""
+    e = (b >> 3) & 15
+    m = (b & 7).to(tl.float32)
+    v = tl.where(e == 0, m * 0.001953125, (8.0 + m) * _pow2(e - 10))  # m * 2^-9, (1 + m/8) * 2^(e-7)
+    v = tl.where((b & 0x7F) == 0x7F, float("nan"), v)
+    return tl.where((b & 0x80) != 0, -v, v)
+
+
+@triton.jit
+def _weight_tile_fp8(w_rows, code_ptr, lut_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                     NVFP4: tl.constexpr, EVEN_K: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr):
+    """One K step of ROWS W4A8 weight rows -> (A, B) E4M3 operands [ROWS, BLOCK_K/2] (fp32 values under the
+    interpreter): column q of A is K value k0 + 32 * (q // 16) + q % 16, of B that + 16 (_act_fp8 loads the
+    activations alike). The rows' bytes load as [ROWS, BLOCK_K/2] (a row's K step lies in one or two 32-byte tile
+    rows: contiguous runs); each 32-wide chunk's lookup tables come from the code byte of its scale block(s) (code
+    words: the scale words' layout) and the 256-entry table at lut_ptr (int32 [256, 2], L1-resident)."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    NCH: tl.constexpr = BLOCK_K // 32
+    ROWS: tl.constexpr = row_ok.shape[0]
+    b = tl.arange(0, HALF)
+    kt = k0 // (2 * TILE_BYTES) + b // TILE_BYTES
+    ptrs = w_rows[:, None] + (kt * (TILE_ROWS * TILE_BYTES) + b % TILE_BYTES)[None, :]
+    chunk = k0 // 32 + tl.arange(0, NCH)
+    block = 2 * chunk if NVFP4 else chunk  # A's scale block (NVFP4: 16 wide, B's is the next one, same word)
+    c_ptrs = code_ptr[:, None] + (block // 4)[None, :] * stride_sc
+    if EVEN_K:
+        codes = tl.load(ptrs, mask=row_ok[:, None], other=0)
+        words = tl.load(c_ptrs, mask=row_ok[:, None], other=0)
+    else:
+        codes = tl.load(ptrs, mask=row_ok[:, None] & (kt < K // (2 * TILE_BYTES))[None, :], other=0)
+        words = tl.load(c_ptrs, mask=row_ok[:, None] & (chunk < K // 32)[None, :], other=0)
+    code_a = (words >> (8 * (block % 4))[None, :]) & 0xFF
+    la0 = tl.load(lut_ptr + 2 * code_a)
+    la1 = tl.load(lut_ptr + 2 * code_a + 1)
+    if NVFP4:
+        code_b = (words >> (8 * (block % 4) + 8)[None, :]) & 0xFF
+        lb0 = tl.load(lut_ptr + 2 * code_b)
+        lb1 = tl.load(lut_ptr + 2 * code_b + 1)
+    else:
+        lb0 = la0
+        lb1 = la1
+    if USE_ASM:
+        la0 = _per_word(la0, ROWS, NCH, HALF)
+        la1 = _per_word(la1, ROWS, NCH, HALF)
+        lb0 = _per_word(lb0, ROWS, NCH, HALF)
+        lb1 = _per_word(lb1, ROWS, NCH, HALF)
+        if RETIRE_WGMMA:  # see _dequant_words
+            a, b = tl.inline_asm_elementwise(_E2M1_TO_E4M3_RETIRING_ASM, _E2M1_TO_E4M3_CONSTRAINTS,
+                                             [codes, la0, la1, lb0, lb1], dtype=(tl.int8, tl.int8), is_pure=True,
+                                             pack=4)
+        else:
+            a, b = tl.inline_asm_elementwise(_E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_CONSTRAINTS,
+                                             [codes, la0, la1, lb0, lb1], dtype=(tl.int8, tl.int8), is_pure=True,
+                                             pack=4)
+        a = a.to(tl.float8e4nv, bitcast=True)
+        b = b.to(tl.float8e4nv, bitcast=True)
+    else:  # the asm's lookups in integer ops, on whole words
+        WORDS: tl.constexpr = HALF // 4
+        quads = tl.reshape(codes.to(tl.int32), (ROWS, WORDS, 4))
+        w = tl.sum(quads << (8 * tl.arange(0, 4))[None, None, :], axis=2)
+        la0 = _per_word(la0, ROWS, NCH, WORDS)
+        la1 = _per_word(la1, ROWS, NCH, WORDS)
+        lb0 = _per_word(lb0, ROWS, NCH, WORDS)
+        lb1 = _per_word(lb1, ROWS, NCH, WORDS)
+        a = tl.reshape(_words_to_bytes(
+            _e4m3_byte_value(_lut_byte(la0, la1, w & 7) | ((w >> 7) & 1) << 7),
+            _e4m3_byte_value(_lut_byte(la0, la1, (w >> 4) & 7) | ((w >> 15) & 1) << 7),
+            _e4m3_byte_value(_lut_byte(la0, la1, (w >> 8) & 7) | ((w >> 23) & 1) << 7),
+            _e4m3_byte_value(_lut_byte(la0, la1, (w >> 12) & 7) | ((w >> 31) & 1) << 7)), (ROWS, HALF))
+        b = tl.reshape(_words_to_bytes(
+            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 16) & 7) | ((w >> 3) & 1) << 7),
+            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 20) & 7) | ((w >> 11) & 1) << 7),
+            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 24) & 7) | ((w >> 19) & 1) << 7),
+            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 28) & 7) | ((w >> 27) & 1) << 7)), (ROWS, HALF))
+    return a, b
+
+
+@triton.jit
+def _act_fp8(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The E4M3 activation columns matching _weight_tile_fp8's (A, B): [ROWS, BLOCK_K/2] each, 16-byte runs."""
+    q = tl.arange(0, BLOCK_K // 2)
+    col = k0 + 32 * (q // 16) + q % 16
+    if EVEN_K:
+        mask = row_ok[:, None]
+    else:
+        mask = row_ok[:, None] & (col < K)[None, :]
+    a = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
+    b = tl.load(a_rows[:, None] + (col + 16)[None, :], mask=mask, other=0.0)
+    return a, b
 
 
 @triton.jit
@@ -368,16 +474,6 @@ def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN
         lo = _to_stored_order(lo, ROWS, BLOCK_K // 2)
         hi = _to_stored_order(hi, ROWS, BLOCK_K // 2)
     return lo, hi
-
-
-@triton.jit
-def _row_factor(r_ptrs, ok, NEEDED: tl.constexpr):
-    """2^(60 - r) per weight row ([rows] fp32), the factor _scale_pair puts into W4A8 NVFP4 block scales; 1.0 when
-    not NEEDED (W4A16, or MXFP4 whose rebased E8M0 bytes carry 2^-r)."""
-    factor = 1.0
-    if NEEDED:
-        factor = _pow2(60 - tl.load(r_ptrs, mask=ok, other=0))
-    return factor
 
 
 @triton.jit
@@ -419,8 +515,8 @@ def _mx_quant_rebased(t, ra, INTERPRETED: tl.constexpr):
 
 @triton.jit
 def _row_mx_exp(x_rows, row_ok, K: tl.constexpr):
-    """ra [ROWS]: the largest MXFP8 block exponent of each activation row (= _mx_exp of the row's amax), the GEMM1
-    prologue of act_quant 'mxfp8': one read of the tile's rows of x."""
+    """ra [ROWS]: the largest MXFP8 block exponent of each activation row (= _mx_exp of the row's amax),
+    act_quant_kernel's first read of its rows."""
     CHUNK: tl.constexpr = 256
     ROWS: tl.constexpr = x_rows.shape[0]
     amax = tl.zeros((ROWS,), dtype=tl.float32)
@@ -429,44 +525,6 @@ def _row_mx_exp(x_rows, row_ok, K: tl.constexpr):
         v = tl.load(x_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(v.to(tl.float32)), axis=1))
     return _mx_exp(amax)
-
-
-@triton.jit
-def _row_scale_max(hs_rows, row_ok, NB: tl.constexpr):
-    """ra [ROWS]: the largest E8M0 exponent among a row's NB block scales of h (GEMM2's prologue, act_quant
-    'mxfp8'; the scales come from GEMM1's epilogue)."""
-    CHUNK: tl.constexpr = 64
-    ROWS: tl.constexpr = hs_rows.shape[0]
-    top = tl.zeros((ROWS,), dtype=tl.int32)
-    for c0 in range(0, NB, CHUNK):
-        cols = c0 + tl.arange(0, CHUNK)
-        b = tl.load(hs_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < NB)[None, :], other=0)
-        top = tl.maximum(top, tl.max(b.to(tl.int32), axis=1))
-    return top - 127
-
-
-@triton.jit
-def _quant_act(lo, hi, a_inv, A_QUANT: tl.constexpr, INTERPRETED: tl.constexpr, ra=0, hs_rows=None, k0=0,
-               row_ok=None, K: tl.constexpr = 0):
-    """The activation operand of a W4A8 dot, from the tile as loaded (no pass over the activations before):
-    A_QUANT 1 (GEMM1, static per-tensor) e4m3(clamp(x * (1 / a1), +-448)); 2 (GEMM1, mxfp8) MXFP8 of x rebased to
-    the row's exponent ra; 3 (GEMM2, mxfp8) the stored MXFP8 h (E4M3 codes, E8M0 bytes at hs_rows) rebased to ra;
-    0: as loaded (W4A16, and GEMM2's static E4M3 h)."""
-    if A_QUANT == 1:
-        lo = _to_e4m3(lo.to(tl.float32) * a_inv, INTERPRETED)
-        hi = _to_e4m3(hi.to(tl.float32) * a_inv, INTERPRETED)
-    elif A_QUANT == 2:
-        lo = _mx_quant_rebased(lo, ra, INTERPRETED)
-        hi = _mx_quant_rebased(hi, ra, INTERPRETED)
-    elif A_QUANT == 3:  # low half: the step's even 32-blocks (k0 / 32 + 2j), high half: the odd ones
-        NBH: tl.constexpr = lo.shape[1] // 32
-        blk = k0 // 32 + 2 * tl.arange(0, NBH)
-        ok = row_ok[:, None] & (blk < K // 32)[None, :]
-        s_lo = tl.load(hs_rows[:, None] + blk[None, :], mask=ok, other=0).to(tl.int32) - 127
-        s_hi = tl.load(hs_rows[:, None] + (blk + 1)[None, :], mask=ok, other=0).to(tl.int32) - 127
-        lo = _rescale_groups(lo, s_lo - ra[:, None], INTERPRETED)
-        hi = _rescale_groups(hi, s_hi - ra[:, None], INTERPRETED)
-    return lo, hi
 
 
 @triton.jit
@@ -479,24 +537,21 @@ def _round_bf16(v, INTERPRETED: tl.constexpr):
     return v.to(tl.bfloat16)
 
 
-#: W4A8 dots: K values a Hopper FP8 wgmma may sum in the tensor core's own accumulator before Triton adds its result
-#: to the fp32 one (tl.dot's max_num_imprecise_acc). That accumulator keeps fewer bits than fp32; Triton's default on
-#: SM90 (never promote) measured 0.6-1.8% relative L2 error against the fp32-summed emulation on the gpt-oss-120b and
-#: DeepSeek-V3 layers of an H100. 32 (one wgmma K step) sums every step in fp32.
-FP8_PROMOTE_EVERY: tl.constexpr = tl.constexpr(32)
-
-
 @triton.jit
-def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
-    """acc += a @ w^T ([BM, BN]) or, swapped, w @ a^T ([BN, BM]) so weights fill the MMA's M side."""
+def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, FP8_PROMOTE: tl.constexpr = False):
+    """acc += a @ w^T ([BM, BN]) or, swapped, w @ a^T ([BN, BM]) so weights fill the MMA's M side.
+
+    FP8 operands (W4A8): the tensor core's own accumulator keeps fewer bits than fp32; FP8_PROMOTE adds each wgmma's
+    K = 32 sum to the fp32 accumulator (tl.dot's max_num_imprecise_acc), else all of K stays in the tensor core's
+    (Triton's SM90 default; forward.FP8_ACCUMULATIONS)."""
     if DOT_FP32:  # CPU interpreter: its bf16 dot is wrong (triton 3.9); the operands are bf16-exact anyway
         a = a.to(tl.float32)
         w = w.to(tl.float32)
-    if a.dtype == tl.float8e4nv:  # W4A8: every wgmma's sum added to the fp32 accumulator (FP8_PROMOTE_EVERY)
+    if a.dtype == tl.float8e4nv and FP8_PROMOTE:
         if SWAP_AB:
-            acc = tl.dot(w, tl.trans(a), acc, max_num_imprecise_acc=FP8_PROMOTE_EVERY)
+            acc = tl.dot(w, tl.trans(a), acc, max_num_imprecise_acc=32)
         else:
-            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=FP8_PROMOTE_EVERY)
+            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=32)
     elif SWAP_AB:  # one return: triton 3.6 compiles both returns of an early-return constexpr branch
         acc = tl.dot(w, tl.trans(a), acc)
     else:
@@ -505,23 +560,39 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
+def _step_operands(a_rows, row_ok, w_rows, s_ptrs, lut_ptr, w_ok, stride_sc, k0, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
+                   STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr, FP8: tl.constexpr):
+    """One K step's (activation, weight) operand pairs, two K halves: bf16 (_act_halves, _weight_tile) or, FP8
+    (W4A8: E4M3 activations quantized before the GEMM, s_ptrs the weights' code words), E4M3 (_act_fp8,
+    _weight_tile_fp8)."""
+    if FP8:
+        a_lo, a_hi = _act_fp8(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+        w_lo, w_hi = _weight_tile_fp8(w_rows, s_ptrs, lut_ptr, stride_sc, k0, w_ok, K, BLOCK_K, NVFP4, EVEN_K,
+                                      RETIRE_WGMMA, USE_ASM)
+    else:
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_ok, K, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K,
+                                  STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+    return a_lo, a_hi, w_lo, w_hi
+
+
+@triton.jit
 def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl.constexpr, K_SPLIT: tl.constexpr,
                   BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                   NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
                   STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
-                  USE_ASM: tl.constexpr, FP8: tl.constexpr = False, A_QUANT: tl.constexpr = 0, a_inv=1.0,
-                  row_factor=1.0, ra=0, hs_rows=None):
+                  USE_ASM: tl.constexpr, FP8: tl.constexpr = False, lut_ptr=None,
+                  FP8_PROMOTE: tl.constexpr = False):
     """fp32 [BLOCK_M, ROWS]: the activation rows times ROWS weight rows over this program's K slice, one weight tile
-    per step (GEMM2, and GEMM1 with its gate and up rows stacked). FP8: E4M3 operands (_weight_tile, _quant_act)."""
+    per step (GEMM2, and GEMM1 with its gate and up rows stacked)."""
     acc = _zero_acc(BLOCK_M, ROWS, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
-        k0 = k_base + k_step
-        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
-        a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, A_QUANT, DOT_FP32, ra, hs_rows, k0, row_ok, K)
-        w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_ok, K, BLOCK_K,
-                                  SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
-                                  FP8, row_factor)
-        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32), a_hi, w_hi, SWAP_AB, DOT_FP32)
+        a_lo, a_hi, w_lo, w_hi = _step_operands(a_rows, row_ok, w_rows, s_ptrs, lut_ptr, w_ok, stride_sc,
+                                                k_base + k_step, K, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K,
+                                                STORED_K_ORDER, RETIRE_WGMMA, USE_ASM, FP8)
+        acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32, FP8_PROMOTE), a_hi, w_hi, SWAP_AB, DOT_FP32,
+                   FP8_PROMOTE)
     if SWAP_AB:
         acc = tl.trans(acc)
     return acc
@@ -531,12 +602,13 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr = 0, rexp_ptr=None,
-               stride_re=0, qscale_ptr=None, hs_ptr=None, stride_hsm=0):
+               stride_re=0, qscale_ptr=None):
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
 
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
-    global scale; h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand. ACT_QUANT 2
-    (mxfp8; the rows' 2^ra already applied): h stored as MXFP8, E4M3 codes and one E8M0 byte per 32 columns (hs)."""
+    global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand;
+    ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
+    MXFP8 rebase needs the whole row, which spans column tiles)."""
     if ACT_QUANT != 0:
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
         a1 = 1.0
@@ -565,16 +637,6 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
     if ACT_QUANT == 1:
         tl.store(h_ptrs, _to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float8e4nv), mask=store_ok)
-    elif ACT_QUANT == 2:
-        ROWS: tl.constexpr = h.shape[0]
-        COLS: tl.constexpr = h.shape[1]
-        g = tl.reshape(h, (ROWS, COLS // 32, 32))
-        se = _mx_exp(tl.max(tl.abs(g), axis=2))
-        elem = tl.reshape(_to_e4m3(g * _pow2(-se)[:, :, None], INTERPRETED), (ROWS, COLS))
-        tl.store(h_ptrs, elem.to(tl.float8e4nv), mask=store_ok)
-        blk = tl.max(tl.reshape(offs_n, (COLS // 32, 32)), axis=1) // 32
-        tl.store(hs_ptr + offs_m.to(tl.int64)[:, None] * stride_hsm + blk[None, :], (se + 127).to(tl.uint8),
-                 mask=(blk < N // 32)[None, :])
     else:
         tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
 
@@ -629,19 +691,13 @@ def _gemm1_tile(
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
-    ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm,
+    ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE: tl.constexpr,
 ):
     """gemm1_act_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     FP8: tl.constexpr = ACT_QUANT != 0
-    a_inv = 1.0
-    if ACT_QUANT == 1:
-        a_inv = tl.load(qscale_ptr + 1)
-    ra = 0
-    if ACT_QUANT == 2:
-        ra = _row_mx_exp(x_rows, row_ok, K)
     if STACK_GATE_UP:
         # one [2 * BLOCK_N]-row weight tile: the tile's gate rows, then its up rows (one dot per half-step)
         r = tl.arange(0, 2 * BLOCK_N)
@@ -649,42 +705,43 @@ def _gemm1_tile(
         w_row = w_col + (r // BLOCK_N) * N
         w_rows = _weight_rows(w_ptr + expert * stride_we, w_row, stride_wn)
         s_ptrs = s_ptr + expert * stride_se + w_row
-        row_factor = _row_factor(rexp_ptr + expert * stride_re + w_row, w_col < N, FP8 and NVFP4)
         acc = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, ROWS,
                             2 * BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER,
-                            RETIRE_WGMMA, DOT_FP32, USE_ASM, FP8, ACT_QUANT, a_inv, row_factor, ra)
+                            RETIRE_WGMMA, DOT_FP32, USE_ASM, FP8, lut_ptr, FP8_PROMOTE)
         acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
     else:
         wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
         wu_rows = _weight_rows(w_ptr + expert * stride_we, offs_n + N, stride_wn)
         sg_ptrs = s_ptr + expert * stride_se + offs_n
         su_ptrs = sg_ptrs + N
-        g_factor = _row_factor(rexp_ptr + expert * stride_re + offs_n, col_ok, FP8 and NVFP4)
-        u_factor = _row_factor(rexp_ptr + expert * stride_re + N + offs_n, col_ok, FP8 and NVFP4)
         acc_g = _zero_acc(ROWS, BLOCK_N, SWAP_AB)
         acc_u = _zero_acc(ROWS, BLOCK_N, SWAP_AB)
         for k_step in range(0, K_SPLIT, BLOCK_K):
             k0 = k_base + k_step
-            a_lo, a_hi = _act_halves(x_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
-            a_lo, a_hi = _quant_act(a_lo, a_hi, a_inv, ACT_QUANT, DOT_FP32, ra)
-            g_lo, g_hi = _weight_tile(wg_rows, sg_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
-                                      FP8, g_factor)
-            u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K,
-                                      SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM,
-                                      FP8, u_factor)
-            acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32), a_hi, g_hi, SWAP_AB, DOT_FP32)
-            acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32), a_hi, u_hi, SWAP_AB, DOT_FP32)
+            a_lo, a_hi, g_lo, g_hi = _step_operands(x_rows, row_ok, wg_rows, sg_ptrs, lut_ptr, col_ok, stride_sc, k0,
+                                                    K, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, STORED_K_ORDER,
+                                                    RETIRE_WGMMA, USE_ASM, FP8)
+            if FP8:
+                u_lo, u_hi = _weight_tile_fp8(wu_rows, su_ptrs, lut_ptr, stride_sc, k0, col_ok, K, BLOCK_K, NVFP4,
+                                              EVEN_K, RETIRE_WGMMA, USE_ASM)
+            else:
+                u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, SCALE_BLOCK, NVFP4,
+                                          FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
+            acc_g = _mma(_mma(acc_g, a_lo, g_lo, SWAP_AB, DOT_FP32, FP8_PROMOTE), a_hi, g_hi, SWAP_AB,
+                         DOT_FP32, FP8_PROMOTE)
+            acc_u = _mma(_mma(acc_u, a_lo, u_lo, SWAP_AB, DOT_FP32, FP8_PROMOTE), a_hi, u_hi, SWAP_AB,
+                         DOT_FP32, FP8_PROMOTE)
         if SWAP_AB:
             acc_g = tl.trans(acc_g)
             acc_u = tl.trans(acc_u)
-    if ACT_QUANT == 2:  # the rows' 2^ra, exact, before any split-K slice is stored
+    if ACT_QUANT == 2:  # the x rows' 2^ra (act_quant_kernel), exact, before any split-K slice is stored
+        ra = tl.load(ra_ptr + pair // TOP_K, mask=row_ok, other=0)
         acc_g = acc_g * _pow2_from_m127(ra)[:, None]
         acc_u = acc_u * _pow2_from_m127(ra)[:, None]
     if SPLIT_K == 1:
         _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
                    stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
-                   rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
+                   rexp_ptr, stride_re, qscale_ptr)
     else:
         p_ptrs = (part_ptr + tl.program_id(1) * stride_ps + offs_m.to(tl.int64)[:, None] * stride_pm
                   + offs_n[None, :])
@@ -700,23 +757,22 @@ def _gemm1_tile(
                                                ok, stride_ps, N, SPLIT_K, ROWS, BLOCK_N)
                 _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
                            stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
-                           rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
+                           rexp_ptr, stride_re, qscale_ptr)
 
 
 @triton.jit
 def gemm1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
-    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, hs_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, ra_ptr, lut_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
     stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, stride_re,
-    stride_hsm,
     alpha, beta, limit, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     LAST_SLICE_ACTIVATES: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
-    HALF_ROWS: tl.constexpr, ACT_QUANT: tl.constexpr,
+    HALF_ROWS: tl.constexpr, ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
@@ -725,9 +781,10 @@ def gemm1_act_kernel(
     LAST_SLICE_ACTIVATES, the tile's program that finishes last does (_last_slice_sum: one launch fewer, same
     bits). Its tickets (int32, one per tile = program_id(0)) must be zero at launch: the alignment zeroes them.
 
-    ACT_QUANT 1 (W4A8, static per-tensor FP8): E4M3 dots, x quantized with 1 / a1 = qscale[1] as it loads, the
-    weights rebased per row (rexp: int32 [E, 2N] row exponents; MXFP4's rebased scale words come as s_ptr), h
-    written as E4M3 codes (_act_store). 0: W4A16 (rexp_ptr and qscale_ptr unused).
+    ACT_QUANT != 0 (W4A8): E4M3 dots; x holds E4M3 codes (act_quant_kernel: 1 static per-tensor FP8, x / a1;
+    2 MXFP8 rebased per row, its exponents at ra_ptr), w and s the W4A8 byte order and code words (lookup table at
+    lut_ptr, _weight_tile_fp8), rexp the weight rows' exponents r (int32 [E, 2N]); h as _act_store writes it.
+    0: W4A16 (rexp_ptr, qscale_ptr, ra_ptr, lut_ptr unused).
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -742,14 +799,14 @@ def gemm1_act_kernel(
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
-            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE)
     else:
         _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
-            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE)
 
 
 
@@ -770,8 +827,7 @@ def _last_slice_sum(p_ptrs, ok, stride_ps, N: tl.constexpr, SPLIT_K: tl.constexp
 @triton.jit
 def gemm1_split_epilogue_kernel(
     part_ptr, gs_ptr, bias_ptr, h_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr,
-    hs_ptr, num_pairs, N: tl.constexpr, stride_ps, stride_pm, stride_be, stride_hm, stride_re, stride_hsm, alpha, beta,
-    limit,
+    num_pairs, N: tl.constexpr, stride_ps, stride_pm, stride_be, stride_hm, stride_re, alpha, beta, limit,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NVFP4: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
 ):
@@ -793,7 +849,7 @@ def gemm1_split_epilogue_kernel(
         acc_u += tl.load(p_ptrs + s * stride_ps + N, mask=ok, other=0.0)
     _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
                stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT,
-               rexp_ptr, stride_re, qscale_ptr, hs_ptr, stride_hsm)
+               rexp_ptr, stride_re, qscale_ptr)
 
 
 @triton.jit
@@ -808,7 +864,7 @@ def _gemm2_tile(
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr, ACT_QUANT: tl.constexpr, rexp_ptr,
-    stride_re, qscale_ptr, hs_ptr, stride_hsm,
+    stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE: tl.constexpr,
 ):
     """gemm2_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
@@ -817,23 +873,17 @@ def _gemm2_tile(
     w_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
     s_ptrs = s_ptr + expert * stride_se + offs_n
     FP8: tl.constexpr = ACT_QUANT != 0
-    r_ptrs = rexp_ptr + expert * stride_re + offs_n
-    hs_rows = hs_ptr + offs_m.to(tl.int64) * stride_hsm
-    ra = 0
-    if ACT_QUANT == 2:
-        ra = _row_scale_max(hs_rows, row_ok, K // 32)
     acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, ROWS, BLOCK_N,
                         BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32,
-                        USE_ASM, FP8, 3 if ACT_QUANT == 2 else 0, 1.0, _row_factor(r_ptrs, col_ok, FP8 and NVFP4),
-                        ra, hs_rows)
-    if FP8:  # the FP8 dots' sums times 2^r of each weight row, the input scale (a2 = qscale[2], or the rows' 2^ra),
-        # the global scale
+                        USE_ASM, FP8, lut_ptr, FP8_PROMOTE)
+    if FP8:  # the FP8 dots' sums times 2^r of each weight row, the input scale (a2 = qscale[2], or the h rows' 2^ra
+        # from act_quant_kernel), the global scale
         a2 = 1.0
         if ACT_QUANT == 1:
             a2 = tl.load(qscale_ptr + 2)
-        acc = acc * (_pow2(tl.load(r_ptrs, mask=col_ok, other=0)) * a2)[None, :]
+        acc = acc * (_pow2(tl.load(rexp_ptr + expert * stride_re + offs_n, mask=col_ok, other=0)) * a2)[None, :]
         if ACT_QUANT == 2:
-            acc = acc * _pow2_from_m127(ra)[:, None]
+            acc = acc * _pow2_from_m127(tl.load(ra_ptr + offs_m, mask=row_ok, other=0))[:, None]
         if NVFP4:
             acc = acc / tl.load(gs_ptr + expert)
     elif NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
@@ -884,16 +934,15 @@ def _topk_sum_store(pair_out_ptr, y_ptr, token, offs_n, ok, stride_pm, stride_ps
 @triton.jit
 def gemm2_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr, ticket_ptr, y_ptr,
-    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, hs_ptr,
+    sorted_pair_ptr, block_expert_ptr, padded_total_ptr, rexp_ptr, qscale_ptr, ra_ptr, lut_ptr,
     num_pairs, num_m_blocks, K: tl.constexpr, N: tl.constexpr,
     stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, stride_re,
-    stride_hsm,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
-    ACT_QUANT: tl.constexpr,
+    ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
 
@@ -901,8 +950,9 @@ def gemm2_kernel(
     top-k sum kernel adds the slices in fixed order. LAST_PAIR_SUMS: the program whose row draws the last of a
     (token, column tile)'s TOP_K * SPLIT_K tickets (int32 [T * ceil(N / BLOCK_N)], zero at launch: the alignment
     zeroes them) writes y[token] for that tile itself (_topk_sum_store), and no top-k sum launch follows.
-    ACT_QUANT != 0 (W4A8): h holds E4M3 codes, the weights are rebased per row (rexp int32 [E, N]) as in
-    gemm1_act_kernel, and the sums are scaled by 2^r and a2 = qscale[2].
+    ACT_QUANT != 0 (W4A8): h holds E4M3 codes (1: static, times a2 = qscale[2]; 2: MXFP8 rebased per row by
+    act_quant_kernel, times the rows' 2^ra at ra_ptr), the weights in the W4A8 byte order as in gemm1_act_kernel,
+    the sums times 2^r of each weight row (rexp int32 [E, N]).
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -917,14 +967,14 @@ def gemm2_kernel(
             stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
             K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
             STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K, ACT_QUANT, rexp_ptr, stride_re,
-            qscale_ptr, hs_ptr, stride_hsm)
+            qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE)
     else:
         _gemm2_tile(pid_m, pid_n, BLOCK_M, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
             ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
             stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
             K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
             STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K, ACT_QUANT, rexp_ptr, stride_re,
-            qscale_ptr, hs_ptr, stride_hsm)
+            qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE)
 
 
 @triton.jit
@@ -941,6 +991,39 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om
                            other=0.0)
     tl.store(out_ptr + token * stride_om + offs_n, _round_bf16(acc, INTERPRETED), mask=ok)
 
+
+@triton.jit
+def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_ptr, K: tl.constexpr, stride_src,
+                     stride_dst, SCHEME: tl.constexpr, QSCALE_INDEX: tl.constexpr, PADDED_ROWS: tl.constexpr,
+                     BLOCK_R: tl.constexpr, CHUNK: tl.constexpr, INTERPRETED: tl.constexpr):
+    """A W4A8 GEMM input as E4M3 codes, once per row rather than once per column tile of the GEMM that reads it:
+    SCHEME 1 e4m3(clamp(v * qscale[QSCALE_INDEX], +-448)) (static per tensor, the 1 / a of the input); 2 MXFP8
+    rebased to the row's largest block exponent ra (_mx_quant_rebased; ra int32 to exp_ptr). PADDED_ROWS (h, rows
+    in GEMM1's padded row blocks): rows past the alignment's padded_total_ptr[0] are skipped."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    if PADDED_ROWS:
+        rows = tl.minimum(rows, tl.load(padded_total_ptr))
+    if tl.program_id(0) * BLOCK_R >= rows:
+        return
+    ok = offs_r < rows
+    src = src_ptr + offs_r.to(tl.int64) * stride_src
+    dst = dst_ptr + offs_r.to(tl.int64) * stride_dst
+    inv = 1.0
+    ra = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    if SCHEME == 2:
+        ra = _row_mx_exp(src, ok, K)
+        tl.store(exp_ptr + offs_r, ra, mask=ok)
+    else:
+        inv = tl.load(qscale_ptr + QSCALE_INDEX)
+    for c0 in range(0, K, CHUNK):
+        cols = c0 + tl.arange(0, CHUNK)
+        m = ok[:, None] & (cols < K)[None, :]
+        v = tl.load(src[:, None] + cols[None, :], mask=m, other=0.0)
+        if SCHEME == 2:
+            q = _mx_quant_rebased(v, ra, INTERPRETED)
+        else:
+            q = _to_e4m3(v.to(tl.float32) * inv, INTERPRETED)
+        tl.store(dst[:, None] + cols[None, :], q.to(tl.float8e4nv), mask=m)
 
 #: True when Triton's CPU interpreter runs these kernels (TRITON_INTERPRET=1 at triton's first import).
 INTERPRETED = not isinstance(topk_sum_kernel, triton.runtime.jit.JITFunction)

@@ -31,6 +31,7 @@ from backends.layouts.triton_moe import (
     SCALE_CHUNK,
     TritonMoEWeights,
     triton_weights,
+    w4a8_lut_table,
     w4a8_row_data,
 )
 from backends.triton_moe import _routing, tuning
@@ -67,6 +68,12 @@ DEFAULT_TOPK_SUM = "launch"
 #: (W4A8, the numerics of backends.emulation.moe_forward(fp8_operands=True)): "fp8_per_tensor_static" with the
 #: checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32 along K).
 ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
+#: Where a W4A8 dot's FP8 products reach fp32: "wgmma" - every wgmma's K = 32 sum is added to the fp32 accumulator
+#: (nearly the emulation's fp32 sums); "tensor-core" - all of K stays in the tensor core's accumulator, which keeps
+#: fewer bits (Triton's SM90 default; faster). $MOE_ORACLE_TRITON_FP8_ACCUMULATE, else DEFAULT_FP8_ACCUMULATE.
+FP8_ACCUMULATIONS = ("wgmma", "tensor-core")
+FP8_ACCUMULATE_ENV = "MOE_ORACLE_TRITON_FP8_ACCUMULATE"
+DEFAULT_FP8_ACCUMULATE = "wgmma"
 #: The kernels' ACT_QUANT constexpr of each act_quant.
 _ACT_QUANT_IDS = {None: 0, "fp8_per_tensor_static": 1, "mxfp8": 2}
 
@@ -223,6 +230,8 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     qscale = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    fp8_accumulate = (_forced_choice("fp8_accumulate", None, FP8_ACCUMULATIONS, FP8_ACCUMULATE_ENV,
+                                     f"DEFAULT_FP8_ACCUMULATE={DEFAULT_FP8_ACCUMULATE!r}") or DEFAULT_FP8_ACCUMULATE)
     fp8 = _w4a8_data(weights) if act_quant is not None else None
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
@@ -255,7 +264,7 @@ def moe_forward(
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
             _scales_fold(weights) and fp8 is None, tickets_per_block, sum_tickets, _ACT_QUANT_IDS[act_quant], fp8,
-            qscale)
+            qscale, fp8_accumulate)
     return out
 
 
@@ -293,20 +302,25 @@ _W4A8_CACHE: dict = {}
 
 
 def _w4a8_data(w: TritonMoEWeights) -> dict:
-    """The W4A8 row data: the weights' own (converter_w4a8), else w4a8_row_data computed once per weight tensor and
-    cached (outside graph capture; inside a capture an uncached layer is an error, never a silent recompute)."""
-    names = ("w13_row_exp", "w2_row_exp") + (("w13_scale_fp8", "w2_scale_fp8") if w.format == "mxfp4" else ())
-    given = {name: getattr(w, name) for name in names}
+    """The W4A8 data (w4a8_row_data: the weights in the W4A8 byte order, their lookup-table codes, the rows'
+    exponents): the weights' own (converter_w4a8), else computed once per weight tensor and cached (outside graph
+    capture; inside a capture an uncached layer is an error, never a silent recompute). The cache holds a second
+    copy of the packed weights; converter_w4a8 avoids it."""
+    expected = {"w13_row_exp": (torch.int32, (w.num_experts, w.w13.shape[1])),
+                "w2_row_exp": (torch.int32, (w.num_experts, w.w2.shape[1])),
+                "w13_fp8": (torch.uint8, tuple(w.w13.shape)), "w2_fp8": (torch.uint8, tuple(w.w2.shape)),
+                "w13_lut_code": (torch.int32, tuple(w.w13_scale.shape)),
+                "w2_lut_code": (torch.int32, tuple(w.w2_scale.shape))}
+    given = {name: getattr(w, name, None) for name in expected}
     if all(t is not None for t in given.values()):
-        rows = {"w13_row_exp": w.w13.shape[1], "w2_row_exp": w.w2.shape[1]}
         for name, t in given.items():
-            shape = (w.num_experts, rows[name]) if name in rows else tuple(getattr(w, name[:-4]).shape)
-            dtype = torch.int32
+            dtype, shape = expected[name]
             if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.stride(-1) != 1 \
-                    or t.device != w.device:
+                    or t.device != w.device or (name.endswith("fp8") and not t.is_contiguous()):
                 got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-                _fail(ValueError, f"weights.{name} must be {dtype} of shape {shape} with unit inner stride on "
-                      f"{w.device}, got {got}; convert with backends.layouts.triton_moe:converter_w4a8")
+                layout = "contiguous" if name.endswith("fp8") else "with unit inner stride"
+                _fail(ValueError, f"weights.{name} must be {dtype} of shape {shape} {layout} on {w.device}, got "
+                      f"{got}; convert with backends.layouts.triton_moe:converter_w4a8")
         return given
     return _once_per_tensor(_W4A8_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale), lambda: w4a8_row_data(w),
                             _w4a8_data_in_capture)
@@ -366,7 +380,7 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded,
-            tickets_per_block=0, sum_tickets=0, act_quant=0, fp8=None, qscale=None):
+            tickets_per_block=0, sum_tickets=0, act_quant=0, fp8=None, qscale=None, fp8_accumulate="wgmma"):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids. A split-K GEMM1
     sums its fp32 slices in fixed order and activates either in the tile's last slice program (tickets_per_block:
     the alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
@@ -374,7 +388,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     the alignment zeroed them after GEMM1's), or topk_sum_kernel does.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
     because every GEMM2 column program re-reads the fp32 slices.) act_quant != 0 (W4A8): fp8 holds the weights'
-    row data (_w4a8_data), qscale the static input scales; h is E4M3."""
+    W4A8 data (_w4a8_data), qscale the static input scales; act_quant_kernel quantizes x (and, MXFP8, GEMM1's bf16
+    h) once per row, so the GEMMs load E4M3 operands as they are."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -386,20 +401,18 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     gs2 = weights.w2_global_scale if nvfp4 else unused
     b13 = weights.w13_bias if weights.w13_bias is not None else unused
     b2 = weights.w2_bias if weights.w2_bias is not None else unused
-    s13, s2 = weights.w13_scale, weights.w2_scale
-    r13 = r2 = al.padded_total  # any int32 tensor when unused (never read)
-    if act_quant:
-        r13, r2 = fp8["w13_row_exp"], fp8["w2_row_exp"]
-        if not nvfp4:  # MXFP4: the scale bytes lowered by each row's exponent
-            s13, s2 = fp8["w13_scale_fp8"], fp8["w2_scale_fp8"]
+    w13, w2, s13, s2 = weights.w13, weights.w2, weights.w13_scale, weights.w2_scale
+    r13 = r2 = x_exp = h_exp = lut = al.padded_total  # any int32 tensor when unused (never read)
     qs = qscale if qscale is not None else unused
-    stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if act_quant else (0, 0)
-
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
-    h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant else torch.bfloat16, device=x.device)
-    # mxfp8: h's E8M0 block scales, one per 32 columns, written by GEMM1's epilogue
-    hs = torch.empty(rows, inter // 32, dtype=torch.uint8, device=x.device) if act_quant == 2 else al.padded_total
+    if act_quant:
+        w13, w2, s13, s2 = fp8["w13_fp8"], fp8["w2_fp8"], fp8["w13_lut_code"], fp8["w2_lut_code"]
+        r13, r2 = fp8["w13_row_exp"], fp8["w2_row_exp"]
+        lut = w4a8_lut_table(x.device)
+        x, x_exp = _quantize_rows(kernels, x, act_quant, qs, 1, None, interpreted)
+    stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if act_quant else (0, 0)
+    h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant == 1 else torch.bfloat16, device=x.device)
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
@@ -414,36 +427,40 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     unused_int = al.padded_total  # any int32 tensor when unused (never read)
     tickets = al.tickets[:tiles] if last_slice_activates else unused_int
     kernels.gemm1_act_kernel[(tiles, c1.split_k)](
-        x, weights.w13, s13, gs13, b13, h, part, tickets,
-        al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, hs,
+        x, w13, s13, gs13, b13, h, part, tickets,
+        al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, x_exp, lut,
         num_pairs, al.num_blocks, hidden, inter,
-        x.stride(0), weights.w13.stride(0), weights.w13.stride(1), s13.stride(0),
-        s13.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), stride_r13, hs.stride(0), *swiglu,
+        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
+        s13.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), stride_r13, *swiglu,
         **gemm_constexprs(1, c1, k_size=hidden, nvfp4=nvfp4, wgmma=wgmma1, interpreted=interpreted, folded=folded,
                           has_bias=weights.w13_bias is not None),
         LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id, ACT_QUANT=act_quant,
+        FP8_PROMOTE=fp8_accumulate == "wgmma",
         num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
     if c1.split_k > 1 and not last_slice_activates:
         epi_n = 256
         kernels.gemm1_split_epilogue_kernel[(al.num_blocks, _cdiv(inter, epi_n))](
-            part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, hs, num_pairs, inter,
-            part.stride(0), part.stride(1), b13.stride(0), h.stride(0), stride_r13, hs.stride(0), *swiglu,
+            part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, num_pairs, inter,
+            part.stride(0), part.stride(1), b13.stride(0), h.stride(0), stride_r13, *swiglu,
             SPLIT_K=c1.split_k, BLOCK_M=c1.block_m, BLOCK_N=epi_n, NVFP4=nvfp4, ACTIVATION=act_id,
             HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, ACT_QUANT=act_quant, num_warps=4,
         )
+    if act_quant == 2:  # MXFP8 rebased per h row, which spans GEMM1's column tiles
+        h, h_exp = _quantize_rows(kernels, h, act_quant, qs, 3, al.padded_total, interpreted)
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
     last_pair_sums = sum_tickets > 0
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
-        h, weights.w2, s2, gs2, b2, route_w, pair_out,
+        h, w2, s2, gs2, b2, route_w, pair_out,
         al.tickets[gemm1_tickets:] if last_pair_sums else unused_int, out,
-        al.sorted_pairs, al.block_expert, al.padded_total, r2, qs, hs,
+        al.sorted_pairs, al.block_expert, al.padded_total, r2, qs, h_exp, lut,
         num_pairs, al.num_blocks, inter, hidden,
-        h.stride(0), weights.w2.stride(0), weights.w2.stride(1), s2.stride(0),
-        s2.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), out.stride(0), stride_r2, hs.stride(0),
+        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0),
+        s2.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), out.stride(0), stride_r2,
         **gemm_constexprs(2, c2, k_size=inter, nvfp4=nvfp4, wgmma=wgmma2, interpreted=interpreted, folded=folded,
                           has_bias=weights.w2_bias is not None),
         LAST_PAIR_SUMS=last_pair_sums, TOP_K=k, ACT_QUANT=act_quant,
+        FP8_PROMOTE=fp8_accumulate == "wgmma",
         num_warps=c2.num_warps, num_stages=c2.num_stages, maxnreg=c2.maxnreg,
     )
     if last_pair_sums:
@@ -454,6 +471,22 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, BLOCK_N=sum_block,
         INTERPRETED=interpreted,
     )
+
+
+#: act_quant_kernel's rows per program and columns per step.
+_QUANT_ROWS, _QUANT_CHUNK = 4, 256
+
+
+def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted):
+    """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8') of act_quant_kernel: static FP8 times
+    qscale[qscale_index], or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows."""
+    dst = torch.empty(src.shape, dtype=torch.float8_e4m3fn, device=src.device)
+    exps = torch.empty(max(src.shape[0], 1), dtype=torch.int32, device=src.device)
+    kernels.act_quant_kernel[(_cdiv(src.shape[0], _QUANT_ROWS),)](
+        src, dst, exps, qscale, src.shape[0], exps if padded_total is None else padded_total, src.shape[1],
+        src.stride(0), dst.stride(0), SCHEME=act_quant, QSCALE_INDEX=qscale_index,
+        PADDED_ROWS=padded_total is not None, BLOCK_R=_QUANT_ROWS, CHUNK=_QUANT_CHUNK, INTERPRETED=interpreted)
+    return dst, exps
 
 
 def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, interpreted: bool, folded: bool,
