@@ -90,55 +90,6 @@ def test_mxfp8_row_rebase_keeps_rows_of_one_exponent_and_shifts_the_others():
 
 
 # --------------------------------------------------------------------------------------------
-# The converter's row data (backends.layouts.triton_moe:converter_w4a8, w4a8_row_data)
-# --------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-def test_row_data_is_the_formats_rebase_of_each_kernel_row(fmt):
-    from backends.layouts.triton_moe import (
-        decode_w4a8,
-        from_kernel_layout,
-        to_kernel_layout,
-        w4a8_lut_table,
-        w4a8_row_data,
-    )
-    from backends.triton_moe.testing import Shape, random_checkpoint
-
-    shape = Shape("s", fmt, 3, 2, 128, 64, "swigluoai", True)
-    kw = to_kernel_layout(**random_checkpoint(shape, generator=torch.Generator().manual_seed(3)))
-    data = w4a8_row_data(kw)
-    back = from_kernel_layout(kw, gate_up_layout="contiguous")  # kernel row order: [gate; up]
-    for name, k in (("w13", shape.hidden_size), ("w2", shape.intermediate_size)):
-        for e in range(shape.experts):
-            if fmt == "mxfp4":
-                w = formats.dequantize_mxfp4(back[name][e], back[f"{name}_scale"][e])
-            else:
-                w = formats.dequantize_nvfp4(back[name][e], back[f"{name}_scale"][e], 1.0)
-            r = formats.rebase_rows_to_e4m3(w)[1]
-            assert torch.equal(data[f"{name}_row_exp"][e], r), (name, e)
-            # the operand bytes the kernels decode: tests/test_w4a8_lut_layout.py checks them against the formats'
-            operand = decode_w4a8(data[f"{name}_fp8"][e:e + 1], data[f"{name}_lut_code"][e:e + 1],
-                                  w4a8_lut_table("cpu"), fmt, k)[0]
-            assert torch.equal(operand, formats.rebase_rows_to_e4m3(w)[0]), (name, e)
-
-
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-def test_converter_w4a8_adds_the_row_data_and_inverts_like_converter(fmt):
-    from backends.layouts.triton_moe import W4A8_TENSORS, converter, converter_w4a8, triton_weights, w4a8_row_data
-
-    from layout_cases import random_layer
-
-    w = random_layer(fmt, experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
-    plain, extended = converter.convert(w), converter_w4a8.convert(w)
-    assert set(extended.tensors) - set(plain.tensors) == set(W4A8_TENSORS)
-    for name, t in w4a8_row_data(triton_weights(plain)).items():
-        assert torch.equal(extended[name], t), name
-    back, want = converter_w4a8.invert(extended), converter.invert(plain)
-    assert torch.equal(back.w13, want.w13) and torch.equal(back.w2_scale.view(torch.uint8),
-                                                           want.w2_scale.view(torch.uint8))
-
-
-# --------------------------------------------------------------------------------------------
 # Bad arguments: one message naming the argument and the fix, before any launch
 # --------------------------------------------------------------------------------------------
 
