@@ -21,6 +21,12 @@ the tiles made the decode-regime layers 1.2-1.4x faster (same-run A/B on an H100
     w13_bias   fp32    [E, 2I] (same row order) or None;  w2_bias fp32 [E, H] or None
     w13_global_scale, w2_global_scale  fp32 [E]: NVFP4 per-expert quantization multipliers (the
                kernels divide the fp32 accumulator by them, as the format defines); None for MXFP4
+W4A8 (FP8 tensor cores; converter_w4a8 adds them, `w4a8_row_data`, section "W4A8" below):
+    w13_row_exp, w2_row_exp    int32 [E, rows]: each row's power of two r (W * 2^-r fits E4M3)
+    w13_fp8, w2_fp8            uint8, the shape and row tiling of w13 / w2, each row's 32-wide K chunks in the
+                               W4A8 byte order (W4A8_CHUNK) that two `prmt` byte selects decode to E4M3
+    w13_lut_code, w2_lut_code  int32, the scale words' layout, each byte a block's code (w4a8_lut_codes) of a
+                               row of w4a8_lut_table
 The checkpoint's gpt-oss interleaving (even rows gate, odd rows up) is undone once here, with the
 same permutation on scales and biases, so the kernel loads a gate tile and an up tile at rows n and I+n.
 On CUDA the split halves (with padding and the [gate; up] order, in `TritonMoELayout`) are one Triton word
