@@ -402,16 +402,16 @@ def w4a8_lut_codes(scale_bytes: torch.Tensor, fmt: str, row_exp: torch.Tensor) -
     else:
         s = scale_bytes.view(torch.float8_e4m3fn).float()
     nan = torch.isnan(s)
-    # float64: 2^-r spans 2^+-160, beyond float32; the product is exact (s has <= 4 significant bits)
-    v = s.double().abs() * torch.pow(2.0, -row_exp.double()).unsqueeze(-1)
-    mantissa, exponent = torch.frexp(v)  # v = mantissa * 2^exponent, mantissa in [0.5, 1)
-    eighths = mantissa * 16 - 8  # v = (1 + eighths/8) * 2^(exponent - 1)
+    # |s| = mantissa * 2^exponent exactly (frexp of a float32; no pow: CUDA's is not exact at every power of two),
+    # and v = |s| * 2^-r only moves the exponent (2^-r spans 2^+-160, beyond float32)
+    mantissa, exponent = torch.frexp(s.abs())  # mantissa in [0.5, 1)
+    eighths = mantissa * 16 - 8  # v = (1 + eighths/8) * 2^(exponent - 1 - r)
     m = eighths.round()
-    nonzero = (v > 0) & ~nan
+    nonzero = (s != 0) & ~nan
     if bool((nonzero & (m != eighths)).any()):
-        _fail("W4A8 LUT codes: a block scale times 2^-r has more than 3 mantissa bits; the scales must be E8M0 "
-              "(MXFP4) or E4M3 (NVFP4) bytes")
-    e = (exponent.to(torch.int64) - 1).clamp(max=_LUT_EXP_MAX)
+        _fail("W4A8 LUT codes: a block scale has more than 3 mantissa bits; the scales must be E8M0 (MXFP4) or E4M3 "
+              "(NVFP4) bytes")
+    e = (exponent.to(torch.int64) - 1 - row_exp.to(torch.int64).unsqueeze(-1)).clamp(max=_LUT_EXP_MAX)
     code = ((e + _LUT_EXP_BIAS) << 3) | m.to(torch.int64)
     code = torch.where(nonzero & (e >= _LUT_EXP_MIN), code, W4A8_LUT_ZERO)
     return torch.where(nan, W4A8_LUT_NAN, code).to(torch.uint8)

@@ -30,6 +30,7 @@ from backends.layouts.triton_moe import (
     SCALE_BLOCK,
     SCALE_CHUNK,
     TritonMoEWeights,
+    given_w4a8_tensors,
     triton_weights,
     w4a8_lut_table,
     w4a8_row_data,
@@ -306,21 +307,8 @@ def _w4a8_data(w: TritonMoEWeights) -> dict:
     exponents): the weights' own (converter_w4a8), else computed once per weight tensor and cached (outside graph
     capture; inside a capture an uncached layer is an error, never a silent recompute). The cache holds a second
     copy of the packed weights; converter_w4a8 avoids it."""
-    expected = {"w13_row_exp": (torch.int32, (w.num_experts, w.w13.shape[1])),
-                "w2_row_exp": (torch.int32, (w.num_experts, w.w2.shape[1])),
-                "w13_fp8": (torch.uint8, tuple(w.w13.shape)), "w2_fp8": (torch.uint8, tuple(w.w2.shape)),
-                "w13_lut_code": (torch.int32, tuple(w.w13_scale.shape)),
-                "w2_lut_code": (torch.int32, tuple(w.w2_scale.shape))}
-    given = {name: getattr(w, name, None) for name in expected}
-    if all(t is not None for t in given.values()):
-        for name, t in given.items():
-            dtype, shape = expected[name]
-            if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.stride(-1) != 1 \
-                    or t.device != w.device or (name.endswith("fp8") and not t.is_contiguous()):
-                got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-                layout = "contiguous" if name.endswith("fp8") else "with unit inner stride"
-                _fail(ValueError, f"weights.{name} must be {dtype} of shape {shape} {layout} on {w.device}, got "
-                      f"{got}; convert with backends.layouts.triton_moe:converter_w4a8")
+    given = given_w4a8_tensors(w)
+    if given is not None:
         return given
     return _once_per_tensor(_W4A8_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale), lambda: w4a8_row_data(w),
                             _w4a8_data_in_capture)
