@@ -220,7 +220,7 @@ class Layer:
 
         self.w16 = to_kernel_layout(**ckpt)
         self.w8 = dataclasses.replace(self.w16, **w4a8_row_data(self.w16))
-        self.arch, self.gpu_info = tuning.device_gpu(torch.device("cuda"))
+        self.arch, self.gpu_info = tuning.device_gpu(torch.device(device.name))
 
     def _extra(self, scheme: str | None) -> dict:
         return self.scales if scheme == "fp8_per_tensor_static" else {}
