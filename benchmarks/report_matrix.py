@@ -25,8 +25,10 @@ except ImportError:  # run from another directory without the checkout on sys.pa
 OURS, HEURISTIC = "this project (tuned)", "this project (heuristic)"
 FLOOR, MATMUL = "memory floor", "bf16 matmul bound"
 PEERS = ("Humming", "triton_kernels")
-#: benchmarks/bench_w4a8_matrix.py's rows: this project's W4A8 layer per FP8 activation scheme, and the FP8 bound
-W4A8 = ("this project W4A8 mxfp8", "this project W4A8 fp8 static")
+#: benchmarks/bench_w4a8.py's rows: this project's W4A8 layer per FP8 activation scheme (act_quant value -> name),
+#: and the FP8 bound. Its tile-variant A/B rows are named "<scheme's name> [<variant>]": not in this table's cells.
+W4A8_SCHEMES = {"mxfp8": "this project W4A8 mxfp8", "fp8_per_tensor_static": "this project W4A8 fp8 static"}
+W4A8 = tuple(W4A8_SCHEMES.values())
 FP8_MATMUL = "fp8 matmul bound"
 #: issue 32's speed conditions: at T >= 4096 W4A8 >= 1.6x W4A16 and >= 0.55 of the FP8 torch._scaled_mm rate; at
 #: T <= 256 no slower than W4A16
@@ -56,7 +58,7 @@ def load(results: Path) -> dict:
     for (kind, shape, tokens), runs in by_cell.items():
         def score(run_id, runs=runs):  # W4A8 rows do not count: they have a section of their own
             measured = sum(1 for r in runs[run_id].values() if r["us"] and r["implementation"] not in (
-                FLOOR, MATMUL, FP8_MATMUL, *W4A8))
+                FLOOR, MATMUL, FP8_MATMUL) and not r["implementation"].startswith(W4A8))
             return measured, envs[run_id]["date"]
         best = max(runs, key=score)
         out[kind][(shape, tokens)] = {"run": best, **runs[best]}
@@ -162,13 +164,13 @@ def markdown(kind: str, data: dict) -> str:
 
 
 def w4a8_markdown(kind: str, data: dict) -> list[str]:
-    """W4A16 vs W4A8 per layer, each cell from one run of benchmarks/bench_w4a8_matrix.py, and issue 32's speed
+    """W4A16 vs W4A8 per layer, each cell from one run of benchmarks/bench_w4a8.py, and issue 32's speed
     conditions over the cells measured."""
     cells = data.get("w4a8", {}).get(kind)
     if not cells:
         return []
     lines = ["## W4A8 (FP8 activations) beside W4A16", "",
-             "From `benchmarks/bench_w4a8_matrix.py`: W4A16 and both W4A8 schemes timed in the same run. Cells: µs "
+             "From `benchmarks/bench_w4a8.py`: W4A16 and both W4A8 schemes timed in the same run. Cells: µs "
              "(W4A16 µs ÷ W4A8 µs; fraction of the run's FP8 8192³ `torch._scaled_mm` rate).", ""]
     held = defaultdict(lambda: [0, 0])
     for shape in _ordered(cells):
