@@ -337,24 +337,39 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
 # magnitudes up in the 8-byte table of their scale block (backends.layouts.triton_moe.w4a8_lut_table: the E4M3 byte
 # of each E2M1 magnitude times the block scale times 2^-r of the row, rounded once), one or-with-mask adds the
 # signs: 8 ops per 8 values, and the 4 bytes of each output register are a thread's 4 consecutive K values of an
-# FP8 wgmma operand. pack=4: $2 holds the 4 bytes; the table words come 4 times each ($3.., $7.., $11.., $15..).
-_E2M1_TO_E4M3_BODY = """
-.reg .b32 s, m, t;
-and.b32 s, $2, 0x7777;
-prmt.b32 m, $3, $7, s;
+# FP8 wgmma operand. The asm reads the table row itself (ld.global.nc, an L1 hit: 2 KB), so that Triton's software
+# pipeliner sees no load that depends on another load of the loop (such a chain cut the weights' cp.async buffers to
+# one). pack=4: $2 holds the 4 weight bytes; the codes and the table's address come 4 times each.
+def _e2m1_to_e4m3_asm(two_tables: bool, retire: bool) -> str:
+    base = "$11" if two_tables else "$7"
+    loads = f"mad.wide.u32 pa, $3, 8, {base}; ld.global.nc.v2.u32 {{la0, la1}}, [pa];\n"
+    if two_tables:  # NVFP4: A and B lie in two 16-wide scale blocks
+        loads += f"mad.wide.u32 pb, $7, 8, {base}; ld.global.nc.v2.u32 {{lb0, lb1}}, [pb];\n"
+    b0, b1 = ("lb0", "lb1") if two_tables else ("la0", "la1")
+    body = f"""
+.reg .b32 s, m, t, la0, la1, lb0, lb1;
+.reg .b64 pa, pb;
+{loads}and.b32 s, $2, 0x7777;
+prmt.b32 m, la0, la1, s;
 and.b32 t, $2, 0x80808080;
 or.b32 $0, m, t;
 shr.u32 s, $2, 16;
 and.b32 s, s, 0x7777;
-prmt.b32 m, $11, $15, s;
+prmt.b32 m, {b0}, {b1}, s;
 shl.b32 t, $2, 4;
 and.b32 t, t, 0x80808080;
 or.b32 $1, m, t;
-}
+}}
 """
-_E2M1_TO_E4M3_ASM = tl.constexpr("{" + _E2M1_TO_E4M3_BODY)
-_E2M1_TO_E4M3_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + "{" + _E2M1_TO_E4M3_BODY)
-_E2M1_TO_E4M3_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,=r,r," + ",".join(["r"] * 16))
+    return (_RETIRE_WGMMA_PTX if retire else "") + "{" + body
+
+
+_E2M1_TO_E4M3_ASM = tl.constexpr(_e2m1_to_e4m3_asm(False, False))
+_E2M1_TO_E4M3_RETIRING_ASM = tl.constexpr(_e2m1_to_e4m3_asm(False, True))
+_E2M1_TO_E4M3_TWO_ASM = tl.constexpr(_e2m1_to_e4m3_asm(True, False))
+_E2M1_TO_E4M3_TWO_RETIRING_ASM = tl.constexpr(_e2m1_to_e4m3_asm(True, True))
+_E2M1_TO_E4M3_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,=r,r," + ",".join(["r"] * 4 + ["l"] * 4))
+_E2M1_TO_E4M3_TWO_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,=r,r," + ",".join(["r"] * 8 + ["l"] * 4))
 
 
 @triton.jit
@@ -397,31 +412,37 @@ def _weight_tile_fp8(w_rows, code_ptr, lut_ptr, stride_sc, k0, row_ok, K: tl.con
         codes = tl.load(ptrs, mask=row_ok[:, None] & (kt < K // (2 * TILE_BYTES))[None, :], other=0)
         words = tl.load(c_ptrs, mask=row_ok[:, None] & (chunk < K // 32)[None, :], other=0)
     code_a = (words >> (8 * (block % 4))[None, :]) & 0xFF
-    la0 = tl.load(lut_ptr + 2 * code_a)
-    la1 = tl.load(lut_ptr + 2 * code_a + 1)
-    if NVFP4:
-        code_b = (words >> (8 * (block % 4) + 8)[None, :]) & 0xFF
-        lb0 = tl.load(lut_ptr + 2 * code_b)
-        lb1 = tl.load(lut_ptr + 2 * code_b + 1)
-    else:
-        lb0 = la0
-        lb1 = la1
+    code_b = (words >> (8 * (block % 4) + 8)[None, :]) & 0xFF  # NVFP4: B's block, the next byte of the word
     if USE_ASM:
-        la0 = _per_word(la0, ROWS, NCH, HALF)
-        la1 = _per_word(la1, ROWS, NCH, HALF)
-        lb0 = _per_word(lb0, ROWS, NCH, HALF)
-        lb1 = _per_word(lb1, ROWS, NCH, HALF)
-        if RETIRE_WGMMA:  # see _dequant_words
+        code_a = _per_word(code_a, ROWS, NCH, HALF)
+        table = tl.zeros((ROWS, HALF), dtype=tl.int64) + lut_ptr.to(tl.int64)
+        if NVFP4:
+            code_b = _per_word(code_b, ROWS, NCH, HALF)
+            if RETIRE_WGMMA:  # see _dequant_words
+                a, b = tl.inline_asm_elementwise(_E2M1_TO_E4M3_TWO_RETIRING_ASM, _E2M1_TO_E4M3_TWO_CONSTRAINTS,
+                                                 [codes, code_a, code_b, table], dtype=(tl.int8, tl.int8),
+                                                 is_pure=True, pack=4)
+            else:
+                a, b = tl.inline_asm_elementwise(_E2M1_TO_E4M3_TWO_ASM, _E2M1_TO_E4M3_TWO_CONSTRAINTS,
+                                                 [codes, code_a, code_b, table], dtype=(tl.int8, tl.int8),
+                                                 is_pure=True, pack=4)
+        elif RETIRE_WGMMA:
             a, b = tl.inline_asm_elementwise(_E2M1_TO_E4M3_RETIRING_ASM, _E2M1_TO_E4M3_CONSTRAINTS,
-                                             [codes, la0, la1, lb0, lb1], dtype=(tl.int8, tl.int8), is_pure=True,
-                                             pack=4)
+                                             [codes, code_a, table], dtype=(tl.int8, tl.int8), is_pure=True, pack=4)
         else:
             a, b = tl.inline_asm_elementwise(_E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_CONSTRAINTS,
-                                             [codes, la0, la1, lb0, lb1], dtype=(tl.int8, tl.int8), is_pure=True,
-                                             pack=4)
+                                             [codes, code_a, table], dtype=(tl.int8, tl.int8), is_pure=True, pack=4)
         a = a.to(tl.float8e4nv, bitcast=True)
         b = b.to(tl.float8e4nv, bitcast=True)
-    else:  # the asm's lookups in integer ops, on whole words
+    else:  # the asm's table reads and lookups in integer ops, on whole words
+        la0 = tl.load(lut_ptr + 2 * code_a)
+        la1 = tl.load(lut_ptr + 2 * code_a + 1)
+        if NVFP4:
+            lb0 = tl.load(lut_ptr + 2 * code_b)
+            lb1 = tl.load(lut_ptr + 2 * code_b + 1)
+        else:
+            lb0 = la0
+            lb1 = la1
         WORDS: tl.constexpr = HALF // 4
         quads = tl.reshape(codes.to(tl.int32), (ROWS, WORDS, 4))
         w = tl.sum(quads << (8 * tl.arange(0, 4))[None, None, :], axis=2)
