@@ -195,3 +195,18 @@ def test_problem_measures_the_work_per_expert():
     assert p.rows_per_expert == 4 / 128 and abs(p.experts_touched - 4) < 0.1
     assert abs(p.rows_per_touched_expert - 1) < 0.05
     assert _problem("gpt-oss-20b", 4096).rows_per_expert == 512
+
+
+def test_fp8_config_gives_sub_warpgroup_tiles_a_warpgroup_and_keeps_the_rest():
+    from backends.triton_moe.tuning import LaunchConfig, MoEConfig, facts_by_name, fp8_config
+
+    small = LaunchConfig(16, 64, 128, 8, True, 2, 4, split_k=4)
+    big = LaunchConfig(128, 64, 64, 8, True, 4, 3)
+    sm90 = facts_by_name("sm90")
+    got = fp8_config(sm90, MoEConfig(small, big, "t.yaml#0"))
+    assert (got.gemm1.num_warps, got.gemm1.split_k, got.gemm2) == (sm90.wgmma_min_warps, 4, big)
+    assert got.source == f"t.yaml#0+fp8:{sm90.wgmma_min_warps} warps"
+    unchanged = MoEConfig(big, big, "t.yaml#1")
+    assert fp8_config(sm90, unchanged) is unchanged
+    no_wgmma = MoEConfig(small, big, "t.yaml#0")
+    assert fp8_config(facts_by_name("sm80"), no_wgmma) is no_wgmma

@@ -535,20 +535,6 @@ def _mx_quant_rebased(t, ra, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _row_mx_exp(x_rows, row_ok, K: tl.constexpr):
-    """ra [ROWS]: the largest MXFP8 block exponent of each activation row (= _mx_exp of the row's amax),
-    act_quant_kernel's first read of its rows."""
-    CHUNK: tl.constexpr = 256
-    ROWS: tl.constexpr = x_rows.shape[0]
-    amax = tl.zeros((ROWS,), dtype=tl.float32)
-    for c0 in range(0, K, CHUNK):
-        cols = c0 + tl.arange(0, CHUNK)
-        v = tl.load(x_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(v.to(tl.float32)), axis=1))
-    return _mx_exp(amax)
-
-
-@triton.jit
 def _round_bf16(v, INTERPRETED: tl.constexpr):
     """fp32 -> bf16 rounded to nearest even; the CPU interpreter truncates casts, so round the bits there."""
     if INTERPRETED:
@@ -1016,35 +1002,28 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om
 @triton.jit
 def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_ptr, K: tl.constexpr, stride_src,
                      stride_dst, SCHEME: tl.constexpr, QSCALE_INDEX: tl.constexpr, PADDED_ROWS: tl.constexpr,
-                     BLOCK_R: tl.constexpr, CHUNK: tl.constexpr, INTERPRETED: tl.constexpr):
-    """A W4A8 GEMM input as E4M3 codes, once per row rather than once per column tile of the GEMM that reads it:
-    SCHEME 1 e4m3(clamp(v * qscale[QSCALE_INDEX], +-448)) (static per tensor, the 1 / a of the input); 2 MXFP8
-    rebased to the row's largest block exponent ra (_mx_quant_rebased; ra int32 to exp_ptr). PADDED_ROWS (h, rows
-    in GEMM1's padded row blocks): rows past the alignment's padded_total_ptr[0] are skipped."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+                     BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr):
+    """A W4A8 GEMM input row as E4M3 codes, once per row rather than once per column tile of the GEMM that reads it
+    (one program per row, the whole row in registers: BLOCK_K >= K): SCHEME 1 e4m3(clamp(v * qscale[QSCALE_INDEX],
+    +-448)) (static per tensor, the 1 / a of the input); 2 MXFP8 rebased to the row's largest block exponent ra
+    (_mx_quant_rebased; ra int32 to exp_ptr). PADDED_ROWS (h, rows in GEMM1's padded row blocks): rows past the
+    alignment's padded_total_ptr[0] are skipped."""
+    row = tl.program_id(0)
     if PADDED_ROWS:
         rows = tl.minimum(rows, tl.load(padded_total_ptr))
-    if tl.program_id(0) * BLOCK_R >= rows:
+    if row >= rows:
         return
-    ok = offs_r < rows
-    src = src_ptr + offs_r.to(tl.int64) * stride_src
-    dst = dst_ptr + offs_r.to(tl.int64) * stride_dst
-    inv = 1.0
-    ra = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    cols = tl.arange(0, BLOCK_K)[None, :]
+    ok = cols < K
+    v = tl.load(src_ptr + row.to(tl.int64) * stride_src + cols, mask=ok, other=0.0).to(tl.float32)
     if SCHEME == 2:
-        ra = _row_mx_exp(src, ok, K)
-        tl.store(exp_ptr + offs_r, ra, mask=ok)
+        ra = _mx_exp(tl.max(tl.abs(v), axis=1))
+        tl.store(exp_ptr + row + tl.arange(0, 1), ra)
+        q = _mx_quant_rebased(v, ra, INTERPRETED)
     else:
-        inv = tl.load(qscale_ptr + QSCALE_INDEX)
-    for c0 in range(0, K, CHUNK):
-        cols = c0 + tl.arange(0, CHUNK)
-        m = ok[:, None] & (cols < K)[None, :]
-        v = tl.load(src[:, None] + cols[None, :], mask=m, other=0.0)
-        if SCHEME == 2:
-            q = _mx_quant_rebased(v, ra, INTERPRETED)
-        else:
-            q = _to_e4m3(v.to(tl.float32) * inv, INTERPRETED)
-        tl.store(dst[:, None] + cols[None, :], q.to(tl.float8e4nv), mask=m)
+        q = _to_e4m3(v * tl.load(qscale_ptr + QSCALE_INDEX), INTERPRETED)
+    tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, q.to(tl.float8e4nv), mask=ok)
+
 
 #: True when Triton's CPU interpreter runs these kernels (TRITON_INTERPRET=1 at triton's first import).
 INTERPRETED = not isinstance(topk_sum_kernel, triton.runtime.jit.JITFunction)

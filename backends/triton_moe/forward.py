@@ -250,6 +250,8 @@ def moe_forward(
     if config is None:
         arch, gpu = tuning.device_gpu(x.device)
         config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
+        if act_quant is not None:
+            config = tuning.fp8_config(arch, config)
     kernels = _kernels_for(x.device)
     c1 = config.gemm1
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
@@ -461,19 +463,17 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     )
 
 
-#: act_quant_kernel's rows per program and columns per step.
-_QUANT_ROWS, _QUANT_CHUNK = 4, 256
-
-
 def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted):
     """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8') of act_quant_kernel: static FP8 times
     qscale[qscale_index], or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows."""
     dst = torch.empty(src.shape, dtype=torch.float8_e4m3fn, device=src.device)
     exps = torch.empty(max(src.shape[0], 1), dtype=torch.int32, device=src.device)
-    kernels.act_quant_kernel[(_cdiv(src.shape[0], _QUANT_ROWS),)](
+    block_k = 1 << (src.shape[1] - 1).bit_length()
+    kernels.act_quant_kernel[(src.shape[0],)](
         src, dst, exps, qscale, src.shape[0], exps if padded_total is None else padded_total, src.shape[1],
         src.stride(0), dst.stride(0), SCHEME=act_quant, QSCALE_INDEX=qscale_index,
-        PADDED_ROWS=padded_total is not None, BLOCK_R=_QUANT_ROWS, CHUNK=_QUANT_CHUNK, INTERPRETED=interpreted)
+        PADDED_ROWS=padded_total is not None, BLOCK_K=block_k, INTERPRETED=interpreted,
+        num_warps=4 if block_k <= 4096 else 8)
     return dst, exps
 
 

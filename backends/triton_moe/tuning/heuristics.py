@@ -19,6 +19,7 @@ Pure functions of (arch facts, SM count, problem): testable on CPU, no measureme
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from backends.triton_moe.tuning.arch import ArchFacts
 from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig, Problem
@@ -100,3 +101,17 @@ def _decode(arch: ArchFacts, sm_count: int, problem: Problem) -> tuple[LaunchCon
                          split_epilogue="fused" if split1 > 1 and single else None)
     gemm2 = LaunchConfig(16, block_n, block_k, group_m, True, warps, stages, split_k=split2)
     return gemm1, gemm2
+
+
+def fp8_config(arch: ArchFacts, config: MoEConfig) -> MoEConfig:
+    """The W4A8 (FP8 activations) launch config from a W4A16 one (tables and heuristics were measured with bf16
+    dots): a GEMM tile of fewer warps than a wgmma warpgroup gets one, because Triton runs an FP8 dot of fewer warps
+    as fp16 mma.sync, converting every operand (gpt-oss-120b at T = 1 on an H100: 81-85 µs with 2 warps, 64-70 µs
+    with 4; benchmarks/results/w4a8-lut-h100-2026-11-27/)."""
+    warps = arch.wgmma_min_warps
+    if warps is None:
+        return config
+    gemm1, gemm2 = (replace(c, num_warps=warps) if c.num_warps < warps else c for c in (config.gemm1, config.gemm2))
+    if (gemm1, gemm2) == (config.gemm1, config.gemm2):
+        return config
+    return MoEConfig(gemm1, gemm2, f"{config.source}+fp8:{warps} warps")
