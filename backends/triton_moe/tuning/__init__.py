@@ -42,7 +42,8 @@ from backends.triton_moe.tuning.tables import (
 __all__ = ["GEMM1_ONLY_FIELDS", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "SHAPE_FIELDS", "TABLE_DIR", "USER_DIR_ENV",
            "ArchFacts", "Gpu", "LaunchConfig", "MoEConfig", "Problem", "TuningTableError", "device_gpu",
            "facts_by_name", "facts_for", "fp8_config", "heuristic_config", "launch_dict", "read_table",
-           "reload_user_tables", "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir", "validate_table"]
+           "reload_user_tables", "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir",
+           "validate_table"]
 
 
 def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tables: bool = True) -> MoEConfig:
