@@ -1,7 +1,8 @@
 """W4A16 vs W4A8 (both FP8 activation schemes) of this project's Triton MoE, one GPU, as model-matrix rows.
 
 Per layer (default gpt-oss-120b and deepseek-v3 of backends/model_shapes.py) and T: this project's W4A16 layer with
-its tuned config ("this project (tuned)", as benchmarks/bench_matrix.py), and the W4A8 layer with the same config,
+its tuned config ("this project (tuned)", as benchmarks/bench_matrix.py), and the W4A8 layer with the config
+moe_forward gives it (the same, with tuning.fp8_config's warpgroup where the tables give fewer warps),
 with dynamic MXFP8 activations ("this project W4A8 mxfp8", the rules' kMxfp8Dynamic) and with static per-tensor
 FP8 activations ("this project W4A8 fp8 static", kFp8StaticTensorSym; the input scales calibrated once on a
 256-token batch, as a checkpoint's input_scale), both over converter_w4a8's weights; plus the memory floor, the
@@ -232,14 +233,16 @@ class Layer:
                                      fp8_operands=True, **self.call, **self._extra(scheme))
 
     def config(self, run: Run, tokens: int):
-        """The launch config (GPU; None in the dry run): a VARIANTS entry, else the tuned choice for W4A16."""
+        """The launch config (GPU; None in the dry run): a VARIANTS entry, else what moe_forward would choose (the
+        tuned choice for W4A16, and for W4A8 that with tuning.fp8_config's warpgroup)."""
         if run.variant:
             return VARIANTS[run.variant]
         if self.device.dry_run:
             return None
         from backends.triton_moe import tuning
 
-        return tuning.select_config(self.arch, self.gpu_info, tuning.Problem(tokens=tokens, **self.shape.fields()))
+        tuned = tuning.select_config(self.arch, self.gpu_info, tuning.Problem(tokens=tokens, **self.shape.fields()))
+        return tuned if run.scheme is None else tuning.fp8_config(self.arch, tuned)
 
     def fn(self, run: Run, config):
         """fn(x, logits) -> y of one row: the kernels with `config` (GPU) or the emulation (dry run)."""
