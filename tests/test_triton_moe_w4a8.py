@@ -102,6 +102,17 @@ def _small_layer():
     return ckpt, to_kernel_layout(**ckpt), torch.randn(4, 128).bfloat16(), torch.randn(4, 8)
 
 
+def test_unknown_fp8_accumulation_names_the_variable_and_the_choices(monkeypatch):
+    pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+    from backends.triton_moe import moe_forward
+    from backends.triton_moe.forward import FP8_ACCUMULATE_ENV
+
+    _, weights, x, logits = _small_layer()
+    monkeypatch.setenv(FP8_ACCUMULATE_ENV, "fp16")
+    with pytest.raises(ValueError, match=rf"{FP8_ACCUMULATE_ENV}='fp16' must be one of \('wgmma', 'tensor-core'\)"):
+        moe_forward(x, weights, router_logits=logits, top_k=2, act_quant="mxfp8")
+
+
 @pytest.mark.parametrize(("kwargs", "kind", "message"), [
     ({"act_quant": "fp8"}, ValueError, r"act_quant='fp8' must be one of \(None, 'fp8_per_tensor_static', 'mxfp8'\)"),
     ({"act_quant": "fp8_per_tensor_static", "a2_scale": torch.ones(1)}, ValueError,
@@ -293,6 +304,25 @@ def test_cuda_w4a8_layers_match_emulation(name, tokens, scheme):
     print(json.dumps({"layer": name, "tokens": tokens, "scheme": scheme, **stats}))
     assert stats["shape_ok"] and stats["finite"], stats
     assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
+def test_cuda_w4a8_tensor_core_sums_stay_near_the_emulation(name, scheme, monkeypatch):
+    from backends.triton_moe import moe_forward
+    from backends.triton_moe.forward import FP8_ACCUMULATE_ENV
+    from backends.triton_moe.testing import compare
+
+    ckpt, weights = _cuda_layer(name)
+    x, route, scales = _cuda_inputs(name, 1000, scheme)
+    monkeypatch.setenv(FP8_ACCUMULATE_ENV, "tensor-core")
+    out = moe_forward(x, weights, **route, act_quant=scheme, **scales)
+    stats = compare(out, _reference(ckpt, x, route, scheme, scales),
+                    rel_l2_tol=tolerance("w4a8_tensor_core_sums_rel_l2")["rtol"], rtol=1.0, atol_rms_units=1e9)
+    print(json.dumps({"layer": name, "scheme": scheme, **stats}))
+    assert stats["shape_ok"] and stats["finite"] and stats["rel_l2_ratio"] <= 1.0, stats
 
 
 @requires_cuda
