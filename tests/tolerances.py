@@ -44,10 +44,11 @@ TOLERANCES: dict[str, dict[str, float]] = {
     # weight times an E4M3 ulp of h; 2^-4 rms (and rtol 2^-5) bounds that with room and still fails a wrong tile.
     "w4a8_moe_elementwise_rms_units": dict(rtol=2**-5, atol=2**-4),
     # MOE_ORACLE_TRITON_FP8_ACCUMULATE=tensor-core: all of K summed in the Hopper FP8 tensor core's own accumulator,
-    # which keeps fewer bits than fp32 (the error grows with K): measured 6e-3 relative L2 at K = 2880 (gpt-oss-120b)
-    # and 1.5e-2 at K = 7168 (DeepSeek-V3) against the fp32-summed emulation on an H100. 3e-2 bounds both with room
-    # and is still 30x below what a wrong scale, rebase or K order costs (O(1)).
-    "w4a8_tensor_core_sums_rel_l2": dict(rtol=3e-2, atol=0.0),
+    # which keeps fewer bits than fp32 (the error grows with K): measured 5.8e-3 / 8.3e-3 relative L2 at K = 2880
+    # (gpt-oss-120b, static / MXFP8) and 9.2e-3 / 1.9e-2 at K = 7168 (DeepSeek-V3) against the fp32-summed emulation
+    # on an H100 (benchmarks/results/w4a8-lut-h100-2026-11-27/pytest-tensor-core.txt). 4e-2 is twice the largest
+    # and still 25x below what a wrong scale, rebase or K order costs (O(1)).
+    "w4a8_tensor_core_sums_rel_l2": dict(rtol=4e-2, atol=0.0),
     # act_quant 'mxfp8' element by element: an MXFP8 block's scale is a step function of its amax (floor(log2)), and
     # values in [448, 512) of the scaled block saturate to 448. When an fp32 reordering moves a block's amax across
     # a power of two, the block's largest element moves by up to 1 - 448/512 = 2^-3 of itself, and with heavy-tailed
