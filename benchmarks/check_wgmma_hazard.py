@@ -10,6 +10,7 @@ back edge (issued after its last WARPGROUP.DEPBAR) must not be written before th
 
     python benchmarks/check_wgmma_hazard.py               # every swap-AB 4-8 warp entry of the shipped tables
     python benchmarks/check_wgmma_hazard.py --no-retire   # the same kernels without the wait: shows the hazard
+    python benchmarks/check_wgmma_hazard.py --w4a8        # the W4A8 kernels (E4M3 operands, LUT decode asm)
 
 Exit status 1 when a checked kernel has the hazard. The verdict is for the installed triton and its ptxas; the
 GPU machines run triton 3.6.
@@ -41,20 +42,22 @@ POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32",
             "qscale_ptr": "*fp32", "ra_ptr": "*i32", "lut_ptr": "*i32"}
 
 
-def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool):
-    """One GEMM of `shape` with launch config `c`, compiled for sm_90 as forward._launch would launch it."""
+def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool, act_quant: int = 0, promote: bool = False):
+    """One GEMM of `shape` with launch config `c`, compiled for sm_90 as forward._launch would launch it (act_quant:
+    the kernels' ACT_QUANT, 1 for the W4A8 path with E4M3 operands; promote: its FP8_PROMOTE)."""
     fn = K.gemm1_act_kernel if gemm == 1 else K.gemm2_kernel
     k_size, n = (shape.hidden_size, shape.intermediate_size) if gemm == 1 else (shape.intermediate_size,
                                                                                  shape.hidden_size)
     nvfp4 = shape.format == "nvfp4"
-    consts = forward.gemm_constexprs(gemm, c, k_size=k_size, nvfp4=nvfp4, wgmma=True, interpreted=False, folded=True,
-                                     has_bias=not nvfp4)
-    consts.update(K=k_size, N=n, RETIRE_WGMMA=retire, ACT_QUANT=0)
+    consts = forward.gemm_constexprs(gemm, c, k_size=k_size, nvfp4=nvfp4, wgmma=True, interpreted=False,
+                                     folded=not act_quant, has_bias=not nvfp4)
+    consts.update(K=k_size, N=n, RETIRE_WGMMA=retire, ACT_QUANT=act_quant, FP8_PROMOTE=promote)
     if gemm == 1:
         consts.update(LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k, ACTIVATION=int(not nvfp4))
     else:
         consts.update(LAST_PAIR_SUMS=False, TOP_K=shape.top_k)
-    signature = {name: "constexpr" if name in consts else POINTERS.get(name, "fp32" if name in ("alpha", "beta",
+    pointers = {**POINTERS, "x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv"} if act_quant else POINTERS
+    signature = {name: "constexpr" if name in consts else pointers.get(name, "fp32" if name in ("alpha", "beta",
                  "limit") else "i32") for name in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)  # pointers and strides
                if signature[name] not in ("constexpr", "fp32") and name not in ("num_pairs", "num_m_blocks")}
@@ -106,6 +109,8 @@ def k_loop_hazards(compiled) -> tuple[int, list[str]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--no-retire", action="store_true", help="compile without the wait (RETIRE_WGMMA=False)")
+    p.add_argument("--w4a8", action="store_true", help="the W4A8 kernels (act_quant 1, E4M3 operands) instead, "
+                   "with each FP8 accumulation (forward.FP8_ACCUMULATIONS)")
     args = p.parse_args()
     by_size = {(s.format, s.hidden_size, s.intermediate_size): s for s in SHAPES.values()}
     print("| table entry | GEMM | config | wgmmas in flight at the back edge | A-register writes before the wait |")
@@ -114,13 +119,15 @@ def main() -> int:
     for file, index, entry in tuning.shipped_entries():
         when = entry["shape"]
         shape = by_size.get((when["format"], when["hidden_size"], when["intermediate_size"]))
-        for gemm in (1, 2):
+        for gemm, promote in ((g, p) for g in (1, 2) for p in ((True, False) if args.w4a8 else (False,))):
             c = tuning.LaunchConfig(**entry[f"gemm{gemm}"])
             if shape is None or not (c.swap_ab and c.num_warps >= 4):
                 continue
-            in_flight, writes = k_loop_hazards(compile_gemm(gemm, shape, c, retire=not args.no_retire))
+            in_flight, writes = k_loop_hazards(compile_gemm(gemm, shape, c, retire=not args.no_retire,
+                                                            act_quant=int(args.w4a8), promote=promote))
             bad += bool(writes)
-            tile = f"{c.block_m}x{c.block_n}x{c.block_k}, {c.num_warps} warps, {c.num_stages} stages"
+            tile = (f"{c.block_m}x{c.block_n}x{c.block_k}, {c.num_warps} warps, {c.num_stages} stages"
+                    + (f", {'wgmma' if promote else 'tensor-core'} sums" if args.w4a8 else ""))
             print(f"| {file}#{index} ({shape.name}, T <= {entry['tokens'].get('max', 'any')}) | {gemm} | {tile} "
                   f"| {in_flight} | {len(writes)}{' (' + writes[0] + ', ...)' if writes else ''} |", flush=True)
     return 1 if bad else 0

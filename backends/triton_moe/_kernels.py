@@ -464,32 +464,33 @@ def _weight_tile_fp8(w_rows, code_ptr, lut_ptr, stride_sc, k0, row_ok, K: tl.con
 
 
 @triton.jit
-def _act_fp8(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """The E4M3 activation columns matching _weight_tile_fp8's (A, B): [ROWS, BLOCK_K/2] each, 16-byte runs."""
-    q = tl.arange(0, BLOCK_K // 2)
-    col = k0 + 32 * (q // 16) + q % 16
+def _act_pair(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr):
+    """Two [ROWS, BLOCK_K/2] column sets of the activations, in K order: the first halves of the step's GROUP-wide K
+    groups, then their second halves (16-byte runs or longer)."""
+    HALF_GROUP: tl.constexpr = GROUP // 2
+    b = tl.arange(0, BLOCK_K // 2)
+    col = k0 + GROUP * (b // HALF_GROUP) + b % HALF_GROUP
     if EVEN_K:
         mask = row_ok[:, None]
     else:
         mask = row_ok[:, None] & (col < K)[None, :]
-    a = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
-    b = tl.load(a_rows[:, None] + (col + 16)[None, :], mask=mask, other=0.0)
-    return a, b
+    first = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
+    second = tl.load(a_rows[:, None] + (col + HALF_GROUP)[None, :], mask=mask, other=0.0)
+    return first, second
+
+
+@triton.jit
+def _act_fp8(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The E4M3 activation columns matching _weight_tile_fp8's (A, B): 32-wide chunks' first and second 16."""
+    return _act_pair(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, 32)
 
 
 @triton.jit
 def _act_halves(a_rows, k0, row_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                 STORED_K_ORDER: tl.constexpr):
-    """Activation columns matching _weight_tile's (low, high) halves: [ROWS, BLOCK_K/2] each, loaded in K
-    order (16-byte copies); STORED_K_ORDER permutes them in registers to the weights' stored order."""
-    b = tl.arange(0, BLOCK_K // 2)
-    col = k0 + 64 * (b // 32) + b % 32
-    if EVEN_K:
-        mask = row_ok[:, None]
-    else:
-        mask = row_ok[:, None] & (col < K)[None, :]
-    lo = tl.load(a_rows[:, None] + col[None, :], mask=mask, other=0.0)
-    hi = tl.load(a_rows[:, None] + (col + 32)[None, :], mask=mask, other=0.0)
+    """Activation columns matching _weight_tile's (low, high) halves of 64-wide groups, loaded in K order;
+    STORED_K_ORDER permutes them in registers to the weights' stored order."""
+    lo, hi = _act_pair(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, 64)
     if STORED_K_ORDER:
         ROWS: tl.constexpr = lo.shape[0]
         lo = _to_stored_order(lo, ROWS, BLOCK_K // 2)

@@ -11,6 +11,8 @@
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
                     (or by the GEMM2 program that stores a token tile's last pair slice, on tickets the
                     alignment zeroed: TOPK_SUM_ENV / topk_sum=)
+    act_quant (W4A8): x, and for MXFP8 GEMM1's bf16 h, quantized to E4M3 once per row before the GEMM that reads
+    it (_kernels.act_quant_kernel); the GEMMs decode the weights to E4M3 by table lookup and run FP8 dots.
 Tiles come from tuning.select_config (a measured table entry, else heuristics from the rows per expert); a
 config's split_k > 1 splits a GEMM's K loop over programs (decode), the slices summed in a fixed order afterwards.
 No atomics on data (a split-K tile's slices only count themselves in on a ticket the alignment launch zeroed):
