@@ -234,10 +234,37 @@ def _run_case(spec) -> dict:
             "differs_from_w4a16": not torch.equal(ref, w4a16)}
 
 
+def _act_quant_rows() -> list[dict]:
+    """act_quant_kernel (through forward._quantize_rows) against backends.formats, row by row: static FP8 is
+    e4m3_rn(x / a1), MXFP8 times 2^ra is formats.mxfp8_row_rebased(x); rows spanning 6 decades, a zero row, an
+    outlier, and K = 192 (not a power of two: the masked tail of the row's block)."""
+    from backends.triton_moe import _kernels, forward
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 192, generator=gen) * torch.logspace(-3, 3, 6)[:, None]
+    x[1] = 0.0
+    x[2, 17] = 3e4
+    x = x.bfloat16()
+    a1 = (x.float().abs().amax() / 448).reshape(1)
+    qscale = torch.cat([a1, 1.0 / a1, a1, 1.0 / a1])
+    static, _ = forward._quantize_rows(_kernels, x, 1, qscale, 1, None, True)
+    mx, exps = forward._quantize_rows(_kernels, x, 2, qscale, 1, None, True)
+    return [{"case": "act_quant-static", "equal": torch.equal(static.float(), formats.e4m3_rn(x.float() * qscale[1]))},
+            {"case": "act_quant-mxfp8", "equal": torch.equal(torch.ldexp(mx.float(), exps[:, None].float()),
+                                                             formats.mxfp8_row_rebased(x.float()))}]
+
+
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
-    return interpreter_worker_rows(__file__, ("mxfp4",), ("nvfp4",))
+    return interpreter_worker_rows(__file__, ("mxfp4",), ("nvfp4",), ("act_quant",))
+
+
+@pytest.mark.parametrize("case", ["act_quant-static", "act_quant-mxfp8"])
+def test_interpreter_act_quant_kernel_is_the_formats_quantization(interpreter_results, case):
+    row = interpreter_results[case]
+    assert "error" not in row, row.get("error")
+    assert row["equal"], row
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -351,6 +378,13 @@ if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixtu
     import sys
     import traceback
 
+    if sys.argv[1] == "act_quant":
+        try:
+            for quant_row in _act_quant_rows():
+                print(json.dumps(quant_row), flush=True)
+        except Exception:  # noqa: BLE001
+            for quant_case in ("act_quant-static", "act_quant-mxfp8"):
+                print(json.dumps({"case": quant_case, "error": traceback.format_exc()[-3000:]}), flush=True)
     for case_name, case_spec in CASES.items():
         if case_spec[0] != sys.argv[1]:
             continue
