@@ -233,8 +233,10 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     qscale = _check_act_quant(x, act_quant, a1_scale, a2_scale)
-    fp8_accumulate = (_forced_choice("fp8_accumulate", None, FP8_ACCUMULATIONS, FP8_ACCUMULATE_ENV,
-                                     f"DEFAULT_FP8_ACCUMULATE={DEFAULT_FP8_ACCUMULATE!r}") or DEFAULT_FP8_ACCUMULATE)
+    fp8_accumulate = DEFAULT_FP8_ACCUMULATE
+    if act_quant is not None:  # read only where it applies: a W4A16 call never fails on it
+        fp8_accumulate = _forced_choice("fp8_accumulate", None, FP8_ACCUMULATIONS, FP8_ACCUMULATE_ENV,
+                                        f"DEFAULT_FP8_ACCUMULATE={DEFAULT_FP8_ACCUMULATE!r}") or fp8_accumulate
     fp8 = _w4a8_data(weights) if act_quant is not None else None
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
