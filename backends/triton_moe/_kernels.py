@@ -379,6 +379,13 @@ def _lut_byte(l0, l1, sel):
 
 
 @triton.jit
+def _looked_up(l0, l1, w, MAG: tl.constexpr, SIGN: tl.constexpr):
+    """The interpreter's value of one asm output byte: the table byte selected by w's magnitude bits MAG..MAG+2,
+    with w's bit SIGN as its sign."""
+    return _e4m3_byte_value(_lut_byte(l0, l1, (w >> MAG) & 7) | ((w >> SIGN) & 1) << 7)
+
+
+@triton.jit
 def _e4m3_byte_value(b):
     """E4M3 bit pattern (int32 0..255) -> its fp32 value (the interpreter's view of an FP8 operand)."""
     e = (b >> 3) & 15
@@ -450,16 +457,10 @@ def _weight_tile_fp8(w_rows, code_ptr, lut_ptr, stride_sc, k0, row_ok, K: tl.con
         la1 = _per_word(la1, ROWS, NCH, WORDS)
         lb0 = _per_word(lb0, ROWS, NCH, WORDS)
         lb1 = _per_word(lb1, ROWS, NCH, WORDS)
-        a = tl.reshape(_words_to_bytes(
-            _e4m3_byte_value(_lut_byte(la0, la1, w & 7) | ((w >> 7) & 1) << 7),
-            _e4m3_byte_value(_lut_byte(la0, la1, (w >> 4) & 7) | ((w >> 15) & 1) << 7),
-            _e4m3_byte_value(_lut_byte(la0, la1, (w >> 8) & 7) | ((w >> 23) & 1) << 7),
-            _e4m3_byte_value(_lut_byte(la0, la1, (w >> 12) & 7) | ((w >> 31) & 1) << 7)), (ROWS, HALF))
-        b = tl.reshape(_words_to_bytes(
-            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 16) & 7) | ((w >> 3) & 1) << 7),
-            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 20) & 7) | ((w >> 11) & 1) << 7),
-            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 24) & 7) | ((w >> 19) & 1) << 7),
-            _e4m3_byte_value(_lut_byte(lb0, lb1, (w >> 28) & 7) | ((w >> 27) & 1) << 7)), (ROWS, HALF))
+        a = tl.reshape(_words_to_bytes(_looked_up(la0, la1, w, 0, 7), _looked_up(la0, la1, w, 4, 15),
+                                       _looked_up(la0, la1, w, 8, 23), _looked_up(la0, la1, w, 12, 31)), (ROWS, HALF))
+        b = tl.reshape(_words_to_bytes(_looked_up(lb0, lb1, w, 16, 3), _looked_up(lb0, lb1, w, 20, 11),
+                                       _looked_up(lb0, lb1, w, 24, 19), _looked_up(lb0, lb1, w, 28, 27)), (ROWS, HALF))
     return a, b
 
 

@@ -270,7 +270,7 @@ def moe_forward(
         al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block, extra_tickets=sum_tickets)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
-            _scales_fold(weights) and fp8 is None, tickets_per_block, sum_tickets, _ACT_QUANT_IDS[act_quant], fp8,
+            fp8 is None and _scales_fold(weights), tickets_per_block, sum_tickets, _ACT_QUANT_IDS[act_quant], fp8,
             qscale, fp8_accumulate)
     return out
 
@@ -311,8 +311,8 @@ _W4A8_CACHE: dict = {}
 def _w4a8_data(w: TritonMoEWeights) -> dict:
     """The W4A8 data (w4a8_row_data: the weights in the W4A8 byte order, their lookup-table codes, the rows'
     exponents): the weights' own (converter_w4a8), else computed once per weight tensor and cached (outside graph
-    capture; inside a capture an uncached layer is an error, never a silent recompute). The cache holds a second
-    copy of the packed weights; converter_w4a8 avoids it."""
+    capture; inside a capture an uncached layer is an error, never a silent recompute). Either way the packed
+    weights are held twice, in the W4A16 and the W4A8 byte order."""
     given = given_w4a8_tensors(w)
     if given is not None:
         return given
