@@ -54,6 +54,14 @@ CASES = {
                                        "half-rows"),
     "nvfp4-silu-k-tail-half-rows-split-k": ("nvfp4", 8, 3, 192, 64, "silu", False, 40, "contiguous", "logits",
                                             "half-rows-split"),
+    # the decode kernels (_gemv_kernels, T = 1-2): routing in GEMV1 (both routings) or given ids, K tails (192 = 128 +
+    # 64) and empty K slices (K = 64 in 4 slices), top-k not a power of two (dead slot warps), 1-8 row groups
+    "mxfp4-swigluoai-bias-decode": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 1, "interleaved", "logits",
+                                    "decode-wide"),
+    "nvfp4-silu-k-tail-decode": ("nvfp4", 8, 3, 192, 128, "silu", False, 2, "contiguous", "logits", "decode-sliced"),
+    "mxfp4-silu-top1-decode": ("mxfp4", 6, 1, 64, 192, "silu", True, 1, "contiguous", "softmax_topk", "decode-sliced"),
+    "nvfp4-swigluoai-one-expert-decode": ("nvfp4", 16, 5, 320, 64, "swigluoai", True, 2, "interleaved", "one_expert",
+                                          "decode-wide"),
 }
 
 
@@ -97,6 +105,10 @@ def _run_case(name: str, spec) -> dict:
                "half-rows-split": tuning.MoEConfig(
                    tuning.LaunchConfig(32, 32, 64, 1, True, 2, 2, split_k=2, half_rows=True),
                    tuning.LaunchConfig(32, 32, 64, 1, False, 4, 2, split_k=3, half_rows=True), "test"),
+               "decode-wide": tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
+                   tuning.GemvLaunch(8, 1), tuning.GemvLaunch(4, 1))),
+               "decode-sliced": tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
+                   tuning.GemvLaunch(1, 4), tuning.GemvLaunch(1, 2))),
                None: None}
     shape = Shape(name, fmt, e, k, h, i, act, biases)
     gen = torch.Generator().manual_seed(len(name))

@@ -51,35 +51,38 @@ ACT_SWIGLUOAI = 1
 # One bf16x2 FMA per pair applies the "folded" scale (2^126 * block scale, exact: <= 6 significant bits).
 # $0..$3: low-half values of word bytes 0, 1, 2, 3; $4..$7: the high-half ones; $8: the word; $9 / $10: the folded
 # scales of the low / high values.
-_E2M1_WORD_BODY = """
-.reg .b32 a, b, c, d, t, u, nz, slo, shi;
-mov.b32 nz, 0x80008000;
-mov.b32 slo, {$9, $9};
-mov.b32 shi, {$10, $10};
-and.b32 a, $8, 0x81C081C0;
-shl.b32 b, $8, 3; and.b32 b, b, 0x81C081C0;
-and.b32 c, $8, 0x40074007; mul.lo.u32 c, c, 0x42; and.b32 c, c, 0x81C081C0;
-and.b32 t, $8, 0x2E002E00; shl.b32 u, t, 2; shr.u32 t, t, 3; or.b32 d, u, t; and.b32 d, d, 0x81C081C0;
-"""
-_E2M1_WORD_FOLDED = """
-fma.rn.bf16x2 a, a, slo, nz; fma.rn.bf16x2 b, b, slo, nz;
-fma.rn.bf16x2 c, c, shi, nz; fma.rn.bf16x2 d, d, shi, nz;
-"""
-# Unfolded (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first times 2^126, then
-# the block scale itself (two exact FMAs).
-_E2M1_WORD_UNFOLDED = """
-.reg .b32 k126;
-mov.b32 k126, 0x7E807E80;
-fma.rn.bf16x2 a, a, k126, nz; fma.rn.bf16x2 b, b, k126, nz;
-fma.rn.bf16x2 c, c, k126, nz; fma.rn.bf16x2 d, d, k126, nz;
-""" + _E2M1_WORD_FOLDED
-_E2M1_WORD_OUT = """
-mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; mov.b32 {$4, $5}, c; mov.b32 {$6, $7}, d;
-"""
+
+
+def _e2m1_decode_ptx(word: str, out: tuple, scale_lo: str, scale_hi: str, folded: bool) -> str:
+    """PTX turning 32-bit weight word `word` into 4 scaled bf16x2 registers `out` (a, b, c, d above), using
+    scratch registers t, u and nz = 0x80008000 (and k126 = 2^126 per lane unless folded); scale_lo / scale_hi are
+    bf16x2 registers holding the block scale twice. One text for every kernel that decodes words (_kernels and
+    _gemv_kernels), so the bit trick has one definition."""
+    a, b, c, d = out
+    text = (f"and.b32 {a}, {word}, 0x81C081C0;\n"
+            f"shl.b32 {b}, {word}, 3; and.b32 {b}, {b}, 0x81C081C0;\n"
+            f"and.b32 {c}, {word}, 0x40074007; mul.lo.u32 {c}, {c}, 0x42; and.b32 {c}, {c}, 0x81C081C0;\n"
+            f"and.b32 t, {word}, 0x2E002E00; shl.b32 u, t, 2; shr.u32 t, t, 3; or.b32 {d}, u, t; "
+            f"and.b32 {d}, {d}, 0x81C081C0;\n")
+    if not folded:  # unfolded (MXFP4 scales above 2, whose folded value 2^126 * scale leaves bf16's range): first
+        # times 2^126, then the block scale itself (two exact FMAs)
+        text += "".join(f"fma.rn.bf16x2 {r}, {r}, k126, nz; " for r in out) + "\n"
+    return text + (f"fma.rn.bf16x2 {a}, {a}, {scale_lo}, nz; fma.rn.bf16x2 {b}, {b}, {scale_lo}, nz;\n"
+                   f"fma.rn.bf16x2 {c}, {c}, {scale_hi}, nz; fma.rn.bf16x2 {d}, {d}, {scale_hi}, nz;\n")
+
+
+def _e2m1_word_asm(folded: bool) -> str:
+    return ("{\n.reg .b32 a, b, c, d, t, u, nz, slo, shi" + ("" if folded else ", k126") + ";\n"
+            "mov.b32 nz, 0x80008000;\n" + ("" if folded else "mov.b32 k126, 0x7E807E80;\n")
+            + "mov.b32 slo, {$9, $9};\nmov.b32 shi, {$10, $10};\n"
+            + _e2m1_decode_ptx("$8", ("a", "b", "c", "d"), "slo", "shi", folded)
+            + "mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; mov.b32 {$4, $5}, c; mov.b32 {$6, $7}, d;\n}")
+
+
 # The routines first waiting for the warpgroup's wgmmas (see _dequant_words, RETIRE_WGMMA).
 _RETIRE_WGMMA_PTX = "wgmma.wait_group.sync.aligned 0;"
-_E2M1_WORD_ASM = tl.constexpr("{" + _E2M1_WORD_BODY + _E2M1_WORD_FOLDED + _E2M1_WORD_OUT + "}")
-_E2M1_WORD_UNFOLDED_ASM = tl.constexpr("{" + _E2M1_WORD_BODY + _E2M1_WORD_UNFOLDED + _E2M1_WORD_OUT + "}")
+_E2M1_WORD_ASM = tl.constexpr(_e2m1_word_asm(folded=True))
+_E2M1_WORD_UNFOLDED_ASM = tl.constexpr(_e2m1_word_asm(folded=False))
 _E2M1_WORD_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_WORD_ASM.value)
 _E2M1_WORD_UNFOLDED_RETIRING_ASM = tl.constexpr(_RETIRE_WGMMA_PTX + _E2M1_WORD_UNFOLDED_ASM.value)
 

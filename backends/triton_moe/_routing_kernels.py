@@ -16,14 +16,14 @@ import triton.language as tl
 
 
 @triton.jit
-def topk_route_kernel(logits_ptr, ids_ptr, weights_ptr, stride_t, E: tl.constexpr, E_BLOCK: tl.constexpr,
-                      TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, RENORMALIZE: tl.constexpr):
-    """Token program_id(0): its TOP_K experts by logit, largest first (the lowest index among equal logits),
-    and their weights - softmax over the k selected logits (RENORMALIZE) or the full softmax's probabilities.
-    Same selection and formulas as _routing.route's torch ops, in fp32."""
-    t = tl.program_id(0).to(tl.int64)
+def _topk_row(logits_row_ptr, E: tl.constexpr, E_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
+              RENORMALIZE: tl.constexpr):
+    """(ids int32 [K_BLOCK], weights fp32 [K_BLOCK]) of one token: its TOP_K experts by logit, largest first (the
+    lowest index among equal logits), and their weights - softmax over the k selected logits (RENORMALIZE) or the
+    full softmax's probabilities; slots past TOP_K are unused. Same selection and formulas as _routing.route's torch
+    ops, in fp32 (topk_route_kernel, and the decode kernels that route in-program)."""
     e = tl.arange(0, E_BLOCK)
-    logits = tl.load(logits_ptr + t * stride_t + e, mask=e < E, other=-float("inf")).to(tl.float32)
+    logits = tl.load(logits_row_ptr + e, mask=e < E, other=-float("inf")).to(tl.float32)
     slot = tl.arange(0, K_BLOCK)
     top = tl.full([K_BLOCK], -float("inf"), tl.float32)
     ids = tl.zeros([K_BLOCK], tl.int32)
@@ -40,6 +40,16 @@ def topk_route_kernel(logits_ptr, ids_ptr, weights_ptr, stride_t, E: tl.constexp
     else:
         shift = tl.max(logits, 0)
         w = tl.exp(top - shift) / tl.sum(tl.exp(logits - shift), 0)
+    return ids, w
+
+
+@triton.jit
+def topk_route_kernel(logits_ptr, ids_ptr, weights_ptr, stride_t, E: tl.constexpr, E_BLOCK: tl.constexpr,
+                      TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """Token program_id(0): its top-k experts and weights (_topk_row)."""
+    t = tl.program_id(0).to(tl.int64)
+    ids, w = _topk_row(logits_ptr + t * stride_t, E, E_BLOCK, TOP_K, K_BLOCK, RENORMALIZE)
+    slot = tl.arange(0, K_BLOCK)
     ok = slot < TOP_K
     tl.store(ids_ptr + t * TOP_K + slot, ids, mask=ok)
     tl.store(weights_ptr + t * TOP_K + slot, w, mask=ok)

@@ -13,6 +13,9 @@
                     alignment zeroed: TOPK_SUM_ENV / topk_sum=)
     act_quant (W4A8): x, and for MXFP8 GEMM1's bf16 h, quantized to E4M3 once per row before the GEMM that reads
     it (_kernels.act_quant_kernel); the GEMMs decode the weights to E4M3 by table lookup and run FP8 dots.
+    decode (a config with .decode, W4A16, T = 1-2): two launches, no alignment, no split-K partials:
+      GEMV1   per (token, slot) pair: routing in-program, gate/up rows, bias, activation  _gemv_kernels.gemv1_act_kernel
+      GEMV2   per token: the k slots' rows, bias, router weight, summed in-program       _gemv_kernels.gemv2_sum_kernel
 Tiles come from tuning.select_config (a measured table entry, else heuristics from the rows per expert); a
 config's split_k > 1 splits a GEMM's K loop over programs (decode), the slices summed in a fixed order afterwards.
 No atomics on data (a split-K tile's slices only count themselves in on a ticket the alignment launch zeroed):
@@ -149,8 +152,8 @@ def _check_inputs(x, w: TritonMoEWeights, activation):
 
 
 def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormalize):
-    """(topk_ids, fp32 topk_weights, k), checked; (None, None, k) when the routing runs inside the alignment
-    launch (router_logits at decode sizes on the Triton kernels: _routing.route_and_align)."""
+    """(topk_ids, fp32 topk_weights, k), checked; (None, None, k) for router_logits, routed later by the path that
+    runs (_route_for_tiles, or in-program by the decode kernels)."""
     tokens, experts = x.shape[0], w.num_experts
     if (router_logits is None) == (topk_ids is None):
         _fail(ValueError, "pass exactly one routing input: router_logits (with top_k) or topk_ids (with topk_weights)")
@@ -167,11 +170,7 @@ def _routing_inputs(x, w, router_logits, topk_ids, topk_weights, top_k, renormal
             _fail(ValueError, f"top_k={top_k!r} must be an int in [1, {experts}] when routing from router_logits")
         if not router_logits.dtype.is_floating_point:
             _fail(TypeError, f"router_logits.dtype={router_logits.dtype} must be floating point (logits)")
-        if 1 <= tokens and tokens * experts <= _routing.ROUTE_IN_ALIGN_LOGITS:
-            _kernels_for(x.device)  # the CPU-without-interpreter error, before any launch
-            return None, None, top_k
-        ids, weights = route(router_logits, top_k, renormalize, _kernels_for(x.device))
-        return ids, weights, top_k
+        return None, None, top_k  # routed once the path is known (_route_for_tiles, or the decode kernels)
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype.is_floating_point or topk_ids.dim() != 2 \
             or topk_ids.shape[0] != tokens:
         _fail(ValueError, f"topk_ids must be an integer tensor [T={tokens}, k]")
@@ -256,7 +255,16 @@ def moe_forward(
         config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
         if act_quant is not None:
             config = tuning.fp8_config(arch, config)
+    decode = config.decode is not None and act_quant is None
+    if decode:
+        _check_decode(config.decode, k)
     kernels = _kernels_for(x.device)
+    if decode:
+        _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, config.decode,
+                       activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
+                       _scales_fold(weights))
+        return out
+    ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
     c1 = config.gemm1
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
     # the fused split epilogue's tile tickets (one per GEMM1 column tile of each row block), zeroed by the alignment
@@ -465,6 +473,81 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, BLOCK_N=sum_block,
         INTERPRETED=interpreted,
     )
+
+
+def _check_decode(decode: tuning.DecodeConfig, top_k: int) -> None:
+    """The decode config's warps fit the kernels (row groups divide 64 columns, at most GEMV_MAX_WARPS per program)."""
+    g1, g2 = decode.gemv1, decode.gemv2
+    slots = _pow2(top_k)
+    for name, g, groups, warps in (("gemv1", g1, tuning.GEMV1_ROW_GROUPS, g1.row_groups * g1.k_slices),
+                                   ("gemv2", g2, tuning.GEMV2_ROW_GROUPS, g2.row_groups * slots * g2.k_slices)):
+        if g.row_groups not in groups or g.k_slices not in tuning.GEMV_K_SLICES:
+            _fail(ValueError, f"config.decode.{name}={g}: row_groups must be one of {groups} and k_slices one of "
+                  f"{tuning.GEMV_K_SLICES}")
+        if warps > tuning.GEMV_MAX_WARPS:
+            _fail(ValueError, f"config.decode.{name}={g} gives {warps} warps per program (top_k={top_k}); at most "
+                  f"{tuning.GEMV_MAX_WARPS}: lower row_groups or k_slices")
+
+
+def _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize):
+    """(ids, weights) for the tile path: as given, or None (router logits at T * E <= ROUTE_IN_ALIGN_LOGITS: routed
+    inside the alignment launch, _routing.route_and_align), or routed now."""
+    if ids is not None:
+        return ids, route_w
+    tokens, experts = router_logits.shape
+    if tokens * experts <= _routing.ROUTE_IN_ALIGN_LOGITS:
+        return None, None
+    return route(router_logits, k, renormalize, kernels)
+
+
+def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, decode, activation,
+                   swiglu, folded):
+    """GEMV1 + activation per pair, then GEMV2 + router weight + top-k sum per token (_gemv_kernels). With
+    router_logits (ids None) GEMV1 routes in-program and writes the ids and weights GEMV2 reads."""
+    from backends.triton_moe import _gemv_kernels as gemv
+
+    tokens, hidden = x.shape
+    inter, experts = weights.intermediate_size, weights.num_experts
+    nvfp4 = weights.format == "nvfp4"
+    if router_logits is not None:
+        logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
+        ids = torch.empty(tokens, k, dtype=torch.int32, device=x.device)
+        route_w = torch.empty(tokens, k, dtype=torch.float32, device=x.device)
+    else:
+        logits = route_w  # any tensor: never read without routing
+        ids, route_w = ids.contiguous(), route_w.contiguous()
+    unused = route_w
+    gs13 = weights.w13_global_scale if nvfp4 else unused
+    gs2 = weights.w2_global_scale if nvfp4 else unused
+    b13 = weights.w13_bias if weights.w13_bias is not None else unused
+    b2 = weights.w2_bias if weights.w2_bias is not None else unused
+    w13, w2, s13, s2 = weights.w13, weights.w2, weights.w13_scale, weights.w2_scale
+    h = torch.empty(tokens * k, inter, dtype=torch.bfloat16, device=x.device)
+    interpreted = kernels.INTERPRETED
+    common = dict(SCALE_BLOCK=SCALE_BLOCK[weights.format], NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted,
+                  INTERPRETED=interpreted)
+    g1, g2 = decode.gemv1, decode.gemv2
+    gemv.gemv1_act_kernel[(tokens * k, inter // (gemv.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
+        x, w13, s13, gs13, b13, h, logits, ids, route_w,
+        hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
+        h.stride(0), logits.stride(0), *swiglu,
+        TOP_K=k, ROUTE=router_logits is not None, E=experts, E_BLOCK=_pow2(experts), K_BLOCK=_pow2(k),
+        RENORMALIZE=bool(renormalize), ROW_GROUPS=g1.row_groups, K_SLICES=g1.k_slices,
+        ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
+        HAS_BIAS=weights.w13_bias is not None, **common,
+        num_warps=g1.row_groups * g1.k_slices)
+    slots = _pow2(k)
+    gemv.gemv2_sum_kernel[(tokens, hidden // (gemv.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
+        h, w2, s2, gs2, b2, ids, route_w, out,
+        inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
+        out.stride(0),
+        TOP_K=k, SLOTS=slots, ROW_GROUPS=g2.row_groups, K_SLICES=g2.k_slices,
+        HAS_BIAS=weights.w2_bias is not None, **common,
+        num_warps=g2.row_groups * slots * g2.k_slices)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted):

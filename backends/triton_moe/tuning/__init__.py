@@ -11,20 +11,27 @@ Nothing is autotuned at serving time; `moe-oracle tune` measures and writes a us
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from backends.triton_moe.tuning.arch import ArchFacts, facts_by_name, facts_for
 from backends.triton_moe.tuning.configs import (
     GEMM1_ONLY_FIELDS,
+    GEMV1_ROW_GROUPS,
+    GEMV2_ROW_GROUPS,
+    GEMV_K_SLICES,
+    GEMV_MAX_WARPS,
     MIN_HALF_ROWS_BLOCK_M,
     SHAPE_FIELDS,
+    DecodeConfig,
+    GemvLaunch,
     Gpu,
     LaunchConfig,
     MoEConfig,
     Problem,
     launch_dict,
 )
-from backends.triton_moe.tuning.heuristics import fp8_config, heuristic_config
+from backends.triton_moe.tuning.heuristics import DECODE_KERNEL_TOKENS, decode_kernels, fp8_config, heuristic_config
 from backends.triton_moe.tuning.tables import (
     MODELINE,
     TABLE_DIR,
@@ -39,23 +46,25 @@ from backends.triton_moe.tuning.tables import (
     validate_table,
 )
 
-__all__ = ["GEMM1_ONLY_FIELDS", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "SHAPE_FIELDS", "TABLE_DIR", "USER_DIR_ENV",
-           "ArchFacts", "Gpu", "LaunchConfig", "MoEConfig", "Problem", "TuningTableError", "device_gpu",
-           "facts_by_name", "facts_for", "fp8_config", "heuristic_config", "launch_dict", "read_table",
-           "reload_user_tables", "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir",
-           "validate_table"]
+__all__ = ["ArchFacts", "DECODE_KERNEL_TOKENS", "DecodeConfig", "GEMM1_ONLY_FIELDS", "GEMV1_ROW_GROUPS",
+           "GEMV2_ROW_GROUPS", "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu", "LaunchConfig",
+           "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
+           "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
+           "fp8_config", "heuristic_config", "launch_dict", "read_table", "reload_user_tables", "select_config",
+           "shipped_entries", "shipped_table", "table_config", "user_table_dir", "validate_table"]
 
 
 def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tables: bool = True) -> MoEConfig:
     """The launch config of one call: the first entry covering it in the user tables, then in the shipped table of
-    this GPU (and the table it extends), else heuristic_config. use_tables=False: the heuristics alone (benchmarks
-    time both)."""
+    this GPU (and the table it extends), else heuristic_config; up to DECODE_KERNEL_TOKENS tokens with the decode
+    kernels' warps (decode_kernels) added. use_tables=False: the heuristics alone (benchmarks time both)."""
     facts = facts_by_name(arch) if isinstance(arch, str) else arch
-    if use_tables:
-        found = table_config(gpu.name, facts.name, problem)
-        if found is not None:
-            return found
-    return heuristic_config(facts, gpu.sm_count, problem)
+    config = table_config(gpu.name, facts.name, problem) if use_tables else None
+    if config is None:
+        config = heuristic_config(facts, gpu.sm_count, problem)
+    if problem.tokens <= DECODE_KERNEL_TOKENS:  # W4A16 runs the decode kernels; W4A8 calls keep the tiles
+        config = dataclasses.replace(config, decode=decode_kernels(gpu.sm_count, problem))
+    return config
 
 
 @functools.lru_cache(maxsize=None)

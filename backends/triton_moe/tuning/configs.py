@@ -38,10 +38,37 @@ def launch_dict(config: LaunchConfig) -> dict:
 
 
 @dataclass(frozen=True)
+class GemvLaunch:
+    """One decode kernel's warps (backends.triton_moe._gemv_kernels): row_groups of output columns (8 per group in
+    GEMV1, 16 in GEMV2) times k_slices of K per program; GEMV2 adds one warp per top-k slot (a power of two)."""
+
+    row_groups: int
+    k_slices: int
+
+
+#: Row groups of one program: its columns (8 or 16 per group) must divide 64, which divides H and I.
+GEMV1_ROW_GROUPS = (1, 2, 4, 8)
+GEMV2_ROW_GROUPS = (1, 2, 4)
+GEMV_K_SLICES = (1, 2, 4, 8, 16)
+#: Warps a program may hold (1024 threads).
+GEMV_MAX_WARPS = 32
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The decode path (one activation row per expert pair: T = 1-2): GEMV1 + activation, then GEMV2 with the top-k
+    sum, no alignment (forward._launch_decode)."""
+
+    gemv1: GemvLaunch
+    gemv2: GemvLaunch
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     gemm1: LaunchConfig
     gemm2: LaunchConfig
     source: str  # "table.yaml#entry-index" or "heuristic": shown in benchmarks and errors
+    decode: DecodeConfig | None = None  # set: W4A16 calls take the decode kernels (W4A8 ones keep gemm1/gemm2)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 from dataclasses import replace
 
 from backends.triton_moe.tuning.arch import ArchFacts
-from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig, Problem
+from backends.triton_moe.tuning.configs import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig, Problem
 
 #: Programs per SM a decode GEMM wants before split-K stops paying: the winners of the T = 1 sweeps launch
 #: 3.9-5.5 programs per SM (gpt-oss-120b: 180 tiles x 4 slices on 132 SMs; DeepSeek NVFP4 GEMM1 256 x 2).
@@ -39,6 +39,18 @@ HALF_ROWS_UP_TO = 256
 #: GEMM1 K (= H) from which a decode GEMM1 splits K in two regardless of occupancy: its K loop is the longest
 #: of the layer (DeepSeek H = 7168 kept split-K 2 at every decode T in the sweeps; gpt-oss H = 2880 did not).
 LONG_K = 6144
+#: Up to this many tokens a W4A16 call takes the decode kernels (one activation row per expert pair: no
+#: alignment, no split-K partials; _gemv_kernels), whose weight stream wastes nothing while the pairs rarely share
+#: an expert.
+DECODE_KERNEL_TOKENS = 2
+#: Warps per SM the decode kernels split K until they have (an H100 sweep at T = 1-2, gpt-oss-120b and DeepSeek-V3:
+#: GEMV1 4 row groups x 2 K slices and GEMV2 1 x 4 / 1 x 1 fastest; 32 per SM split K twice as far and lost 3-8%
+#: to the cross-warp sums and shorter loops).
+DECODE_WARPS_PER_SM = 16
+#: Fewer K steps (128 values) per K slice than this and the cross-warp sum costs more than the slice saves.
+DECODE_MIN_STEPS = 4
+#: Warps of one decode program (GEMV1: row groups x K slices).
+DECODE_PROGRAM_WARPS = 8
 
 
 def _split_k(programs: int, k_size: int, block_k: int, sm_count: int) -> int:
@@ -101,6 +113,28 @@ def _decode(arch: ArchFacts, sm_count: int, problem: Problem) -> tuple[LaunchCon
                          split_epilogue="fused" if split1 > 1 and single else None)
     gemm2 = LaunchConfig(16, block_n, block_k, group_m, True, warps, stages, split_k=split2)
     return gemm1, gemm2
+
+
+def _k_slices(warps_per_slice: int, k_size: int, sm_count: int) -> int:
+    """K slices (a power of two) giving DECODE_WARPS_PER_SM warps per SM, each slice >= DECODE_MIN_STEPS steps."""
+    slices, steps = 1, -(-k_size // 128)
+    while (warps_per_slice * slices < DECODE_WARPS_PER_SM * sm_count and slices < 16
+           and steps / (2 * slices) >= DECODE_MIN_STEPS):
+        slices *= 2
+    return slices
+
+
+def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig:
+    """Warps of the decode kernels: K slices until the GPU holds DECODE_WARPS_PER_SM warps per SM, row groups up to
+    DECODE_PROGRAM_WARPS warps a program (GEMV2 also has one warp per top-k slot, a power of two)."""
+    pairs = problem.tokens * problem.top_k
+    slots = 1 << max(0, (problem.top_k - 1).bit_length())
+    slices1 = _k_slices(pairs * problem.intermediate_size // 8, problem.hidden_size, sm_count)
+    groups1 = max(1, min(8, DECODE_PROGRAM_WARPS // slices1))
+    slices2 = _k_slices(problem.tokens * problem.hidden_size // 16 * slots, problem.intermediate_size, sm_count)
+    slices2 = min(slices2, max(1, 32 // slots))
+    groups2 = max(1, min(4, DECODE_PROGRAM_WARPS // (slices2 * slots)))
+    return DecodeConfig(GemvLaunch(groups1, slices1), GemvLaunch(groups2, slices2))
 
 
 def fp8_config(arch: ArchFacts, config: MoEConfig) -> MoEConfig:

@@ -1,0 +1,315 @@
+"""Decode kernels: one (token, expert) pair's rows per warp, FP4 decoded straight into tensor-core registers.
+
+At one or two tokens each expert multiplies a single activation row, so the layer is a weight stream: the tile
+kernels (_kernels.py) reach under half the memory bandwidth there, because Triton moves each dequantized tile
+through shared memory into its MMA operand layout (STS, barrier, LDS and register moves: ~37 instructions per
+4-byte weight word) and their shared memory caps residency at two warps per scheduler. Here every thread owns
+fixed data, so the decoded registers are the MMA's operands as they are:
+
+    lane (g, t) of a warp (g = lane // 4, t = lane % 4) loads 16 bytes of weight row A_g and 16 of row B_g
+    (GEMV1: the gate and the up row of output column g; GEMV2: output rows g and g + 8) for each 128-wide K
+    step: the step's 16-byte run t (layout backends.layouts.triton_moe: run t holds K values 64(t//2) + 16(t%2)
+    + 0..15 in its low nibbles, + 32 in its high ones, word j of the run K 2j, 2j+1, 2j+8, 2j+9).
+    One inline-PTX routine per word pair (j) decodes both words (the tile kernels' E2M1 -> bf16 bit trick with
+    the block scale) and runs two m16n8k16 MMAs: A = rows (A_g, B_g) x the 16 K values of the low / high
+    nibbles, B = the activation pairs of run t, which every lane of the same t loads alike, so all 8 MMA columns
+    hold the same sums and every lane ends with its two rows' totals (c0 = A_g, c2 = B_g).
+
+About 16 instructions per weight word, no shared memory in the K loop, one LDG.128 per 16 weight bytes. A
+program's warps are (row group, [k slot,] K slice); the K slices and (GEMV2) the k slots are summed across warps
+once, at the end, in a fixed order (no atomics: the same bits every run). The CPU interpreter computes the same
+products in fp32 (exact) and sums them per lane, then over the four lanes of a row (_lanes_total), in place of
+the MMA's sums.
+
+    gemv1_act_kernel   h[p] = act(x[t] W13[e]^T + b13[e]) for pair p = (t, j), routing in-program if asked
+    gemv2_sum_kernel   y[t] = sum_j w[t,j] (h[t*k+j] W2[e_j]^T + b2[e_j]), the k slots summed in-program
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from backends.layouts import triton_moe as _layout
+from backends.triton_moe._kernels import (
+    _act_store,
+    _dequant_words,
+    _e2m1_decode_ptx,
+    _round_bf16,
+    _scale_pair,
+)
+from backends.triton_moe._routing_kernels import _topk_row
+
+#: K values per step: four 16-byte runs (two 64-wide nibble groups) of a row, one per lane t of a row's 4 lanes.
+STEP_K = 128
+#: Output columns of one warp: GEMV1 pairs gate row g with up row g (8 columns), GEMV2 rows g and g + 8 (16).
+GEMV1_COLUMNS_PER_WARP = 8
+GEMV2_COLUMNS_PER_WARP = 16
+
+_TILE_ROWS: tl.constexpr = tl.constexpr(_layout.TILE_ROWS)
+_TILE_BYTES: tl.constexpr = tl.constexpr(_layout.TILE_BYTES)
+
+
+def _pair_mma_ptx(folded: bool) -> str:
+    """Decode word $4 (row A) and $5 (row B) with their (low, high) scales $6, $7 / $8, $9, then acc += two
+    m16n8k16 bf16 MMAs: the low nibbles with activation pairs $10, $11, the high ones with $12, $13; acc in
+    $14..$17, out $0..$3 (A fragment order: row A K 2t.., row B K 2t.., row A K 2t+8.., row B K 2t+8..)."""
+    regs = ".reg .b32 ga, gb, gc, gd, ua, ub, uc, ud, t, u, nz, sgl, sgh, sul, suh" + ("" if folded else ", k126")
+    head = (f"{regs};\nmov.b32 nz, 0x80008000;\n" + ("" if folded else "mov.b32 k126, 0x7E807E80;\n")
+            + "mov.b32 sgl, {$6, $6}; mov.b32 sgh, {$7, $7}; mov.b32 sul, {$8, $8}; mov.b32 suh, {$9, $9};\n")
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    return ("{\n" + head
+            + _e2m1_decode_ptx("$4", ("ga", "gb", "gc", "gd"), "sgl", "sgh", folded)
+            + _e2m1_decode_ptx("$5", ("ua", "ub", "uc", "ud"), "sul", "suh", folded)
+            + f"{mma} {{$0, $1, $2, $3}}, {{ga, ua, gb, ub}}, {{$10, $11}}, {{$14, $15, $16, $17}};\n"
+            + f"{mma} {{$0, $1, $2, $3}}, {{gc, uc, gd, ud}}, {{$12, $13}}, {{$0, $1, $2, $3}};\n}}")
+
+
+_PAIR_MMA_FOLDED: tl.constexpr = tl.constexpr(_pair_mma_ptx(True))
+_PAIR_MMA_UNFOLDED: tl.constexpr = tl.constexpr(_pair_mma_ptx(False))
+
+
+@triton.jit
+def _bf16_lo(w):
+    """The bf16 in bits 0-15 of an int32 word, as fp32 (exact)."""
+    return (w << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_hi(w):
+    return (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot8(word, s_lo, s_hi, xa, xb, xc, xd, FOLDED: tl.constexpr):
+    """The interpreter's share of one lane in the MMAs: its word's 8 decoded weights times their activations,
+    each product exact in fp32, summed."""
+    e0, e1, e2, e3, e4, e5, e6, e7 = _dequant_words(word, s_lo, s_hi, FOLDED, False)
+    return (e0.to(tl.float32) * _bf16_lo(xa) + e1.to(tl.float32) * _bf16_hi(xa)
+            + e2.to(tl.float32) * _bf16_lo(xb) + e3.to(tl.float32) * _bf16_hi(xb)
+            + e4.to(tl.float32) * _bf16_lo(xc) + e5.to(tl.float32) * _bf16_hi(xc)
+            + e6.to(tl.float32) * _bf16_lo(xd) + e7.to(tl.float32) * _bf16_hi(xd))
+
+
+@triton.jit
+def _pair_mma(acc_a, acc_b, wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+    """(acc_a, acc_b) += rows A and B of word j times the activations: on the GPU the MMA over the row's 4 lanes
+    (every lane gets the sum), in the interpreter this lane's own products (summed over lanes by _lanes_total)."""
+    if USE_ASM:
+        if FOLDED:
+            asm: tl.constexpr = _PAIR_MMA_FOLDED
+        else:
+            asm: tl.constexpr = _PAIR_MMA_UNFOLDED
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            asm, "=f,=f,=f,=f,r,r,h,h,h,h,r,r,r,r,f,f,f,f",
+            [wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, acc_a, acc_a, acc_b, acc_b],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+        acc_a = c0
+        acc_b = c2
+    else:
+        acc_a = acc_a + _dot8(wa, sal, sah, xa, xb, xc, xd, FOLDED)
+        acc_b = acc_b + _dot8(wb, sbl, sbh, xa, xb, xc, xd, FOLDED)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _split4(v):
+    """[N, 4] -> its four columns as [N] tensors (in-thread: a lane's 16-byte load)."""
+    N: tl.constexpr = v.shape[0]
+    even, odd = tl.split(tl.reshape(v, (N, 2, 2)))
+    v0, v2 = tl.split(even)
+    v1, v3 = tl.split(odd)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop, t, stride_sc, K: tl.constexpr,
+                SCALE_BLOCK: tl.constexpr):
+    """A lane's loads of the K step at k0 (zeros past K): rows A and B's run t ([THREADS, 4] int32 words each, by
+    the layout's tiles: TILE_ROWS x TILE_BYTES, a row group's tiles in K order; *_row point at the row's first tile
+    and its chunk-0 scale word), their scale words, and the activation pairs of the run: low nibbles' K 0..15
+    (pairs 0-3, 4-7), high nibbles' K 32..47, each pair (2i, 2i+1) one int32 word. Steps from k_stop on (the
+    next K slice's) load nothing."""
+    ok = (k0 + 64 * (t // 2) < K) & (k0 < k_stop)
+    run = (k0 // 64 + t // 2) * (_TILE_ROWS * _TILE_BYTES) + (t % 2) * 16
+    words = tl.arange(0, 4)[None, :]
+    wa = tl.load((wa_row + run).to(tl.pointer_type(tl.int32))[:, None] + words, mask=ok[:, None], other=0)
+    wb = tl.load((wb_row + run).to(tl.pointer_type(tl.int32))[:, None] + words, mask=ok[:, None], other=0)
+    chunk = (k0 + 64 * (t // 2) + 16 * (t % 2)) // SCALE_BLOCK // 4
+    sa = tl.load(sa_row + chunk * stride_sc, mask=ok, other=0)
+    sb = tl.load(sb_row + chunk * stride_sc, mask=ok, other=0)
+    first = (a_row + k0 + 64 * (t // 2) + 16 * (t % 2)).to(tl.pointer_type(tl.int32))[:, None] + words
+    x_lo = tl.load(first, mask=ok[:, None], other=0)
+    x_lo8 = tl.load(first + 4, mask=ok[:, None], other=0)
+    x_hi = tl.load(first + 16, mask=ok[:, None], other=0)
+    x_hi8 = tl.load(first + 20, mask=ok[:, None], other=0)
+    return wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8
+
+
+@triton.jit
+def _step_mma(acc_a, acc_b, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCALE_BLOCK: tl.constexpr,
+              NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+    """acc_a / acc_b += one K step of rows A / B (the loads of _step_loads) times the activations."""
+    block_lo = (k0 + 64 * (t // 2) + 16 * (t % 2)) // SCALE_BLOCK  # the run's low values' scale block
+    sal, sah = _scale_pair(sa >> (8 * (block_lo % 4)), NVFP4, FOLDED, USE_ASM)
+    sbl, sbh = _scale_pair(sb >> (8 * (block_lo % 4)), NVFP4, FOLDED, USE_ASM)
+    wa0, wa1, wa2, wa3 = _split4(wa)
+    wb0, wb1, wb2, wb3 = _split4(wb)
+    xa0, xa1, xa2, xa3 = _split4(x_lo)
+    xb0, xb1, xb2, xb3 = _split4(x_lo8)
+    xc0, xc1, xc2, xc3 = _split4(x_hi)
+    xd0, xd1, xd2, xd3 = _split4(x_hi8)
+    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa0, wb0, sal, sah, sbl, sbh, xa0, xb0, xc0, xd0, FOLDED, USE_ASM)
+    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa1, wb1, sal, sah, sbl, sbh, xa1, xb1, xc1, xd1, FOLDED, USE_ASM)
+    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa2, wb2, sal, sah, sbl, sbh, xa2, xb2, xc2, xd2, FOLDED, USE_ASM)
+    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa3, wb3, sal, sah, sbl, sbh, xa3, xb3, xc3, xd3, FOLDED, USE_ASM)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, STEPS: tl.constexpr,
+             K: tl.constexpr, stride_sc, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
+             USE_ASM: tl.constexpr):
+    """acc_a / acc_b += rows A / B times the activation row over STEPS K steps from k_first (lanes' own K).
+
+    One step of loads in flight per warp. Measured on an H100, none of the ways to keep more in flight helped:
+    loads issued a step ahead into registers (ptxas sinks them below the MMAs), Triton's cp.async pipelining
+    (5-7x slower: shared-memory traffic and barriers), L2 prefetches 1-4 steps ahead (0-10% slower)."""
+    k_stop = k_first + STEPS * 128
+    for step in range(STEPS):
+        k0 = k_first + step * 128
+        wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop, t,
+                                                               stride_sc, K, SCALE_BLOCK)
+        acc_a, acc_b = _step_mma(acc_a, acc_b, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCALE_BLOCK, NVFP4,
+                                 FOLDED, USE_ASM)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _lanes_total(acc, THREADS: tl.constexpr, USE_ASM: tl.constexpr):
+    """Every lane's row total: the MMA already summed the 4 lanes of a row; the interpreter's per-lane sums are
+    added here."""
+    if not USE_ASM:
+        per_row = tl.sum(tl.reshape(acc, (THREADS // 4, 4)), axis=1)
+        acc = tl.reshape(tl.broadcast_to(per_row[:, None], (THREADS // 4, 4)), (THREADS,))
+    return acc
+
+
+@triton.jit
+def _row_pointer(w_expert, n, stride_wn):
+    """Byte pointer to row n's first tile (stride_wn = K/2 bytes per row)."""
+    n = n.to(tl.int64)
+    return w_expert + (n // _TILE_ROWS) * (_TILE_ROWS * stride_wn) + (n % _TILE_ROWS) * _TILE_BYTES
+
+
+@triton.jit
+def gemv1_act_kernel(
+    x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, logits_ptr, ids_ptr, route_w_ptr,
+    K: tl.constexpr, N: tl.constexpr, stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm,
+    stride_lt, alpha, beta, limit,
+    TOP_K: tl.constexpr, ROUTE: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
+    RENORMALIZE: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    NVFP4: tl.constexpr, FOLDED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """h[p, n] = act(x[t] W13[e]^T + b13[e]) for pair p = program_id(0) = t * TOP_K + j, columns n of program_id(1)
+    (8 per row group). ROUTE: the token's top-k of its router logits, as topk_route_kernel selects and weighs
+    them, computed by each of its programs; the (j = 0, first columns) program stores ids and weights for GEMV2;
+    else ids_ptr holds the pairs' experts (any integer dtype)."""
+    pair = tl.program_id(0)
+    token = pair // TOP_K
+    if ROUTE:
+        ids, weights = _topk_row(logits_ptr + token.to(tl.int64) * stride_lt, E, E_BLOCK, TOP_K, K_BLOCK,
+                                 RENORMALIZE)
+        slot = tl.arange(0, K_BLOCK)
+        expert = tl.sum(tl.where(slot == pair % TOP_K, ids, 0), axis=0).to(tl.int64)
+        if (pair % TOP_K == 0) & (tl.program_id(1) == 0):
+            tl.store(ids_ptr + token * TOP_K + slot, ids, mask=slot < TOP_K)
+            tl.store(route_w_ptr + token * TOP_K + slot, weights, mask=slot < TOP_K)
+    else:
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+    THREADS: tl.constexpr = 32 * ROW_GROUPS * K_SLICES
+    i = tl.arange(0, THREADS)
+    lane = i % 32
+    warp = i // 32
+    g = lane // 4
+    t = lane % 4
+    group = warp // K_SLICES
+    col = tl.program_id(1) * (8 * ROW_GROUPS) + group * 8 + g  # < N: N is a multiple of 64 >= 8 * ROW_GROUPS
+    STEPS: tl.constexpr = ((K + 127) // 128 + K_SLICES - 1) // K_SLICES
+    k_first = (warp % K_SLICES) * (STEPS * 128)
+    w_expert = w_ptr + expert * stride_we
+    s_expert = s_ptr + expert * stride_se
+    acc_g = tl.zeros((THREADS,), tl.float32)
+    acc_u = tl.zeros((THREADS,), tl.float32)
+    acc_g, acc_u = _k_slice(acc_g, acc_u, _row_pointer(w_expert, col, stride_wn), s_expert + col,
+                            _row_pointer(w_expert, col + N, stride_wn), s_expert + col + N,
+                            x_ptr + token.to(tl.int64) * stride_xm, k_first, t, STEPS, K, stride_sc, SCALE_BLOCK,
+                            NVFP4, FOLDED, USE_ASM)
+    acc_g = tl.sum(tl.reshape(_lanes_total(acc_g, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
+    acc_u = tl.sum(tl.reshape(_lanes_total(acc_u, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
+    j = tl.arange(0, 32 * ROW_GROUPS)
+    offs_n = tl.program_id(1) * (8 * ROW_GROUPS) + (j // 32) * 8 + (j % 32) // 4
+    first_lane = (j % 4) == 0
+    _act_store(tl.reshape(acc_g, (1, 32 * ROW_GROUPS)), tl.reshape(acc_u, (1, 32 * ROW_GROUPS)), expert,
+               pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
+               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED)
+
+
+@triton.jit
+def gemv2_sum_kernel(
+    h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, ids_ptr, route_w_ptr, y_ptr,
+    K: tl.constexpr, N: tl.constexpr, stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_ym,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """y[t, n] = sum_j route_w[t, j] * (h[t * TOP_K + j] W2[e_j]^T + b2[e_j])[n], bf16, for token program_id(0) and
+    16 columns per row group of program_id(1). The warps are (row group, slot j < SLOTS = TOP_K rounded up to a
+    power of two, K slice); slots past TOP_K load nothing and add 0."""
+    token = tl.program_id(0).to(tl.int64)
+    THREADS: tl.constexpr = 32 * ROW_GROUPS * SLOTS * K_SLICES
+    i = tl.arange(0, THREADS)
+    lane = i % 32
+    warp = i // 32
+    g = lane // 4
+    t = lane % 4
+    slot = (warp // K_SLICES) % SLOTS
+    group = warp // (K_SLICES * SLOTS)
+    live = slot < TOP_K
+    expert = tl.load(ids_ptr + token * TOP_K + slot, mask=live, other=0).to(tl.int64)
+    row = tl.program_id(1) * (16 * ROW_GROUPS) + group * 16 + g
+    STEPS: tl.constexpr = ((K + 127) // 128 + K_SLICES - 1) // K_SLICES
+    k_first = tl.where(live, (warp % K_SLICES) * (STEPS * 128), K)  # dead slots start past K: every load masked
+    w_expert = w_ptr + expert * stride_we
+    s_expert = s_ptr + expert * stride_se
+    acc_a = tl.zeros((THREADS,), tl.float32)
+    acc_b = tl.zeros((THREADS,), tl.float32)
+    acc_a, acc_b = _k_slice(acc_a, acc_b, _row_pointer(w_expert, row, stride_wn), s_expert + row,
+                            _row_pointer(w_expert, row + 8, stride_wn), s_expert + row + 8,
+                            h_ptr + (token * TOP_K + slot) * stride_hm, k_first, t, STEPS, K, stride_sc,
+                            SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
+    SHAPE: tl.constexpr = (ROW_GROUPS, SLOTS, K_SLICES, 32)
+    acc_a = tl.sum(tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE), axis=2)  # [groups, slots, 32]
+    acc_b = tl.sum(tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE), axis=2)
+    j = tl.arange(0, SLOTS)[None, :, None]
+    lanes = tl.arange(0, 32)[None, None, :]
+    n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None, None] * 16 + lanes // 4
+    live = j < TOP_K
+    e = tl.load(ids_ptr + token * TOP_K + j, mask=live, other=0).to(tl.int64)
+    if NVFP4:  # undo the dequantization's 2^-16 (exact), then the expert's global scale
+        gs = tl.load(gs_ptr + e, mask=live, other=1.0)
+        acc_a = acc_a * 65536.0 / gs
+        acc_b = acc_b * 65536.0 / gs
+    if HAS_BIAS:
+        acc_a += tl.load(bias_ptr + e * stride_be + n, mask=live, other=0.0)
+        acc_b += tl.load(bias_ptr + e * stride_be + n + 8, mask=live, other=0.0)
+    route_w = tl.load(route_w_ptr + token * TOP_K + j, mask=live, other=0.0)
+    y_a = tl.sum(tl.where(live, acc_a * route_w, 0.0), axis=1)  # [groups, 32]
+    y_b = tl.sum(tl.where(live, acc_b * route_w, 0.0), axis=1)
+    n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None] * 16 + tl.arange(0, 32)[None, :] // 4
+    store = (tl.arange(0, 32)[None, :] % 4) == 0
+    y_row = y_ptr + token * stride_ym
+    tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)
+    tl.store(y_row + n + 8, _round_bf16(y_b, INTERPRETED), mask=store)

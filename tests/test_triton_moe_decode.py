@@ -1,0 +1,107 @@
+"""The decode kernels (backends/triton_moe/_gemv_kernels.py, T = 1-2): when the tuning selects them, the warps it
+gives them, the checks of a hand-made decode config, and, on a GPU, every matrix layer against the emulation (both
+routings), as a CUDA graph, and against the tile kernels. Their interpreter cases live in test_triton_moe_interp.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_triton_moe import assert_matches_emulation, layer_and_reference
+
+from backends.model_shapes import MATRIX, SHAPES
+from backends.triton_moe import tuning
+
+from conftest import requires_cuda
+
+pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+
+
+def _problem(name: str, tokens: int) -> tuning.Problem:
+    return tuning.Problem(tokens=tokens, **SHAPES[name].fields())
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_decode_warps_fit_the_kernels(name, tokens):
+    """Every registry shape gets row groups the kernels accept, at most GEMV_MAX_WARPS warps a program, and K slices
+    no shorter than DECODE_MIN_STEPS steps unless K is too short to split at all."""
+    from backends.triton_moe.tuning import heuristics
+
+    problem = _problem(name, tokens)
+    decode = tuning.decode_kernels(132, problem)
+    slots = 1 << (problem.top_k - 1).bit_length()
+    assert decode.gemv1.row_groups in tuning.GEMV1_ROW_GROUPS and decode.gemv2.row_groups in tuning.GEMV2_ROW_GROUPS
+    assert decode.gemv1.row_groups * decode.gemv1.k_slices <= tuning.GEMV_MAX_WARPS
+    assert decode.gemv2.row_groups * slots * decode.gemv2.k_slices <= tuning.GEMV_MAX_WARPS
+    for launch, k_size in ((decode.gemv1, problem.hidden_size), (decode.gemv2, problem.intermediate_size)):
+        steps = -(-k_size // 128)
+        assert launch.k_slices == 1 or steps / launch.k_slices >= heuristics.DECODE_MIN_STEPS
+
+
+def test_decode_warps_follow_the_work():
+    """More pairs need fewer K slices to fill the GPU; fewer SMs too."""
+    one, two = (tuning.decode_kernels(132, _problem("gpt-oss-120b", t)) for t in (1, 2))
+    assert one.gemv1.k_slices > two.gemv1.k_slices
+    assert tuning.decode_kernels(66, _problem("gpt-oss-120b", 1)).gemv1.k_slices < one.gemv1.k_slices
+
+
+@pytest.mark.parametrize("use_tables", [True, False])
+def test_select_config_adds_decode_kernels_up_to_their_token_limit(use_tables):
+    gpu = tuning.Gpu("NVIDIA H100 80GB HBM3", 132)
+    for tokens in (1, tuning.DECODE_KERNEL_TOKENS, tuning.DECODE_KERNEL_TOKENS + 1, 64):
+        config = tuning.select_config("sm90", gpu, _problem("gpt-oss-120b", tokens), use_tables=use_tables)
+        assert (config.decode is not None) == (tokens <= tuning.DECODE_KERNEL_TOKENS), (tokens, config)
+        if config.decode is not None:
+            assert config.decode == tuning.decode_kernels(132, _problem("gpt-oss-120b", tokens))
+
+
+@pytest.mark.parametrize("decode, message", [
+    (tuning.DecodeConfig(tuning.GemvLaunch(3, 1), tuning.GemvLaunch(1, 1)), "gemv1=.*row_groups must be one of"),
+    (tuning.DecodeConfig(tuning.GemvLaunch(1, 1), tuning.GemvLaunch(8, 1)), "gemv2=.*row_groups must be one of"),
+    (tuning.DecodeConfig(tuning.GemvLaunch(1, 3), tuning.GemvLaunch(1, 1)), "k_slices one of"),
+    (tuning.DecodeConfig(tuning.GemvLaunch(8, 8), tuning.GemvLaunch(1, 1)), "64 warps per program"),
+    (tuning.DecodeConfig(tuning.GemvLaunch(1, 1), tuning.GemvLaunch(4, 4)), "64 warps per program .top_k=4"),
+])
+def test_bad_decode_config_is_one_clear_error(decode, message):
+    """Checked before anything runs (also before the CPU-without-interpreter error), naming the field and limit."""
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe import moe_forward
+    from backends.triton_moe.testing import Shape, random_checkpoint
+
+    shape = Shape("tiny", "mxfp4", 8, 4, 64, 64, "silu", False)
+    weights = to_kernel_layout(**random_checkpoint(shape, generator=torch.Generator().manual_seed(0)))
+    tiles = tuning.select_config("sm90", tuning.Gpu("cpu", 132), _problem("gpt-oss-120b", 1))
+    with pytest.raises(ValueError, match=message):
+        moe_forward(torch.zeros(1, 64, dtype=torch.bfloat16), weights, router_logits=torch.zeros(1, 8), top_k=4,
+                    activation="silu", config=dataclasses.replace(tiles, decode=decode))
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["logits", "one_expert"])
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("name", MATRIX)
+def test_cuda_decode_kernels_match_emulation_and_tiles(name, tokens, routing):
+    """The decode kernels (routing in GEMV1, or given int64 ids) against the emulation, the same as a CUDA graph
+    replay (bit for bit), and close to the tile kernels on the same layer."""
+    shape = SHAPES[name]
+    arch, gpu = tuning.device_gpu(torch.device("cuda"))
+    config = tuning.select_config(arch, gpu, _problem(name, tokens))
+    assert config.decode is not None
+    layer, ref = layer_and_reference(shape, tokens, device="cuda", seed=tokens, routing=routing,
+                                     gate_up_layout=shape.gate_up_layout, config=config)
+    out = layer()
+    assert_matches_emulation(out, ref)
+    graph = torch.cuda.CUDAGraph()
+    layer()  # warm the allocator before capture
+    with torch.cuda.graph(graph):
+        replayed = layer()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed.view(torch.int16), out.view(torch.int16))
+    tiles, _ = layer_and_reference(shape, tokens, device="cuda", seed=tokens, routing=routing,
+                                   gate_up_layout=shape.gate_up_layout, config=dataclasses.replace(config, decode=None))
+    assert_matches_emulation(tiles(), ref)
