@@ -80,6 +80,11 @@ ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
 FP8_ACCUMULATIONS = ("wgmma", "tensor-core")
 FP8_ACCUMULATE_ENV = "MOE_ORACLE_TRITON_FP8_ACCUMULATE"
 DEFAULT_FP8_ACCUMULATE = "wgmma"
+#: Register cap of the decode kernels (_gemv_kernels). ptxas otherwise holds them to 64 registers, and with 128 the
+#: same loop measured 1-8% faster on an H100 (gpt-oss-120b T = 1: 42.1 -> 40.4 µs; it takes 64-94 of them); loads
+#: issued a step ahead in the extra registers measured slower (benchmarks/results/decode-kernels-h100-2026-11-27/
+#: sweeps-register-pipelines/).
+DECODE_MAXNREG = 128
 #: The kernels' ACT_QUANT constexpr of each act_quant.
 _ACT_QUANT_IDS = {None: 0, "fp8_per_tensor_static": 1, "mxfp8": 2}
 
@@ -535,7 +540,7 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         RENORMALIZE=bool(renormalize), ROW_GROUPS=g1.row_groups, K_SLICES=g1.k_slices,
         ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
         HAS_BIAS=weights.w13_bias is not None, **common,
-        num_warps=g1.row_groups * g1.k_slices)
+        num_warps=g1.row_groups * g1.k_slices, maxnreg=DECODE_MAXNREG)
     slots = _pow2(k)
     gemv.gemv2_sum_kernel[(tokens, hidden // (gemv.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
@@ -543,7 +548,7 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         out.stride(0),
         TOP_K=k, SLOTS=slots, ROW_GROUPS=g2.row_groups, K_SLICES=g2.k_slices,
         HAS_BIAS=weights.w2_bias is not None, **common,
-        num_warps=g2.row_groups * slots * g2.k_slices)
+        num_warps=g2.row_groups * slots * g2.k_slices, maxnreg=DECODE_MAXNREG)
 
 
 def _pow2(n: int) -> int:

@@ -1,5 +1,7 @@
 """`moe-oracle tune`: time the candidate configs of one layer shape at the T buckets on this GPU and write the
-fastest into the user's tuning table, which select_config reads before the shipped tables. CUDA only."""
+fastest into the user's tuning table, which select_config reads before the shipped tables. CUDA only. The tables
+hold tile configs: up to DECODE_KERNEL_TOKENS tokens W4A16 calls run the decode kernels whatever the table says
+(their warps come from tuning.decode_kernels), and the entries there serve W4A8 calls."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from backends.triton_moe.tuning import tables, writer
 from backends.triton_moe.tuning.candidates import sweep_candidates
 from backends.triton_moe.tuning.configs import MoEConfig, Problem, launch_dict
+from backends.triton_moe.tuning.heuristics import DECODE_KERNEL_TOKENS
 
 #: The T buckets tune measures by default (each entry then serves up to the geometric middle of the next).
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
@@ -130,7 +133,9 @@ def run_tune(shape, tokens_list=TOKENS, *, iters: int = 10, out_dir: Path | None
         before = f"{row['heuristic_us']:.1f}" if row["heuristic_us"] is not None else "failed"
         gain = f" ({row['heuristic_us'] / row['best_us']:.2f}x)" if row["heuristic_us"] else ""
         g1 = row["best"][0]
+        decode = "  (W4A16 runs the decode kernels at this T; the entry serves W4A8)" \
+            if row["tokens"] <= DECODE_KERNEL_TOKENS else ""
         print(f"  T={row['tokens']:>6}: {before} -> {row['best_us']:.1f}{gain}  gemm1 {g1.block_m}x{g1.block_n}x"
-              f"{g1.block_k} w{g1.num_warps} s{g1.num_stages} split {g1.split_k}", file=out)
+              f"{g1.block_k} w{g1.num_warps} s{g1.num_stages} split {g1.split_k}{decode}", file=out)
     print(f"wrote {path}", file=out)
     return path
