@@ -172,9 +172,10 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
              USE_ASM: tl.constexpr):
     """acc_a / acc_b += rows A / B times the activation row over STEPS K steps from k_first (lanes' own K).
 
-    One step of loads in flight per warp. Measured on an H100, none of the ways to keep more in flight helped:
-    loads issued a step ahead into registers (ptxas sinks them below the MMAs), Triton's cp.async pipelining
-    (5-7x slower: shared-memory traffic and barriers), L2 prefetches 1-4 steps ahead (0-10% slower)."""
+    One step of loads in flight per warp. Measured on H100s, none of the ways to keep more in flight helped: loads
+    issued a step ahead into registers (ptxas sinks them below the MMAs at 64 registers; at 96-128 fewer warps fit),
+    Triton's cp.async pipelining (5-7x slower: shared-memory traffic and barriers), L2 prefetches 1-4 steps ahead
+    (0-10% slower), two row pairs per lane sharing the activation loads (3-14% slower: fewer warps fit)."""
     k_stop = k_first + STEPS * 128
     for step in range(STEPS):
         k0 = k_first + step * 128
