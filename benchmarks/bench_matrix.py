@@ -106,6 +106,10 @@ def describe(config: tuning.MoEConfig) -> str:
     g1, g2 = config.gemm1, config.gemm2
     extra = "".join((f" split{g1.split_k}/{g2.split_k}" if g1.split_k > 1 or g2.split_k > 1 else "",
                      " stacked" if g1.stack_gate_up else "", " half" if g1.half_rows else ""))
+    if config.decode is not None:  # W4A16 runs the decode kernels, whose warps are all that applies
+        d = config.decode
+        return (f"{config.source}: decode kernels gemv1 {d.gemv1.row_groups}x{d.gemv1.k_slices} gemv2 "
+                f"{d.gemv2.row_groups}x{d.gemv2.k_slices}")
     return (f"{config.source}: {g1.block_m}x{g1.block_n}x{g1.block_k}/{g2.block_n}x{g2.block_k} "
             f"w{g1.num_warps}/{g2.num_warps} s{g1.num_stages}/{g2.num_stages}{extra}")
 
@@ -153,7 +157,9 @@ def _layer(name, args, arch, gpu_info, ceilings, writer, out, flush, peers, run_
         if args.no_ours:  # peers only (another process timed this project): its output, untimed, for the check
             ours_out = call(config=tuned)
         for impl, config in () if args.no_ours else ((OURS, tuned), (OURS_HEURISTIC, heuristic)):
-            if impl == OURS_HEURISTIC and (config.gemm1, config.gemm2) == (tuned.gemm1, tuned.gemm2):
+            runs_as_tuned = (config.decode == tuned.decode if config.decode is not None
+                             else (config.gemm1, config.gemm2) == (tuned.gemm1, tuned.gemm2))
+            if impl == OURS_HEURISTIC and runs_as_tuned:
                 emit(impl, ours_us, describe(config), "same config as the tuned row (timed once)")
                 continue
             try:

@@ -483,7 +483,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
 def _check_decode(decode: tuning.DecodeConfig, top_k: int) -> None:
     """The decode config's warps fit the kernels (row groups divide 64 columns, at most GEMV_MAX_WARPS per program)."""
     g1, g2 = decode.gemv1, decode.gemv2
-    slots = _pow2(top_k)
+    slots = _routing._pow2(top_k)
     for name, g, groups, warps in (("gemv1", g1, tuning.GEMV1_ROW_GROUPS, g1.row_groups * g1.k_slices),
                                    ("gemv2", g2, tuning.GEMV2_ROW_GROUPS, g2.row_groups * slots * g2.k_slices)):
         if g.row_groups not in groups or g.k_slices not in tuning.GEMV_K_SLICES:
@@ -536,12 +536,12 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         x, w13, s13, gs13, b13, h, logits, ids, route_w,
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
         h.stride(0), logits.stride(0), *swiglu,
-        TOP_K=k, ROUTE=router_logits is not None, E=experts, E_BLOCK=_pow2(experts), K_BLOCK=_pow2(k),
+        TOP_K=k, ROUTE=router_logits is not None, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(k),
         RENORMALIZE=bool(renormalize), ROW_GROUPS=g1.row_groups, K_SLICES=g1.k_slices,
         ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
         HAS_BIAS=weights.w13_bias is not None, **common,
         num_warps=g1.row_groups * g1.k_slices, maxnreg=DECODE_MAXNREG)
-    slots = _pow2(k)
+    slots = _routing._pow2(k)
     gemv.gemv2_sum_kernel[(tokens, hidden // (gemv.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
@@ -549,10 +549,6 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         TOP_K=k, SLOTS=slots, ROW_GROUPS=g2.row_groups, K_SLICES=g2.k_slices,
         HAS_BIAS=weights.w2_bias is not None, **common,
         num_warps=g2.row_groups * slots * g2.k_slices, maxnreg=DECODE_MAXNREG)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted):
