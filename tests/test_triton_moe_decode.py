@@ -48,6 +48,13 @@ def test_decode_warps_follow_the_work():
     assert tuning.decode_kernels(66, _problem("gpt-oss-120b", 1)).gemv1.k_slices < one.gemv1.k_slices
 
 
+def test_a_top_k_beyond_the_warp_limit_keeps_the_tile_kernels():
+    """GEMV2 needs a warp per top-k slot: a layer with more slots than GEMV_MAX_WARPS gets no decode config."""
+    problem = tuning.Problem("nvfp4", 1, 256, 2 * tuning.GEMV_MAX_WARPS, 1024, 512)
+    assert tuning.decode_kernels(132, problem) is None
+    assert tuning.select_config("sm90", tuning.Gpu("NVIDIA H100 80GB HBM3", 132), problem).decode is None
+
+
 @pytest.mark.parametrize("use_tables", [True, False])
 def test_select_config_adds_decode_kernels_up_to_their_token_limit(use_tables):
     gpu = tuning.Gpu("NVIDIA H100 80GB HBM3", 132)

@@ -63,7 +63,7 @@ def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tabl
     if config is None:
         config = heuristic_config(facts, gpu.sm_count, problem)
     if problem.tokens <= DECODE_KERNEL_TOKENS:  # W4A16 runs the decode kernels; W4A8 calls keep the tiles
-        config = dataclasses.replace(config, decode=decode_kernels(gpu.sm_count, problem))
+        config = dataclasses.replace(config, decode=decode_kernels(gpu.sm_count, problem))  # None: tiles (top-k > 32)
     return config
 
 

@@ -22,7 +22,14 @@ import math
 from dataclasses import replace
 
 from backends.triton_moe.tuning.arch import ArchFacts
-from backends.triton_moe.tuning.configs import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig, Problem
+from backends.triton_moe.tuning.configs import (
+    GEMV_MAX_WARPS,
+    DecodeConfig,
+    GemvLaunch,
+    LaunchConfig,
+    MoEConfig,
+    Problem,
+)
 
 #: Programs per SM a decode GEMM wants before split-K stops paying: the winners of the T = 1 sweeps launch
 #: 3.9-5.5 programs per SM (gpt-oss-120b: 180 tiles x 4 slices on 132 SMs; DeepSeek NVFP4 GEMM1 256 x 2).
@@ -124,11 +131,14 @@ def _k_slices(warps_per_slice: int, k_size: int, sm_count: int) -> int:
     return slices
 
 
-def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig:
+def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     """Warps of the decode kernels: K slices until the GPU holds DECODE_WARPS_PER_SM warps per SM, row groups up to
-    DECODE_PROGRAM_WARPS warps a program (GEMV2 also has one warp per top-k slot, a power of two)."""
+    DECODE_PROGRAM_WARPS warps a program (GEMV2 also has one warp per top-k slot, a power of two); None when the
+    top-k slots alone pass GEMV_MAX_WARPS (the tile kernels serve such a layer)."""
     pairs = problem.tokens * problem.top_k
     slots = 1 << max(0, (problem.top_k - 1).bit_length())
+    if slots > GEMV_MAX_WARPS:
+        return None
     slices1 = _k_slices(pairs * problem.intermediate_size // 8, problem.hidden_size, sm_count)
     groups1 = max(1, min(8, DECODE_PROGRAM_WARPS // slices1))
     slices2 = _k_slices(problem.tokens * problem.hidden_size // 16 * slots, problem.intermediate_size, sm_count)
