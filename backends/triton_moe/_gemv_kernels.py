@@ -15,9 +15,9 @@ fixed data, so the decoded registers are the MMA's operands as they are:
     nibbles, B = the activation pairs of run t, which every lane of the same t loads alike, so all 8 MMA columns
     hold the same sums and every lane ends with its two rows' totals (c0 = A_g, c2 = B_g).
 
-About 16 instructions per weight word, no shared memory in the K loop, one LDG.128 per 16 weight bytes. A
-program's warps are (row group, [k slot,] K slice); the K slices and (GEMV2) the k slots are summed across warps
-once, at the end, in a fixed order (no atomics: the same bits every run). The CPU interpreter computes the same
+About 24 instructions per weight word (sm_90 SASS), no shared memory in the K loop, one LDG.128 per 16 weight
+bytes. A program's warps are (row group, [k slot,] K slice); the K slices and (GEMV2) the k slots are summed across
+warps once, at the end, in a fixed order (no atomics: the same bits every run). The CPU interpreter computes the same
 products in fp32 (exact) and sums them per lane, then over the four lanes of a row (_lanes_total), in place of
 the MMA's sums.
 
@@ -40,8 +40,6 @@ from backends.triton_moe._kernels import (
 )
 from backends.triton_moe._routing_kernels import _topk_row
 
-#: K values per step: four 16-byte runs (two 64-wide nibble groups) of a row, one per lane t of a row's 4 lanes.
-STEP_K = 128
 #: Output columns of one warp: GEMV1 pairs gate row g with up row g (8 columns), GEMV2 rows g and g + 8 (16).
 GEMV1_COLUMNS_PER_WARP = 8
 GEMV2_COLUMNS_PER_WARP = 16
