@@ -4,7 +4,8 @@ flight (docs/kernels.md, W4A8 speed): Triton's automatic `tl.range(..., warp_spe
 
 Compiles a TMA-descriptor bf16 matmul ahead of time for sm_90, and for sm_100 as the control where Triton does
 warp-specialize, with and without the flag, and counts the `ttg.warp_specialize` ops in the TTGIR. No GPU needed
-(ptxas ships with the triton wheel). Triton 3.6 and 3.9: 0 ops on sm_90 either way, 5 (3.6) or 1 (3.9) on sm_100 with the flag.
+(ptxas ships with the triton wheel). Triton 3.6 and 3.9: 0 ops on sm_90 either way; on sm_100 with the flag, 5
+(3.6) or 1 (3.9).
 
     python benchmarks/check_warp_specialize.py      # one line per (arch, flag); exit 1 if sm_90 ignores the flag
 """
