@@ -15,7 +15,7 @@ fixed data, so the decoded registers are the MMA's operands as they are:
     nibbles, B = the activation pairs of run t, which every lane of the same t loads alike, so all 8 MMA columns
     hold the same sums and every lane ends with its two rows' totals (c0 = A_g, c2 = B_g).
 
-About 24 instructions per weight word (sm_90 SASS), no shared memory in the K loop, one LDG.128 per 16 weight
+About 23 instructions per weight word (sm_90 SASS), no shared memory in the K loop, one LDG.128 per 16 weight
 bytes. A program's warps are (row group, [k slot,] K slice); the K slices and (GEMV2) the k slots are summed across
 warps once, at the end, in a fixed order (no atomics: the same bits every run). The CPU interpreter computes the same
 products in fp32 (exact) and sums them per lane, then over the four lanes of a row (_lanes_total), in place of
@@ -90,7 +90,8 @@ def _dot8(word, s_lo, s_hi, xa, xb, xc, xd, FOLDED: tl.constexpr):
 
 
 @triton.jit
-def _pair_mma(acc_a, acc_b, wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+def _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, FOLDED: tl.constexpr,
+              USE_ASM: tl.constexpr):
     """(acc_a, acc_b) += rows A and B of word j times the activations: on the GPU the MMA over the row's 4 lanes
     (every lane gets the sum), in the interpreter this lane's own products (summed over lanes by _lanes_total)."""
     if USE_ASM:
@@ -100,14 +101,14 @@ def _pair_mma(acc_a, acc_b, wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, FOLDED: 
             asm: tl.constexpr = _PAIR_MMA_UNFOLDED
         c0, c1, c2, c3 = tl.inline_asm_elementwise(
             asm, "=f,=f,=f,=f,r,r,h,h,h,h,r,r,r,r,f,f,f,f",
-            [wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, acc_a, acc_a, acc_b, acc_b],
+            [wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, acc_a, acc_a1, acc_b, acc_b1],
             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
-        acc_a = c0
-        acc_b = c2
     else:
-        acc_a = acc_a + _dot8(wa, sal, sah, xa, xb, xc, xd, FOLDED)
-        acc_b = acc_b + _dot8(wb, sbl, sbh, xa, xb, xc, xd, FOLDED)
-    return acc_a, acc_b
+        c0 = acc_a + _dot8(wa, sal, sah, xa, xb, xc, xd, FOLDED)
+        c2 = acc_b + _dot8(wb, sbl, sbh, xa, xb, xc, xd, FOLDED)
+        c1 = c0
+        c3 = c2
+    return c0, c1, c2, c3
 
 
 @triton.jit
@@ -145,7 +146,7 @@ def _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop, t, stride_sc,
 
 
 @triton.jit
-def _step_mma(acc_a, acc_b, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCALE_BLOCK: tl.constexpr,
+def _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCALE_BLOCK: tl.constexpr,
               NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
     """acc_a / acc_b += one K step of rows A / B (the loads of _step_loads) times the activations."""
     block_lo = (k0 + 64 * (t // 2) + 16 * (t % 2)) // SCALE_BLOCK  # the run's low values' scale block
@@ -157,11 +158,15 @@ def _step_mma(acc_a, acc_b, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCA
     xb0, xb1, xb2, xb3 = _split4(x_lo8)
     xc0, xc1, xc2, xc3 = _split4(x_hi)
     xd0, xd1, xd2, xd3 = _split4(x_hi8)
-    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa0, wb0, sal, sah, sbl, sbh, xa0, xb0, xc0, xd0, FOLDED, USE_ASM)
-    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa1, wb1, sal, sah, sbl, sbh, xa1, xb1, xc1, xd1, FOLDED, USE_ASM)
-    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa2, wb2, sal, sah, sbl, sbh, xa2, xb2, xc2, xd2, FOLDED, USE_ASM)
-    acc_a, acc_b = _pair_mma(acc_a, acc_b, wa3, wb3, sal, sah, sbl, sbh, xa3, xb3, xc3, xd3, FOLDED, USE_ASM)
-    return acc_a, acc_b
+    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa0, wb0,
+                                             sal, sah, sbl, sbh, xa0, xb0, xc0, xd0, FOLDED, USE_ASM)
+    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa1, wb1,
+                                             sal, sah, sbl, sbh, xa1, xb1, xc1, xd1, FOLDED, USE_ASM)
+    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa2, wb2,
+                                             sal, sah, sbl, sbh, xa2, xb2, xc2, xd2, FOLDED, USE_ASM)
+    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa3, wb3,
+                                             sal, sah, sbl, sbh, xa3, xb3, xc3, xd3, FOLDED, USE_ASM)
+    return acc_a, acc_a1, acc_b, acc_b1
 
 
 @triton.jit
@@ -175,12 +180,14 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
     Triton's cp.async pipelining (5-7x slower: shared-memory traffic and barriers), L2 prefetches 1-4 steps ahead
     (0-10% slower), two row pairs per lane sharing the activation loads (3-14% slower: fewer warps fit)."""
     k_stop = k_first + STEPS * 128
+    acc_a1 = acc_a  # the MMAs' c1 / c3 (the same sums as c0 / c2), carried so that each MMA reads its own output
+    acc_b1 = acc_b
     for step in range(STEPS):
         k0 = k_first + step * 128
         wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop, t,
                                                                stride_sc, K, SCALE_BLOCK)
-        acc_a, acc_b = _step_mma(acc_a, acc_b, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCALE_BLOCK, NVFP4,
-                                 FOLDED, USE_ASM)
+        acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8,
+                                                 x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
     return acc_a, acc_b
 
 
