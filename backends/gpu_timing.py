@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["BLOCK_SIZE", "GIB", "Flusher", "events_ms", "expert_bytes", "graph_of", "measure_ceilings", "time_eager",
-           "time_graph"]
+__all__ = ["BLOCK_SIZE", "GIB", "Flusher", "events_ms", "expert_bytes", "graph_of", "measure_ceilings", "memory_floor",
+           "time_eager", "time_graph"]
 
 GIB = 1 << 30
 #: elements per block scale along K, per weight format
@@ -72,6 +72,14 @@ def expert_bytes(fmt: str, hidden_size: int, intermediate_size: int) -> int:
     """Packed FP4 + block scales of one expert (both GEMMs)."""
     elems = 3 * hidden_size * intermediate_size
     return elems // 2 + elems // BLOCK_SIZE[fmt]
+
+
+def memory_floor(logits: torch.Tensor, top_k: int, fmt: str, hidden_size: int, intermediate_size: int,
+                 bandwidth_gbs: float) -> tuple[int, float]:
+    """(experts touched by the routing of `logits`, µs to read their packed weights at bandwidth_gbs): the memory
+    floor every benchmark divides by."""
+    touched = torch.topk(logits, top_k, dim=-1).indices.unique().numel()
+    return touched, touched * expert_bytes(fmt, hidden_size, intermediate_size) / (bandwidth_gbs * 1e3)
 
 
 def graph_of(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:

@@ -27,7 +27,14 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from backends import emulation  # noqa: E402
-from backends.gpu_timing import Flusher, events_ms, expert_bytes, graph_of, measure_ceilings, profile_kernels  # noqa: E402
+from backends.gpu_timing import (  # noqa: E402
+    Flusher,
+    events_ms,
+    graph_of,
+    measure_ceilings,
+    memory_floor,
+    profile_kernels,
+)
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.model_shapes import MATRIX, SHAPES  # noqa: E402
 from backends.triton_moe import moe_forward, tuning  # noqa: E402
@@ -91,8 +98,8 @@ def main() -> int:
         for tokens in map(int, args.tokens.split(",")):
             x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
             logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
-            touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
-            floor = touched * expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size) / (bandwidth * 1e3)
+            _, floor = memory_floor(logits, shape.top_k, shape.format, shape.hidden_size, shape.intermediate_size,
+                                    bandwidth)
             problem = tuning.Problem(tokens=tokens, **shape.fields())
             selected = tuning.select_config(arch, gpu_info, problem)
             tiles = dataclasses.replace(selected, decode=None)

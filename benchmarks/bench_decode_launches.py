@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from backends.gpu_timing import (  # noqa: E402
     Flusher,
     events_ms,
-    expert_bytes,
     graph_of,
     measure_ceilings,
+    memory_floor,
     profile_kernels,
 )
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
@@ -121,8 +121,8 @@ def main() -> int:
         for tokens in map(int, args.tokens.split(",")):
             x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
             logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
-            touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
-            floor = touched * expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size) / (bandwidth * 1e3)
+            _, floor = memory_floor(logits, shape.top_k, shape.format, shape.hidden_size, shape.intermediate_size,
+                                    bandwidth)
             config = tuning.select_config(arch, gpu_info, tuning.Problem(tokens=tokens, **shape.fields()))
             call = functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k, **act)
             ref = call(config=config, topk_sum="launch")

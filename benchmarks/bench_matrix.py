@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from backends.gpu_timing import Flusher, events_ms, expert_bytes, graph_of, measure_ceilings  # noqa: E402
+from backends.gpu_timing import Flusher, events_ms, graph_of, measure_ceilings, memory_floor  # noqa: E402
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.model_shapes import MATRIX, SHAPES  # noqa: E402
 from backends.triton_moe import moe_forward, tuning  # noqa: E402
@@ -139,9 +139,8 @@ def _layer(name, args, arch, gpu_info, ceilings, writer, out, flush, peers, run_
     for tokens in map(int, args.tokens.split(",")):
         x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
         logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
-        touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
-        floor = touched * expert_bytes(shape.format, shape.hidden_size, shape.intermediate_size) / (
-            ceilings["bandwidth_gbs"] * 1e3)
+        touched, floor = memory_floor(logits, shape.top_k, shape.format, shape.hidden_size, shape.intermediate_size,
+                                      ceilings["bandwidth_gbs"])
         problem = tuning.Problem(tokens=tokens, **shape.fields())
 
         emit = functools.partial(_emit, writer, out, {**base_row, "tokens": tokens}, floor)

@@ -228,8 +228,8 @@ def main():
         for tokens in map(int, args.tokens.split(",")):
             x = torch.randn(tokens, shape.hidden_size, device="cuda").bfloat16()
             logits = torch.randn(tokens, shape.experts, device="cuda")
-            touched = torch.topk(logits, shape.top_k, dim=-1).indices.unique().numel()
-            floor_us = touched * expert_bytes(shape) / (bw * 1e3)
+            touched, floor_us = gpu_timing.memory_floor(logits, shape.top_k, shape.format, shape.hidden_size,
+                                                        shape.intermediate_size, bw)
             flops = 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
             if args.sweep:
                 best = None
