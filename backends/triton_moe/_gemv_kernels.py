@@ -300,21 +300,19 @@ def gemv2_sum_kernel(
     acc_a = tl.sum(tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE), axis=2)  # [groups, slots, 32]
     acc_b = tl.sum(tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE), axis=2)
     j = tl.arange(0, SLOTS)[None, :, None]
-    lanes = tl.arange(0, 32)[None, None, :]
-    n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None, None] * 16 + lanes // 4
-    live = j < TOP_K
-    e = tl.load(ids_ptr + token * TOP_K + j, mask=live, other=0).to(tl.int64)
+    n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None] * 16 + tl.arange(0, 32)[None, :] // 4
+    slot_ok = j < TOP_K
+    e = tl.load(ids_ptr + token * TOP_K + j, mask=slot_ok, other=0).to(tl.int64)
     if NVFP4:  # undo the dequantization's 2^-16 (exact), then the expert's global scale
-        gs = tl.load(gs_ptr + e, mask=live, other=1.0)
+        gs = tl.load(gs_ptr + e, mask=slot_ok, other=1.0)
         acc_a = acc_a * 65536.0 / gs
         acc_b = acc_b * 65536.0 / gs
     if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + e * stride_be + n, mask=live, other=0.0)
-        acc_b += tl.load(bias_ptr + e * stride_be + n + 8, mask=live, other=0.0)
-    route_w = tl.load(route_w_ptr + token * TOP_K + j, mask=live, other=0.0)
-    y_a = tl.sum(tl.where(live, acc_a * route_w, 0.0), axis=1)  # [groups, 32]
-    y_b = tl.sum(tl.where(live, acc_b * route_w, 0.0), axis=1)
-    n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None] * 16 + tl.arange(0, 32)[None, :] // 4
+        acc_a += tl.load(bias_ptr + e * stride_be + n[:, None, :], mask=slot_ok, other=0.0)
+        acc_b += tl.load(bias_ptr + e * stride_be + n[:, None, :] + 8, mask=slot_ok, other=0.0)
+    route_w = tl.load(route_w_ptr + token * TOP_K + j, mask=slot_ok, other=0.0)
+    y_a = tl.sum(tl.where(slot_ok, acc_a * route_w, 0.0), axis=1)  # [groups, 32]
+    y_b = tl.sum(tl.where(slot_ok, acc_b * route_w, 0.0), axis=1)
     store = (tl.arange(0, 32)[None, :] % 4) == 0
     y_row = y_ptr + token * stride_ym
     tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)

@@ -23,6 +23,9 @@ from dataclasses import replace
 
 from backends.triton_moe.tuning.arch import ArchFacts
 from backends.triton_moe.tuning.configs import (
+    GEMV1_ROW_GROUPS,
+    GEMV2_ROW_GROUPS,
+    GEMV_K_SLICES,
     GEMV_MAX_WARPS,
     DecodeConfig,
     GemvLaunch,
@@ -125,7 +128,7 @@ def _decode(arch: ArchFacts, sm_count: int, problem: Problem) -> tuple[LaunchCon
 def _k_slices(warps_per_slice: int, k_size: int, sm_count: int) -> int:
     """K slices (a power of two) giving DECODE_WARPS_PER_SM warps per SM, each slice >= DECODE_MIN_STEPS steps."""
     slices, steps = 1, -(-k_size // 128)
-    while (warps_per_slice * slices < DECODE_WARPS_PER_SM * sm_count and slices < 16
+    while (warps_per_slice * slices < DECODE_WARPS_PER_SM * sm_count and slices < GEMV_K_SLICES[-1]
            and steps / (2 * slices) >= DECODE_MIN_STEPS):
         slices *= 2
     return slices
@@ -140,10 +143,10 @@ def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     if slots > GEMV_MAX_WARPS:
         return None
     slices1 = _k_slices(pairs * problem.intermediate_size // 8, problem.hidden_size, sm_count)
-    groups1 = max(1, min(8, DECODE_PROGRAM_WARPS // slices1))
+    groups1 = max(1, min(GEMV1_ROW_GROUPS[-1], DECODE_PROGRAM_WARPS // slices1))
     slices2 = _k_slices(problem.tokens * problem.hidden_size // 16 * slots, problem.intermediate_size, sm_count)
-    slices2 = min(slices2, max(1, 32 // slots))
-    groups2 = max(1, min(4, DECODE_PROGRAM_WARPS // (slices2 * slots)))
+    slices2 = min(slices2, max(1, GEMV_MAX_WARPS // slots))
+    groups2 = max(1, min(GEMV2_ROW_GROUPS[-1], DECODE_PROGRAM_WARPS // (slices2 * slots)))
     return DecodeConfig(GemvLaunch(groups1, slices1), GemvLaunch(groups2, slices2))
 
 
