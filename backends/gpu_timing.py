@@ -1,6 +1,6 @@
 """GPU timing shared by `moe-oracle bench` and benchmarks/bench_moe.py: one method, so their figures compare.
 
-A layer call is captured once in a CUDA graph and replayed; a 256 MiB write flushes the L2 before every replay; the
+A layer call is captured once in a CUDA graph and replayed; a 256 MiB read flushes the L2 before every replay; the
 time is the median of CUDA-event times. The memory floor of a call is the bytes of the experts it touches (packed
 FP4 + block scales of both GEMMs; biases not counted, as in the kernels reference) at the bandwidth measured in the
 same run: the higher of a 2 GiB-per-side device copy (read + write bytes) and a read-only reduction over 2 GiB.
@@ -59,13 +59,19 @@ def measure_ceilings() -> tuple[float, float, float, float]:
 
 
 class Flusher:
-    """Writes 256 MiB (several times any L2) so that each timed call reads its weights from memory."""
+    """Reads 256 MiB (several times any L2) so that each timed call reads its weights from memory.
 
-    def __init__(self) -> None:
-        self.buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    A read, not a write: a written buffer leaves the L2 full of dirty lines, and the timed call's reads then pay for
+    writing them back, bytes the memory floor does not count (on an H100 up to 7 µs of gpt-oss-120b's 40 µs at T = 1,
+    0-3% at T >= 16: benchmarks/results/decode-l2-bulk-prefetch-h100-2026-11-27/ab_flush.csv). A layer in a server
+    follows kernels that mostly read (weights, KV cache), not an L2 of someone else's dirty lines."""
+
+    def __init__(self, device: torch.device | str = "cuda", nbytes: int = 256 << 20) -> None:
+        self.words = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        self.total = torch.empty((), dtype=torch.float32, device=device)
 
     def __call__(self) -> None:
-        self.buf.zero_()
+        torch.sum(self.words, dim=0, out=self.total)
 
 
 def expert_bytes(fmt: str, hidden_size: int, intermediate_size: int) -> int:

@@ -222,7 +222,7 @@ def main() -> int:
         env = {"run_id": run_id, "date": date, "gpu": gpu, "sm_count": gpu_info.sm_count, "arch": arch.name,
                "commit": args.commit, "torch": torch.__version__, "cuda": torch.version.cuda,
                "triton": importlib.import_module("triton").__version__, **ceilings,
-               "method": "CUDA graph of the whole layer incl. routing, L2 flushed (256 MiB write) before each replay, "
+               "method": "CUDA graph of the whole layer incl. routing, L2 flushed (256 MiB read) before each replay, "
                          f"median of {args.iters}; floor = touched experts' packed bytes / bandwidth_gbs"}
         for package in ("humming", "triton_kernels"):
             try:

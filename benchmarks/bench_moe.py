@@ -1,7 +1,7 @@
 """Whole-layer timing of backends.triton_moe on a GPU, against the memory floor, bf16 matmul and torch baselines.
 
 Per T: the layer (routing + alignment + both GEMMs + top-k sum) captured once in a CUDA graph and
-replayed, L2 flushed (a 256 MiB write) before every replay, median of CUDA-event times. Same run:
+replayed, L2 flushed (a 256 MiB read, gpu_timing.Flusher) before every replay, median of CUDA-event times. Same run:
 memory bandwidth = the higher of a 2 GiB-per-side device copy (read + write bytes) and a read-only
 reduction over 2 GiB; bf16 8192^3 torch.matmul TFLOP/s. Columns: µs; touched-expert bytes
 (unique(topk_ids) x packed weights + block scales, biases not counted, as in kernels.md §9) / time

@@ -16,7 +16,7 @@ Writes into OUT_DIR (rank 0):
 * cuda_graph.csv: TP's forward captured as a CUDA graph (runner + NCCL all-reduce), replayed against eager.
 * cost_model_check.md: benchmarks/parallel_cost_model.py's prediction against these measurements (also printed).
 * log lines on stdout. Eager timing (no CUDA graph: the dispatches read token counts on the host), L2 flushed
-  (256 MiB write) and the ranks aligned by a barrier before every step.
+  (gpu_timing.Flusher) and the ranks aligned by a barrier before every step.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from parallel_cost_model import check  # noqa: E402
 
 from backends import MoELayer  # noqa: E402
+from backends.gpu_timing import Flusher  # noqa: E402
 from backends.parallel import ParallelMoELayer  # noqa: E402
 from backends.parallel.dispatch import all_gather, reduce_scatter  # noqa: E402
 from backends.triton_moe.testing import SHAPES, Shape, activation_kwargs, compare, random_checkpoint  # noqa: E402
@@ -230,7 +231,7 @@ def time_steps(shape, mode, layer, count, device, flush, iters) -> dict:
     x, logits = tokens(shape, count, "random", 11 + dist.get_rank(), device)
     samples: dict = {k: [] for k in ("route", "dispatch", "experts", "combine", "total")}
     for i in range(3 + iters):
-        flush.zero_()
+        flush()
         dist.barrier()
         sync(device)
         ev = [event(device) for _ in range(5)]
@@ -299,7 +300,7 @@ def main() -> None:
             log(f"nccl {r['collective']:>14} {r['bytes_per_rank']:>10} B/rank {r['us']:>9.1f} µs "
                 f"busbw {r['busbw_gbs']:.1f} GB/s")
 
-    flush = torch.empty((256 if device.type == "cuda" else 1) << 20, dtype=torch.uint8, device=device)
+    flush = Flusher(device) if device.type == "cuda" else (lambda: None)
     correct, steps, by_rank, skipped, graphs = [], [], [], [], []
     for name in SHAPE_NAMES:
         shape = shapes[name]
