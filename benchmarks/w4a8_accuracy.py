@@ -13,8 +13,10 @@ Gaussian activations and with LLM-like outlier channels (a few hidden channels s
 
 Logits table: tiny random GptOss (MXFP4 experts) and DeepSeek-V3 (NVFP4 experts) models of the real architectures
 (tests/hf_tiny_models.py), experts patched with `backends.integrations.transformers.patch_model`, W4A16 vs W4A8
-(dynamic MXFP8, the rules' kMxfp8Dynamic question): on the CPU the rules pick EMULATION for it (FP8 fake-quantized
-activations, vLLM's emulation numerics), on an SM89+ GPU TRITON_MOE_W4A8.
+(dynamic MXFP8, kMxfp8Dynamic; static per-tensor FP8, kFp8StaticTensorSym, on the DeepSeek-V3 model, its ModelOpt
+checkpoint given input_scale tensors calibrated on another batch): the kernels under Triton's interpreter
+(TRITON_MOE / TRITON_MOE_W4A8), and EMULATION (FP8 fake-quantized activations, vLLM's emulation numerics), which the
+rules pick for an FP8 question without the kernels.
 
     python benchmarks/w4a8_accuracy.py [OUT_DIR]    # default benchmarks/results/w4a8-accuracy
 """
@@ -144,8 +146,50 @@ def logits_rows() -> list[dict]:
 
 
 #: (scheme, activation key, run the kernels under the interpreter): the rules then pick TRITON_MOE (W4A16) and
-#: TRITON_MOE_W4A8; without the interpreter an FP8 question gets EMULATION (FP8 fake-quant on exact weights)
-LOGITS_VARIANTS = (("w4a16", None, True), ("mxfp8", "kMxfp8Dynamic", True), ("mxfp8", "kMxfp8Dynamic", False))
+#: TRITON_MOE_W4A8; without the interpreter an FP8 question gets EMULATION (FP8 fake-quant on exact weights).
+#: Static FP8 reads the checkpoint's input_scale, which the ModelOpt layout carries and OpenAI's gpt-oss MXFP4
+#: layout does not: only the DeepSeek-V3 model gets those rows.
+LOGITS_VARIANTS = (("w4a16", None, True), ("mxfp8", "kMxfp8Dynamic", True), ("mxfp8", "kMxfp8Dynamic", False),
+                   ("fp8_per_tensor_static", "kFp8StaticTensorSym", True),
+                   ("fp8_per_tensor_static", "kFp8StaticTensorSym", False))
+
+
+def _with_calibrated_input_scales(model, checkpoint: Path, directory: Path, ids: torch.Tensor) -> Path:
+    """`checkpoint` plus ModelOpt input_scale tensors calibrated on `ids` as a static-FP8 checkpoint's are: per
+    layer, amax / 448 of the experts' input (gate and up) and of act(gate) * up over the routed pairs (down), the
+    same for every expert (the kernels take the max over experts anyway)."""
+    from hf_tiny_models import moe_experts
+    from safetensors.torch import load_file
+
+    from backends.checkpoints import write_checkpoint
+
+    calls: dict[int, list] = {}
+    experts_of = moe_experts(model)
+    hooks = [experts.register_forward_pre_hook(lambda _, args, n=n: calls.setdefault(n, []).append(args[:2]))
+             for n, experts in experts_of.items()]
+    try:
+        model(input_ids=ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    tensors = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors.update(load_file(str(checkpoint / shard)))
+    for n, experts in experts_of.items():
+        amax_in, amax_mid = torch.zeros(()), torch.zeros(())
+        for x, top_k_index in calls[n]:
+            amax_in = torch.maximum(amax_in, x.float().abs().amax())
+            for expert in top_k_index.unique().tolist():
+                rows = (top_k_index == expert).any(dim=-1)
+                gate, up = (x[rows].float() @ experts.gate_up_proj[expert].float().T).chunk(2, dim=-1)
+                amax_mid = torch.maximum(amax_mid, (experts.act_fn(gate) * up).abs().amax())
+        for expert in range(experts.num_experts):
+            prefix = f"model.layers.{n}.mlp.experts.{expert}."
+            for proj, amax in (("gate_proj", amax_in), ("up_proj", amax_in), ("down_proj", amax_mid)):
+                tensors[prefix + proj + ".input_scale"] = (amax / 448).reshape(())
+    config = json.loads((checkpoint / "config.json").read_text())
+    return write_checkpoint(directory, tensors, config=config, shards=3)
 
 
 @torch.no_grad()
@@ -157,17 +201,24 @@ def _logits_worker() -> None:
 
     sizes = dict(seed=0, hidden=128, inter=64, experts=8, top_k=2, layers=2)
     for model_type, layout, fmt in (("gpt_oss", gpt_oss.LAYOUT, "mxfp4"), ("deepseek_v3", modelopt.LAYOUT, "nvfp4")):
-        with tempfile.TemporaryDirectory() as ref_dir, tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as ref_dir, tempfile.TemporaryDirectory() as tmp, \
+                tempfile.TemporaryDirectory() as static_dir:
             reference, _ = quantized_model(model_type, layout, Path(ref_dir), **sizes)  # fp32, dequantized experts
             bf16, _ = quantized_model(model_type, layout, Path(tmp), dtype=torch.bfloat16, **sizes)  # the kernels'
             ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
             ref = reference(input_ids=ids).logits.float()
+            if layout == modelopt.LAYOUT:  # another batch calibrates the static scales
+                calibration = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+                _with_calibrated_input_scales(reference, Path(tmp), Path(static_dir), calibration)
             outputs = {}
             for scheme, key, interpret in LOGITS_VARIANTS:
+                if scheme == "fp8_per_tensor_static" and layout != modelopt.LAYOUT:
+                    continue
                 model = copy.deepcopy(bf16)
                 kwargs = {"profile": "moe-oracle", "platform": {"kind": "cpu"}, "activation_key": key,
                           "packages": {"triton": interpret}, "env": {"TRITON_INTERPRET": "1"} if interpret else {}}
-                layers = patch_model(model, tmp, layer_kwargs=kwargs)
+                checkpoint = static_dir if scheme == "fp8_per_tensor_static" else tmp
+                layers = patch_model(model, checkpoint, layer_kwargs=kwargs)
                 backend = "+".join(sorted({layer.decision.backend for layer in layers.values()}))
                 outputs[(scheme, backend)] = model(input_ids=ids).logits.float()
             w4a16 = outputs[("w4a16", "TRITON_MOE")]
@@ -210,7 +261,9 @@ def markdown(layer: list[dict], logits: list[dict]) -> str:
     lines += ["", "## Logits of tiny real-architecture models (2 x 24 tokens, vocabulary 128)", "",
               "bf16 models with their experts patched (`patch_model`); TRITON_MOE / TRITON_MOE_W4A8 are the kernels "
               "under Triton's interpreter, EMULATION the FP8 fake-quant the rules give an FP8 question without FP8 "
-              "tensor cores; `fp32` = the fp32 model with the dequantized experts.", "",
+              "tensor cores; `fp32` = the fp32 model with the dequantized experts. Static FP8 "
+              "(fp8_per_tensor_static) on DeepSeek-V3 only: its ModelOpt checkpoint carries input_scale (here "
+              "calibrated on another batch, amax / 448), OpenAI's gpt-oss MXFP4 layout has none.", "",
               "| model | experts | scheme | backend (CPU) | against | rel L2 | peak | top-1 agreement |",
               "|---|---|---|---|---|---|---|---|"]
     for r in logits:
