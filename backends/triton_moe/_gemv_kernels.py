@@ -178,8 +178,9 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
     One step of loads in flight per warp. Measured on H100s, none of the ways to keep more in flight helped (docs/
     kernels.md lists the records): loads issued a step ahead into registers (8-25% slower, also at warp configs that
     fit one wave), Triton's cp.async pipelining (5-7x slower), L2 prefetches 1-4 steps ahead (0-10% slower), bulk L2
-    prefetches of the program's rows (10-25% slower), two row pairs per lane (3-14% slower). The loads alone take
-    93-104% of the layer's time: the stream, not this loop's instructions, is the limit."""
+    prefetches of the program's rows (10-25% slower), two row pairs per lane (3-14% slower); nor did one launch for both
+    GEMVs (1-23% slower). The loads alone take 93-104% of the layer's time: the stream, not this loop's instructions,
+    is the limit."""
     k_stop = k_first + STEPS * 128
     acc_a1 = acc_a  # the MMAs' c1 / c3 (the same sums as c0 / c2), carried so that each MMA reads its own output
     acc_b1 = acc_b
