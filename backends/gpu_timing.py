@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 __all__ = ["BLOCK_SIZE", "GIB", "Flusher", "events_ms", "expert_bytes", "graph_of", "measure_ceilings", "memory_floor",
-           "time_eager", "time_graph"]
+           "time_eager", "time_graph", "time_graph_output"]
 
 GIB = 1 << 30
 #: elements per block scale along K, per weight format
@@ -104,8 +104,18 @@ def graph_of(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
 
 def time_graph(fn: Callable[[], Any], flush: Callable[[], Any], iters: int) -> float:
     """Median µs of fn replayed as a CUDA graph, L2 flushed before each replay."""
-    graph = graph_of(fn)
-    return events_ms(graph.replay, flush, iters) * 1e3
+    return time_graph_output(fn, flush, iters)[0]
+
+
+def time_graph_output(fn: Callable[[], Any], flush: Callable[[], Any], iters: int) -> tuple[float, Any]:
+    """(time_graph's µs, fn's output as the last replay left it): benchmarks check what they timed."""
+    holder = {}
+
+    def run() -> None:
+        holder["out"] = fn()
+
+    graph = graph_of(run)
+    return events_ms(graph.replay, flush, iters) * 1e3, holder["out"]
 
 
 def time_eager(fn: Callable[[], Any], flush: Callable[[], Any], iters: int) -> float:

@@ -29,11 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from backends import emulation  # noqa: E402
 from backends.gpu_timing import (  # noqa: E402
     Flusher,
-    events_ms,
-    graph_of,
     measure_ceilings,
     memory_floor,
     profile_kernels,
+    time_graph_output,
 )
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.model_shapes import MATRIX, SHAPES  # noqa: E402
@@ -52,18 +51,7 @@ def describe(config: tuning.MoEConfig) -> str:
         g1, g2 = config.gemm1, config.gemm2
         return (f"tiles {g1.block_m}x{g1.block_n}x{g1.block_k}/{g2.block_n}x{g2.block_k} w{g1.num_warps}/"
                 f"{g2.num_warps} split{g1.split_k}/{g2.split_k}")
-    d = config.decode
-    return f"gemv1 {d.gemv1.row_groups}x{d.gemv1.k_slices} gemv2 {d.gemv2.row_groups}x{d.gemv2.k_slices}"
-
-
-def timed(fn, flush, iters: int):
-    holder = {}
-
-    def run():
-        holder["y"] = fn()
-
-    graph = graph_of(run)
-    return events_ms(graph.replay, flush, iters) * 1e3, holder["y"]
+    return config.decode.label
 
 
 def main() -> int:
@@ -108,19 +96,19 @@ def main() -> int:
             ref = emulation.moe_forward(x, **ckpt, router_logits=logits, top_k=shape.top_k, **act)
             variants = [("tiles", tiles), ("decode heuristic", dataclasses.replace(tiles, decode=decode))]
             if name in sweep_layers and tokens <= 2:
-                slots = 1 << max(0, (shape.top_k - 1).bit_length())
+                slots = tuning.gemv2_slots(shape.top_k)
                 for g1 in map(lambda g: tuning.GemvLaunch(*g), GEMV1_SWEEP):
                     if g1 != decode.gemv1:
                         variants.append(("decode sweep gemv1", dataclasses.replace(
                             tiles, decode=tuning.DecodeConfig(g1, decode.gemv2))))
                 for g2 in map(lambda g: tuning.GemvLaunch(*g), GEMV2_SWEEP):
-                    if g2 != decode.gemv2 and g2.row_groups * g2.k_slices * slots <= tuning.GEMV_MAX_WARPS:
+                    if g2 != decode.gemv2 and g2.warps(slots) <= tuning.GEMV_MAX_WARPS:
                         variants.append(("decode sweep gemv2", dataclasses.replace(
                             tiles, decode=tuning.DecodeConfig(decode.gemv1, g2))))
             tile_out = None
             for variant, config in variants:
                 try:
-                    us, y = timed(functools.partial(call, config=config), flush, args.iters)
+                    us, y = time_graph_output(functools.partial(call, config=config), flush, args.iters)
                 except Exception as exc:  # noqa: BLE001  a config that fails to compile or launch is a result
                     print(f"{name} T={tokens} {variant} {describe(config)} failed: {type(exc).__name__}: {exc}"[:400],
                           flush=True)

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from backends.gpu_timing import Flusher, events_ms, graph_of, measure_ceilings, memory_floor  # noqa: E402
+from backends.gpu_timing import Flusher, measure_ceilings, memory_floor, time_graph_output  # noqa: E402
 from backends.layouts.triton_moe import to_kernel_layout  # noqa: E402
 from backends.model_shapes import MATRIX, SHAPES  # noqa: E402
 from backends.triton_moe import moe_forward, tuning  # noqa: E402
@@ -85,18 +85,6 @@ def prepare_peer(name: str, shape, ckpt: dict):
         return None, f"{type(exc).__name__}: {exc}"[:300]
 
 
-def timed(fn, flush, iters: int):
-    """(µs, output) of fn as a CUDA graph, L2 flushed before each replay."""
-    holder = {}
-
-    def run():
-        holder["y"] = fn()
-
-    graph = graph_of(run)
-    us = events_ms(graph.replay, flush, iters) * 1e3
-    return us, holder["y"]
-
-
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
@@ -107,9 +95,7 @@ def describe(config: tuning.MoEConfig) -> str:
     extra = "".join((f" split{g1.split_k}/{g2.split_k}" if g1.split_k > 1 or g2.split_k > 1 else "",
                      " stacked" if g1.stack_gate_up else "", " half" if g1.half_rows else ""))
     if config.decode is not None:  # W4A16 runs the decode kernels, whose warps are all that applies
-        d = config.decode
-        return (f"{config.source}: decode kernels gemv1 {d.gemv1.row_groups}x{d.gemv1.k_slices} gemv2 "
-                f"{d.gemv2.row_groups}x{d.gemv2.k_slices}")
+        return f"{config.source}: decode kernels {config.decode.label}"
     return (f"{config.source}: {g1.block_m}x{g1.block_n}x{g1.block_k}/{g2.block_n}x{g2.block_k} "
             f"w{g1.num_warps}/{g2.num_warps} s{g1.num_stages}/{g2.num_stages}{extra}")
 
@@ -162,7 +148,7 @@ def _layer(name, args, arch, gpu_info, ceilings, writer, out, flush, peers, run_
                 emit(impl, ours_us, describe(config), "same config as the tuned row (timed once)")
                 continue
             try:
-                ours_us, y = timed(functools.partial(call, config=config), flush, args.iters)
+                ours_us, y = time_graph_output(functools.partial(call, config=config), flush, args.iters)
             except Exception as exc:  # noqa: BLE001
                 emit(impl, None, describe(config), f"failed: {type(exc).__name__}: {exc}"[:300])
                 ours_us = None
@@ -181,7 +167,7 @@ def _layer(name, args, arch, gpu_info, ceilings, writer, out, flush, peers, run_
                     emit(peer, None, note=f"not timed: output differs from this project's by rel L2 {check:.1e} "
                                           f"(> {CHECK_REL_L2:g}: the peer is misdriven or wrong here)")
                     continue
-                us, _ = timed(functools.partial(runner.apply, x, routing), flush, args.iters)
+                us, _ = time_graph_output(functools.partial(runner.apply, x, routing), flush, args.iters)
             except Exception as exc:  # noqa: BLE001  a peer failing at one T is a result
                 emit(peer, None, note=f"failed: {type(exc).__name__}: {exc}"[:300])
                 traceback.print_exc()

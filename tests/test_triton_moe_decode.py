@@ -41,6 +41,19 @@ def test_decode_warps_fit_the_kernels(name, tokens):
         assert launch.k_slices == 1 or steps / launch.k_slices >= heuristics.DECODE_MIN_STEPS
 
 
+
+@pytest.mark.parametrize(("top_k", "slots"), [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (10, 16)])
+def test_gemv2_has_a_power_of_two_of_slots_covering_top_k(top_k, slots):
+    """GEMV2's warps per row group and K slice (one per top-k slot, rounded up) and the warps they make."""
+    assert tuning.gemv2_slots(top_k) == slots
+    assert tuning.GemvLaunch(2, 4).warps(tuning.gemv2_slots(top_k)) == 8 * slots
+
+
+def test_decode_config_label_names_both_kernels_warps():
+    """The benchmarks' name of a decode config (matrix and decode CSVs)."""
+    label = tuning.DecodeConfig(tuning.GemvLaunch(4, 2), tuning.GemvLaunch(1, 8)).label
+    assert label == "gemv1 4x2 gemv2 1x8"
+
 def test_decode_warps_follow_the_work():
     """More pairs need fewer K slices to fill the GPU; fewer SMs too."""
     one, two = (tuning.decode_kernels(132, _problem("gpt-oss-120b", t)) for t in (1, 2))

@@ -483,9 +483,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
 def _check_decode(decode: tuning.DecodeConfig, top_k: int) -> None:
     """The decode config's warps fit the kernels (row groups divide 64 columns, at most GEMV_MAX_WARPS per program)."""
     g1, g2 = decode.gemv1, decode.gemv2
-    slots = _routing._pow2(top_k)
-    for name, g, groups, warps in (("gemv1", g1, tuning.GEMV1_ROW_GROUPS, g1.row_groups * g1.k_slices),
-                                   ("gemv2", g2, tuning.GEMV2_ROW_GROUPS, g2.row_groups * slots * g2.k_slices)):
+    for name, g, groups, warps in (("gemv1", g1, tuning.GEMV1_ROW_GROUPS, g1.warps()),
+                                   ("gemv2", g2, tuning.GEMV2_ROW_GROUPS, g2.warps(tuning.gemv2_slots(top_k)))):
         if g.row_groups not in groups or g.k_slices not in tuning.GEMV_K_SLICES:
             _fail(ValueError, f"config.decode.{name}={g}: row_groups must be one of {groups} and k_slices one of "
                   f"{tuning.GEMV_K_SLICES}")
@@ -540,15 +539,15 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         RENORMALIZE=bool(renormalize), ROW_GROUPS=g1.row_groups, K_SLICES=g1.k_slices,
         ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
         HAS_BIAS=weights.w13_bias is not None, **common,
-        num_warps=g1.row_groups * g1.k_slices, maxnreg=DECODE_MAXNREG)
-    slots = _routing._pow2(k)
+        num_warps=g1.warps(), maxnreg=DECODE_MAXNREG)
+    slots = tuning.gemv2_slots(k)
     gemv.gemv2_sum_kernel[(tokens, hidden // (gemv.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
         out.stride(0),
         TOP_K=k, SLOTS=slots, ROW_GROUPS=g2.row_groups, K_SLICES=g2.k_slices,
         HAS_BIAS=weights.w2_bias is not None, **common,
-        num_warps=g2.row_groups * slots * g2.k_slices, maxnreg=DECODE_MAXNREG)
+        num_warps=g2.warps(slots), maxnreg=DECODE_MAXNREG)
 
 
 def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted):

@@ -29,6 +29,7 @@ from backends.triton_moe.tuning.configs import (
     LaunchConfig,
     MoEConfig,
     Problem,
+    gemv2_slots,
     launch_dict,
 )
 from backends.triton_moe.tuning.heuristics import DECODE_KERNEL_TOKENS, decode_kernels, fp8_config, heuristic_config
@@ -50,8 +51,8 @@ __all__ = ["ArchFacts", "DECODE_KERNEL_TOKENS", "DecodeConfig", "GEMM1_ONLY_FIEL
            "GEMV2_ROW_GROUPS", "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu", "LaunchConfig",
            "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
            "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
-           "fp8_config", "heuristic_config", "launch_dict", "read_table", "reload_user_tables", "select_config",
-           "shipped_entries", "shipped_table", "table_config", "user_table_dir", "validate_table"]
+           "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "read_table", "reload_user_tables",
+           "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir", "validate_table"]
 
 
 def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tables: bool = True) -> MoEConfig:

@@ -45,6 +45,15 @@ class GemvLaunch:
     row_groups: int
     k_slices: int
 
+    def warps(self, slots: int = 1) -> int:
+        """Warps of one program: row groups x K slices (x GEMV2's top-k slots)."""
+        return self.row_groups * slots * self.k_slices
+
+
+def gemv2_slots(top_k: int) -> int:
+    """GEMV2's warps per row group and K slice: one per top-k slot, rounded up to a power of two."""
+    return 1 << max(0, (top_k - 1).bit_length())
+
 
 #: Row groups of one program: its columns (8 or 16 per group) must divide 64, which divides H and I.
 GEMV1_ROW_GROUPS = (1, 2, 4, 8)
@@ -61,6 +70,12 @@ class DecodeConfig:
 
     gemv1: GemvLaunch
     gemv2: GemvLaunch
+
+    @property
+    def label(self) -> str:
+        """How benchmarks name it: gemv1 <row groups>x<K slices> gemv2 <row groups>x<K slices>."""
+        return (f"gemv1 {self.gemv1.row_groups}x{self.gemv1.k_slices} "
+                f"gemv2 {self.gemv2.row_groups}x{self.gemv2.k_slices}")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from backends.triton_moe.tuning.configs import (
     LaunchConfig,
     MoEConfig,
     Problem,
+    gemv2_slots,
 )
 
 #: Programs per SM a decode GEMM wants before split-K stops paying: the winners of the T = 1 sweeps launch
@@ -139,7 +140,7 @@ def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     DECODE_PROGRAM_WARPS warps a program (GEMV2 also has one warp per top-k slot, a power of two); None when the
     top-k slots alone pass GEMV_MAX_WARPS (the tile kernels serve such a layer)."""
     pairs = problem.tokens * problem.top_k
-    slots = 1 << max(0, (problem.top_k - 1).bit_length())
+    slots = gemv2_slots(problem.top_k)
     if slots > GEMV_MAX_WARPS:
         return None
     slices1 = _k_slices(pairs * problem.intermediate_size // 8, problem.hidden_size, sm_count)
