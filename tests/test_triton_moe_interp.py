@@ -183,6 +183,42 @@ def _check_fused_routing() -> dict:
     return {"mismatches": mismatches, "max_weight_error": max_weight_error}
 
 
+def _check_routing_ties() -> dict:
+    """Both routing kernels (topk_route_kernel, one token per program; route_and_align, the tokens of one
+    alignment launch) pick by logit, break ties by the lower expert index, treat -0.0 as +0.0 and pick every expert
+    at most once, also when fewer than k logits are finite; on rows made of a few repeated values."""
+    import torch
+
+    from backends.triton_moe import _kernels, _routing
+
+    gen = torch.Generator().manual_seed(5)
+    rows = [torch.tensor([0.0, -0.0, 1.0, 1.0, -2.0, float("-inf"), -0.0, 3.0]), torch.tensor([-0.0, 0.0, -0.0, 0.0]),
+            torch.tensor([2.0, float("-inf"), float("-inf"), 1.0, float("-inf"), float("-inf")])]
+    rows += [torch.randint(-3, 3, (experts,), generator=gen).float() for experts in (6, 16, 40, 128, 300)]
+    mismatches = []
+    for logits in rows:
+        experts = logits.numel()
+        for k in (1, 2, 3, 4, 8):
+            if k > experts:
+                continue
+            expected = sorted(range(experts), key=lambda e: (-float(logits[e]), e))[:k]
+            ids = torch.empty(1, k, dtype=torch.int32)
+            weights = torch.empty(1, k)
+            _kernels.topk_route_kernel[(1,)](logits[None], ids, weights, experts, E=experts,
+                                             E_BLOCK=1 << (experts - 1).bit_length(), TOP_K=k,
+                                             K_BLOCK=1 << (k - 1).bit_length(), RENORMALIZE=True)
+            picked = [ids[0].tolist()]
+            if 2 * experts <= 4096:  # two tokens in the alignment launch: the row and its negation
+                both = torch.stack([logits, -logits])
+                in_align, _, _ = _routing.route_and_align(both, k, True, experts, 16, _kernels)
+                picked.append(in_align[0].tolist())
+                negated = sorted(range(experts), key=lambda e: (float(logits[e]), e))[:k]
+                if in_align[1].tolist() != negated:
+                    mismatches.append([(-logits).tolist(), k, in_align[1].tolist(), negated])
+            mismatches += [[logits.tolist(), k, got, expected] for got in picked if got != expected]
+    return {"mismatches": mismatches}
+
+
 def _check_route_in_align() -> dict:
     """route_and_align (routing inside the one-program alignment launch) selects topk_route_kernel's experts in
     its order (ties included: lowest index first; bf16 logits tie often), gives its weights up to fp32 rounding,
@@ -268,6 +304,12 @@ def test_interpreter_fused_alignment_matches_torch_path(interpreter_results):
     assert row["mismatches"] == [], f"(T, E, k, BLOCK_M) cases that differ: {row['mismatches']}"
 
 
+def test_interpreter_routing_breaks_ties_by_lower_index(interpreter_results):
+    row = interpreter_results["routing-ties"]
+    assert "error" not in row, row.get("error")
+    assert row["mismatches"] == [], f"[logits, k, picked, expected] that differ: {row['mismatches']}"
+
+
 def test_interpreter_fused_routing_matches_torch_route(interpreter_results):
     row = interpreter_results["fused-routing"]
     assert "error" not in row, row.get("error")
@@ -307,7 +349,7 @@ def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
 
 CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding,
           "fused-routing": _check_fused_routing, "e4m3-scale-decode": _check_e4m3_scale_decode,
-          "route-in-align": _check_route_in_align}
+          "route-in-align": _check_route_in_align, "routing-ties": _check_routing_ties}
 
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
     import traceback

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from backends.layouts import triton_moe as _layout
 from backends.triton_moe._kernels import (
+    _act_operands,
     _act_store,
     _dequant_words,
     _e2m1_decode_ptx,
@@ -179,8 +180,9 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
     kernels.md lists the records): loads issued a step ahead into registers (8-25% slower, also at warp configs that
     fit one wave), Triton's cp.async pipelining (5-7x slower), L2 prefetches 1-4 steps ahead (0-10% slower), bulk L2
     prefetches of the program's rows (10-25% slower), two row pairs per lane (3-14% slower); nor did one launch for both
-    GEMVs (1-23% slower). The loads alone take 93-104% of the layer's time: the stream, not this loop's instructions,
-    is the limit."""
+    GEMVs (1-23% slower), or GEMV2 launched early (PDL) with its weights loaded before it waits for h (up to 35%
+    slower). The loads alone take 93-104% of the layer's time: the stream, not this loop's instructions, is the
+    limit."""
     k_stop = k_first + STEPS * 128
     acc_a1 = acc_a  # the MMAs' c1 / c3 (the same sums as c0 / c2), carried so that each MMA reads its own output
     acc_b1 = acc_b
@@ -249,6 +251,11 @@ def gemv1_act_kernel(
     k_first = (warp % K_SLICES) * (STEPS * 128)
     w_expert = w_ptr + expert * stride_we
     s_expert = s_ptr + expert * stride_se
+    j = tl.arange(0, 32 * ROW_GROUPS)
+    offs_n = tl.program_id(1) * (8 * ROW_GROUPS) + (j // 32) * 8 + (j % 32) // 4
+    # The epilogue's bias and global scale are loaded before the K loop: after it they cost a memory latency at
+    # the end of every program (gpt-oss-120b at T = 1: 0.8 µs of 33 on an H100).
+    loaded = _act_operands(expert, offs_n, offs_n < N, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
     acc_g = tl.zeros((THREADS,), tl.float32)
     acc_u = tl.zeros((THREADS,), tl.float32)
     acc_g, acc_u = _k_slice(acc_g, acc_u, _row_pointer(w_expert, col, stride_wn), s_expert + col,
@@ -257,12 +264,10 @@ def gemv1_act_kernel(
                             NVFP4, FOLDED, USE_ASM)
     acc_g = tl.sum(tl.reshape(_lanes_total(acc_g, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
     acc_u = tl.sum(tl.reshape(_lanes_total(acc_u, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
-    j = tl.arange(0, 32 * ROW_GROUPS)
-    offs_n = tl.program_id(1) * (8 * ROW_GROUPS) + (j // 32) * 8 + (j % 32) // 4
     first_lane = (j % 4) == 0
     _act_store(tl.reshape(acc_g, (1, 32 * ROW_GROUPS)), tl.reshape(acc_u, (1, 32 * ROW_GROUPS)), expert,
                pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
-               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED)
+               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, loaded=loaded)
 
 
 @triton.jit
@@ -292,6 +297,17 @@ def gemv2_sum_kernel(
     k_first = tl.where(live, (warp % K_SLICES) * (STEPS * 128), K)  # dead slots start past K: every load masked
     w_expert = w_ptr + expert * stride_we
     s_expert = s_ptr + expert * stride_se
+    # The epilogue's operands (router weights, global scales, biases) before the K loop, as in GEMV1.
+    j = tl.arange(0, SLOTS)[None, :, None]
+    n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None] * 16 + tl.arange(0, 32)[None, :] // 4
+    slot_ok = j < TOP_K
+    e = tl.load(ids_ptr + token * TOP_K + j, mask=slot_ok, other=0).to(tl.int64)
+    route_w = tl.load(route_w_ptr + token * TOP_K + j, mask=slot_ok, other=0.0)
+    if NVFP4:
+        gs = tl.load(gs_ptr + e, mask=slot_ok, other=1.0)
+    if HAS_BIAS:
+        bias_a = tl.load(bias_ptr + e * stride_be + n[:, None, :], mask=slot_ok, other=0.0)
+        bias_b = tl.load(bias_ptr + e * stride_be + n[:, None, :] + 8, mask=slot_ok, other=0.0)
     acc_a = tl.zeros((THREADS,), tl.float32)
     acc_b = tl.zeros((THREADS,), tl.float32)
     acc_a, acc_b = _k_slice(acc_a, acc_b, _row_pointer(w_expert, row, stride_wn), s_expert + row,
@@ -301,18 +317,12 @@ def gemv2_sum_kernel(
     SHAPE: tl.constexpr = (ROW_GROUPS, SLOTS, K_SLICES, 32)
     acc_a = tl.sum(tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE), axis=2)  # [groups, slots, 32]
     acc_b = tl.sum(tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE), axis=2)
-    j = tl.arange(0, SLOTS)[None, :, None]
-    n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None] * 16 + tl.arange(0, 32)[None, :] // 4
-    slot_ok = j < TOP_K
-    e = tl.load(ids_ptr + token * TOP_K + j, mask=slot_ok, other=0).to(tl.int64)
     if NVFP4:  # undo the dequantization's 2^-16 (exact), then the expert's global scale
-        gs = tl.load(gs_ptr + e, mask=slot_ok, other=1.0)
         acc_a = acc_a * 65536.0 / gs
         acc_b = acc_b * 65536.0 / gs
     if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + e * stride_be + n[:, None, :], mask=slot_ok, other=0.0)
-        acc_b += tl.load(bias_ptr + e * stride_be + n[:, None, :] + 8, mask=slot_ok, other=0.0)
-    route_w = tl.load(route_w_ptr + token * TOP_K + j, mask=slot_ok, other=0.0)
+        acc_a += bias_a
+        acc_b += bias_b
     y_a = tl.sum(tl.where(slot_ok, acc_a * route_w, 0.0), axis=1)  # [groups, 32]
     y_b = tl.sum(tl.where(slot_ok, acc_b * route_w, 0.0), axis=1)
     store = (tl.arange(0, 32)[None, :] % 4) == 0

@@ -611,16 +611,36 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
 
 
 @triton.jit
+def _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N: tl.constexpr, stride_be, NVFP4: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
+    """(NVFP4 global scale, gate bias, up bias) of GEMM1's epilogue (1.0 / zeros where the layer has none)."""
+    global_scale = 1.0
+    if NVFP4:
+        global_scale = tl.load(gs_ptr + expert)
+    bias_g = tl.zeros(offs_n.shape, tl.float32)
+    bias_u = tl.zeros(offs_n.shape, tl.float32)
+    if HAS_BIAS:
+        b_ptrs = bias_ptr + expert * stride_be + offs_n
+        bias_g = tl.load(b_ptrs, mask=col_ok, other=0.0)
+        bias_u = tl.load(b_ptrs + N, mask=col_ok, other=0.0)
+    return global_scale, bias_g, bias_u
+
+
+@triton.jit
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr = 0, rexp_ptr=None,
-               stride_re=0, qscale_ptr=None):
+               stride_re=0, qscale_ptr=None, loaded=None):
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
 
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
     global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand;
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
-    MXFP8 rebase needs the whole row, which spans column tiles)."""
+    MXFP8 rebase needs the whole row, which spans column tiles). loaded: (global scale, gate bias, up bias) as
+    _act_operands loaded them, for a caller that loads them before its K loop."""
+    if loaded is None:
+        loaded = _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
+    global_scale, bias_g, bias_u = loaded
     if ACT_QUANT != 0:
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
         a1 = 1.0
@@ -629,17 +649,14 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
         acc_g = acc_g * (_pow2(tl.load(r_ptrs, mask=col_ok, other=0)) * a1)[None, :]
         acc_u = acc_u * (_pow2(tl.load(r_ptrs + N, mask=col_ok, other=0)) * a1)[None, :]
         if NVFP4:
-            global_scale = tl.load(gs_ptr + expert)
             acc_g = acc_g / global_scale
             acc_u = acc_u / global_scale
     elif NVFP4:  # the dequantized weights carry 2^-NVFP4_FOLD_SHIFT (see _scale_pair): undo it, exactly
-        global_scale = tl.load(gs_ptr + expert)
         acc_g = acc_g * 65536.0 / global_scale
         acc_u = acc_u * 65536.0 / global_scale
     if HAS_BIAS:
-        b_ptrs = bias_ptr + expert * stride_be + offs_n
-        acc_g += tl.load(b_ptrs, mask=col_ok, other=0.0)[None, :]
-        acc_u += tl.load(b_ptrs + N, mask=col_ok, other=0.0)[None, :]
+        acc_g += bias_g[None, :]
+        acc_u += bias_u[None, :]
     if ACTIVATION == 1:  # gpt-oss swigluoai: clamp gate from above, up both ways, (up + beta) * glu
         acc_g = tl.minimum(acc_g, limit)
         acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
