@@ -16,47 +16,55 @@ import triton.language as tl
 
 
 @triton.jit
-def _select_topk(logits, E_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
-                 RENORMALIZE: tl.constexpr):
-    """(ids int32 [T, K_BLOCK], weights fp32 [T, K_BLOCK]) of fp32 logits [T, E_BLOCK] (padding -inf): each row's
-    TOP_K experts by logit, largest first (the lowest index among equal logits; -0.0 equals +0.0), and their
-    weights - softmax over the k selected logits (RENORMALIZE) or the full softmax's probabilities; slots past TOP_K
-    are unused. Same selection and formulas as _routing.route's torch ops, in fp32."""
-    logits = logits + 0.0  # -0.0 -> +0.0
-    e = tl.arange(0, E_BLOCK)[None, :]
-    # Each pick is the max of a key unique to its expert: the logit's bits made monotone as a signed integer, then
-    # the lower index. Removing the pick by its key cannot hit another expert (masking the picked logit to -inf
-    # could: an expert whose logit is -inf then ties with the picked ones, and one was picked twice).
-    bits = logits.to(tl.int32, bitcast=True)
-    key = (tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) << 32) | (E_BLOCK - 1 - e).to(tl.int64)
-    slot = tl.arange(0, K_BLOCK)[None, :]
-    top = tl.full([logits.shape[0], K_BLOCK], -float("inf"), tl.float32)
-    ids = tl.zeros([logits.shape[0], K_BLOCK], tl.int32)
-    for j in tl.static_range(TOP_K):
-        best = tl.max(key, 1)[:, None]
-        ordered = (best >> 32).to(tl.int32)
-        logit = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
-        top = tl.where(slot == j, logit, top)
-        ids = tl.where(slot == j, (E_BLOCK - 1 - (best & 0xFFFFFFFF)).to(tl.int32), ids)
-        key = tl.where(key == best, -9223372036854775807 - 1, key)
-    if RENORMALIZE:
-        w = tl.exp(top - tl.max(top, 1)[:, None])  # unused slots hold -inf: weight 0
-        w = w / tl.sum(w, 1)[:, None]
-    else:
-        shift = tl.max(logits, 1)[:, None]
-        w = tl.exp(top - shift) / tl.sum(tl.exp(logits - shift), 1)[:, None]
-    return ids, w
+def _topk_keys(logits, e, E_BLOCK: tl.constexpr):
+    """A key per expert that orders as top-k picks (larger logit first, then the lower index; -0.0 equals +0.0) and
+    is unique, so that a pick is removed by equality. Masking the picked logit to -inf instead lets an expert whose
+    logit is -inf tie with the picked ones, and one of those was picked twice."""
+    bits = (logits + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 -> +0.0
+    return (tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) << 32) | (E_BLOCK - 1 - e).to(tl.int64)
+
+
+@triton.jit
+def _key_logit(key):
+    """The logit a key was made from."""
+    ordered = (key >> 32).to(tl.int32)
+    return tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _key_expert(key, E_BLOCK: tl.constexpr):
+    return (E_BLOCK - 1 - (key & 0xFFFFFFFF)).to(tl.int32)
+
+
+#: Below every key: what a picked key becomes.
+_PICKED: tl.constexpr = tl.constexpr(-(1 << 63))
 
 
 @triton.jit
 def _topk_row(logits_row_ptr, E: tl.constexpr, E_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
               RENORMALIZE: tl.constexpr):
-    """_select_topk of one token's logits: (ids [K_BLOCK], weights [K_BLOCK]) (topk_route_kernel, and the decode
-    kernels that route in-program)."""
+    """(ids int32 [K_BLOCK], weights fp32 [K_BLOCK]) of one token: its TOP_K experts by logit, largest first (the
+    lowest index among equal logits), and their weights - softmax over the k selected logits (RENORMALIZE) or the
+    full softmax's probabilities; slots past TOP_K are unused. Same selection and formulas as _routing.route's torch
+    ops, in fp32 (topk_route_kernel, and the decode kernels that route in-program)."""
     e = tl.arange(0, E_BLOCK)
     logits = tl.load(logits_row_ptr + e, mask=e < E, other=-float("inf")).to(tl.float32)
-    ids, w = _select_topk(tl.reshape(logits, (1, E_BLOCK)), E_BLOCK, TOP_K, K_BLOCK, RENORMALIZE)
-    return tl.reshape(ids, (K_BLOCK,)), tl.reshape(w, (K_BLOCK,))
+    key = _topk_keys(logits, e, E_BLOCK)
+    slot = tl.arange(0, K_BLOCK)
+    top = tl.full([K_BLOCK], -float("inf"), tl.float32)
+    ids = tl.zeros([K_BLOCK], tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(key, 0)
+        top = tl.where(slot == j, _key_logit(best), top)
+        ids = tl.where(slot == j, _key_expert(best, E_BLOCK), ids)
+        key = tl.where(key == best, _PICKED, key)
+    if RENORMALIZE:
+        w = tl.exp(top - tl.max(top, 0))  # unused slots hold -inf: weight 0
+        w = w / tl.sum(w, 0)
+    else:
+        shift = tl.max(logits, 0)
+        w = tl.exp(top - shift) / tl.sum(tl.exp(logits - shift), 0)
+    return ids, w
 
 
 @triton.jit
@@ -82,8 +90,21 @@ def _route_tokens(logits_ptr, ids_ptr, weights_ptr, tokens, stride_t, E: tl.cons
     logits = tl.load(logits_ptr + t.to(tl.int64)[:, None] * stride_t + e[None, :],
                      mask=t_ok[:, None] & (e < E)[None, :], other=-float("inf")).to(tl.float32)
     logits = tl.where(t_ok[:, None], logits, 0.0)  # rows past T (never stored) stay finite: no inf - inf
-    ids, w = _select_topk(logits, E_BLOCK, TOP_K, K_BLOCK, RENORMALIZE)
     slot = tl.arange(0, K_BLOCK)
+    key = _topk_keys(logits, e[None, :], E_BLOCK)
+    top = tl.full([T_BLOCK, K_BLOCK], -float("inf"), tl.float32)
+    ids = tl.zeros([T_BLOCK, K_BLOCK], tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(key, 1)
+        top = tl.where(slot[None, :] == j, _key_logit(best)[:, None], top)
+        ids = tl.where(slot[None, :] == j, _key_expert(best, E_BLOCK)[:, None], ids)
+        key = tl.where(key == best[:, None], _PICKED, key)
+    if RENORMALIZE:
+        w = tl.exp(top - tl.max(top, 1)[:, None])  # unused slots hold -inf: weight 0
+        w = w / tl.sum(w, 1)[:, None]
+    else:
+        shift = tl.max(logits, 1)
+        w = tl.exp(top - shift[:, None]) / tl.sum(tl.exp(logits - shift[:, None]), 1)[:, None]
     ok = t_ok[:, None] & (slot < TOP_K)[None, :]
     where = t[:, None] * TOP_K + slot[None, :]
     tl.store(ids_ptr + where, ids, mask=ok)
