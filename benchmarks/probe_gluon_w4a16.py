@@ -1,0 +1,257 @@
+"""Can a warp-specialized W4A16 GEMM reach issue 32's 0.70 of the bf16 matmul on Hopper? A Gluon probe.
+
+The Triton tile kernels stop at 0.55-0.66 of bf16 at prefill: Triton moves every dequantized weight tile through
+shared memory into the wgmma's operand layout, and two warps per scheduler cannot hide that (docs/kernels.md). Triton
+does not warp-specialize an sm_90 loop (benchmarks/check_warp_specialize.py), so this probe is written in Gluon:
+
+    loader partition (1 warp, 40 registers): TMA of the X tile [BM, BK] bf16 and the packed weight tile
+        [BN, BK/2] (MXFP4 codes, low nibble = even k) into a STAGES-deep ring, mbarrier-signalled
+    default partition (NUM_WARPS, 4 per 64 weight rows): the packed tile from shared memory straight into the
+        wgmma A-operand layout (DotOperandLayout k_width 1), fp4_to_fp to bf16 (k_width 2, the same registers), times
+        the E8M0 block scale as an exact bf16 power of two, then an async wgmma of W (registers) x X^T (shared
+        memory) into Y^T, one wgmma in flight while the next tile is decoded
+
+so the weights never pass through shared memory after the TMA. It is a dense GEMM, the ceiling of a MoE layer whose
+experts each get M rows; the MoE kernel (row blocks by expert, gathered X) would follow if it gets near the target.
+
+    python benchmarks/probe_gluon_w4a16.py                      # no GPU: compile for sm_90, check the SASS
+    python benchmarks/probe_gluon_w4a16.py --run --out DIR      # Hopper GPU: rel L2 vs torch, µs vs bf16 matmul
+
+Without a GPU it prints, per launch config, what the compiled kernel does (wgmma count, shared-memory stores,
+warp shuffles, register reallocation, spills) and exits 1 if the weights would pass through shared memory or
+registers spill. With --run it writes DIR/gluon_w4a16.csv: for each shape and config the relative L2 error against
+the dequantized weights' fp32 product, the kernel's µs and the same run's bf16 `x @ w.T`, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+#: TMA load: `async_load` from triton 3.7 on, `async_copy_global_to_shared` before (the GPU machines run 3.6).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+#: (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, STAGES, NUM_WARPS); all fit sm_90's 227 KiB of shared memory.
+CONFIGS = [(128, 128, 128, 4, 8), (256, 128, 128, 3, 8), (128, 128, 64, 6, 8), (128, 64, 128, 4, 4),
+           (256, 64, 64, 4, 4)]
+#: (N, K) of the layers' GEMMs: gpt-oss-120b GEMM1 and GEMM2, DeepSeek-V3 GEMM1; M as the tokens an expert gets.
+SHAPES = [(5760, 2880), (2880, 2880), (4096, 7168)]
+ROWS = [4096, 16384]
+#: Registers of a consumer thread (ptxas caps the kernel at this; the loader hands most of its share back).
+MAXNREG = 168
+
+
+@gluon.jit
+def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_tiles, BLOCK_K: gl.constexpr):
+    """TMA of each K tile's X and packed W into the ring; waits until the consumer has released the slot."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
+    for i in range(k_tiles):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
+        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        _tma_load(x_desc, [off_m, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
+        _tma_load(w_desc, [off_n, i * (BLOCK_K // 2)], ready.index(slot), w_bufs.index(slot))
+
+
+@gluon.jit
+def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, off_m, off_n, k_tiles,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Decode each packed tile into the wgmma's A registers, multiply by X^T from shared memory, store Y^T's tile."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                 instr_shape=[16, BLOCK_M, 16])
+    packed: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=1)
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
+    pairs = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, packed))
+    scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 16)[None, :]  # E8M0 per 32 K = 16 bytes
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
+    for i in range(k_tiles):
+        slot = i % STAGES
+        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32))
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        w = gl.fp4_to_fp(w_bufs.index(slot).load(packed), gl.bfloat16, 1)
+        s16 = (scale.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # 2^(s - 127), exact for 1 <= s <= 254
+        s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BLOCK_N, BLOCK_K]), w.type.layout)  # same registers
+        w = gl.convert_layout(w * s16, operand)  # fp4_to_fp's result is this layout already: no data moves
+        acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+        # One wgmma in flight: the next tile's decode overlaps it. The previous one is complete, so its slot returns.
+        acc, w = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w])
+        fence_async_shared()  # order this partition's shared loads of the slot before the loader's next TMA into it
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+    y = y_ptr + offs_m[None, :].to(gl.int64) * stride_ym + offs_n[:, None]
+    gl.store(y, acc.to(gl.bfloat16), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+
+
+@gluon.jit
+def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                    NUM_WARPS: gl.constexpr):
+    """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m)."""
+    off_n = gl.program_id(0) * BLOCK_N
+    off_m = gl.program_id(1) * BLOCK_M
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, off_m, off_n, k_tiles,
+                     BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS)),
+        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_tiles, BLOCK_K)),
+    ], [1], [40])
+
+
+def _layouts(block_m: int, block_n: int, block_k: int):
+    return (gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16),
+            gl.NVMMASharedLayout.get_default_for([block_n, block_k // 2], gl.uint8))
+
+
+def compile_for_sm90(config: tuple[int, int, int, int, int]):
+    """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
+    block_m, block_n, block_k, stages, warps = config
+    x_layout, w_layout = _layouts(block_m, block_n, block_k)
+    constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps)
+    signature = {"x_desc": f"tensordesc<bf16[{block_m},{block_k}],{x_layout!r}>",
+                 "w_desc": f"tensordesc<u8[{block_n},{block_k // 2}],{w_layout!r}>",
+                 "s_ptr": "*u8", "stride_sn": "i32", "y_ptr": "*bf16", "stride_ym": "i32", "M": "i32", "N": "i32",
+                 "K": "i32"} | {name: "constexpr" for name in constexprs}
+    names = w4a16_ws_kernel.arg_names
+    source = GluonASTSource(fn=w4a16_ws_kernel, signature=signature,
+                            constexprs={(names.index(name),): value for name, value in constexprs.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": MAXNREG})
+
+
+def _nvidia_tool(name: str, *args: str) -> str:
+    return subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name), *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def sass_stats(compiled) -> dict:
+    """What the compiled kernel does: wgmma instructions, shared-memory stores, warp shuffles, register
+    reallocation between partitions, spill bytes, and the TTGIR's warp_specialize and local_store ops."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = _nvidia_tool("nvdisasm", "-c", path)
+        usage = _nvidia_tool("cuobjdump", "-res-usage", path)
+    ttgir = compiled.asm["ttgir"]
+    local = re.search(r"LOCAL:(\d+)", usage)
+    return {"wgmma": len(re.findall(r"\bHGMMA\b", sass)), "shared_stores": len(re.findall(r"\bSTS\b", sass)),
+            "shuffles": len(re.findall(r"\bSHFL\b", sass)), "setmaxnreg": len(re.findall(r"USETMAXREG", sass)),
+            "spill_bytes": int(local.group(1)) if local else 0,
+            "warp_specialize": ttgir.count("ttg.warp_specialize"), "local_stores": ttgir.count("ttg.local_store"),
+            "shared_bytes": compiled.metadata.shared}
+
+
+def weights_stay_in_registers(stats: dict) -> bool:
+    """The decode feeds the wgmma without a layout conversion (no shuffles, no local_store of a weight tile) and
+    nothing spills."""
+    return (stats["wgmma"] > 0 and stats["shuffles"] == 0 and stats["local_stores"] == 0
+            and stats["spill_bytes"] == 0 and stats["warp_specialize"] > 0)
+
+
+def _run(out_dir: str) -> None:
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
+
+    def dequant(packed, scales):
+        codes = torch.stack([packed & 15, packed >> 4], -1).reshape(packed.shape[0], -1).long()
+        return e2m1[codes] * torch.exp2(scales.float() - 127).repeat_interleave(32, 1)
+
+    def launch(x, packed, scales, config):
+        block_m, block_n, block_k, stages, warps = config
+        x_layout, w_layout = _layouts(block_m, block_n, block_k)
+        y = torch.empty(x.shape[0], packed.shape[0], dtype=torch.bfloat16, device=x.device)
+        grid = (triton.cdiv(packed.shape[0], block_n), triton.cdiv(x.shape[0], block_m))
+        w4a16_ws_kernel[grid](TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
+                              TensorDescriptor.from_tensor(packed, [block_n, block_k // 2], w_layout),
+                              scales, scales.stride(0), y, y.stride(0), x.shape[0], packed.shape[0], x.shape[1],
+                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
+                              num_warps=warps, maxnreg=MAXNREG)
+        return y
+
+    def ms(fn, iters=20):
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+
+    os.makedirs(out_dir, exist_ok=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with open(os.path.join(out_dir, "gluon_w4a16.csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["gpu", "triton", "M", "N", "K", "config", "rel_l2", "us", "bf16_us", "fraction_of_bf16"])
+        for (n, k), m in itertools.product(SHAPES, ROWS):
+            x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+            packed = torch.randint(0, 256, (n, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
+            scales = torch.randint(120, 128, (n, k // 32), device="cuda", generator=gen, dtype=torch.uint8)
+            w_bf16 = dequant(packed, scales).bfloat16()  # exact: fp4 x 2^e fits bf16
+            ref = x.float() @ w_bf16.float().T
+            bf16_us = ms(functools.partial(torch.matmul, x, w_bf16.T)) * 1e3
+            for config in CONFIGS:
+                y = launch(x, packed, scales, config)
+                rel = ((y.float() - ref).norm() / ref.norm()).item()
+                us = ms(functools.partial(launch, x, packed, scales, config)) * 1e3
+                writer.writerow([torch.cuda.get_device_name(), triton.__version__, m, n, k,
+                                 "x".join(map(str, config)), f"{rel:.2e}", f"{us:.1f}", f"{bf16_us:.1f}",
+                                 f"{bf16_us / us:.3f}"])
+                f.flush()
+                print(f"M={m} N={n} K={k} {config}: rel L2 {rel:.1e}, {us:.0f} µs, bf16 {bf16_us:.0f} µs, "
+                      f"{bf16_us / us:.2f} of bf16", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", action="store_true", help="run and time on this machine's Hopper GPU")
+    parser.add_argument("--out", help="with --run: the results directory (benchmarks/results/<run>)")
+    args = parser.parse_args(argv)
+    if args.run:
+        if not args.out:
+            parser.error("--run needs --out DIR")
+        _run(args.out)
+        return 0
+    ok = True
+    for config in CONFIGS:
+        stats = sass_stats(compile_for_sm90(config))
+        ok &= weights_stay_in_registers(stats)
+        print(f"triton {triton.__version__}, sm_90, {config}: {stats}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
