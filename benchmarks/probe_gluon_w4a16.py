@@ -11,16 +11,19 @@ does not warp-specialize an sm_90 loop (benchmarks/check_warp_specialize.py), so
         the E8M0 block scale as an exact bf16 power of two, then an async wgmma of W (registers) x X^T (shared
         memory) into Y^T, one wgmma in flight while the next tile is decoded
 
-so the weights never pass through shared memory after the TMA. It is a dense GEMM, the ceiling of a MoE layer whose
-experts each get M rows; the MoE kernel (row blocks by expert, gathered X) would follow if it gets near the target.
+so the weights never pass through shared memory after the TMA. Two forms: dense (Y = X W^T, the ceiling) and
+grouped (GROUPED: rows sorted by expert and padded to BLOCK_M, each row block on its expert's weights: a MoE GEMM
+without the gather of X rows and without the epilogue, which the layer kernel would add if this gets near the target).
 
     python benchmarks/probe_gluon_w4a16.py                      # no GPU: compile for sm_90, check the SASS
-    python benchmarks/probe_gluon_w4a16.py --run --out DIR      # Hopper GPU: rel L2 vs torch, µs vs bf16 matmul
+    python benchmarks/probe_gluon_w4a16.py --run --out DIR      # Hopper GPU: correctness and speed
 
-Without a GPU it prints, per launch config, what the compiled kernel does (wgmma count, shared-memory stores,
-warp shuffles, register reallocation, spills) and exits 1 if the weights would pass through shared memory or
-registers spill. With --run it writes DIR/gluon_w4a16.csv: for each shape and config the relative L2 error against
-the dequantized weights' fp32 product, the kernel's µs and the same run's bf16 `x @ w.T`, and their ratio.
+Without a GPU it prints, per launch config and form, what the compiled kernel does (wgmma count, shared-memory
+stores, warp shuffles, register reallocation, spills) and exits 1 if the weights would pass through shared memory or
+registers spill. With --run it writes DIR/gluon_w4a16.csv: for both GEMMs of gpt-oss-120b and DeepSeek-V3 (MXFP4)
+at T = 4096 and 16384, dense and grouped, each config's relative L2 error against the fp32 product of the
+dequantized weights (backends.formats), µs, TFLOP/s of the useful products (T * top-k * N * K * 2 when grouped) and
+their fraction of the same run's bf16 8192^3 matmul, issue 32's measure.
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -48,21 +54,33 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from backends.model_shapes import SHAPES  # noqa: E402
+
 #: TMA load: `async_load` from triton 3.7 on, `async_copy_global_to_shared` before (the GPU machines run 3.6).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 #: (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, STAGES, NUM_WARPS); all fit sm_90's 227 KiB of shared memory.
 CONFIGS = [(128, 128, 128, 4, 8), (256, 128, 128, 3, 8), (128, 128, 64, 6, 8), (128, 64, 128, 4, 4),
            (256, 64, 64, 4, 4)]
-#: (N, K) of the layers' GEMMs: gpt-oss-120b GEMM1 and GEMM2, DeepSeek-V3 GEMM1; M as the tokens an expert gets.
-SHAPES = [(5760, 2880), (2880, 2880), (4096, 7168)]
 ROWS = [4096, 16384]
+#: The MoE layers whose GEMMs are timed: each GEMM dense (M = 4096 / 16384 rows, the ceiling) and grouped (the
+#: experts' rows of T = 4096 / 16384 tokens sorted by expert, padded to BLOCK_M, each block on its expert's weights).
+LAYERS = ["gpt-oss-120b", "deepseek-v3-mxfp4"]
+
+
+def moe_gemms(layer: str) -> list[tuple[str, int, int, int, int]]:
+    """(name, experts, top-k, N, K) of a layer's two GEMMs: gate and up [2I, H], down [H, I]."""
+    shape = SHAPES[layer]
+    return [(f"{layer} gemm1", shape.experts, shape.top_k, 2 * shape.intermediate_size, shape.hidden_size),
+            (f"{layer} gemm2", shape.experts, shape.top_k, shape.hidden_size, shape.intermediate_size)]
+
+
 #: Registers of a consumer thread (ptxas caps the kernel at this; the loader hands most of its share back).
 MAXNREG = 168
 
 
 @gluon.jit
-def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_tiles, BLOCK_K: gl.constexpr):
+def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K: gl.constexpr):
     """TMA of each K tile's X and packed W into the ring; waits until the consumer has released the slot."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     for i in range(k_tiles):
@@ -70,25 +88,26 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_tiles,
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
         mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         _tma_load(x_desc, [off_m, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
-        _tma_load(w_desc, [off_n, i * (BLOCK_K // 2)], ready.index(slot), w_bufs.index(slot))
+        _tma_load(w_desc, [w_row, i * (BLOCK_K // 2)], ready.index(slot), w_bufs.index(slot))
 
 
 @gluon.jit
-def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, off_m, off_n, k_tiles,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr):
+def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n, w_row,
+              k_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Decode each packed tile into the wgmma's A registers, multiply by X^T from shared memory, store Y^T's tile."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 16])
     packed: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=1)
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
+    rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
     pairs = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, packed))
     scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 16)[None, :]  # E8M0 per 32 K = 16 bytes
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
     for i in range(k_tiles):
         slot = i % STAGES
-        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32))
+        block = i * (BLOCK_K // 32) + pairs // 16  # past K (the last tile of K = 2880): TMA reads zeros there
+        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         w = gl.fp4_to_fp(w_bufs.index(slot).load(packed), gl.bfloat16, 1)
         s16 = (scale.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # 2^(s - 127), exact for 1 <= s <= 254
@@ -107,12 +126,17 @@ def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, 
 
 
 @gluon.jit
-def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K,
+def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, block_expert_ptr, M, N, K,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    NUM_WARPS: gl.constexpr):
-    """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m)."""
+                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr):
+    """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m).
+    GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and row block m multiplies
+    expert block_expert[m]'s."""
     off_n = gl.program_id(0) * BLOCK_N
     off_m = gl.program_id(1) * BLOCK_M
+    w_row = off_n
+    if GROUPED:
+        w_row = gl.load(block_expert_ptr + gl.program_id(1)) * N + off_n
     k_tiles = gl.cdiv(K, BLOCK_K)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
@@ -122,9 +146,9 @@ def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K,
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
-        (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, off_m, off_n, k_tiles,
-                     BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS)),
-        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_tiles, BLOCK_K)),
+        (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n, w_row,
+                     k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS)),
+        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
     ], [1], [40])
 
 
@@ -133,15 +157,16 @@ def _layouts(block_m: int, block_n: int, block_k: int):
             gl.NVMMASharedLayout.get_default_for([block_n, block_k // 2], gl.uint8))
 
 
-def compile_for_sm90(config: tuple[int, int, int, int, int]):
+def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = False):
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
     block_m, block_n, block_k, stages, warps = config
     x_layout, w_layout = _layouts(block_m, block_n, block_k)
-    constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps)
+    constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
+                      GROUPED=grouped)
     signature = {"x_desc": f"tensordesc<bf16[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<u8[{block_n},{block_k // 2}],{w_layout!r}>",
-                 "s_ptr": "*u8", "stride_sn": "i32", "y_ptr": "*bf16", "stride_ym": "i32", "M": "i32", "N": "i32",
-                 "K": "i32"} | {name: "constexpr" for name in constexprs}
+                 "s_ptr": "*u8", "stride_sn": "i32", "y_ptr": "*bf16", "stride_ym": "i32", "block_expert_ptr": "*i32",
+                 "M": "i32", "N": "i32", "K": "i32"} | {name: "constexpr" for name in constexprs}
     names = w4a16_ws_kernel.arg_names
     source = GluonASTSource(fn=w4a16_ws_kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
@@ -178,26 +203,32 @@ def weights_stay_in_registers(stats: dict) -> bool:
             and stats["spill_bytes"] == 0 and stats["warp_specialize"] > 0)
 
 
+def expert_blocks(counts, block_m: int):
+    """The expert of each BLOCK_M-row block of expert-sorted rows, each expert's rows padded to whole blocks
+    (what the layer's alignment gives its GEMMs): int32 [blocks]."""
+    import torch
+
+    blocks = (counts + block_m - 1) // block_m
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), blocks).to(torch.int32)
+
+
 def _run(out_dir: str) -> None:
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
+    from backends.formats import dequantize_mxfp4 as dequant  # the project's MXFP4: element 2j in the low nibble
 
-    def dequant(packed, scales):
-        codes = torch.stack([packed & 15, packed >> 4], -1).reshape(packed.shape[0], -1).long()
-        return e2m1[codes] * torch.exp2(scales.float() - 127).repeat_interleave(32, 1)
-
-    def launch(x, packed, scales, config):
+    def launch(x, packed, scales, n, config, block_expert=None):
         block_m, block_n, block_k, stages, warps = config
         x_layout, w_layout = _layouts(block_m, block_n, block_k)
-        y = torch.empty(x.shape[0], packed.shape[0], dtype=torch.bfloat16, device=x.device)
-        grid = (triton.cdiv(packed.shape[0], block_n), triton.cdiv(x.shape[0], block_m))
+        y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+        grid = (triton.cdiv(n, block_n), triton.cdiv(x.shape[0], block_m))
         w4a16_ws_kernel[grid](TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
                               TensorDescriptor.from_tensor(packed, [block_n, block_k // 2], w_layout),
-                              scales, scales.stride(0), y, y.stride(0), x.shape[0], packed.shape[0], x.shape[1],
+                              scales, scales.stride(0), y, y.stride(0),
+                              scales if block_expert is None else block_expert, x.shape[0], n, x.shape[1],
                               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                              num_warps=warps, maxnreg=MAXNREG)
+                              GROUPED=block_expert is not None, num_warps=warps, maxnreg=MAXNREG)
         return y
 
     def ms(fn, iters=20):
@@ -211,28 +242,58 @@ def _run(out_dir: str) -> None:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / iters
 
+    def weights(rows, k):
+        packed = torch.randint(0, 256, (rows, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
+        return packed, torch.randint(120, 128, (rows, k // 32), device="cuda", generator=gen, dtype=torch.uint8)
+
     os.makedirs(out_dir, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
+    square = torch.randn(8192, 8192, device="cuda", generator=gen).bfloat16()
+    bf16_tflops = 2 * 8192**3 / (ms(functools.partial(torch.matmul, square, square)) * 1e9)
     with open(os.path.join(out_dir, "gluon_w4a16.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["gpu", "triton", "M", "N", "K", "config", "rel_l2", "us", "bf16_us", "fraction_of_bf16"])
-        for (n, k), m in itertools.product(SHAPES, ROWS):
+        writer.writerow(["gpu", "triton", "gemm", "tokens", "M", "N", "K", "config", "rel_l2", "us", "tflops",
+                         "bf16_8192_tflops", "fraction_of_bf16"])
+
+        def record(gemm, tokens, m, n, k, config, rel, us, flops):
+            tflops = flops / (us * 1e6)
+            writer.writerow([torch.cuda.get_device_name(), triton.__version__, gemm, tokens, m, n, k,
+                             "x".join(map(str, config)), f"{rel:.2e}", f"{us:.1f}", f"{tflops:.0f}",
+                             f"{bf16_tflops:.0f}", f"{tflops / bf16_tflops:.3f}"])
+            f.flush()
+            print(f"{gemm} T={tokens} M={m} N={n} K={k} {config}: rel L2 {rel:.1e}, {us:.0f} µs, {tflops:.0f} TFLOP/s, "
+                  f"{tflops / bf16_tflops:.2f} of bf16 8192^3", flush=True)
+
+        gemms = [gemm for layer in LAYERS for gemm in moe_gemms(layer)]
+        for (_, _, _, n, k), m in itertools.product(gemms, ROWS):  # dense: the ceiling
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
-            packed = torch.randint(0, 256, (n, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
-            scales = torch.randint(120, 128, (n, k // 32), device="cuda", generator=gen, dtype=torch.uint8)
-            w_bf16 = dequant(packed, scales).bfloat16()  # exact: fp4 x 2^e fits bf16
-            ref = x.float() @ w_bf16.float().T
-            bf16_us = ms(functools.partial(torch.matmul, x, w_bf16.T)) * 1e3
+            packed, scales = weights(n, k)
+            ref = x.float() @ dequant(packed, scales).T  # exact products of bf16 values, fp32 sums
             for config in CONFIGS:
-                y = launch(x, packed, scales, config)
+                y = launch(x, packed, scales, n, config)
                 rel = ((y.float() - ref).norm() / ref.norm()).item()
-                us = ms(functools.partial(launch, x, packed, scales, config)) * 1e3
-                writer.writerow([torch.cuda.get_device_name(), triton.__version__, m, n, k,
-                                 "x".join(map(str, config)), f"{rel:.2e}", f"{us:.1f}", f"{bf16_us:.1f}",
-                                 f"{bf16_us / us:.3f}"])
-                f.flush()
-                print(f"M={m} N={n} K={k} {config}: rel L2 {rel:.1e}, {us:.0f} µs, bf16 {bf16_us:.0f} µs, "
-                      f"{bf16_us / us:.2f} of bf16", flush=True)
+                us = ms(functools.partial(launch, x, packed, scales, n, config)) * 1e3
+                record("dense", m, m, n, k, config, rel, us, 2 * m * n * k)
+        for (name, experts, top_k, n, k), tokens in itertools.product(gemms, ROWS):  # grouped: the MoE GEMM
+            counts = torch.bincount(torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), top_k)
+                                    .indices.flatten(), minlength=experts)
+            packed, scales = weights(experts * n, k)
+            for config in CONFIGS:
+                block_m = config[0]
+                block_expert = expert_blocks(counts, block_m)
+                x = torch.randn(block_expert.numel() * block_m, k, device="cuda", generator=gen).bfloat16()
+                y = launch(x, packed, scales, n, config, block_expert)
+                checked = torch.randperm(block_expert.numel(), device="cuda", generator=gen)[:4].tolist()
+                err = ref_norm = 0.0
+                for b in checked:
+                    e = int(block_expert[b])
+                    rows = slice(b * block_m, (b + 1) * block_m)
+                    ref = x[rows].float() @ dequant(packed[e * n:(e + 1) * n], scales[e * n:(e + 1) * n]).T
+                    err += float((y[rows].float() - ref).norm() ** 2)
+                    ref_norm += float(ref.norm() ** 2)
+                us = ms(functools.partial(launch, x, packed, scales, n, config, block_expert)) * 1e3
+                record(name, tokens, x.shape[0], n, k, config, (err / ref_norm) ** 0.5, us,
+                       2 * tokens * top_k * n * k)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,10 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         _run(args.out)
         return 0
     ok = True
-    for config in CONFIGS:
-        stats = sass_stats(compile_for_sm90(config))
+    for config, grouped in itertools.product(CONFIGS, (False, True)):
+        stats = sass_stats(compile_for_sm90(config, grouped))
         ok &= weights_stay_in_registers(stats)
-        print(f"triton {triton.__version__}, sm_90, {config}: {stats}")
+        print(f"triton {triton.__version__}, sm_90, {config}, {'grouped' if grouped else 'dense'}: {stats}")
     return 0 if ok else 1
 
 

@@ -19,10 +19,10 @@ sys.modules[_spec.name] = probe
 _spec.loader.exec_module(probe)
 
 
-@pytest.mark.parametrize("config", [probe.CONFIGS[0], probe.CONFIGS[3]])
-def test_probe_kernel_compiles_for_sm90_with_weights_in_registers(config):
+@pytest.mark.parametrize(("config", "grouped"), [(probe.CONFIGS[0], False), (probe.CONFIGS[3], True)])
+def test_probe_kernel_compiles_for_sm90_with_weights_in_registers(config, grouped):
     block_m, block_n, block_k, stages, warps = config
-    stats = probe.sass_stats(probe.compile_for_sm90(config))
+    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped))
     assert stats["warp_specialize"] == 1, stats  # a loader partition and the default (consumer) partition
     assert stats["wgmma"] == block_k // 16, stats  # one m64nBMk16 wgmma per 16 K of a tile, per warpgroup
     assert stats["setmaxnreg"] > 0, stats  # registers handed from the loader warp to the consumers
@@ -43,3 +43,17 @@ def test_run_needs_an_output_directory(capsys):
         probe.main(["--run"])
     assert exc.value.code == 2
     assert "--run needs --out DIR" in capsys.readouterr().err
+
+
+def test_grouped_blocks_pad_each_expert_to_whole_blocks():
+    torch = pytest.importorskip("torch")
+    counts = torch.tensor([0, 1, 128, 129, 300])
+    blocks = probe.expert_blocks(counts, 128)
+    assert blocks.dtype == torch.int32
+    assert blocks.tolist() == [1, 2, 3, 3, 4, 4, 4]  # expert 0 has no rows, 129 rows take two blocks
+
+
+def test_the_gemms_are_the_layers_shapes():
+    assert probe.moe_gemms("gpt-oss-120b") == [("gpt-oss-120b gemm1", 128, 4, 5760, 2880),
+                                               ("gpt-oss-120b gemm2", 128, 4, 2880, 2880)]
+    assert all(probe.SHAPES[layer].format == "mxfp4" for layer in probe.LAYERS)  # the probe decodes MXFP4
