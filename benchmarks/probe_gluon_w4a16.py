@@ -14,6 +14,8 @@ does not warp-specialize an sm_90 loop (benchmarks/check_warp_specialize.py), so
 so the weights never pass through shared memory after the TMA. Two forms: dense (Y = X W^T, the ceiling) and
 grouped (GROUPED: rows sorted by expert and padded to BLOCK_M, each row block on its expert's weights: a MoE GEMM
 without the gather of X rows and without the epilogue, which the layer kernel would add if this gets near the target).
+FP8 runs the same with E4M3 activations and the decoded weights rounded to E4M3 into an FP8 wgmma: W4A8, whose issue 32
+item 4 asks 1.6x of W4A16 and 0.55 of the FP8 `_scaled_mm` rate.
 
     python benchmarks/probe_gluon_w4a16.py                      # no GPU: compile for sm_90, check the SASS
     python benchmarks/probe_gluon_w4a16.py --run --out DIR      # Hopper GPU: correctness and speed
@@ -21,9 +23,10 @@ without the gather of X rows and without the epilogue, which the layer kernel wo
 Without a GPU it prints, per launch config and form, what the compiled kernel does (wgmma count, shared-memory
 stores, warp shuffles, register reallocation, spills) and exits 1 if the weights would pass through shared memory or
 registers spill. With --run it writes DIR/gluon_w4a16.csv: for both GEMMs of gpt-oss-120b and DeepSeek-V3 (MXFP4)
-at T = 4096 and 16384, dense and grouped, each config's relative L2 error against the fp32 product of the
-dequantized weights (backends.formats), µs, TFLOP/s of the useful products (T * top-k * N * K * 2 when grouped) and
-their fraction of the same run's bf16 8192^3 matmul, issue 32's measure.
+at T = 4096 and 16384, dense and grouped, W4A16 and W4A8, each config's relative L2 error against the fp32 product
+of the dequantized weights (backends.formats), µs, TFLOP/s of the useful products (T * top-k * N * K * 2 when
+grouped) and their fraction of the same run's bf16 8192^3 matmul (W4A16) or FP8 `_scaled_mm` (W4A8), issue 32's
+measures.
 """
 
 from __future__ import annotations
@@ -93,13 +96,16 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles,
 
 @gluon.jit
 def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n, w_row,
-              k_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """Decode each packed tile into the wgmma's A registers, multiply by X^T from shared memory, store Y^T's tile."""
+              k_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr,
+              FP8: gl.constexpr):
+    """Decode each packed tile into the wgmma's A registers, multiply by X^T from shared memory, store Y^T's tile.
+    FP8 (W4A8): the decoded weights are rounded to E4M3 and the wgmma is an FP8 one (K 32 per instruction); the
+    packed tile is then loaded two bytes (four codes) per register so that the E4M3 bytes land in its A layout."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                 instr_shape=[16, BLOCK_M, 16])
-    packed: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=1)
-    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+                                                 instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
+    packed: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2 if FP8 else 1)
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4 if FP8 else 2)
     rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
     pairs = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, packed))
     scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 16)[None, :]  # E8M0 per 32 K = 16 bytes
@@ -112,10 +118,15 @@ def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, 
         w = gl.fp4_to_fp(w_bufs.index(slot).load(packed), gl.bfloat16, 1)
         s16 = (scale.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # 2^(s - 127), exact for 1 <= s <= 254
         s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BLOCK_N, BLOCK_K]), w.type.layout)  # same registers
-        w = gl.convert_layout(w * s16, operand)  # fp4_to_fp's result is this layout already: no data moves
+        w = w * s16
+        if FP8:
+            w = w.to(gl.float8e4nv)
+        w = gl.convert_layout(w, operand)  # fp4_to_fp's result is this layout already: no data moves
         acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-        # One wgmma in flight: the next tile's decode overlaps it. The previous one is complete, so its slot returns.
-        acc, w = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w])
+        if FP8:  # an 8-bit operand cannot be kept alive across a wgmma wait (triton 3.6): no wgmma left in flight
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        else:  # one wgmma in flight: the next tile's decode overlaps it; the previous one is complete
+            acc, w = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w])
         fence_async_shared()  # order this partition's shared loads of the slot before the loader's next TMA into it
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -128,10 +139,10 @@ def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, 
 @gluon.jit
 def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, block_expert_ptr, M, N, K,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr):
+                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr):
     """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m).
     GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and row block m multiplies
-    expert block_expert[m]'s."""
+    expert block_expert[m]'s. FP8: X is E4M3 and the weights are rounded to E4M3 (W4A8)."""
     off_n = gl.program_id(0) * BLOCK_N
     off_m = gl.program_id(1) * BLOCK_M
     w_row = off_n
@@ -147,23 +158,23 @@ def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, block_ex
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
         (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n, w_row,
-                     k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS)),
+                     k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8)),
         (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
     ], [1], [40])
 
 
-def _layouts(block_m: int, block_n: int, block_k: int):
-    return (gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16),
+def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool):
+    return (gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.float8e4nv if fp8 else gl.bfloat16),
             gl.NVMMASharedLayout.get_default_for([block_n, block_k // 2], gl.uint8))
 
 
-def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = False):
+def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = False, fp8: bool = False):
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
     block_m, block_n, block_k, stages, warps = config
-    x_layout, w_layout = _layouts(block_m, block_n, block_k)
+    x_layout, w_layout = _layouts(block_m, block_n, block_k, fp8)
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                      GROUPED=grouped)
-    signature = {"x_desc": f"tensordesc<bf16[{block_m},{block_k}],{x_layout!r}>",
+                      GROUPED=grouped, FP8=fp8)
+    signature = {"x_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<u8[{block_n},{block_k // 2}],{w_layout!r}>",
                  "s_ptr": "*u8", "stride_sn": "i32", "y_ptr": "*bf16", "stride_ym": "i32", "block_expert_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32"} | {name: "constexpr" for name in constexprs}
@@ -189,7 +200,7 @@ def sass_stats(compiled) -> dict:
         usage = _nvidia_tool("cuobjdump", "-res-usage", path)
     ttgir = compiled.asm["ttgir"]
     local = re.search(r"LOCAL:(\d+)", usage)
-    return {"wgmma": len(re.findall(r"\bHGMMA\b", sass)), "shared_stores": len(re.findall(r"\bSTS\b", sass)),
+    return {"wgmma": len(re.findall(r"\b[HQ]GMMA\b", sass)), "shared_stores": len(re.findall(r"\bSTS\b", sass)),
             "shuffles": len(re.findall(r"\bSHFL\b", sass)), "setmaxnreg": len(re.findall(r"USETMAXREG", sass)),
             "spill_bytes": int(local.group(1)) if local else 0,
             "warp_specialize": ttgir.count("ttg.warp_specialize"), "local_stores": ttgir.count("ttg.local_store"),
@@ -220,7 +231,8 @@ def _run(out_dir: str) -> None:
 
     def launch(x, packed, scales, n, config, block_expert=None):
         block_m, block_n, block_k, stages, warps = config
-        x_layout, w_layout = _layouts(block_m, block_n, block_k)
+        fp8 = x.dtype == torch.float8_e4m3fn
+        x_layout, w_layout = _layouts(block_m, block_n, block_k, fp8)
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
         grid = (triton.cdiv(n, block_n), triton.cdiv(x.shape[0], block_m))
         w4a16_ws_kernel[grid](TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
@@ -228,7 +240,7 @@ def _run(out_dir: str) -> None:
                               scales, scales.stride(0), y, y.stride(0),
                               scales if block_expert is None else block_expert, x.shape[0], n, x.shape[1],
                               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                              GROUPED=block_expert is not None, num_warps=warps, maxnreg=MAXNREG)
+                              GROUPED=block_expert is not None, FP8=fp8, num_warps=warps, maxnreg=MAXNREG)
         return y
 
     def ms(fn, iters=20):
@@ -246,42 +258,50 @@ def _run(out_dir: str) -> None:
         packed = torch.randint(0, 256, (rows, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
         return packed, torch.randint(120, 128, (rows, k // 32), device="cuda", generator=gen, dtype=torch.uint8)
 
+    def activations(rows, k, fp8):
+        x = torch.randn(rows, k, device="cuda", generator=gen)
+        return x.to(torch.float8_e4m3fn) if fp8 else x.bfloat16()
+
     os.makedirs(out_dir, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     square = torch.randn(8192, 8192, device="cuda", generator=gen).bfloat16()
-    bf16_tflops = 2 * 8192**3 / (ms(functools.partial(torch.matmul, square, square)) * 1e9)
+    square8, one = square.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
+    bound = {False: 2 * 8192**3 / (ms(functools.partial(torch.matmul, square, square)) * 1e9),
+             True: 2 * 8192**3 / (ms(functools.partial(torch._scaled_mm, square8, square8.t(), scale_a=one, scale_b=one,
+                                                       out_dtype=torch.bfloat16)) * 1e9)}
     with open(os.path.join(out_dir, "gluon_w4a16.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["gpu", "triton", "gemm", "tokens", "M", "N", "K", "config", "rel_l2", "us", "tflops",
-                         "bf16_8192_tflops", "fraction_of_bf16"])
+        writer.writerow(["gpu", "triton", "gemm", "activations", "tokens", "M", "N", "K", "config", "rel_l2", "us",
+                         "tflops", "bound", "bound_tflops", "fraction_of_bound"])
 
-        def record(gemm, tokens, m, n, k, config, rel, us, flops):
+        def record(gemm, fp8, tokens, m, n, k, config, rel, us, flops):
             tflops = flops / (us * 1e6)
-            writer.writerow([torch.cuda.get_device_name(), triton.__version__, gemm, tokens, m, n, k,
-                             "x".join(map(str, config)), f"{rel:.2e}", f"{us:.1f}", f"{tflops:.0f}",
-                             f"{bf16_tflops:.0f}", f"{tflops / bf16_tflops:.3f}"])
+            writer.writerow([torch.cuda.get_device_name(), triton.__version__, gemm, "fp8" if fp8 else "bf16", tokens,
+                             m, n, k, "x".join(map(str, config)), f"{rel:.2e}", f"{us:.1f}", f"{tflops:.0f}",
+                             "fp8 _scaled_mm 8192^3" if fp8 else "bf16 matmul 8192^3", f"{bound[fp8]:.0f}",
+                             f"{tflops / bound[fp8]:.3f}"])
             f.flush()
-            print(f"{gemm} T={tokens} M={m} N={n} K={k} {config}: rel L2 {rel:.1e}, {us:.0f} µs, {tflops:.0f} TFLOP/s, "
-                  f"{tflops / bf16_tflops:.2f} of bf16 8192^3", flush=True)
+            print(f"{gemm} {'W4A8' if fp8 else 'W4A16'} T={tokens} M={m} N={n} K={k} {config}: rel L2 {rel:.1e}, "
+                  f"{us:.0f} µs, {tflops:.0f} TFLOP/s, {tflops / bound[fp8]:.2f} of the bound", flush=True)
 
         gemms = [gemm for layer in LAYERS for gemm in moe_gemms(layer)]
-        for (_, _, _, n, k), m in itertools.product(gemms, ROWS):  # dense: the ceiling
-            x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        for (_, _, _, n, k), m, fp8 in itertools.product(gemms, ROWS, (False, True)):  # dense: the ceiling
+            x = activations(m, k, fp8)
             packed, scales = weights(n, k)
-            ref = x.float() @ dequant(packed, scales).T  # exact products of bf16 values, fp32 sums
+            ref = x.float() @ dequant(packed, scales).T  # exact products (E4M3 holds these weights too), fp32 sums
             for config in CONFIGS:
                 y = launch(x, packed, scales, n, config)
                 rel = ((y.float() - ref).norm() / ref.norm()).item()
                 us = ms(functools.partial(launch, x, packed, scales, n, config)) * 1e3
-                record("dense", m, m, n, k, config, rel, us, 2 * m * n * k)
-        for (name, experts, top_k, n, k), tokens in itertools.product(gemms, ROWS):  # grouped: the MoE GEMM
+                record("dense", fp8, m, m, n, k, config, rel, us, 2 * m * n * k)
+        for (name, experts, top_k, n, k), tokens, fp8 in itertools.product(gemms, ROWS, (False, True)):  # grouped
             counts = torch.bincount(torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), top_k)
                                     .indices.flatten(), minlength=experts)
             packed, scales = weights(experts * n, k)
             for config in CONFIGS:
                 block_m = config[0]
                 block_expert = expert_blocks(counts, block_m)
-                x = torch.randn(block_expert.numel() * block_m, k, device="cuda", generator=gen).bfloat16()
+                x = activations(block_expert.numel() * block_m, k, fp8)
                 y = launch(x, packed, scales, n, config, block_expert)
                 checked = torch.randperm(block_expert.numel(), device="cuda", generator=gen)[:4].tolist()
                 err = ref_norm = 0.0
@@ -292,7 +312,7 @@ def _run(out_dir: str) -> None:
                     err += float((y[rows].float() - ref).norm() ** 2)
                     ref_norm += float(ref.norm() ** 2)
                 us = ms(functools.partial(launch, x, packed, scales, n, config, block_expert)) * 1e3
-                record(name, tokens, x.shape[0], n, k, config, (err / ref_norm) ** 0.5, us,
+                record(name, fp8, tokens, x.shape[0], n, k, config, (err / ref_norm) ** 0.5, us,
                        2 * tokens * top_k * n * k)
 
 
@@ -307,10 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         _run(args.out)
         return 0
     ok = True
-    for config, grouped in itertools.product(CONFIGS, (False, True)):
-        stats = sass_stats(compile_for_sm90(config, grouped))
+    for config, grouped, fp8 in itertools.product(CONFIGS, (False, True), (False, True)):
+        stats = sass_stats(compile_for_sm90(config, grouped, fp8))
         ok &= weights_stay_in_registers(stats)
-        print(f"triton {triton.__version__}, sm_90, {config}, {'grouped' if grouped else 'dense'}: {stats}")
+        print(f"triton {triton.__version__}, sm_90, {config}, {'grouped' if grouped else 'dense'}, "
+              f"{'W4A8' if fp8 else 'W4A16'}: {stats}")
     return 0 if ok else 1
 
 

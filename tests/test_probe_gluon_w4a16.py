@@ -1,6 +1,6 @@
-"""benchmarks/probe_gluon_w4a16.py compiles for sm_90 without a GPU: its warp-specialized kernel is built with the
-installed triton's Gluon, the decoded weights reach the wgmma without a layout conversion or a shared-memory store,
-and nothing spills. The probe's speed question needs a Hopper GPU (`--run`)."""
+"""benchmarks/probe_gluon_w4a16.py compiles for sm_90 without a GPU: its warp-specialized kernel (W4A16 and W4A8,
+dense and grouped) is built with the installed triton's Gluon, the decoded weights reach the wgmma without a layout
+conversion or a shared-memory store, and nothing spills. The probe's speed question needs a Hopper GPU (`--run`)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ sys.modules[_spec.name] = probe
 _spec.loader.exec_module(probe)
 
 
-@pytest.mark.parametrize(("config", "grouped"), [(probe.CONFIGS[0], False), (probe.CONFIGS[3], True)])
-def test_probe_kernel_compiles_for_sm90_with_weights_in_registers(config, grouped):
+@pytest.mark.parametrize(("config", "grouped", "fp8"), [(probe.CONFIGS[0], False, False), (probe.CONFIGS[3], True, False),
+                                                       (probe.CONFIGS[0], True, True)])
+def test_probe_kernel_compiles_for_sm90_with_weights_in_registers(config, grouped, fp8):
     block_m, block_n, block_k, stages, warps = config
-    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped))
+    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped, fp8))
     assert stats["warp_specialize"] == 1, stats  # a loader partition and the default (consumer) partition
-    assert stats["wgmma"] == block_k // 16, stats  # one m64nBMk16 wgmma per 16 K of a tile, per warpgroup
+    assert stats["wgmma"] == block_k // (32 if fp8 else 16), stats  # one wgmma per K 16 (bf16) / 32 (FP8) of a tile
     assert stats["setmaxnreg"] > 0, stats  # registers handed from the loader warp to the consumers
     assert probe.weights_stay_in_registers(stats), stats
     assert stats["shared_bytes"] <= 227 * 1024, stats  # the ring fits an sm_90 block
