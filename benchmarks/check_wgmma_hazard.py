@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 import triton  # noqa: E402
+from _cubin import cubin_tool  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -71,12 +70,7 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool, act_qua
 
 def k_loop_hazards(compiled) -> tuple[int, list[str]]:
     """(wgmmas in flight at the back edge, writes of their A registers before the next step's first wait)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
-        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+    text = cubin_tool(compiled, "nvdisasm", "-c")
     code, labels = [], {}
     for line in text.splitlines():
         label = re.match(r"^\s*(\.L_x_\d+):", line)

@@ -37,9 +37,7 @@ import functools
 import itertools
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
@@ -47,8 +45,6 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -56,6 +52,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+from _cubin import cubin_tool  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
 
@@ -184,20 +183,11 @@ def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = Fal
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": MAXNREG})
 
 
-def _nvidia_tool(name: str, *args: str) -> str:
-    return subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name), *args],
-                          capture_output=True, text=True, check=True).stdout
-
-
 def sass_stats(compiled) -> dict:
     """What the compiled kernel does: wgmma instructions, shared-memory stores, warp shuffles, register
     reallocation between partitions, spill bytes, and the TTGIR's warp_specialize and local_store ops."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = _nvidia_tool("nvdisasm", "-c", path)
-        usage = _nvidia_tool("cuobjdump", "-res-usage", path)
+    sass = cubin_tool(compiled, "nvdisasm", "-c")
+    usage = cubin_tool(compiled, "cuobjdump", "-res-usage")
     ttgir = compiled.asm["ttgir"]
     local = re.search(r"LOCAL:(\d+)", usage)
     return {"wgmma": len(re.findall(r"\b[HQ]GMMA\b", sass)), "shared_stores": len(re.findall(r"\bSTS\b", sass)),
