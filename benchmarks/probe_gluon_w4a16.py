@@ -6,10 +6,10 @@ does not warp-specialize an sm_90 loop (benchmarks/check_warp_specialize.py), so
 
     loader partition (1 warp, 40 registers): TMA of the X tile [BM, BK] bf16 and the packed weight tile
         [BN, BK/2] (MXFP4 codes, low nibble = even k) into a STAGES-deep ring, mbarrier-signalled
-    default partition (NUM_WARPS, 4 per 64 weight rows): the packed tile from shared memory straight into the
-        wgmma A-operand layout (DotOperandLayout k_width 1), fp4_to_fp to bf16 (k_width 2, the same registers), times
-        the E8M0 block scale as an exact bf16 power of two, then an async wgmma of W (registers) x X^T (shared
-        memory) into Y^T, one wgmma in flight while the next tile is decoded
+    CONSUMERS warpgroups (1 or 2, each BN / CONSUMERS weight rows): the packed rows from shared memory straight into
+        the wgmma A-operand layout (DotOperandLayout k_width 1), fp4_to_fp to bf16 (k_width 2, the same registers),
+        times the E8M0 block scale as an exact bf16 power of two, then a wgmma of W (registers) x X^T (shared
+        memory) into Y^T; a slot returns to the loader once every consumer has released it
 
 so the weights never pass through shared memory after the TMA. Two forms: dense (Y = X W^T, the ceiling) and
 grouped (GROUPED: rows sorted by expert and padded to BLOCK_M, each row block on its expert's weights: a MoE GEMM
@@ -37,6 +37,7 @@ import functools
 import itertools
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -61,9 +62,10 @@ from backends.model_shapes import SHAPES  # noqa: E402
 #: TMA load: `async_load` from triton 3.7 on, `async_copy_global_to_shared` before (the GPU machines run 3.6).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-#: (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, STAGES, NUM_WARPS); all fit sm_90's 227 KiB of shared memory.
-CONFIGS = [(128, 128, 128, 4, 8), (256, 128, 128, 3, 8), (128, 128, 64, 6, 8), (128, 64, 128, 4, 4),
-           (256, 64, 64, 4, 4)]
+#: (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, STAGES, CONSUMERS): all fit sm_90's 227 KiB of shared memory, and
+#: each consumer's accumulator (BLOCK_N / CONSUMERS x BLOCK_M fp32 over 128 threads) is at most 128 registers.
+CONFIGS = [(128, 128, 128, 4, 1), (128, 128, 128, 4, 2), (128, 128, 64, 6, 2), (128, 256, 64, 6, 2),
+           (128, 256, 128, 4, 2)]
 ROWS = [4096, 16384]
 #: The MoE layers whose GEMMs are timed: each GEMM dense (M = 4096 / 16384 rows, the ceiling) and grouped (the
 #: experts' rows of T = 4096 / 16384 tokens sorted by expert, padded to BLOCK_M, each block on its expert's weights).
@@ -77,8 +79,13 @@ def moe_gemms(layer: str) -> list[tuple[str, int, int, int, int]]:
             (f"{layer} gemm2", shape.experts, shape.top_k, shape.hidden_size, shape.intermediate_size)]
 
 
-#: Registers of a consumer thread (ptxas caps the kernel at this; the loader hands most of its share back).
+#: Registers per thread: at launch (the partitions' 12 warps x 32 x 168 fit the 64 Ki register file), then the
+#: loader's warpgroup hands all but LOADER_REGS back and the second consumer asks for CONSUMER_REGS (the first takes
+#: what is left). A 128 x 128 fp32 accumulator needs more than 168: below that ptxas spills and serializes the
+#: wgmmas (C7512).
 MAXNREG = 168
+CONSUMER_REGS = gl.constexpr(232)
+LOADER_REGS = gl.constexpr(40)
 
 
 @gluon.jit
@@ -95,41 +102,42 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles,
 
 @gluon.jit
 def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n, w_row,
-              k_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr,
+              k_tiles, ROW0: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
               FP8: gl.constexpr):
-    """Decode each packed tile into the wgmma's A registers, multiply by X^T from shared memory, store Y^T's tile.
+    """One warpgroup: rows ROW0 .. ROW0 + ROWS of each packed weight tile, decoded into the wgmma's A registers,
+    times X^T from shared memory; stores its rows of Y^T's tile.
+    Each wgmma is waited for before the next decode writes the A registers: with a register operand kept alive
+    across the wait (one wgmma left in flight) ptxas serializes every wgmma (C7512). The other consumer warpgroup's
+    decode and wgmma interleave with this one's instead. (Loading the next tile's codes and scales while the wgmma
+    runs measured slower: more registers, byte loads reordered.)
     FP8 (W4A8): the decoded weights are rounded to E4M3 and the wgmma is an FP8 one (K 32 per instruction); the
     packed tile is then loaded two bytes (four codes) per register so that the E4M3 bytes land in its A layout."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
     packed: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2 if FP8 else 1)
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4 if FP8 else 2)
-    rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
+    rows = w_row + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, packed))
     pairs = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, packed))
     scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 16)[None, :]  # E8M0 per 32 K = 16 bytes
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
+    acc = gl.zeros([ROWS, BLOCK_M], gl.float32, mma)
     for i in range(k_tiles):
         slot = i % STAGES
         block = i * (BLOCK_K // 32) + pairs // 16  # past K (the last tile of K = 2880): TMA reads zeros there
         scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        w = gl.fp4_to_fp(w_bufs.index(slot).load(packed), gl.bfloat16, 1)
+        w = gl.fp4_to_fp(w_bufs.index(slot).slice(ROW0, ROWS, dim=0).load(packed), gl.bfloat16, 1)
         s16 = (scale.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # 2^(s - 127), exact for 1 <= s <= 254
-        s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BLOCK_N, BLOCK_K]), w.type.layout)  # same registers
+        s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [ROWS, BLOCK_K]), w.type.layout)  # same registers
         w = w * s16
         if FP8:
             w = w.to(gl.float8e4nv)
         w = gl.convert_layout(w, operand)  # fp4_to_fp's result is this layout already: no data moves
         acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-        if FP8:  # an 8-bit operand cannot be kept alive across a wgmma wait (triton 3.6): no wgmma left in flight
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        else:  # one wgmma in flight: the next tile's decode overlaps it; the previous one is complete
-            acc, w = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w])
-        fence_async_shared()  # order this partition's shared loads of the slot before the loader's next TMA into it
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        fence_async_shared()  # order this warpgroup's shared loads of the slot before the loader's next TMA into it
+        mbarrier.arrive(empty.index(slot), count=1)
+    offs_n = off_n + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
     offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
     y = y_ptr + offs_m[None, :].to(gl.int64) * stride_ym + offs_n[:, None]
     gl.store(y, acc.to(gl.bfloat16), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
@@ -138,10 +146,12 @@ def _consumer(x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, 
 @gluon.jit
 def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, block_expert_ptr, M, N, K,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr):
+                    CONSUMERS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr):
     """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m).
+    CONSUMERS warpgroups (1 or 2) split the tile's BLOCK_N weight rows; a slot is free once each has released it.
     GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and row block m multiplies
     expert block_expert[m]'s. FP8: X is E4M3 and the weights are rounded to E4M3 (W4A8)."""
+    ROWS: gl.constexpr = BLOCK_N // CONSUMERS
     off_n = gl.program_id(0) * BLOCK_N
     off_m = gl.program_id(1) * BLOCK_M
     w_row = off_n
@@ -154,12 +164,21 @@ def w4a16_ws_kernel(x_desc, w_desc, s_ptr, stride_sn, y_ptr, stride_ym, block_ex
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n, w_row,
-                     k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8)),
-        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
-    ], [1], [40])
+        mbarrier.init(empty.index(i), count=CONSUMERS)
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n,
+                         w_row, k_tiles, 0, ROWS, BLOCK_M, BLOCK_K, FP8)),
+            (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n,
+                         w_row, k_tiles, ROWS, ROWS, BLOCK_M, BLOCK_K, FP8)),
+            (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (x_bufs, w_bufs, ready, empty, s_ptr, stride_sn, y_ptr, stride_ym, M, N, K, off_m, off_n,
+                         w_row, k_tiles, 0, ROWS, BLOCK_M, BLOCK_K, FP8)),
+            (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
+        ], [1], [LOADER_REGS])
 
 
 def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool):
@@ -167,12 +186,17 @@ def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool):
             gl.NVMMASharedLayout.get_default_for([block_n, block_k // 2], gl.uint8))
 
 
+def _constexprs(config: tuple[int, int, int, int, int], grouped: bool, fp8: bool) -> dict:
+    block_m, block_n, block_k, stages, consumers = config
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CONSUMERS=consumers,
+                GROUPED=grouped, FP8=fp8)
+
+
 def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = False, fp8: bool = False):
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
-    block_m, block_n, block_k, stages, warps = config
+    block_m, block_n, block_k, stages, consumers = config
     x_layout, w_layout = _layouts(block_m, block_n, block_k, fp8)
-    constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                      GROUPED=grouped, FP8=fp8)
+    constexprs = _constexprs(config, grouped, fp8)
     signature = {"x_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<u8[{block_n},{block_k // 2}],{w_layout!r}>",
                  "s_ptr": "*u8", "stride_sn": "i32", "y_ptr": "*bf16", "stride_ym": "i32", "block_expert_ptr": "*i32",
@@ -180,7 +204,7 @@ def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = Fal
     names = w4a16_ws_kernel.arg_names
     source = GluonASTSource(fn=w4a16_ws_kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": MAXNREG})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
 
 
 def sass_stats(compiled) -> dict:
@@ -213,14 +237,21 @@ def expert_blocks(counts, block_m: int):
     return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), blocks).to(torch.int32)
 
 
-def _run(out_dir: str) -> None:
+def _config_name(config) -> str:
+    return "x".join(map(str, config))
+
+
+def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
+    """Time configs on the GPU into out_dir; smoke: one small dense and grouped product per config and form, an
+    AssertionError if any is wrong (the --run driver runs this first, in a process of its own per config, so that a
+    config that hangs or faults costs a timeout, not the run)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.formats import dequantize_mxfp4 as dequant  # the project's MXFP4: element 2j in the low nibble
 
     def launch(x, packed, scales, n, config, block_expert=None):
-        block_m, block_n, block_k, stages, warps = config
+        block_m, block_n, block_k = config[:3]
         fp8 = x.dtype == torch.float8_e4m3fn
         x_layout, w_layout = _layouts(block_m, block_n, block_k, fp8)
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
@@ -229,8 +260,7 @@ def _run(out_dir: str) -> None:
                               TensorDescriptor.from_tensor(packed, [block_n, block_k // 2], w_layout),
                               scales, scales.stride(0), y, y.stride(0),
                               scales if block_expert is None else block_expert, x.shape[0], n, x.shape[1],
-                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                              GROUPED=block_expert is not None, FP8=fp8, num_warps=warps, maxnreg=MAXNREG)
+                              **_constexprs(config, block_expert is not None, fp8), num_warps=4, maxnreg=MAXNREG)
         return y
 
     def ms(fn, iters=20):
@@ -252,8 +282,23 @@ def _run(out_dir: str) -> None:
         x = torch.randn(rows, k, device="cuda", generator=gen)
         return x.to(torch.float8_e4m3fn) if fp8 else x.bfloat16()
 
-    os.makedirs(out_dir, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if smoke:
+        for config, fp8 in itertools.product(configs, (False, True)):
+            block_m, block_n = config[:2]
+            x, (packed, scales) = activations(2 * block_m, 640, fp8), weights(3 * block_n, 640)
+            for block_expert in (None, torch.tensor([2, 0], dtype=torch.int32, device="cuda")):
+                n = block_n if block_expert is not None else 3 * block_n
+                y = launch(x, packed, scales, n, config, block_expert).float()
+                for b in range(2):
+                    rows, w = slice(b * block_m, (b + 1) * block_m), slice(0, 3 * block_n)
+                    if block_expert is not None:
+                        w = slice(int(block_expert[b]) * block_n, (int(block_expert[b]) + 1) * block_n)
+                    ref = x[rows].float() @ dequant(packed[w], scales[w]).T
+                    rel = ((y[rows] - ref).norm() / ref.norm()).item()
+                    assert rel < 1e-2, f"{config} fp8={fp8} grouped={block_expert is not None}: rel L2 {rel:.2e}"
+        return
+    os.makedirs(out_dir, exist_ok=True)
     square = torch.randn(8192, 8192, device="cuda", generator=gen).bfloat16()
     square8, one = square.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
     bound = {False: 2 * 8192**3 / (ms(functools.partial(torch.matmul, square, square)) * 1e9),
@@ -267,7 +312,7 @@ def _run(out_dir: str) -> None:
         def record(gemm, fp8, tokens, m, n, k, config, rel, us, flops):
             tflops = flops / (us * 1e6)
             writer.writerow([torch.cuda.get_device_name(), triton.__version__, gemm, "fp8" if fp8 else "bf16", tokens,
-                             m, n, k, "x".join(map(str, config)), f"{rel:.2e}", f"{us:.1f}", f"{tflops:.0f}",
+                             m, n, k, _config_name(config), f"{rel:.2e}", f"{us:.1f}", f"{tflops:.0f}",
                              "fp8 _scaled_mm 8192^3" if fp8 else "bf16 matmul 8192^3", f"{bound[fp8]:.0f}",
                              f"{tflops / bound[fp8]:.3f}"])
             f.flush()
@@ -279,7 +324,7 @@ def _run(out_dir: str) -> None:
             x = activations(m, k, fp8)
             packed, scales = weights(n, k)
             ref = x.float() @ dequant(packed, scales).T  # exact products (E4M3 holds these weights too), fp32 sums
-            for config in CONFIGS:
+            for config in configs:
                 y = launch(x, packed, scales, n, config)
                 rel = ((y.float() - ref).norm() / ref.norm()).item()
                 us = ms(functools.partial(launch, x, packed, scales, n, config)) * 1e3
@@ -288,7 +333,7 @@ def _run(out_dir: str) -> None:
             counts = torch.bincount(torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), top_k)
                                     .indices.flatten(), minlength=experts)
             packed, scales = weights(experts * n, k)
-            for config in CONFIGS:
+            for config in configs:
                 block_m = config[0]
                 block_expert = expert_blocks(counts, block_m)
                 x = activations(block_expert.numel() * block_m, k, fp8)
@@ -310,11 +355,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="store_true", help="run and time on this machine's Hopper GPU")
     parser.add_argument("--out", help="with --run: the results directory (benchmarks/results/<run>)")
+    parser.add_argument("--smoke", metavar="CONFIG", help=argparse.SUPPRESS)  # one config's check, for --run
     args = parser.parse_args(argv)
+    if args.smoke:
+        _run(None, [next(c for c in CONFIGS if _config_name(c) == args.smoke)], smoke=True)
+        return 0
     if args.run:
         if not args.out:
             parser.error("--run needs --out DIR")
-        _run(args.out)
+        passing = []
+        for config in CONFIGS:
+            try:
+                check = subprocess.run([sys.executable, __file__, "--smoke", _config_name(config)], timeout=180,
+                                       capture_output=True, text=True)
+                verdict = "ok" if check.returncode == 0 else check.stderr.strip().splitlines()[-1]
+            except subprocess.TimeoutExpired:
+                verdict = "hung (killed after 180 s)"
+            print(f"{_config_name(config)}: {verdict}", flush=True)
+            passing += [config] if verdict == "ok" else []
+        _run(args.out, passing)
         return 0
     ok = True
     for config, grouped, fp8 in itertools.product(CONFIGS, (False, True), (False, True)):
