@@ -20,12 +20,13 @@ _spec.loader.exec_module(probe)
 
 
 @pytest.mark.parametrize(("config", "grouped", "fp8"), [(probe.CONFIGS[0], False, False), (probe.CONFIGS[3], True, False),
-                                                       (probe.CONFIGS[0], True, True)])
+                                                       (probe.CONFIGS[1], True, True)])
 def test_probe_kernel_compiles_for_sm90_with_weights_in_registers(config, grouped, fp8):
-    block_m, block_n, block_k, stages, warps = config
+    block_m, block_n, block_k, stages, consumers = config
     stats = probe.sass_stats(probe.compile_for_sm90(config, grouped, fp8))
-    assert stats["warp_specialize"] == 1, stats  # a loader partition and the default (consumer) partition
-    assert stats["wgmma"] == block_k // (32 if fp8 else 16), stats  # one wgmma per K 16 (bf16) / 32 (FP8) of a tile
+    assert stats["warp_specialize"] == 1, stats  # one region: the consumer warpgroups and the loader warp
+    # each consumer's loop has one wgmma per 64 of its weight rows and K 16 (bf16) / 32 (FP8) of a tile
+    assert stats["wgmma"] == block_n // 64 * block_k // (32 if fp8 else 16), stats
     assert stats["setmaxnreg"] > 0, stats  # registers handed from the loader warp to the consumers
     assert probe.weights_stay_in_registers(stats), stats
     assert stats["shared_bytes"] <= 227 * 1024, stats  # the ring fits an sm_90 block
