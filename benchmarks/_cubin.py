@@ -1,9 +1,10 @@
 """What ptxas made of a kernel compiled ahead of time, read with the NVIDIA tools that ship with the triton wheel
-(no CUDA toolkit needed): the SASS checks check_wgmma_hazard.py and probe_gluon_w4a16.py."""
+(no CUDA toolkit needed): the SASS checks of check_wgmma_hazard.py and probe_gluon_w4a16.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 
@@ -18,3 +19,60 @@ def cubin_tool(compiled, tool: str, *args: str) -> str:
             f.write(compiled.asm["cubin"])
         binary = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
         return subprocess.run([binary, *args, path], capture_output=True, text=True, check=True).stdout
+
+
+def k_loop(sass: str) -> list[str]:
+    """The instructions of the kernel's K loop: the shortest loop whose body issues a wgmma (a longer one is a loop
+    around it, such as a warp-specialized kernel's partition dispatch)."""
+    code, labels = [], {}
+    for line in sass.splitlines():
+        label = re.match(r"^\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(code)
+        ins = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if ins:
+            code.append(ins.group(1))
+    loops = [(labels[m.group(1)], j) for j, ins in enumerate(code)  # a loop's back edge is a predicated branch;
+             if ins.startswith("@") and (m := re.search(r"BRA `\((\.L_x_\d+)\)", ins))  # a barrier wait's retry
+             and labels.get(m.group(1), j) < j]  # path jumps back unconditionally from the kernel's end
+    loops = [(top, end) for top, end in loops if any(_WGMMA.search(ins) for ins in code[top:end + 1])]
+    top, end = min(loops, key=lambda span: span[1] - span[0])
+    return code[top:end + 1]
+
+
+_WGMMA = re.compile(r"\b[HQ]GMMA\.\S+ R\d+, R(\d+),")  # a wgmma whose A operand is in registers (4 from R<n>)
+_WRITE = re.compile(r"(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)\s+R(\d+)")  # an instruction and its first register operand
+_NOT_A_WRITE = ("ST", "LDGSTS", "HGMMA", "QGMMA", "BAR", "RED", "ATOM")  # ops whose first operand is read, not written
+
+
+def in_flight_operand_writes(loop: list[str]) -> tuple[int, list[str]]:
+    """(wgmmas in flight at the loop's back edge, writes of an A register of a wgmma still in flight).
+
+    The registers of a wgmma's A operand must not be written until a wait retires it (PTX leaves it undefined;
+    ptxas does not guard it). The loop is followed twice around its back edge: wgmmas form groups up to the one
+    marked `gsb0`, `WARPGROUP.DEPBAR.LE gsb0, n` retires all but the newest n groups, and each write of a register
+    of an unretired group is reported (second pass only: the first one sets up what enters from the last step)."""
+    groups: list[tuple[int, set[int]]] = []  # committed groups, oldest first: (wgmmas, A registers)
+    issuing: tuple[int, set[int]] = (0, set())  # wgmmas issued since the last commit
+    writes: list[str] = []
+    in_flight = 0
+    for second in (False, True):
+        for ins in loop:
+            wait = re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)", ins)
+            a = _WGMMA.search(ins)
+            dest = _WRITE.match(ins)
+            if wait:
+                keep = int(wait.group(1), 16)
+                groups = groups[len(groups) - keep:] if keep else []
+            elif a:
+                issuing = (issuing[0] + 1, issuing[1] | set(range(int(a.group(1)), int(a.group(1)) + 4)))
+                if "gsb0" in ins:
+                    groups, issuing = groups + [issuing], (0, set())
+            elif second and dest and not dest.group(2).startswith(_NOT_A_WRITE):
+                width = 4 if ".128" in dest.group(2) else 2 if ".64" in dest.group(2) else 1
+                live = set().union(issuing[1], *(registers for _, registers in groups))
+                if live & set(range(int(dest.group(3)), int(dest.group(3)) + width)):
+                    writes.append(ins)
+        if not second:
+            in_flight = issuing[0] + sum(count for count, _ in groups)
+    return in_flight, writes

@@ -5,8 +5,8 @@ register A operand) the next step's dequantization then writes the registers tha
 leaves undefined; on an H200 it gave wrong, run-to-run varying sums (NVFP4 GEMM2 64x128x64, 4 warps, 3 stages).
 The kernels therefore retire the warpgroup's wgmmas before each step's dequantization (`RETIRE_WGMMA`, see
 `backends.triton_moe._kernels._dequant_words`). This script compiles every swap-AB wgmma entry of the tuning
-tables for sm_90 and reads the SASS of the K loop: the registers of the wgmmas still in flight at the loop's
-back edge (issued after its last WARPGROUP.DEPBAR) must not be written before the next step's first wait.
+tables for sm_90 and reads the SASS of the K loop (`_cubin.in_flight_operand_writes`): no register of a wgmma's
+A operand may be written while that wgmma is in flight, followed around the loop's back edge.
 
     python benchmarks/check_wgmma_hazard.py               # every swap-AB 4-8 warp entry of the shipped tables
     python benchmarks/check_wgmma_hazard.py --no-retire   # the same kernels without the wait: shows the hazard
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 import triton  # noqa: E402
-from _cubin import cubin_tool  # noqa: E402
+from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -69,35 +68,8 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool, act_qua
 
 
 def k_loop_hazards(compiled) -> tuple[int, list[str]]:
-    """(wgmmas in flight at the back edge, writes of their A registers before the next step's first wait)."""
-    text = cubin_tool(compiled, "nvdisasm", "-c")
-    code, labels = [], {}
-    for line in text.splitlines():
-        label = re.match(r"^\s*(\.L_x_\d+):", line)
-        if label:
-            labels[label.group(1)] = len(code)
-        ins = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-        if ins:
-            code.append(ins.group(1))
-    loops = [(labels[m.group(1)], j) for j, ins in enumerate(code)
-             if (m := re.search(r"BRA `\((\.L_x_\d+)\)", ins)) and labels.get(m.group(1), j) < j]
-    top, end = max(loops, key=lambda span: span[1] - span[0])  # the K loop: the longest backward branch
-    body = code[top:end + 1]
-    waits = [i for i, ins in enumerate(body) if "WARPGROUP.DEPBAR" in ins]
-    in_flight = [ins for ins in body[(waits[-1] + 1 if waits else 0):] if "HGMMA" in ins]
-    registers = set()
-    for ins in in_flight:
-        a = re.search(r"HGMMA\.\S+ R\d+, R(\d+),", ins)
-        if a:
-            registers |= set(range(int(a.group(1)), int(a.group(1)) + 4))
-    writes = []
-    for ins in body[:waits[0] if waits else len(body)]:
-        dest = re.match(r"(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)\s+R(\d+)", ins)
-        if dest and not dest.group(2).startswith(("ST", "LDGSTS", "HGMMA", "BAR", "RED", "ATOM")):
-            width = 4 if ".128" in dest.group(2) else 2 if ".64" in dest.group(2) else 1
-            if registers & set(range(int(dest.group(3)), int(dest.group(3)) + width)):
-                writes.append(ins)
-    return len(in_flight), writes
+    """(wgmmas in flight at the K loop's back edge, writes of an A register of a wgmma in flight)."""
+    return in_flight_operand_writes(k_loop(cubin_tool(compiled, "nvdisasm", "-c")))
 
 
 def main() -> int:
@@ -107,7 +79,7 @@ def main() -> int:
                    "with each FP8 accumulation (forward.FP8_ACCUMULATIONS)")
     args = p.parse_args()
     by_size = {(s.format, s.hidden_size, s.intermediate_size): s for s in SHAPES.values()}
-    print("| table entry | GEMM | config | wgmmas in flight at the back edge | A-register writes before the wait |")
+    print("| table entry | GEMM | config | wgmmas in flight at the back edge | A-register writes while in flight |")
     print("|---|---|---|---|---|")
     bad = 0
     for file, index, entry in tuning.shipped_entries():

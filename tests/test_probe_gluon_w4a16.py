@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("triton.experimental.gluon", reason="this triton has no Gluon")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 _spec = importlib.util.spec_from_file_location("probe_gluon_w4a16", ROOT / "benchmarks" / "probe_gluon_w4a16.py")
 probe = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = probe
@@ -22,21 +23,24 @@ _spec.loader.exec_module(probe)
 @pytest.mark.parametrize(("config", "grouped", "fp8"), [(probe.CONFIGS[0], False, False), (probe.CONFIGS[3], True, False),
                                                        (probe.CONFIGS[1], True, True)])
 def test_probe_kernel_compiles_for_sm90_with_weights_in_registers(config, grouped, fp8):
-    block_m, block_n, block_k, stages, consumers = config
+    block_m, block_n, block_k, stages, warps = config
     stats = probe.sass_stats(probe.compile_for_sm90(config, grouped, fp8))
     assert stats["warp_specialize"] == 1, stats  # one region: the consumer warpgroups and the loader warp
-    # each consumer's loop has one wgmma per 64 of its weight rows and K 16 (bf16) / 32 (FP8) of a tile
-    assert stats["wgmma"] == block_n // 64 * block_k // (32 if fp8 else 16), stats
+    # one wgmma per K 16 (bf16) / 32 (FP8) of a tile, in three copies of the step: the loop unrolled by two, the tail
+    assert stats["wgmma"] == 3 * block_k // (32 if fp8 else 16), stats
+    assert stats["local_stores"] == 1, stats  # the output tile, for the TMA store
+    # W4A16 leaves a wgmma in flight across the loop's back edge and never writes its operand registers meanwhile
+    assert stats["operand_rewrites"] == 0 and (stats["in_flight"] > 0) != fp8, stats
     assert stats["setmaxnreg"] > 0, stats  # registers handed from the loader warp to the consumers
     assert probe.weights_stay_in_registers(stats), stats
     assert stats["shared_bytes"] <= 227 * 1024, stats  # the ring fits an sm_90 block
 
 
 def test_the_check_refuses_a_kernel_that_converts_or_spills():
-    good = {"wgmma": 8, "shuffles": 0, "local_stores": 0, "spill_bytes": 0, "warp_specialize": 1}
+    good = {"wgmma": 8, "shuffles": 0, "local_stores": 1, "spills": 0, "warp_specialize": 1, "operand_rewrites": 0}
     assert probe.weights_stay_in_registers(good)
-    for key, value in (("shuffles", 64), ("local_stores", 1), ("spill_bytes", 72), ("warp_specialize", 0),
-                       ("wgmma", 0)):
+    for key, value in (("shuffles", 64), ("local_stores", 2), ("spills", 72), ("warp_specialize", 0),
+                       ("wgmma", 0), ("operand_rewrites", 3)):
         assert not probe.weights_stay_in_registers(good | {key: value}), key
 
 
@@ -59,3 +63,19 @@ def test_the_gemms_are_the_layers_shapes():
     assert probe.moe_gemms("gpt-oss-120b") == [("gpt-oss-120b gemm1", 128, 4, 5760, 2880),
                                                ("gpt-oss-120b gemm2", 128, 4, 2880, 2880)]
     assert all(probe.SHAPES[layer].format == "mxfp4" for layer in probe.LAYERS)  # the probe decodes MXFP4
+
+
+def test_in_flight_operand_writes_follows_the_wgmma_groups_around_the_back_edge():
+    from _cubin import in_flight_operand_writes
+
+    issue = ("HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR4], R24",
+             "HGMMA.64x128x16.F32.BF16 R24, R104, gdesc[UR8], R24, gsb0")
+    decode_into_the_operand = "PRMT R101, R36, 0x4140, RZ"  # the next tile's decode writes R100-R103
+    # the group stays in flight across the back edge (LE 1) while the next step writes its registers: reported
+    in_flight, writes = in_flight_operand_writes([decode_into_the_operand, *issue, "WARPGROUP.DEPBAR.LE gsb0, 0x1"])
+    assert in_flight == 2 and writes == [decode_into_the_operand]
+    # retired before the back edge (LE 0): nothing in flight, nothing reported
+    assert in_flight_operand_writes([decode_into_the_operand, *issue, "WARPGROUP.DEPBAR.LE gsb0, 0x0"]) == (0, [])
+    # a write of another register, or a store reading the operand, is no hazard
+    assert in_flight_operand_writes(["PRMT R90, R36, 0x4140, RZ", "STS [R1], R101", *issue,
+                                     "WARPGROUP.DEPBAR.LE gsb0, 0x1"])[1] == []
