@@ -13,8 +13,9 @@ does not warp-specialize an sm_90 loop (benchmarks/check_warp_specialize.py), so
         the output tile goes out through shared memory by TMA
 
 so the weights never pass through shared memory after the TMA. Two forms: dense (Y = X W^T, the ceiling) and
-grouped (GROUPED: rows sorted by expert and padded to BLOCK_M, each row block on its expert's weights: a MoE GEMM
-without the gather of X rows and without the epilogue, which the layer kernel would add if this gets near the target).
+grouped (GROUPED: rows sorted by expert, each row block on its expert's weights: a MoE GEMM without the gather of X
+rows and without the epilogue, which the layer kernel would add if this gets near the target), with each expert's
+rows padded to whole BLOCK_M blocks or, with tails, to BLOCK_M / 4, the last rows in blocks of BLOCK_M / 2 and / 4.
 FP8 runs the same with E4M3 activations and the decoded weights rounded to E4M3 into an FP8 wgmma: W4A8, whose issue 32
 item 4 asks 1.6x of W4A16 and 0.55 of the FP8 `_scaled_mm` rate.
 
@@ -25,7 +26,7 @@ Without a GPU it prints, per launch config and form, what the compiled kernel do
 stores, warp shuffles, register reallocation, spills, wgmmas in flight and writes of their operand registers) and
 exits 1 if the weights would pass through shared memory, an in-flight operand be rewritten or registers spill.
 With --run it writes DIR/gluon_w4a16.csv: for both GEMMs of gpt-oss-120b and DeepSeek-V3 (MXFP4) at T = 4096 and
-16384, dense and grouped, W4A16 and W4A8, each config's relative L2 error against the fp32 product of the
+16384, dense and grouped (whole blocks, and with tails: `<gemm> tails`), W4A16 and W4A8, each config's relative L2 error against the fp32 product of the
 dequantized weights (backends.formats), µs, TFLOP/s of the useful products (T * top-k * N * K * 2 when grouped) and
 their fraction of the same run's bf16 8192^3 matmul (W4A16) or FP8 `_scaled_mm` (W4A8), issue 32's measures.
 """
@@ -66,8 +67,7 @@ _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_globa
 
 #: (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, STAGES, NUM_WARPS: one warpgroup per 64 weight rows); the ring and
 #: the output tile fit sm_90's 227 KiB of shared memory.
-CONFIGS = [(128, 128, 128, 4, 8), (128, 128, 64, 6, 8), (256, 64, 64, 4, 4), (256, 128, 64, 4, 8),
-           (256, 128, 64, 3, 8)]
+CONFIGS = [(128, 128, 128, 4, 8), (128, 128, 64, 6, 8), (256, 64, 64, 4, 4), (256, 128, 64, 4, 8)]
 ROWS = [4096, 16384]
 #: The MoE layers whose GEMMs are timed: each GEMM dense (M = 4096 / 16384 rows, the ceiling) and grouped (the
 #: experts' rows of T = 4096 / 16384 tokens sorted by expert, padded to BLOCK_M, each block on its expert's weights).
@@ -163,16 +163,18 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
 
 
 @gluon.jit
-def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, N, K, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-                    GROUPED: gl.constexpr, FP8: gl.constexpr):
+def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr):
     """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m).
-    GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and row block m multiplies
-    expert block_expert[m]'s. FP8: X is E4M3 and the weights are rounded to E4M3 (W4A8)."""
+    GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and program m multiplies
+    rows block_row[m] .. + BLOCK_M by expert block_expert[m]'s weights (one launch per block size:
+    `expert_blocks`). FP8: X is E4M3 and the weights are rounded to E4M3 (W4A8)."""
     off_n = gl.program_id(0) * BLOCK_N
     off_m = gl.program_id(1) * BLOCK_M
     w_row = off_n
     if GROUPED:
+        off_m = gl.load(block_row_ptr + gl.program_id(1))
         w_row = gl.load(block_expert_ptr + gl.program_id(1)) * N + off_n
     k_tiles = gl.cdiv(K, BLOCK_K)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -211,8 +213,8 @@ def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = Fal
     signature = {"x_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<u8[{block_n},{block_k // 2}],{w_layout!r}>",
                  "y_desc": f"tensordesc<bf16[{block_m},{block_n}],{y_layout!r}>",
-                 "s_ptr": "*u8", "stride_sn": "i32", "block_expert_ptr": "*i32", "N": "i32", "K": "i32"
-                 } | {name: "constexpr" for name in constexprs}
+                 "s_ptr": "*u8", "stride_sn": "i32", "block_expert_ptr": "*i32", "block_row_ptr": "*i32",
+                 "N": "i32", "K": "i32"} | {name: "constexpr" for name in constexprs}
     names = w4a16_ws_kernel.arg_names
     source = GluonASTSource(fn=w4a16_ws_kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
@@ -242,13 +244,25 @@ def weights_stay_in_registers(stats: dict) -> bool:
             and stats["operand_rewrites"] == 0 and stats["spills"] == 0 and stats["warp_specialize"] > 0)
 
 
-def expert_blocks(counts, block_m: int):
-    """The expert of each BLOCK_M-row block of expert-sorted rows, each expert's rows padded to whole blocks
-    (what the layer's alignment gives its GEMMs): int32 [blocks]."""
+def expert_blocks(counts, block_m: int, tails: bool = True):
+    """The row blocks of expert-sorted rows (what the layer's alignment gives its GEMMs): int32 (expert, first row,
+    rows) per block. Each expert's rows are padded to whole BLOCK_M blocks, or with tails to a multiple of
+    BLOCK_M / 4 and split into BLOCK_M blocks and one or two smaller ones (BLOCK_M / 2 and / or BLOCK_M / 4)."""
     import torch
 
-    blocks = (counts + block_m - 1) // block_m
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), blocks).to(torch.int32)
+    quarter = block_m // 4
+    padded = ((counts + quarter - 1) // quarter * quarter) if tails else ((counts + block_m - 1) // block_m * block_m)
+    experts, firsts, sizes = [], [], []
+    first = 0
+    for expert, rows in enumerate(padded.tolist()):
+        parts = [block_m] * (rows // block_m) + [size for size in (block_m // 2, quarter) if rows % block_m & size]
+        for size in parts:
+            experts.append(expert)
+            firsts.append(first)
+            sizes.append(size)
+            first += size
+    table = torch.tensor([experts, firsts, sizes], dtype=torch.int32, device=counts.device)
+    return table[0], table[1], table[2]
 
 
 def _config_name(config) -> str:
@@ -264,19 +278,39 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
 
     from backends.formats import dequantize_mxfp4 as dequant  # the project's MXFP4: element 2j in the low nibble
 
-    def launch(x, packed, scales, n, config, block_expert=None):
-        block_m, block_n, block_k = config[:3]
+    def size_launches(config, blocks):
+        """(config, expert, first row, programs) per block size of `expert_blocks`' blocks: one launch each, the
+        config's BLOCK_M replaced by that size (two block sizes in one kernel crash triton 3.6's lowering)."""
+        expert, first, rows = blocks
+        return [((size,) + tuple(config[1:]), expert[rows == size], first[rows == size], int((rows == size).sum()))
+                for size in (config[0], config[0] // 2, config[0] // 4) if bool((rows == size).any())]
+
+    def launch(x, packed, scales, n, config, launches=None):
+        """Y = X W^T, or with launches (`size_launches`) the grouped GEMM over their blocks."""
+        block_n, block_k = config[1:3]
         fp8 = x.dtype == torch.float8_e4m3fn
-        x_layout, w_layout, y_layout = _layouts(block_m, block_n, block_k, fp8)
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-        grid = (triton.cdiv(n, block_n), triton.cdiv(x.shape[0], block_m))
-        w4a16_ws_kernel[grid](TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
-                              TensorDescriptor.from_tensor(packed, [block_n, block_k // 2], w_layout),
-                              TensorDescriptor.from_tensor(y, [block_m, block_n], y_layout),
-                              scales, scales.stride(0), scales if block_expert is None else block_expert, n,
-                              x.shape[1], **_constexprs(config, block_expert is not None, fp8), num_warps=config[4],
-                              maxnreg=MAXNREG)
+        dense = [(config, scales, scales, triton.cdiv(x.shape[0], config[0]))]  # the pointers are not read
+        for sub_config, expert, first, count in launches or dense:
+            x_layout, w_layout, y_layout = _layouts(sub_config[0], block_n, block_k, fp8)
+            w4a16_ws_kernel[(triton.cdiv(n, block_n), count)](
+                TensorDescriptor.from_tensor(x, [sub_config[0], block_k], x_layout),
+                TensorDescriptor.from_tensor(packed, [block_n, block_k // 2], w_layout),
+                TensorDescriptor.from_tensor(y, [sub_config[0], block_n], y_layout),
+                scales, scales.stride(0), expert, first, n, x.shape[1],
+                **_constexprs(sub_config, launches is not None, fp8), num_warps=config[4], maxnreg=MAXNREG)
         return y
+
+    def grouped_error(x, y, packed, scales, n, blocks, checked):
+        """Relative L2 error of the grouped product's rows in the blocks `checked` (indices into blocks)."""
+        err = ref_norm = 0.0
+        for b in checked:
+            expert, first, rows = (int(t[b]) for t in blocks)
+            w = slice(expert * n, (expert + 1) * n)
+            ref = x[first:first + rows].float() @ dequant(packed[w], scales[w]).T
+            err += float((y[first:first + rows].float() - ref).norm() ** 2)
+            ref_norm += float(ref.norm() ** 2)
+        return (err / ref_norm) ** 0.5
 
     def ms(fn, iters=20):
         fn()
@@ -302,16 +336,16 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
         for config, fp8 in itertools.product(configs, (False, True)):
             block_m, block_n = config[:2]
             x, (packed, scales) = activations(2 * block_m, 640, fp8), weights(3 * block_n, 640)
-            for block_expert in (None, torch.tensor([2, 0], dtype=torch.int32, device="cuda")):
-                n = block_n if block_expert is not None else 3 * block_n
-                y = launch(x, packed, scales, n, config, block_expert).float()
-                for b in range(2):
-                    rows, w = slice(b * block_m, (b + 1) * block_m), slice(0, 3 * block_n)
-                    if block_expert is not None:
-                        w = slice(int(block_expert[b]) * block_n, (int(block_expert[b]) + 1) * block_n)
-                    ref = x[rows].float() @ dequant(packed[w], scales[w]).T
-                    rel = ((y[rows] - ref).norm() / ref.norm()).item()
-                    assert rel < 1e-2, f"{config} fp8={fp8} grouped={block_expert is not None}: rel L2 {rel:.2e}"
+            y = launch(x, packed, scales, 3 * block_n, config).float()
+            ref = x.float() @ dequant(packed, scales).T
+            rel = ((y - ref).norm() / ref.norm()).item()
+            assert rel < 1e-2, f"{config} fp8={fp8} dense: rel L2 {rel:.2e}"
+            # one block of each size: BLOCK_M and a quarter (expert 0), a half (expert 1), a quarter (expert 2)
+            blocks = expert_blocks(torch.tensor([block_m + 1, block_m // 2, 3], device="cuda"), block_m)
+            x = activations(int(blocks[1][-1] + blocks[2][-1]), 640, fp8)
+            y = launch(x, packed, scales, block_n, config, size_launches(config, blocks))
+            rel = grouped_error(x, y, packed, scales, block_n, blocks, range(blocks[0].numel()))
+            assert rel < 1e-2, f"{config} fp8={fp8} grouped: rel L2 {rel:.2e}"
         return
     os.makedirs(out_dir, exist_ok=True)
     square = torch.randn(8192, 8192, device="cuda", generator=gen).bfloat16()
@@ -348,21 +382,15 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
             counts = torch.bincount(torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), top_k)
                                     .indices.flatten(), minlength=experts)
             packed, scales = weights(experts * n, k)
-            for config in configs:
-                block_m = config[0]
-                block_expert = expert_blocks(counts, block_m)
-                x = activations(block_expert.numel() * block_m, k, fp8)
-                y = launch(x, packed, scales, n, config, block_expert)
-                checked = torch.randperm(block_expert.numel(), device="cuda", generator=gen)[:4].tolist()
-                err = ref_norm = 0.0
-                for b in checked:
-                    e = int(block_expert[b])
-                    rows = slice(b * block_m, (b + 1) * block_m)
-                    ref = x[rows].float() @ dequant(packed[e * n:(e + 1) * n], scales[e * n:(e + 1) * n]).T
-                    err += float((y[rows].float() - ref).norm() ** 2)
-                    ref_norm += float(ref.norm() ** 2)
-                us = ms(functools.partial(launch, x, packed, scales, n, config, block_expert)) * 1e3
-                record(name, fp8, tokens, x.shape[0], n, k, config, (err / ref_norm) ** 0.5, us,
+            for config, tails in itertools.product(configs, (False, True)):
+                blocks = expert_blocks(counts, config[0], tails)
+                launches = size_launches(config, blocks)
+                x = activations(int(blocks[1][-1] + blocks[2][-1]), k, fp8)
+                y = launch(x, packed, scales, n, config, launches)
+                checked = torch.randperm(blocks[0].numel(), device="cuda", generator=gen)[:4].tolist()
+                rel = grouped_error(x, y, packed, scales, n, blocks, checked)
+                us = ms(functools.partial(launch, x, packed, scales, n, config, launches)) * 1e3
+                record(f"{name}{' tails' if tails else ''}", fp8, tokens, x.shape[0], n, k, config, rel, us,
                        2 * tokens * top_k * n * k)
 
 

@@ -51,12 +51,17 @@ def test_run_needs_an_output_directory(capsys):
     assert "--run needs --out DIR" in capsys.readouterr().err
 
 
-def test_grouped_blocks_pad_each_expert_to_whole_blocks():
+def test_grouped_blocks_pad_each_expert_to_whole_blocks_or_to_tail_blocks():
     torch = pytest.importorskip("torch")
     counts = torch.tensor([0, 1, 128, 129, 300])
-    blocks = probe.expert_blocks(counts, 128)
-    assert blocks.dtype == torch.int32
-    assert blocks.tolist() == [1, 2, 3, 3, 4, 4, 4]  # expert 0 has no rows, 129 rows take two blocks
+    expert, first, rows = probe.expert_blocks(counts, 128, tails=False)
+    assert expert.dtype == first.dtype == rows.dtype == torch.int32
+    assert expert.tolist() == [1, 2, 3, 3, 4, 4, 4]  # expert 0 has no rows, 129 rows take two blocks
+    assert rows.tolist() == [128] * 7 and first.tolist() == list(range(0, 7 * 128, 128))
+    expert, first, rows = probe.expert_blocks(counts, 128)  # padded to 32 rows, the last ones in smaller blocks
+    assert expert.tolist() == [1, 2, 3, 3, 4, 4, 4]
+    assert rows.tolist() == [32, 128, 128, 32, 128, 128, 64]  # 1 -> 32; 129 -> 128 + 32; 300 -> 2 x 128 + 64
+    assert first.tolist() == [0, 32, 160, 288, 320, 448, 576]
 
 
 def test_the_gemms_are_the_layers_shapes():
