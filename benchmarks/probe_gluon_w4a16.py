@@ -26,9 +26,10 @@ Without a GPU it prints, per launch config and form, what the compiled kernel do
 stores, warp shuffles, register reallocation, spills, wgmmas in flight and writes of their operand registers) and
 exits 1 if the weights would pass through shared memory, an in-flight operand be rewritten or registers spill.
 With --run it writes DIR/gluon_w4a16.csv: for both GEMMs of gpt-oss-120b and DeepSeek-V3 (MXFP4) at T = 4096 and
-16384, dense and grouped (whole blocks, and with tails: `<gemm> tails`), W4A16 and W4A8, each config's relative L2 error against the fp32 product of the
-dequantized weights (backends.formats), µs, TFLOP/s of the useful products (T * top-k * N * K * 2 when grouped) and
-their fraction of the same run's bf16 8192^3 matmul (W4A16) or FP8 `_scaled_mm` (W4A8), issue 32's measures.
+16384, dense and grouped (whole blocks, and with tails: `<gemm> tails`), W4A16 and W4A8, each config's relative L2
+error against the fp32 product of the dequantized weights (backends.formats), µs, TFLOP/s of the useful products
+(T * top-k * N * K * 2 when grouped) and their fraction of the same run's bf16 8192^3 matmul (W4A16) or FP8
+`_scaled_mm` (W4A8), issue 32's measures.
 """
 
 from __future__ import annotations
