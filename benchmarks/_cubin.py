@@ -45,6 +45,13 @@ _WRITE = re.compile(r"(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)\s+R(\d+)")  # an instruc
 _NOT_A_WRITE = ("ST", "LDGSTS", "HGMMA", "QGMMA", "BAR", "RED", "ATOM")  # ops whose first operand is read, not written
 
 
+def _written_registers(op: str) -> int:
+    """How many consecutive registers an instruction writes from its first register operand."""
+    if ".128" in op or (op.startswith("LDSM") and op.endswith(".4")):
+        return 4
+    return 2 if ".64" in op or ".WIDE" in op or (op.startswith("LDSM") and op.endswith(".2")) else 1
+
+
 def in_flight_operand_writes(loop: list[str]) -> tuple[int, list[str]]:
     """(wgmmas in flight at the loop's back edge, writes of an A register of a wgmma still in flight).
 
@@ -69,7 +76,7 @@ def in_flight_operand_writes(loop: list[str]) -> tuple[int, list[str]]:
                 if "gsb0" in ins:
                     groups, issuing = groups + [issuing], (0, set())
             elif second and dest and not dest.group(2).startswith(_NOT_A_WRITE):
-                width = 4 if ".128" in dest.group(2) else 2 if ".64" in dest.group(2) else 1
+                width = _written_registers(dest.group(2))
                 live = set().union(issuing[1], *(registers for _, registers in groups))
                 if live & set(range(int(dest.group(3)), int(dest.group(3)) + width)):
                     writes.append(ins)

@@ -81,6 +81,9 @@ def test_in_flight_operand_writes_follows_the_wgmma_groups_around_the_back_edge(
     assert in_flight == 2 and writes == [decode_into_the_operand]
     # retired before the back edge (LE 0): nothing in flight, nothing reported
     assert in_flight_operand_writes([decode_into_the_operand, *issue, "WARPGROUP.DEPBAR.LE gsb0, 0x0"]) == (0, [])
+    # a 64-bit result written to R99-R100 reaches the operand too
+    wide = "IMAD.WIDE R99, R2, 0x4, R4"
+    assert in_flight_operand_writes([wide, *issue, "WARPGROUP.DEPBAR.LE gsb0, 0x1"])[1] == [wide]
     # a write of another register, or a store reading the operand, is no hazard
     assert in_flight_operand_writes(["PRMT R90, R36, 0x4140, RZ", "STS [R1], R101", *issue,
                                      "WARPGROUP.DEPBAR.LE gsb0, 0x1"])[1] == []
