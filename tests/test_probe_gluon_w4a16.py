@@ -1,6 +1,7 @@
 """benchmarks/probe_gluon_w4a16.py compiles for sm_90 without a GPU: its warp-specialized kernel (W4A16 and W4A8,
 dense and grouped) is built with the installed triton's Gluon, the decoded weights reach the wgmma without a layout
-conversion or a shared-memory store, and nothing spills. The probe's speed question needs a Hopper GPU (`--run`)."""
+conversion or a shared-memory store, no operand of a wgmma in flight is rewritten (`_cubin.in_flight_operand_writes`,
+tested here too), and nothing spills. The probe's speed question needs a Hopper GPU (`--run`)."""
 
 from __future__ import annotations
 
