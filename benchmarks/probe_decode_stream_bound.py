@@ -13,6 +13,7 @@ read flush, the best of 3 medians of 50 (`backends.gpu_timing`, as every GPU ben
         before the barrier (held in registers) or after it
     an empty kernel                                 the graph replay's own cost
     this project's layer at T = 1                   the decode kernels on the same bytes, in the same process
+    each kernel's own time (torch.profiler)         the layer's kernels against the two plain reads
 
     python benchmarks/probe_decode_stream_bound.py --out DIR [--layer gpt-oss-120b]   # CUDA GPU
 
@@ -109,7 +110,7 @@ def _persistent(a_ptr, na, a_total, b_ptr, counter_ptr, out_ptr, programs, BLOCK
 def _run(out_dir: str, layer: str) -> None:
     import torch
 
-    from backends.gpu_timing import Flusher, events_ms, graph_of, measure_ceilings
+    from backends.gpu_timing import Flusher, events_ms, graph_of, measure_ceilings, profile_kernels
 
     bandwidth = measure_ceilings()[0]
     flush = Flusher()
@@ -148,9 +149,18 @@ def _run(out_dir: str, layer: str) -> None:
             when = "held from the start" if b_first else "read after the barrier"
             record(f"one persistent launch, GEMM2 bytes {when}", persistent, words1 + sms * HELD, sms, 32)
         record("an empty kernel", lambda: _stream[(1,)](a, 0, 0, out, BLOCK=BLOCK, num_warps=4), 0, 1, 4)
-        record("this project's layer at T = 1 (routing, both GEMMs, top-k sum)", _layer_at_t1(layer),
-               words1 + words2, 0, 0)
-
+        layer_call = _layer_at_t1(layer)
+        record("this project's layer at T = 1 (routing, both GEMMs, top-k sum)", layer_call, words1 + words2, 0, 0)
+        # each kernel's own time (torch.profiler, eager, flushed): the layer's kernels against the plain reads'
+        def read(buf, words):
+            return lambda: _stream[(sms,)](buf, -(-words // sms), words, out, BLOCK=BLOCK, num_warps=32)
+        for label, fn in (("GEMM1 bytes alone", read(a, words1)), ("GEMM2 bytes alone", read(b, words2)),
+                          ("this project's layer", layer_call)):
+            for kernel, us in profile_kernels(fn, flush):
+                if "reduce" not in kernel and "Memset" not in kernel:  # the flush's read and its output's memset
+                    writer.writerow([torch.cuda.get_device_name(), layer, f"{label}: kernel {kernel[:60]}", "", "",
+                                     "", f"{us:.1f}", "", ""])
+                    print(f"{label}: kernel {kernel[:60]}: {us:.1f} µs (profiler)", flush=True)
 
 def _layer_at_t1(layer: str):
     """A call of this project's Triton layer on one token (random weights of the layer's shape, router logits),
