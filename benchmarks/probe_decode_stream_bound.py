@@ -7,6 +7,7 @@ GEMV2, which needs GEMV1's output. This probe streams int32 words of exactly tho
 read flush, the best of 3 medians of 50 (`backends.gpu_timing`, as every GPU benchmark here):
 
     GEMM1 bytes alone / GEMM2 bytes alone           what each kernel's read costs by itself
+    GEMM2 bytes addressed through a word read first a dependent prologue's cost (a decode kernel reads ids first)
     two launches                                    the decode kernels' structure
     one launch, GEMM1 bytes then GEMM2 bytes        no boundary (what a single kernel could at best do)
     one persistent launch (a program per SM), a grid barrier between the two reads, the GEMM2 bytes loaded
@@ -77,6 +78,15 @@ def _stream(a_ptr, n_per_program, total, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _stream_indirect(a_ptr, id_ptr, n_per_program, total, out_ptr, BLOCK: tl.constexpr):
+    """_stream with the program's words found through a word read first (it holds 0): a dependent prologue, as a
+    decode kernel reads its expert's id before it can address that expert's weights."""
+    first, count = _share(n_per_program, total)
+    acc = _read(tl.zeros([BLOCK], tl.int32), a_ptr, first + tl.load(id_ptr), count, BLOCK)
+    tl.store(out_ptr + tl.program_id(0), tl.xor_sum(acc, 0))
+
+
+@triton.jit
 def _stream_both(a_ptr, na, a_total, b_ptr, nb, b_total, out_ptr, BLOCK: tl.constexpr):
     """Program p reads its share of A, then its share of B: one launch, no boundary."""
     first, count = _share(na, a_total)
@@ -120,6 +130,7 @@ def _run(out_dir: str, layer: str) -> None:
     b = torch.randint(0, 1 << 30, (max(words2, sms * HELD),), dtype=torch.int32, device="cuda")
     out = torch.zeros(8 * sms, dtype=torch.int32, device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    zero_id = torch.zeros(1, dtype=torch.int32, device="cuda")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "stream_bound.csv"), "w", newline="") as f:
         writer = csv.writer(f)
@@ -138,6 +149,9 @@ def _run(out_dir: str, layer: str) -> None:
                 _stream[(programs,)](buf, -(-words // programs), words, out, BLOCK=BLOCK, num_warps=warps)
             record("GEMM1 bytes alone", lambda: one(a, words1), words1, programs, warps)
             record("GEMM2 bytes alone", lambda: one(b, words2), words2, programs, warps)
+            record("GEMM2 bytes alone, addressed through a word read first", lambda programs=programs, warps=warps:
+                   _stream_indirect[(programs,)](b, zero_id, -(-words2 // programs), words2, out, BLOCK=BLOCK,
+                                                 num_warps=warps), words2, programs, warps)
             record("two launches", lambda: (one(a, words1), one(b, words2)), words1 + words2, programs, warps)
             record("one launch", lambda programs=programs, warps=warps: _stream_both[(programs,)](
                 a, -(-words1 // programs), words1, b, -(-words2 // programs), words2, out, BLOCK=BLOCK,
