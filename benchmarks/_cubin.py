@@ -22,8 +22,8 @@ def cubin_tool(compiled, tool: str, *args: str) -> str:
 
 
 def k_loop(sass: str) -> list[str]:
-    """The instructions of the kernel's K loop: the shortest loop whose body issues a wgmma (a longer one is a loop
-    around it, such as a warp-specialized kernel's partition dispatch)."""
+    """The instructions of the kernel's K loop: the shortest loop whose body issues a wgmma with its A operand in
+    registers (a longer one is a loop around it, such as a warp-specialized kernel's partition dispatch)."""
     code, labels = [], {}
     for line in sass.splitlines():
         label = re.match(r"^\s*(\.L_x_\d+):", line)

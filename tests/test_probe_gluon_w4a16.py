@@ -1,7 +1,7 @@
 """benchmarks/probe_gluon_w4a16.py compiles for sm_90 without a GPU: its warp-specialized kernel (W4A16 and W4A8,
 dense and grouped) is built with the installed triton's Gluon, the decoded weights reach the wgmma without a layout
 conversion or a shared-memory store, no operand of a wgmma in flight is rewritten (`_cubin.in_flight_operand_writes`,
-tested here too), and nothing spills. The probe's speed question needs a Hopper GPU (`--run`)."""
+tests/test_cubin.py), and nothing spills. The probe's speed question needs a Hopper GPU (`--run`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("triton.experimental.gluon", reason="this triton has no Gluon")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 _spec = importlib.util.spec_from_file_location("probe_gluon_w4a16", ROOT / "benchmarks" / "probe_gluon_w4a16.py")
 probe = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = probe
@@ -69,22 +68,3 @@ def test_the_gemms_are_the_layers_shapes():
     assert probe.moe_gemms("gpt-oss-120b") == [("gpt-oss-120b gemm1", 128, 4, 5760, 2880),
                                                ("gpt-oss-120b gemm2", 128, 4, 2880, 2880)]
     assert all(probe.SHAPES[layer].format == "mxfp4" for layer in probe.LAYERS)  # the probe decodes MXFP4
-
-
-def test_in_flight_operand_writes_follows_the_wgmma_groups_around_the_back_edge():
-    from _cubin import in_flight_operand_writes
-
-    issue = ("HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR4], R24",
-             "HGMMA.64x128x16.F32.BF16 R24, R104, gdesc[UR8], R24, gsb0")
-    decode_into_the_operand = "PRMT R101, R36, 0x4140, RZ"  # the next tile's decode writes R100-R103
-    # the group stays in flight across the back edge (LE 1) while the next step writes its registers: reported
-    in_flight, writes = in_flight_operand_writes([decode_into_the_operand, *issue, "WARPGROUP.DEPBAR.LE gsb0, 0x1"])
-    assert in_flight == 2 and writes == [decode_into_the_operand]
-    # retired before the back edge (LE 0): nothing in flight, nothing reported
-    assert in_flight_operand_writes([decode_into_the_operand, *issue, "WARPGROUP.DEPBAR.LE gsb0, 0x0"]) == (0, [])
-    # a 64-bit result written to R99-R100 reaches the operand too
-    wide = "IMAD.WIDE R99, R2, 0x4, R4"
-    assert in_flight_operand_writes([wide, *issue, "WARPGROUP.DEPBAR.LE gsb0, 0x1"])[1] == [wide]
-    # a write of another register, or a store reading the operand, is no hazard
-    assert in_flight_operand_writes(["PRMT R90, R36, 0x4140, RZ", "STS [R1], R101", *issue,
-                                     "WARPGROUP.DEPBAR.LE gsb0, 0x1"])[1] == []
