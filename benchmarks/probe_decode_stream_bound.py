@@ -144,15 +144,19 @@ def _run(out_dir: str, layer: str) -> None:
             f.flush()
             print(f"{variant}, {programs} programs of {warps} warps: {us:.1f} µs", flush=True)
 
+        def read(buf, words, programs=sms, warps=32):
+            """A launch of the plain read of buf's words."""
+            return lambda: _stream[(programs,)](buf, -(-words // programs), words, out, BLOCK=BLOCK, num_warps=warps)
+
         for programs, warps in ((sms, 32), (4 * sms, 8), (8 * sms, 4)):
-            def one(buf, words, programs=programs, warps=warps):
-                _stream[(programs,)](buf, -(-words // programs), words, out, BLOCK=BLOCK, num_warps=warps)
-            record("GEMM1 bytes alone", lambda: one(a, words1), words1, programs, warps)
-            record("GEMM2 bytes alone", lambda: one(b, words2), words2, programs, warps)
+            read1, read2 = read(a, words1, programs, warps), read(b, words2, programs, warps)
+            record("GEMM1 bytes alone", read1, words1, programs, warps)
+            record("GEMM2 bytes alone", read2, words2, programs, warps)
             record("GEMM2 bytes alone, addressed through a word read first", lambda programs=programs, warps=warps:
                    _stream_indirect[(programs,)](b, zero_id, -(-words2 // programs), words2, out, BLOCK=BLOCK,
                                                  num_warps=warps), words2, programs, warps)
-            record("two launches", lambda: (one(a, words1), one(b, words2)), words1 + words2, programs, warps)
+            record("two launches", lambda read1=read1, read2=read2: (read1(), read2()), words1 + words2, programs,
+                   warps)
             record("one launch", lambda programs=programs, warps=warps: _stream_both[(programs,)](
                 a, -(-words1 // programs), words1, b, -(-words2 // programs), words2, out, BLOCK=BLOCK,
                 num_warps=warps), words1 + words2, programs, warps)
@@ -162,12 +166,10 @@ def _run(out_dir: str, layer: str) -> None:
                                     B_FIRST=b_first, num_warps=32)
             when = "held from the start" if b_first else "read after the barrier"
             record(f"one persistent launch, GEMM2 bytes {when}", persistent, words1 + sms * HELD, sms, 32)
-        record("an empty kernel", lambda: _stream[(1,)](a, 0, 0, out, BLOCK=BLOCK, num_warps=4), 0, 1, 4)
+        record("an empty kernel", read(a, 0, 1, 4), 0, 1, 4)
         layer_call = _layer_at_t1(layer)
         record("this project's layer at T = 1 (routing, both GEMMs, top-k sum)", layer_call, words1 + words2, 0, 0)
         # each kernel's own time (torch.profiler, eager, flushed): the layer's kernels against the plain reads'
-        def read(buf, words):
-            return lambda: _stream[(sms,)](buf, -(-words // sms), words, out, BLOCK=BLOCK, num_warps=32)
         for label, fn in (("GEMM1 bytes alone", read(a, words1)), ("GEMM2 bytes alone", read(b, words2)),
                           ("this project's layer", layer_call)):
             for kernel, us in profile_kernels(fn, flush):
@@ -175,6 +177,7 @@ def _run(out_dir: str, layer: str) -> None:
                     writer.writerow([torch.cuda.get_device_name(), layer, f"{label}: kernel {kernel[:60]}", "", "",
                                      "", f"{us:.1f}", "", ""])
                     print(f"{label}: kernel {kernel[:60]}: {us:.1f} µs (profiler)", flush=True)
+
 
 def _layer_at_t1(layer: str):
     """A call of this project's Triton layer on one token (random weights of the layer's shape, router logits),
