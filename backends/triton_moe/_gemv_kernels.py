@@ -181,8 +181,9 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
     fit one wave), Triton's cp.async pipelining (5-7x slower), L2 prefetches 1-4 steps ahead (0-10% slower), bulk L2
     prefetches of the program's rows (10-25% slower), two row pairs per lane (3-14% slower); nor did one launch for both
     GEMVs (1-23% slower), or GEMV2 launched early (PDL) with its weights loaded before it waits for h (up to 35%
-    slower). The loads alone take 93-104% of the layer's time: the stream, not this loop's instructions, is the
-    limit."""
+    slower), nor K slices read as interleaved steps (±1%). What the loop's work costs is issue time: without the
+    decode and MMAs gpt-oss-120b's layer takes 27.6 µs instead of 32.1, yet loading the next step ahead (kept ahead
+    in SASS at 72-80 registers, one wave) is 2-13% slower (benchmarks/probe_decode_bisect.py, docs/kernels.md)."""
     k_stop = k_first + STEPS * 128
     acc_a1 = acc_a  # the MMAs' c1 / c3 (the same sums as c0 / c2), carried so that each MMA reads its own output
     acc_b1 = acc_b
