@@ -34,6 +34,14 @@ def interpreter_worker_rows(script: str, *arg_sets: tuple[str, ...], drop_env: t
     return rows
 
 
+def assert_exits_needing_a_gpu(main, argv: list[str], capsys) -> None:
+    """A GPU-only benchmark's CLI run where torch sees no CUDA: argparse's exit status 2, saying so."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def edited_rules(tmp_path: Path, *edits: tuple[str, str, str]) -> Oracle:
     """An Oracle over a copy of the shipped rules with each (file, old, new) edit made; `old` must occur
     exactly once in that file, so a test never edits a line it did not mean to."""

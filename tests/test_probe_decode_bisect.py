@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_exits_needing_a_gpu
+
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
@@ -71,10 +73,7 @@ def test_the_variant_with_every_edit_compiles_for_sm90_within_its_register_cap(t
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
 def test_without_a_gpu_it_says_so(capsys, tmp_path):
-    with pytest.raises(SystemExit) as exc:
-        probe.main(["--out", str(tmp_path)])
-    assert exc.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert_exits_needing_a_gpu(probe.main, ["--out", str(tmp_path)], capsys)
 
 
 def test_an_unknown_layer_is_named(capsys, tmp_path):

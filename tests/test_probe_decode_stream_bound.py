@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_exits_needing_a_gpu
+
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
@@ -34,10 +36,7 @@ def test_the_words_are_the_top_k_experts_gemm_bytes():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
 def test_without_a_gpu_it_says_so(capsys, tmp_path):
-    with pytest.raises(SystemExit) as exc:
-        probe.main(["--out", str(tmp_path)])
-    assert exc.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert_exits_needing_a_gpu(probe.main, ["--out", str(tmp_path)], capsys)
 
 
 @pytest.mark.parametrize("b_first", [True, False])
