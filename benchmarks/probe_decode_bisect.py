@@ -11,8 +11,10 @@ whose anchor text is gone stops the probe (tests/test_probe_decode_bisect.py che
     full, no activation loads / no scale loads
     given ids                            full and loads-only with the top-k ids given, so GEMV1 does not route
 
-Outputs of the left-out variants are wrong by design: timing only. Every variant but "full" runs at a 64-register
-cap, which every variant fits without spilling, so that none gets more warps than the shipped kernels. Each row is
+Outputs of the left-out variants are wrong by design: timing only. Every variant runs with the layer's decode config
+(tuning.decode_kernels), so a kernel that loads its next step ahead keeps tuning.DECODE_AHEAD_MAXNREG registers; the
+others run at a 64-register cap, which every variant fits without spilling, so that none gets more warps than the
+shipped kernels. Each row is
 the layer as a CUDA graph after the 256 MiB read flush, the best of 3 alternating rounds of the median of 50
 (`backends.gpu_timing`), plus each kernel's time under torch.profiler.
 

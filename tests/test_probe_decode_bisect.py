@@ -43,8 +43,8 @@ def test_a_missing_anchor_is_an_error_naming_it(tmp_path, monkeypatch):
 
 
 def test_the_variant_with_every_edit_compiles_for_sm90_within_its_register_cap(tmp_path):
-    """Both kernels at gpt-oss-120b's T = 1 warps (GEMV1 4 row groups x 2 K slices, GEMV2 4 slots x 4 K slices):
-    no local memory at the cap, so a variant's time is not a spill's."""
+    """Both kernels at gpt-oss-120b's T = 1 warps (GEMV1 4 row groups x 2 K slices, GEMV2 4 slots x 4 K slices),
+    one step of loads in flight: no local memory at the cap, so a variant's time is not a spill's."""
     from _cubin import cubin_tool
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -54,7 +54,7 @@ def test_the_variant_with_every_edit_compiles_for_sm90_within_its_register_cap(t
     pointers = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "gs_ptr": "*fp32",
                 "bias_ptr": "*fp32", "logits_ptr": "*fp32", "ids_ptr": "*i32", "route_w_ptr": "*fp32", "y_ptr": "*bf16"}
     common = dict(K=2880, N=2880, TOP_K=4, SCALE_BLOCK=32, NVFP4=False, FOLDED=True, HAS_BIAS=True, USE_ASM=True,
-                  INTERPRETED=False)
+                  INTERPRETED=False, LOADS_AHEAD=False)
     for kernel, constexprs, warps in (
             (module.gemv1_act_kernel, dict(common, ROUTE=True, E=128, E_BLOCK=128, K_BLOCK=4, RENORMALIZE=True,
                                            ROW_GROUPS=4, K_SLICES=2, ACTIVATION=1), 8),

@@ -53,6 +53,27 @@ def test_decode_config_label_names_both_kernels_warps():
     """The benchmarks' name of a decode config (matrix and decode CSVs)."""
     label = tuning.DecodeConfig(tuning.GemvLaunch(4, 2), tuning.GemvLaunch(1, 8)).label
     assert label == "gemv1 4x2 gemv2 1x8"
+    label = tuning.DecodeConfig(tuning.GemvLaunch(4, 2, loads_ahead=True), tuning.GemvLaunch(1, 8)).label
+    assert label == "gemv1 4x2+ahead gemv2 1x8"
+
+
+@pytest.mark.parametrize(("name", "ahead"), [("gpt-oss-120b", True), ("glm-4.5", True), ("deepseek-v3", False),
+                                             ("llama-4-maverick", False)])
+def test_gemv1_loads_ahead_only_where_its_grid_still_fits_one_wave(name, ahead):
+    """At DECODE_AHEAD_MAXNREG registers an H100 SM holds 25 warps: three 8-warp GEMV1 programs. gpt-oss-120b (360
+    programs) and GLM-4.5 (384) fit on 132 SMs; DeepSeek-V3 and Llama-4-Maverick (512 each) would need a second wave,
+    which the H100 measurements show costing more than the loads ahead win. On 66 SMs the K slices change and the
+    same rule decides again."""
+    from backends.triton_moe.tuning import heuristics
+
+    problem = _problem(name, 1)
+    decode = tuning.decode_kernels(132, problem)
+    assert decode.gemv1.warps() == 8
+    assert heuristics.REGISTERS_PER_SM // (32 * tuning.DECODE_AHEAD_MAXNREG) // decode.gemv1.warps() == 3
+    assert decode.gemv1.loads_ahead is ahead
+    half = tuning.decode_kernels(66, problem).gemv1
+    programs = problem.top_k * problem.intermediate_size // (8 * half.row_groups)
+    assert half.loads_ahead == (programs <= 66 * (25 // half.warps()))
 
 def test_decode_warps_follow_the_work():
     """More pairs need fewer K slices to fill the GPU; fewer SMs too."""

@@ -332,6 +332,49 @@ def test_interpreter_scale_folding_same_bits_and_large_scales(interpreter_result
     assert row["finite"] and row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
 
 
+def _check_decode_loads_ahead() -> dict:
+    """The decode kernels with each warp's next K step loaded ahead (GemvLaunch.loads_ahead) give the same bits as
+    without: the same products in the same order. K tails (H = 320, I = 192: 2.5 and 1.5 steps of 128), GEMV1's
+    first K slice ending before K (its last load ahead is the next slice's: masked), a dead GEMV2 slot (top-3 in 4
+    slots), both formats; and against the emulation."""
+    import torch
+
+    from backends import emulation
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe import moe_forward, tuning
+    from backends.triton_moe.testing import Shape, activation_kwargs, compare, random_checkpoint
+
+    swap = tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2)
+    rows = {}
+    for fmt, act, biases in (("mxfp4", "swigluoai", True), ("nvfp4", "silu", False)):
+        shape = Shape(f"ahead-{fmt}", fmt, 8, 3, 320, 192, act, biases)
+        gen = torch.Generator().manual_seed(11)
+        ckpt = random_checkpoint(shape, generator=gen)
+        x = torch.randn(1, shape.hidden_size, generator=gen).bfloat16()
+        logits = torch.randn(1, shape.experts, generator=gen)
+        weights = to_kernel_layout(**ckpt)
+        outs = [moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape),
+                            config=tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
+                                tuning.GemvLaunch(4, 2, ahead), tuning.GemvLaunch(4, 1, ahead))))
+                for ahead in (False, True)]
+        ref = emulation.moe_forward(x, **ckpt, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape))
+        elementwise = tolerance("w4a16_moe_elementwise_rms_units")
+        stats = compare(outs[1], ref, rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
+                        atol_rms_units=elementwise["atol"])
+        rows[fmt] = {"same_bits": torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)),
+                     "rel_l2_ratio": stats["rel_l2_ratio"],
+                     "elementwise_ratio": stats["elementwise_ratio"]}
+    return rows
+
+
+def test_interpreter_decode_loads_ahead_changes_no_bit(interpreter_results):
+    row = interpreter_results["decode-loads-ahead"]
+    assert "error" not in row, row.get("error")
+    for fmt in ("mxfp4", "nvfp4"):
+        assert row[fmt]["same_bits"], f"{fmt}: loads ahead changed the output"
+        assert row[fmt]["rel_l2_ratio"] <= 1.0 and row[fmt]["elementwise_ratio"] <= 1.0, row[fmt]
+
+
 def _check_e4m3_scale_decode() -> dict:
     from triton_moe_scale_probe import e2m1_decode_mismatches, e4m3_decode_mismatches, e8m0_folded_decode_mismatches
 
@@ -349,7 +392,8 @@ def test_interpreter_scale_decode_is_exact_for_every_code(interpreter_results):
 
 CHECKS = {"fused-alignment": _check_fused_alignment, "scale-folding": _check_scale_folding,
           "fused-routing": _check_fused_routing, "e4m3-scale-decode": _check_e4m3_scale_decode,
-          "route-in-align": _check_route_in_align, "routing-ties": _check_routing_ties}
+          "route-in-align": _check_route_in_align, "routing-ties": _check_routing_ties,
+          "decode-loads-ahead": _check_decode_loads_ahead}
 
 if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixture above
     import traceback

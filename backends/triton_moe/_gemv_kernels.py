@@ -173,26 +173,41 @@ def _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8, 
 @triton.jit
 def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, STEPS: tl.constexpr,
              K: tl.constexpr, stride_sc, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
-             USE_ASM: tl.constexpr):
+             USE_ASM: tl.constexpr, LOADS_AHEAD: tl.constexpr):
     """acc_a / acc_b += rows A / B times the activation row over STEPS K steps from k_first (lanes' own K).
 
-    One step of loads in flight per warp. Measured on H100s, none of the ways to keep more in flight helped (docs/
-    kernels.md lists the records): loads issued a step ahead into registers (8-25% slower, also at warp configs that
-    fit one wave), Triton's cp.async pipelining (5-7x slower), L2 prefetches 1-4 steps ahead (0-10% slower), bulk L2
-    prefetches of the program's rows (10-25% slower), two row pairs per lane (3-14% slower); nor did one launch for both
-    GEMVs (1-23% slower), or GEMV2 launched early (PDL) with its weights loaded before it waits for h (up to 35%
-    slower), nor K slices read as interleaved steps (±1%). What the loop's work costs is issue time: without the
-    decode and MMAs gpt-oss-120b's layer takes 27.6 µs instead of 32.1, yet loading the next step ahead (kept ahead
-    in SASS at 72-80 registers, one wave) is 2-13% slower (benchmarks/probe_decode_bisect.py, docs/kernels.md)."""
+    LOADS_AHEAD: every load of the next step (weights, scales, activations) is issued before this step's decode and
+    MMAs, in 26 more registers (tuning.DECODE_AHEAD_MAXNREG). Measured on an H100 that pays only where the grid still
+    fits one wave at that register count (tuning.decode_kernels decides): 2-3% faster there, 3-14% slower where it
+    does not. Loading only the weights and scales ahead is slower: each step then waits on its activations (ncu
+    stall samples); so is a prefetch of the activations into L1. Without it, one step of loads is in flight per warp.
+    Other ways to keep more in flight were slower too (docs/kernels.md lists the records): Triton's cp.async
+    pipelining (5-7x), L2 prefetches 1-4 steps ahead (0-10%), bulk L2 prefetches of the program's rows (10-25%), two
+    row pairs per lane (3-14%); as were one launch for both GEMVs (1-23%) and GEMV2 launched early (PDL) with its
+    weights loaded before it waits for h (up to 35%). The decode and MMAs cost issue time: without them gpt-oss-120b's
+    layer takes 27.6 µs instead of 32.1 (benchmarks/probe_decode_bisect.py)."""
     k_stop = k_first + STEPS * 128
     acc_a1 = acc_a  # the MMAs' c1 / c3 (the same sums as c0 / c2), carried so that each MMA reads its own output
     acc_b1 = acc_b
-    for step in range(STEPS):
-        k0 = k_first + step * 128
-        wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop, t,
-                                                               stride_sc, K, SCALE_BLOCK)
-        acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8,
-                                                 x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
+    if LOADS_AHEAD:
+        wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k_first, k_stop,
+                                                               t, stride_sc, K, SCALE_BLOCK)
+        for step in range(STEPS):
+            k0 = k_first + step * 128
+            # the next step's loads (past the slice: none) before this step's work
+            n_wa, n_wb, n_sa, n_sb, n_lo, n_lo8, n_hi, n_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row,
+                                                                           k0 + 128, k_stop, t, stride_sc, K,
+                                                                           SCALE_BLOCK)
+            acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8,
+                                                     x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
+            wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = n_wa, n_wb, n_sa, n_sb, n_lo, n_lo8, n_hi, n_hi8
+    else:
+        for step in range(STEPS):
+            k0 = k_first + step * 128
+            wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop,
+                                                                   t, stride_sc, K, SCALE_BLOCK)
+            acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8,
+                                                     x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
     return acc_a, acc_b
 
 
@@ -222,7 +237,7 @@ def gemv1_act_kernel(
     RENORMALIZE: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     NVFP4: tl.constexpr, FOLDED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
+    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """h[p, n] = act(x[t] W13[e]^T + b13[e]) for pair p = program_id(0) = t * TOP_K + j, columns n of program_id(1)
     (8 per row group). ROUTE: the token's top-k of its router logits, as topk_route_kernel selects and weighs
@@ -262,7 +277,7 @@ def gemv1_act_kernel(
     acc_g, acc_u = _k_slice(acc_g, acc_u, _row_pointer(w_expert, col, stride_wn), s_expert + col,
                             _row_pointer(w_expert, col + N, stride_wn), s_expert + col + N,
                             x_ptr + token.to(tl.int64) * stride_xm, k_first, t, STEPS, K, stride_sc, SCALE_BLOCK,
-                            NVFP4, FOLDED, USE_ASM)
+                            NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     acc_g = tl.sum(tl.reshape(_lanes_total(acc_g, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
     acc_u = tl.sum(tl.reshape(_lanes_total(acc_u, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
     first_lane = (j % 4) == 0
@@ -277,7 +292,7 @@ def gemv2_sum_kernel(
     K: tl.constexpr, N: tl.constexpr, stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_ym,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
+    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """y[t, n] = sum_j route_w[t, j] * (h[t * TOP_K + j] W2[e_j]^T + b2[e_j])[n], bf16, for token program_id(0) and
     16 columns per row group of program_id(1). The warps are (row group, slot j < SLOTS = TOP_K rounded up to a
@@ -314,7 +329,7 @@ def gemv2_sum_kernel(
     acc_a, acc_b = _k_slice(acc_a, acc_b, _row_pointer(w_expert, row, stride_wn), s_expert + row,
                             _row_pointer(w_expert, row + 8, stride_wn), s_expert + row + 8,
                             h_ptr + (token * TOP_K + slot) * stride_hm, k_first, t, STEPS, K, stride_sc,
-                            SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
+                            SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     SHAPE: tl.constexpr = (ROW_GROUPS, SLOTS, K_SLICES, 32)
     acc_a = tl.sum(tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE), axis=2)  # [groups, slots, 32]
     acc_b = tl.sum(tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE), axis=2)

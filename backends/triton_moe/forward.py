@@ -538,16 +538,16 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         TOP_K=k, ROUTE=router_logits is not None, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(k),
         RENORMALIZE=bool(renormalize), ROW_GROUPS=g1.row_groups, K_SLICES=g1.k_slices,
         ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
-        HAS_BIAS=weights.w13_bias is not None, **common,
-        num_warps=g1.warps(), maxnreg=DECODE_MAXNREG)
+        HAS_BIAS=weights.w13_bias is not None, LOADS_AHEAD=g1.loads_ahead, **common,
+        num_warps=g1.warps(), maxnreg=tuning.DECODE_AHEAD_MAXNREG if g1.loads_ahead else DECODE_MAXNREG)
     slots = tuning.gemv2_slots(k)
     gemv.gemv2_sum_kernel[(tokens, hidden // (gemv.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
         out.stride(0),
         TOP_K=k, SLOTS=slots, ROW_GROUPS=g2.row_groups, K_SLICES=g2.k_slices,
-        HAS_BIAS=weights.w2_bias is not None, **common,
-        num_warps=g2.warps(slots), maxnreg=DECODE_MAXNREG)
+        HAS_BIAS=weights.w2_bias is not None, LOADS_AHEAD=g2.loads_ahead, **common,
+        num_warps=g2.warps(slots), maxnreg=tuning.DECODE_AHEAD_MAXNREG if g2.loads_ahead else DECODE_MAXNREG)
 
 
 def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted):

@@ -16,6 +16,7 @@ import functools
 
 from backends.triton_moe.tuning.arch import ArchFacts, facts_by_name, facts_for
 from backends.triton_moe.tuning.configs import (
+    DECODE_AHEAD_MAXNREG,
     GEMM1_ONLY_FIELDS,
     GEMV1_ROW_GROUPS,
     GEMV2_ROW_GROUPS,
@@ -47,9 +48,9 @@ from backends.triton_moe.tuning.tables import (
     validate_table,
 )
 
-__all__ = ["ArchFacts", "DECODE_KERNEL_TOKENS", "DecodeConfig", "GEMM1_ONLY_FIELDS", "GEMV1_ROW_GROUPS",
-           "GEMV2_ROW_GROUPS", "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu", "LaunchConfig",
-           "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
+__all__ = ["ArchFacts", "DECODE_AHEAD_MAXNREG", "DECODE_KERNEL_TOKENS", "DecodeConfig", "GEMM1_ONLY_FIELDS",
+           "GEMV1_ROW_GROUPS", "GEMV2_ROW_GROUPS", "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu",
+           "LaunchConfig", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
            "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
            "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "read_table", "reload_user_tables",
            "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir", "validate_table"]

@@ -40,14 +40,21 @@ def launch_dict(config: LaunchConfig) -> dict:
 @dataclass(frozen=True)
 class GemvLaunch:
     """One decode kernel's warps (backends.triton_moe._gemv_kernels): row_groups of output columns (8 per group in
-    GEMV1, 16 in GEMV2) times k_slices of K per program; GEMV2 adds one warp per top-k slot (a power of two)."""
+    GEMV1, 16 in GEMV2) times k_slices of K per program; GEMV2 adds one warp per top-k slot (a power of two).
+    loads_ahead: each warp loads its next K step before working on this one, at DECODE_AHEAD_MAXNREG registers."""
 
     row_groups: int
     k_slices: int
+    loads_ahead: bool = False
 
     def warps(self, slots: int = 1) -> int:
         """Warps of one program: row groups x K slices (x GEMV2's top-k slots)."""
         return self.row_groups * slots * self.k_slices
+
+
+#: Register cap of a decode kernel with loads_ahead: its next step's loads take 26 more registers than the 64 the
+#: kernels use otherwise; at 80 ptxas keeps them ahead of the MMAs without spilling, 25 warps to an SM.
+DECODE_AHEAD_MAXNREG = 80
 
 
 def gemv2_slots(top_k: int) -> int:
@@ -73,9 +80,9 @@ class DecodeConfig:
 
     @property
     def label(self) -> str:
-        """How benchmarks name it: gemv1 <row groups>x<K slices> gemv2 <row groups>x<K slices>."""
-        return (f"gemv1 {self.gemv1.row_groups}x{self.gemv1.k_slices} "
-                f"gemv2 {self.gemv2.row_groups}x{self.gemv2.k_slices}")
+        """How benchmarks name it: gemv1 <row groups>x<K slices>[+ahead] gemv2 <row groups>x<K slices>[+ahead]."""
+        return " ".join(f"{name} {g.row_groups}x{g.k_slices}" + ("+ahead" if g.loads_ahead else "")
+                        for name, g in (("gemv1", self.gemv1), ("gemv2", self.gemv2)))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from backends.triton_moe.tuning.arch import ArchFacts
 from backends.triton_moe.tuning.configs import (
+    DECODE_AHEAD_MAXNREG,
     GEMV1_ROW_GROUPS,
     GEMV2_ROW_GROUPS,
     GEMV_K_SLICES,
@@ -62,6 +63,8 @@ DECODE_WARPS_PER_SM = 16
 DECODE_MIN_STEPS = 4
 #: Warps of one decode program (GEMV1: row groups x K slices).
 DECODE_PROGRAM_WARPS = 8
+#: 32-bit registers of one SM (every NVIDIA GPU since Kepler): what bounds the decode kernels' resident warps.
+REGISTERS_PER_SM = 65536
 
 
 def _split_k(programs: int, k_size: int, block_k: int, sm_count: int) -> int:
@@ -137,8 +140,9 @@ def _k_slices(warps_per_slice: int, k_size: int, sm_count: int) -> int:
 
 def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     """Warps of the decode kernels: K slices until the GPU holds DECODE_WARPS_PER_SM warps per SM, row groups up to
-    DECODE_PROGRAM_WARPS warps a program (GEMV2 also has one warp per top-k slot, a power of two); None when the
-    top-k slots alone pass GEMV_MAX_WARPS (the tile kernels serve such a layer)."""
+    DECODE_PROGRAM_WARPS warps a program (GEMV2 also has one warp per top-k slot, a power of two), each loading its
+    next K step ahead where its grid allows (_one_wave_ahead); None when the top-k slots alone pass GEMV_MAX_WARPS
+    (the tile kernels serve such a layer)."""
     pairs = problem.tokens * problem.top_k
     slots = gemv2_slots(problem.top_k)
     if slots > GEMV_MAX_WARPS:
@@ -148,7 +152,20 @@ def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     slices2 = _k_slices(problem.tokens * problem.hidden_size // 16 * slots, problem.intermediate_size, sm_count)
     slices2 = min(slices2, max(1, GEMV_MAX_WARPS // slots))
     groups2 = max(1, min(GEMV2_ROW_GROUPS[-1], DECODE_PROGRAM_WARPS // (slices2 * slots)))
-    return DecodeConfig(GemvLaunch(groups1, slices1), GemvLaunch(groups2, slices2))
+    programs1 = pairs * problem.intermediate_size // (8 * groups1)
+    programs2 = problem.tokens * problem.hidden_size // (16 * groups2)
+    return DecodeConfig(GemvLaunch(groups1, slices1, _one_wave_ahead(programs1, groups1 * slices1, sm_count)),
+                        GemvLaunch(groups2, slices2, _one_wave_ahead(programs2, groups2 * slices2 * slots, sm_count)))
+
+
+def _one_wave_ahead(programs: int, warps: int, sm_count: int) -> bool:
+    """Whether a decode kernel loads its next K step ahead: when its grid still fits on the GPU at once at
+    DECODE_AHEAD_MAXNREG registers. On an H100 (benchmarks/results/decode-loads-ahead-h100-2026-11-27/) GEMV1
+    ahead was 1-3% faster on the matrix layers whose grid fits (gpt-oss, GLM-4.5, Qwen3-Next, MiniMax-M2: 320-384
+    programs of 8 warps, 3 an SM) and 3-14% slower on those whose 512 programs then need a second wave; with the
+    GEMV2s that fit ahead too, the layers that fit are 1-4.5% faster at T = 1-2."""
+    per_sm = REGISTERS_PER_SM // (32 * DECODE_AHEAD_MAXNREG) // warps
+    return programs <= per_sm * sm_count
 
 
 def fp8_config(arch: ArchFacts, config: MoEConfig) -> MoEConfig:
