@@ -178,9 +178,10 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
 
     LOADS_AHEAD: every load of the next step (weights, scales, activations) is issued before this step's decode and
     MMAs, in 26 more registers (tuning.DECODE_AHEAD_MAXNREG). Measured on an H100 that pays only where the grid still
-    fits one wave at that register count (tuning.decode_kernels decides): 2-3% faster there, 3-14% slower where it
-    does not. Loading only the weights and scales ahead is slower: each step then waits on its activations (ncu
-    stall samples); so is a prefetch of the activations into L1. Without it, one step of loads is in flight per warp.
+    fits one wave at that register count (tuning.decode_kernels decides): 1-4.5% faster there at T = 1-2, 3-14%
+    slower where it does not. Loading only the weights and scales ahead is slower: each step then waits on its
+    activations (ncu stall samples); so is a prefetch of the activations into L1. Without LOADS_AHEAD, one step of
+    loads is in flight per warp.
     Other ways to keep more in flight were slower too (docs/kernels.md lists the records): Triton's cp.async
     pipelining (5-7x), L2 prefetches 1-4 steps ahead (0-10%), bulk L2 prefetches of the program's rows (10-25%), two
     row pairs per lane (3-14%); as were one launch for both GEMVs (1-23%) and GEMV2 launched early (PDL) with its
