@@ -527,27 +527,40 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     b2 = weights.w2_bias if weights.w2_bias is not None else unused
     w13, w2, s13, s2 = weights.w13, weights.w2, weights.w13_scale, weights.w2_scale
     h = torch.empty(tokens * k, inter, dtype=torch.bfloat16, device=x.device)
-    interpreted = kernels.INTERPRETED
-    common = dict(SCALE_BLOCK=SCALE_BLOCK[weights.format], NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted,
-                  INTERPRETED=interpreted)
+    shared = dict(top_k=k, nvfp4=nvfp4, folded=folded, interpreted=kernels.INTERPRETED)
     g1, g2 = decode.gemv1, decode.gemv2
+    constexprs, options = gemv_constexprs(
+        1, g1, **shared, has_bias=weights.w13_bias is not None, route=router_logits is not None, experts=experts,
+        renormalize=renormalize, act=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU)
     gemv.gemv1_act_kernel[(tokens * k, inter // (gemv.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
         x, w13, s13, gs13, b13, h, logits, ids, route_w,
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
-        h.stride(0), logits.stride(0), *swiglu,
-        TOP_K=k, ROUTE=router_logits is not None, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(k),
-        RENORMALIZE=bool(renormalize), ROW_GROUPS=g1.row_groups, K_SLICES=g1.k_slices,
-        ACTIVATION=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
-        HAS_BIAS=weights.w13_bias is not None, LOADS_AHEAD=g1.loads_ahead, **common,
-        num_warps=g1.warps(), maxnreg=tuning.DECODE_AHEAD_MAXNREG if g1.loads_ahead else DECODE_MAXNREG)
-    slots = tuning.gemv2_slots(k)
+        h.stride(0), logits.stride(0), *swiglu, **constexprs, **options)
+    constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None)
     gemv.gemv2_sum_kernel[(tokens, hidden // (gemv.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
-        out.stride(0),
-        TOP_K=k, SLOTS=slots, ROW_GROUPS=g2.row_groups, K_SLICES=g2.k_slices,
-        HAS_BIAS=weights.w2_bias is not None, LOADS_AHEAD=g2.loads_ahead, **common,
-        num_warps=g2.warps(slots), maxnreg=tuning.DECODE_AHEAD_MAXNREG if g2.loads_ahead else DECODE_MAXNREG)
+        out.stride(0), **constexprs, **options)
+
+
+def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: bool, folded: bool,
+                    interpreted: bool, has_bias: bool, route: bool = False, experts: int = 0,
+                    renormalize: bool = False, act: int = 0) -> tuple[dict, dict]:
+    """(compile-time arguments, launch options) of GEMV1 (gemv=1: routing from `experts` router logits when route,
+    activation id act) or GEMV2 (gemv=2) with warps `launch`, K and N aside: _launch_decode launches with them and
+    benchmarks/count_decode_sass.py compiles the same set."""
+    constexprs = dict(TOP_K=top_k, ROW_GROUPS=launch.row_groups, K_SLICES=launch.k_slices, HAS_BIAS=has_bias,
+                      LOADS_AHEAD=launch.loads_ahead, SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"],
+                      NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted)
+    if gemv == 1:
+        constexprs.update(ROUTE=route, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(top_k),
+                          RENORMALIZE=bool(renormalize), ACTIVATION=act)
+        warps = launch.warps()
+    else:
+        constexprs["SLOTS"] = tuning.gemv2_slots(top_k)
+        warps = launch.warps(constexprs["SLOTS"])
+    return constexprs, dict(num_warps=warps,
+                            maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
 
 
 def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted):
