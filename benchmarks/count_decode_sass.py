@@ -3,8 +3,9 @@
 At T = 1 the decode kernels' own work, not their memory traffic, stands between gpt-oss-120b and 0.60 of the memory
 floor (benchmarks/results/decode-bisect-h100-2026-11-27/): this counts it. Each kernel is compiled for sm_90 with the
 constexprs and launch options forward._launch_decode would pass (forward.gemv_constexprs) for a layer's decode
-config (tuning.decode_kernels on 132 SMs), and its K loop (the loop holding the MMAs) is read from the SASS: a lane
-decodes 8 weight words (two rows x 16 bytes) per iteration, so instructions / 8 is the cost of one word.
+config (tuning.decode_kernels on 132 SMs), and its K loop (the loop holding the MMAs) is read from the SASS: each
+m16n8k16 MMA takes one weight word a lane (8 a K step: two rows x 16 bytes), so instructions / MMAs is the cost of a
+word.
 
     python benchmarks/count_decode_sass.py [--layers gpt-oss-120b,deepseek-v3] [--tokens 1] [--out DIR]
 
@@ -27,8 +28,6 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from backends.model_shapes import SHAPES  # noqa: E402
 
-#: Weight words a lane decodes per K step: 16 bytes of each of its two rows.
-WORDS_PER_STEP = 8
 #: The kernels' pointer arguments and their element types, as forward._launch_decode passes them.
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32", "gs_ptr": "*fp32",
             "bias_ptr": "*fp32", "logits_ptr": "*fp32", "ids_ptr": "*i32", "route_w_ptr": "*fp32", "y_ptr": "*bf16"}
@@ -66,14 +65,17 @@ def compile_gemv(gemv: int, layer: str, tokens: int, sm_count: int = 132):
 
 
 def k_loop_body(sass: str) -> list[str]:
-    """The instructions of the innermost loop that holds the MMAs: from the target of the branch after the last HMMA
-    back to that branch."""
+    """The instructions of the loop that holds the most MMAs (the K loop; steps peeled after it hold fewer): from a
+    backward branch's target label to the branch."""
     lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line) or line.strip().endswith(":")]
-    last_mma = max(i for i, line in enumerate(lines) if "HMMA" in line)
-    branch = next(i for i in range(last_mma, len(lines)) if re.search(r"\bBRA\b", lines[i]))
-    label = re.search(r"\.L_x_\d+", lines[branch]).group(0)
-    start = next(i for i, line in enumerate(lines) if line.strip() == label + ":")
-    return [line for line in lines[start:branch + 1] if not line.strip().endswith(":")]
+    labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if line.strip().endswith(":")}
+    loops = []
+    for end, line in enumerate(lines):
+        target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", line)
+        if target and labels.get(target.group(1), end) < end:
+            body = [x for x in lines[labels[target.group(1)]:end + 1] if not x.strip().endswith(":")]
+            loops.append((sum("HMMA" in x for x in body), -len(body), body))
+    return max(loops)[2]
 
 
 def count(compiled) -> dict:
@@ -104,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         for gemv in (1, 2):
             compiled, launch = compile_gemv(gemv, layer, args.tokens)
             c = count(compiled)
-            per_word = c["per_iteration"] / WORDS_PER_STEP
-            top = ", ".join(f"{op} {n / WORDS_PER_STEP:.1f}" for op, n in list(c["opcodes"].items())[:8])
+            words = c["opcodes"]["HMMA"]  # one MMA per weight word a lane
+            per_word = c["per_iteration"] / words
+            top = ", ".join(f"{op} {n / words:.1f}" for op, n in list(c["opcodes"].items())[:8])
             print(f"{layer} T={args.tokens} GEMV{gemv} {launch}: {per_word:.1f} instructions per weight word "
                   f"({c['registers']} registers, {c['local_bytes']} B local): {top}")
-            opcodes = " ".join(f"{op}={n / WORDS_PER_STEP:g}" for op, n in c["opcodes"].items())
+            opcodes = " ".join(f"{op}={n / words:g}" for op, n in c["opcodes"].items())
             rows.append({"layer": layer, "tokens": args.tokens, "kernel": f"gemv{gemv}",
                          "row_groups": launch.row_groups, "k_slices": launch.k_slices,
                          "loads_ahead": launch.loads_ahead, "registers": c["registers"],
