@@ -34,9 +34,10 @@ POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32",
 _OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def compile_gemv(gemv: int, layer: str, tokens: int, sm_count: int = 132):
+def compile_gemv(gemv: int, layer: str, tokens: int, sm_count: int = 132, module=None):
     """The layer's GEMV1 (gemv=1, routing from router logits) or GEMV2 at `tokens`, compiled for sm_90 as
-    forward._launch_decode launches it; -> (compiled kernel, its GemvLaunch)."""
+    forward._launch_decode launches it (the kernels of `module`, a variant of _gemv_kernels, if given); ->
+    (compiled kernel, its GemvLaunch, its launch options)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -54,14 +55,15 @@ def compile_gemv(gemv: int, layer: str, tokens: int, sm_count: int = 132):
     k_size, n = ((shape.hidden_size, shape.intermediate_size) if gemv == 1
                  else (shape.intermediate_size, shape.hidden_size))
     constexprs.update(K=k_size, N=n)
-    fn = _gemv_kernels.gemv1_act_kernel if gemv == 1 else _gemv_kernels.gemv2_sum_kernel
+    module = module or _gemv_kernels
+    fn = module.gemv1_act_kernel if gemv == 1 else module.gemv2_sum_kernel
     signature = {name: "constexpr" if name in constexprs else POINTERS.get(
         name, "fp32" if name in ("alpha", "beta", "limit") else "i32") for name in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                if signature[name] not in ("constexpr", "fp32")}
     source = ASTSource(fn=fn, signature=signature, attrs=aligned,
                        constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options), launch
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options), launch, options
 
 
 def k_loop_body(sass: str) -> list[str]:
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for layer in layers:
         for gemv in (1, 2):
-            compiled, launch = compile_gemv(gemv, layer, args.tokens)
+            compiled, launch, _ = compile_gemv(gemv, layer, args.tokens)
             c = count(compiled)
             words = c["opcodes"]["HMMA"]  # one MMA per weight word a lane
             per_word = c["per_iteration"] / words
