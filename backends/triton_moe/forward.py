@@ -80,10 +80,10 @@ ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
 FP8_ACCUMULATIONS = ("wgmma", "tensor-core")
 FP8_ACCUMULATE_ENV = "MOE_ORACLE_TRITON_FP8_ACCUMULATE"
 DEFAULT_FP8_ACCUMULATE = "wgmma"
-#: Register cap of the decode kernels (_gemv_kernels). ptxas otherwise holds them to 64 registers, and with 128 the
-#: same loop measured 1-8% faster on an H100 (gpt-oss-120b T = 1: 42.1 -> 40.4 µs; it takes 64-94 of them); loads
-#: issued a step ahead in the extra registers measured slower (benchmarks/results/decode-kernels-h100-2026-11-27/
-#: sweeps-register-pipelines/).
+#: Register cap of the decode kernels (_gemv_kernels) without loads ahead. ptxas otherwise holds them to 64
+#: registers, and with 128 the same loop measured 1-8% faster on an H100 (gpt-oss-120b T = 1: 42.1 -> 40.4 µs; it
+#: takes 64-94 of them). A kernel that loads its next step ahead runs at tuning.DECODE_AHEAD_MAXNREG instead: more
+#: registers than that cost it warps (benchmarks/results/decode-kernels-h100-2026-11-27/sweeps-register-pipelines/).
 DECODE_MAXNREG = 128
 #: The kernels' ACT_QUANT constexpr of each act_quant.
 _ACT_QUANT_IDS = {None: 0, "fp8_per_tensor_static": 1, "mxfp8": 2}
