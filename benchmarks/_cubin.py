@@ -1,5 +1,6 @@
-"""What ptxas made of a kernel compiled ahead of time, read with the NVIDIA tools that ship with the triton wheel
-(no CUDA toolkit needed): the SASS checks of check_wgmma_hazard.py and probe_gluon_w4a16.py."""
+"""Kernels compiled ahead of time for sm_90 and what ptxas made of them, read with the NVIDIA tools that ship with the
+triton wheel (no CUDA toolkit, no GPU): the SASS checks of check_wgmma_hazard.py, probe_gluon_w4a16.py and
+count_decode_sass.py."""
 
 from __future__ import annotations
 
@@ -21,9 +22,26 @@ def cubin_tool(compiled, tool: str, *args: str) -> str:
         return subprocess.run([binary, *args, path], capture_output=True, text=True, check=True).stdout
 
 
-def k_loop(sass: str) -> list[str]:
-    """The instructions of the kernel's K loop: the shortest loop whose body issues a wgmma with its A operand in
-    registers (a longer one is a loop around it, such as a warp-specialized kernel's partition dispatch)."""
+def compile_sm90(fn, constexprs: dict, pointers: dict, options: dict, unaligned: tuple = ()):
+    """Triton kernel fn compiled for sm_90 with these constexprs and launch options: pointer arguments typed by
+    `pointers` (name -> "*bf16", ...), alpha / beta / limit fp32, the rest i32, and every pointer and integer but
+    `unaligned` declared 16-divisible, as the layer's tensors and strides are at launch."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {name: "constexpr" if name in constexprs else pointers.get(
+        name, "fp32" if name in ("alpha", "beta", "limit") else "i32") for name in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+               if signature[name] not in ("constexpr", "fp32") and name not in unaligned}
+    source = ASTSource(fn=fn, signature=signature, attrs=aligned,
+                       constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """(the instructions of nvdisasm -c text, the loops among them as (first, last) index spans): a loop's back edge
+    is a predicated branch to an earlier label (a barrier wait's retry path jumps back unconditionally from the
+    kernel's end)."""
     code, labels = [], {}
     for line in sass.splitlines():
         label = re.match(r"^\s*(\.L_x_\d+):", line)
@@ -32,11 +50,17 @@ def k_loop(sass: str) -> list[str]:
         ins = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
         if ins:
             code.append(ins.group(1))
-    loops = [(labels[m.group(1)], j) for j, ins in enumerate(code)  # a loop's back edge is a predicated branch;
-             if ins.startswith("@") and (m := re.search(r"BRA `\((\.L_x_\d+)\)", ins))  # a barrier wait's retry
-             and labels.get(m.group(1), j) < j]  # path jumps back unconditionally from the kernel's end
-    loops = [(top, end) for top, end in loops if any(_WGMMA.search(ins) for ins in code[top:end + 1])]
-    top, end = min(loops, key=lambda span: span[1] - span[0])
+    return code, [(labels[m.group(1)], j) for j, ins in enumerate(code)
+                  if ins.startswith("@") and (m := re.search(r"BRA `\((\.L_x_\d+)\)", ins))
+                  and labels.get(m.group(1), j) < j]
+
+
+def k_loop(sass: str) -> list[str]:
+    """The instructions of the kernel's K loop: the shortest loop whose body issues a wgmma with its A operand in
+    registers (a longer one is a loop around it, such as a warp-specialized kernel's partition dispatch)."""
+    code, spans = loops(sass)
+    spans = [(top, end) for top, end in spans if any(_WGMMA.search(ins) for ins in code[top:end + 1])]
+    top, end = min(spans, key=lambda span: span[1] - span[0])
     return code[top:end + 1]
 
 

@@ -25,10 +25,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
-import triton  # noqa: E402
-from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from _cubin import compile_sm90, cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 
 from backends.triton_moe import _kernels as K  # noqa: E402
 from backends.triton_moe import forward, tuning  # noqa: E402
@@ -55,16 +52,10 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool, act_qua
     else:
         consts.update(LAST_PAIR_SUMS=False, TOP_K=shape.top_k)
     pointers = {**POINTERS, "x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv"} if act_quant else POINTERS
-    signature = {name: "constexpr" if name in consts else pointers.get(name, "fp32" if name in ("alpha", "beta",
-                 "limit") else "i32") for name in fn.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)  # pointers and strides
-               if signature[name] not in ("constexpr", "fp32") and name not in ("num_pairs", "num_m_blocks")}
-    source = ASTSource(fn=fn, signature=signature, attrs=aligned,
-                       constexprs={(fn.arg_names.index(name),): value for name, value in consts.items()})
     options = {"num_warps": c.num_warps, "num_stages": c.num_stages}
     if c.maxnreg:
         options["maxnreg"] = c.maxnreg
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_sm90(fn, consts, pointers, options, unaligned=("num_pairs", "num_m_blocks"))
 
 
 def k_loop_hazards(compiled) -> tuple[int, list[str]]:

@@ -26,22 +26,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
+from _cubin import compile_sm90, cubin_tool, loops  # noqa: E402
+
 from backends.model_shapes import SHAPES  # noqa: E402
 
 #: The kernels' pointer arguments and their element types, as forward._launch_decode passes them.
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32", "gs_ptr": "*fp32",
             "bias_ptr": "*fp32", "logits_ptr": "*fp32", "ids_ptr": "*i32", "route_w_ptr": "*fp32", "y_ptr": "*bf16"}
-_OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
 def compile_gemv(gemv: int, layer: str, tokens: int, sm_count: int = 132, module=None):
     """The layer's GEMV1 (gemv=1, routing from router logits) or GEMV2 at `tokens`, compiled for sm_90 as
     forward._launch_decode launches it (the kernels of `module`, a variant of _gemv_kernels, if given); ->
     (compiled kernel, its GemvLaunch, its launch options)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from backends.triton_moe import _gemv_kernels, _kernels, forward, tuning
 
     shape = SHAPES[layer]
@@ -57,39 +55,28 @@ def compile_gemv(gemv: int, layer: str, tokens: int, sm_count: int = 132, module
     constexprs.update(K=k_size, N=n)
     module = module or _gemv_kernels
     fn = module.gemv1_act_kernel if gemv == 1 else module.gemv2_sum_kernel
-    signature = {name: "constexpr" if name in constexprs else POINTERS.get(
-        name, "fp32" if name in ("alpha", "beta", "limit") else "i32") for name in fn.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-               if signature[name] not in ("constexpr", "fp32")}
-    source = ASTSource(fn=fn, signature=signature, attrs=aligned,
-                       constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options), launch, options
+    return compile_sm90(fn, constexprs, POINTERS, options), launch, options
 
 
 def k_loop_body(sass: str) -> list[str]:
-    """The instructions of the loop that holds the most MMAs (the K loop; steps peeled after it hold fewer): from a
-    backward branch's target label to the branch."""
-    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line) or line.strip().endswith(":")]
-    labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if line.strip().endswith(":")}
-    loops = []
-    for end, line in enumerate(lines):
-        target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", line)
-        if target and labels.get(target.group(1), end) < end:
-            body = [x for x in lines[labels[target.group(1)]:end + 1] if not x.strip().endswith(":")]
-            loops.append((sum("HMMA" in x for x in body), -len(body), body))
-    return max(loops)[2]
+    """The instructions of the loop that holds the most MMAs (the K loop; steps peeled after it hold fewer)."""
+    code, spans = loops(sass)
+    return max((code[top:end + 1] for top, end in spans), key=lambda body: (sum("HMMA" in ins for ins in body),
+                                                                            -len(body)))
+
+
+def resources(compiled) -> dict:
+    """Registers per thread and local memory (spill) bytes of a compiled kernel."""
+    usage = cubin_tool(compiled, "cuobjdump", "-res-usage")
+    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "local_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1))}
 
 
 def count(compiled) -> dict:
-    """Registers, local memory bytes, and the K loop's instructions per iteration, in all and by opcode."""
-    from _cubin import cubin_tool
-
-    usage = cubin_tool(compiled, "cuobjdump", "-res-usage")
+    """resources(), and the K loop's instructions per iteration, in all and by opcode."""
     body = k_loop_body(cubin_tool(compiled, "nvdisasm", "-c"))
     opcodes = collections.Counter(_OPCODE.search(line).group(1) for line in body)
-    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
-            "local_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
-            "per_iteration": len(body), "opcodes": dict(opcodes.most_common())}
+    return {**resources(compiled), "per_iteration": len(body), "opcodes": dict(opcodes.most_common())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ def test_the_k_loop_is_the_loop_around_the_mmas():
         "        /*0040*/  BAR.SYNC.DEFER_BLOCKING 0x0 ;",
         "        /*0050*/  @P1 BRA `(.L_x_1) ;"])
     body = tool.k_loop_body(sass)
-    assert [line.split("*/")[1].split()[0] for line in body] == ["LDG.E.128", "HMMA.16816.F32.BF16", "@P0"]
+    assert [ins.split()[0] for ins in body] == ["LDG.E.128", "HMMA.16816.F32.BF16", "@P0"]
 
 
 @pytest.mark.parametrize("gemv", [1, 2])

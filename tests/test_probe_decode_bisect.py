@@ -45,8 +45,7 @@ def test_a_missing_anchor_is_an_error_naming_it(tmp_path, monkeypatch):
 def test_the_variant_with_every_edit_compiles_for_sm90_within_its_register_cap(gemv, tmp_path, monkeypatch):
     """Both kernels as the probe launches them at gpt-oss-120b's T = 1 (its decode config, the variants' 64-register
     cap where a kernel does not load ahead): no local memory at the cap, so a variant's time is not a spill's."""
-    from count_decode_sass import compile_gemv
-    from count_decode_sass import count as count_sass
+    from count_decode_sass import compile_gemv, resources
 
     from backends.triton_moe import forward
 
@@ -54,8 +53,8 @@ def test_the_variant_with_every_edit_compiles_for_sm90_within_its_register_cap(g
     monkeypatch.setattr(forward, "DECODE_MAXNREG", maxnreg)
     module = probe.load_variant("every edit", edits, str(tmp_path))
     compiled, _, options = compile_gemv(gemv, "gpt-oss-120b", 1, module=module)
-    counted = count_sass(compiled)
-    assert counted["local_bytes"] == 0 and counted["registers"] <= options["maxnreg"], counted
+    used = resources(compiled)
+    assert used["local_bytes"] == 0 and used["registers"] <= options["maxnreg"], used
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
