@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from backends import MoELayer, emulation
-from backends.triton_moe.testing import SHAPES, compare, random_checkpoint
+from backends.triton_moe.testing import SHAPES, random_checkpoint
 from backends.weights import MoEWeights
 
 from conftest import requires_cuda
-from tolerances import tolerance
+from tolerances import w4a16_vs_emulation
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
 requires_humming = pytest.mark.skipif(importlib.util.find_spec("humming") is None,
@@ -24,8 +24,6 @@ requires_triton_kernels = pytest.mark.skipif(importlib.util.find_spec("triton_ke
                                              reason="OpenAI triton_kernels is not importable (not on PyPI; see "
                                                     "backends/runners/oai_triton.py for how to get it)")
 TOKENS = (1, 37, 1000)
-REL_L2 = tolerance("w4a16_moe_rel_l2")["rtol"]
-ELEMENTWISE = tolerance("w4a16_moe_elementwise_rms_units")
 #: (shape, gate/up rows as the model stores them)
 LAYERS = {"gpt-oss-120b": "interleaved", "deepseek-v3": "contiguous"}
 
@@ -53,8 +51,7 @@ def _check(layer, shape, weights):
         out = layer(x, logits)
         ref = emulation.moe_forward(x.float(), **weights.emulation_kwargs(), router_logits=logits, top_k=shape.top_k,
                                     activation=shape.activation, **_swiglu(shape))
-        stats = compare(out, ref.to(out.dtype), rel_l2_tol=REL_L2, rtol=ELEMENTWISE["rtol"],
-                        atol_rms_units=ELEMENTWISE["atol"])
+        stats = w4a16_vs_emulation(out, ref.to(out.dtype))
         print(f"{layer.decision.backend} {shape.name} T={tokens}: rel. L2 {stats['rel_l2']:.3e}, elementwise "
               f"{stats['elementwise_ratio']:.2f} of the allowed error")
         assert stats["finite"] and stats["shape_ok"], stats

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from tolerances import tolerance
+from tolerances import w4a16_vs_emulation
 
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
 
@@ -24,7 +24,6 @@ from backends.triton_moe.testing import (
     SHAPES,
     Shape,
     activation_kwargs,
-    compare,
     random_checkpoint,
 )
 from backends.triton_moe.tuning import LaunchConfig, MoEConfig
@@ -32,15 +31,9 @@ from backends.triton_moe.tuning import LaunchConfig, MoEConfig
 
 def assert_matches_emulation(out: torch.Tensor, ref: torch.Tensor) -> None:
     """Relative L2 bound plus an element-wise bound whose atol is in units of the reference's RMS."""
-    stats = compare_with_tolerances(out, ref)
+    stats = w4a16_vs_emulation(out, ref)
     assert stats["shape_ok"] and stats["finite"], stats
     assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats
-
-
-def compare_with_tolerances(out, ref) -> dict:
-    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
-    return compare(out, ref, rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
-                   atol_rms_units=elementwise["atol"])
 
 
 def run_both(shape: Shape, tokens: int, *, device, seed=0, routing="logits", gate_up_layout="interleaved",

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
 
 from conftest import interpreter_worker_rows, requires_cuda
-from tolerances import tolerance
+from tolerances import w4a16_vs_emulation
 
 POISON_INT = 0x2A2A2A2A  # far from any ticket count: a ticket left at it never reaches SPLIT_K - 1
 
@@ -147,16 +147,12 @@ def _compare_paths(spec, seed) -> dict:
     """Fused vs two-launch path on one input: same h (all rows, padding included), same output, the launches
     each path should make, and the fused output against the emulation."""
     from backends import emulation
-    from backends.triton_moe.testing import compare
 
     ckpt, weights, x, route, act = _inputs(spec, seed)
     config, path = _config(spec[8]), spec[10]
     ref_out, ref_h, ref_launches = _layer("launch", x, weights, route, act, config, path)
     out, h, launches = _layer("fused", x, weights, route, act, config, path)
-    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
-    stats = compare(out, emulation.moe_forward(x, **ckpt, **route, **act),
-                    rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
-                    atol_rms_units=elementwise["atol"])
+    stats = w4a16_vs_emulation(out, emulation.moe_forward(x, **ckpt, **route, **act))
     return {"same_output": _same_bits(out, ref_out), "same_h": _same_bits(h, ref_h),
             "launches": launches, "ref_launches": ref_launches, **stats}
 
@@ -190,7 +186,6 @@ def _check_consecutive_calls() -> dict:
     (without the alignment zeroing its tickets would start where the first call left them, had the allocator
     not poisoned them anyway), the first the emulation."""
     from backends import emulation
-    from backends.triton_moe.testing import compare
 
     spec = BIT_CASES["mxfp4-bias-split2-k-tail"]
     ckpt, weights, x1, route1, act = _inputs(spec, 4)
@@ -199,10 +194,7 @@ def _check_consecutive_calls() -> dict:
     first, _, first_launches = _layer("fused", x1, weights, route1, act, config)
     out, h, launches = _layer("fused", x2, weights, route2, act, config)
     ref_out, ref_h, _ = _layer("launch", x2, weights, route2, act, config)
-    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
-    stats = compare(first, emulation.moe_forward(x1, **ckpt, **route1, **act),
-                    rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
-                    atol_rms_units=elementwise["atol"])
+    stats = w4a16_vs_emulation(first, emulation.moe_forward(x1, **ckpt, **route1, **act))
     return {"same_output": _same_bits(out, ref_out), "same_h": _same_bits(h, ref_h),
             "launches": [first_launches, launches], "first_ok": stats["finite"] and stats["rel_l2_ratio"] <= 1.0
             and stats["elementwise_ratio"] <= 1.0}

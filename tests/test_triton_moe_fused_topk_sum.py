@@ -17,7 +17,7 @@ pytest.importorskip("triton", reason="triton is not installed; the Triton MoE ke
 from test_triton_moe_fused_split import _inputs, _Poisoned, _same_bits
 
 from conftest import interpreter_worker_rows, requires_cuda
-from tolerances import tolerance
+from tolerances import w4a16_vs_emulation
 
 ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 
@@ -91,16 +91,12 @@ def _compare_paths(spec, seed) -> dict:
     """Folded vs launched top-k sum on one input: same output bits, the launches each makes, and the folded output
     against the emulation."""
     from backends import emulation
-    from backends.triton_moe.testing import compare
 
     ckpt, weights, x, route, act = _inputs(spec[:8] + (1,) + spec[9:], seed)
     config, path = _config(*spec[8]), spec[10]
     ref_out, ref_launches = _layer("launch", x, weights, route, act, config, path)
     out, launches = _layer("fused", x, weights, route, act, config, path)
-    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
-    stats = compare(out, emulation.moe_forward(x, **ckpt, **route, **act),
-                    rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
-                    atol_rms_units=elementwise["atol"])
+    stats = w4a16_vs_emulation(out, emulation.moe_forward(x, **ckpt, **route, **act))
     return {"same_output": _same_bits(out, ref_out), "launches": launches, "ref_launches": ref_launches, **stats}
 
 

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
 
 from conftest import interpreter_worker_rows
-from tolerances import tolerance
+from tolerances import tolerance, w4a16_vs_emulation
 
 # name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, routing, config)
 CASES = {
@@ -74,7 +74,6 @@ def _run_case(name: str, spec) -> dict:
     from backends.triton_moe.testing import (
         Shape,
         activation_kwargs,
-        compare,
         random_checkpoint,
     )
 
@@ -124,9 +123,7 @@ def _run_case(name: str, spec) -> dict:
     kw = to_kernel_layout(**ckpt)
     out = moe_forward(x, kw, **route, **activation_kwargs(shape), config=configs[config_name])
     again = moe_forward(x, kw, **route, **activation_kwargs(shape), config=configs[config_name], deterministic=True)
-    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
-    stats = compare(out, ref, rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
-                    atol_rms_units=elementwise["atol"])
+    stats = w4a16_vs_emulation(out, ref)
     stats["bit_identical_rerun"] = torch.equal(out.view(torch.int16), again.view(torch.int16))
     return stats
 
@@ -250,7 +247,7 @@ def _check_scale_folding() -> dict:
     from backends import emulation
     from backends.layouts.triton_moe import to_kernel_layout
     from backends.triton_moe import forward, moe_forward, tuning
-    from backends.triton_moe.testing import Shape, activation_kwargs, compare, random_checkpoint
+    from backends.triton_moe.testing import Shape, activation_kwargs, random_checkpoint
 
     shape = Shape("fold", "mxfp4", 4, 2, 64, 64, "swigluoai", True)
     gen = torch.Generator().manual_seed(11)
@@ -273,10 +270,7 @@ def _check_scale_folding() -> dict:
     ckpt["w2_scale"] = ckpt["w2_scale"] + 9
     large = to_kernel_layout(**ckpt)
     ref = emulation.moe_forward(x, **ckpt, **route, **act)
-    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
-    stats = compare(moe_forward(x, large, **route, **act, config=config), ref,
-                    rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
-                    atol_rms_units=elementwise["atol"])
+    stats = w4a16_vs_emulation(moe_forward(x, large, **route, **act, config=config), ref)
     nv = to_kernel_layout(**random_checkpoint(Shape("nv", "nvfp4", 4, 2, 64, 64, "silu", False), generator=gen))
     return {"folded_verdict": folded_verdict, "large_verdict": forward._scales_fold(large),
             "nvfp4_verdict": forward._scales_fold(nv),
@@ -342,7 +336,7 @@ def _check_decode_loads_ahead() -> dict:
     from backends import emulation
     from backends.layouts.triton_moe import to_kernel_layout
     from backends.triton_moe import moe_forward, tuning
-    from backends.triton_moe.testing import Shape, activation_kwargs, compare, random_checkpoint
+    from backends.triton_moe.testing import Shape, activation_kwargs, random_checkpoint
 
     swap = tuning.LaunchConfig(16, 32, 64, 1, True, 4, 2)
     rows = {}
@@ -358,9 +352,7 @@ def _check_decode_loads_ahead() -> dict:
                                 tuning.GemvLaunch(4, 2, ahead), tuning.GemvLaunch(4, 1, ahead))))
                 for ahead in (False, True)]
         ref = emulation.moe_forward(x, **ckpt, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape))
-        elementwise = tolerance("w4a16_moe_elementwise_rms_units")
-        stats = compare(outs[1], ref, rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
-                        atol_rms_units=elementwise["atol"])
+        stats = w4a16_vs_emulation(outs[1], ref)
         rows[fmt] = {"same_bits": torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)),
                      "rel_l2_ratio": stats["rel_l2_ratio"],
                      "elementwise_ratio": stats["elementwise_ratio"]}

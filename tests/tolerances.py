@@ -70,3 +70,13 @@ def tolerance(name: str) -> dict[str, float]:
         return dict(TOLERANCES[name])
     except KeyError:
         raise KeyError(f"unknown tolerance {name!r}; known: {sorted(TOLERANCES)}") from None
+
+
+def w4a16_vs_emulation(out, ref) -> dict:
+    """backends.triton_moe.testing.compare of a W4A16 layer's output with the emulation's, at the W4A16 MoE
+    tolerances (relative L2 and elementwise in RMS units): the stats, each *_ratio <= 1 when within them."""
+    from backends.triton_moe.testing import compare
+
+    elementwise = tolerance("w4a16_moe_elementwise_rms_units")
+    return compare(out, ref, rel_l2_tol=tolerance("w4a16_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
+                   atol_rms_units=elementwise["atol"])
