@@ -41,10 +41,6 @@ from backends.triton_moe._kernels import (
 )
 from backends.triton_moe._routing_kernels import _topk_row
 
-#: Output columns of one warp: GEMV1 pairs gate row g with up row g (8 columns), GEMV2 rows g and g + 8 (16).
-GEMV1_COLUMNS_PER_WARP = 8
-GEMV2_COLUMNS_PER_WARP = 16
-
 _TILE_ROWS: tl.constexpr = tl.constexpr(_layout.TILE_ROWS)
 _TILE_BYTES: tl.constexpr = tl.constexpr(_layout.TILE_BYTES)
 

@@ -532,12 +532,12 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     constexprs, options = gemv_constexprs(
         1, g1, **shared, has_bias=weights.w13_bias is not None, route=router_logits is not None, experts=experts,
         renormalize=renormalize, act=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU)
-    gemv.gemv1_act_kernel[(tokens * k, inter // (gemv.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
+    gemv.gemv1_act_kernel[(tokens * k, inter // (tuning.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
         x, w13, s13, gs13, b13, h, logits, ids, route_w,
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
         h.stride(0), logits.stride(0), *swiglu, **constexprs, **options)
     constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None)
-    gemv.gemv2_sum_kernel[(tokens, hidden // (gemv.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
+    gemv.gemv2_sum_kernel[(tokens, hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
         out.stride(0), **constexprs, **options)

@@ -18,7 +18,9 @@ from backends.triton_moe.tuning.arch import ArchFacts, facts_by_name, facts_for
 from backends.triton_moe.tuning.configs import (
     DECODE_AHEAD_MAXNREG,
     GEMM1_ONLY_FIELDS,
+    GEMV1_COLUMNS_PER_WARP,
     GEMV1_ROW_GROUPS,
+    GEMV2_COLUMNS_PER_WARP,
     GEMV2_ROW_GROUPS,
     GEMV_K_SLICES,
     GEMV_MAX_WARPS,
@@ -49,7 +51,8 @@ from backends.triton_moe.tuning.tables import (
 )
 
 __all__ = ["ArchFacts", "DECODE_AHEAD_MAXNREG", "DECODE_KERNEL_TOKENS", "DecodeConfig", "GEMM1_ONLY_FIELDS",
-           "GEMV1_ROW_GROUPS", "GEMV2_ROW_GROUPS", "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu",
+           "GEMV1_COLUMNS_PER_WARP", "GEMV1_ROW_GROUPS", "GEMV2_COLUMNS_PER_WARP", "GEMV2_ROW_GROUPS", "GEMV_K_SLICES",
+           "GEMV_MAX_WARPS", "GemvLaunch", "Gpu",
            "LaunchConfig", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
            "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
            "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "read_table", "reload_user_tables",

@@ -52,6 +52,11 @@ class GemvLaunch:
         return self.row_groups * slots * self.k_slices
 
 
+#: Output columns of one decode warp (the kernels' MMA fragments): GEMV1 pairs gate row g with up row g (8 columns),
+#: GEMV2 rows g and g + 8 (16). A launch has one program per row_groups of them.
+GEMV1_COLUMNS_PER_WARP = 8
+GEMV2_COLUMNS_PER_WARP = 16
+
 #: Register cap of a decode kernel with loads_ahead: its next step's loads take 26 more registers than the 64 the
 #: kernels use otherwise; at 80 ptxas keeps them ahead of the MMAs without spilling, 25 warps to an SM.
 DECODE_AHEAD_MAXNREG = 80

@@ -24,7 +24,9 @@ from dataclasses import replace
 from backends.triton_moe.tuning.arch import ArchFacts
 from backends.triton_moe.tuning.configs import (
     DECODE_AHEAD_MAXNREG,
+    GEMV1_COLUMNS_PER_WARP,
     GEMV1_ROW_GROUPS,
+    GEMV2_COLUMNS_PER_WARP,
     GEMV2_ROW_GROUPS,
     GEMV_K_SLICES,
     GEMV_MAX_WARPS,
@@ -147,13 +149,15 @@ def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     slots = gemv2_slots(problem.top_k)
     if slots > GEMV_MAX_WARPS:
         return None
-    slices1 = _k_slices(pairs * problem.intermediate_size // 8, problem.hidden_size, sm_count)
+    slices1 = _k_slices(pairs * problem.intermediate_size // GEMV1_COLUMNS_PER_WARP, problem.hidden_size, sm_count)
     groups1 = max(1, min(GEMV1_ROW_GROUPS[-1], DECODE_PROGRAM_WARPS // slices1))
-    slices2 = _k_slices(problem.tokens * problem.hidden_size // 16 * slots, problem.intermediate_size, sm_count)
+    slices2 = _k_slices(problem.tokens * problem.hidden_size // GEMV2_COLUMNS_PER_WARP * slots,
+                        problem.intermediate_size, sm_count)
     slices2 = min(slices2, max(1, GEMV_MAX_WARPS // slots))
     groups2 = max(1, min(GEMV2_ROW_GROUPS[-1], DECODE_PROGRAM_WARPS // (slices2 * slots)))
-    programs1 = pairs * problem.intermediate_size // (8 * groups1)
-    programs2 = problem.tokens * problem.hidden_size // (16 * groups2)
+    # the programs of forward._launch_decode's grids
+    programs1 = pairs * problem.intermediate_size // (GEMV1_COLUMNS_PER_WARP * groups1)
+    programs2 = problem.tokens * problem.hidden_size // (GEMV2_COLUMNS_PER_WARP * groups2)
     return DecodeConfig(GemvLaunch(groups1, slices1, _one_wave_ahead(programs1, groups1 * slices1, sm_count)),
                         GemvLaunch(groups2, slices2, _one_wave_ahead(programs2, groups2 * slices2 * slots, sm_count)))
 
