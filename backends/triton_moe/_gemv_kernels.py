@@ -39,7 +39,7 @@ from backends.triton_moe._kernels import (
     _round_bf16,
     _scale_pair,
 )
-from backends.triton_moe._routing_kernels import _topk_row
+from backends.triton_moe._routing_kernels import _route_weights, _topk_picks
 
 _TILE_ROWS: tl.constexpr = tl.constexpr(_layout.TILE_ROWS)
 _TILE_BYTES: tl.constexpr = tl.constexpr(_layout.TILE_BYTES)
@@ -219,6 +219,13 @@ def _lanes_total(acc, THREADS: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _add_pairs(a0, b0, a1, b1):
+    """tl.reduce's combine of two sums at once: one pass over the program's warps (one barrier) where two tl.sum
+    calls take two; each sum adds in the order tl.sum would."""
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
 def _row_pointer(w_expert, n, stride_wn):
     """Byte pointer to row n's first tile (stride_wn = K/2 bytes per row)."""
     n = n.to(tl.int64)
@@ -237,19 +244,19 @@ def gemv1_act_kernel(
     LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """h[p, n] = act(x[t] W13[e]^T + b13[e]) for pair p = program_id(0) = t * TOP_K + j, columns n of program_id(1)
-    (8 per row group). ROUTE: the token's top-k of its router logits, as topk_route_kernel selects and weighs
-    them, computed by each of its programs; the (j = 0, first columns) program stores ids and weights for GEMV2;
-    else ids_ptr holds the pairs' experts (any integer dtype)."""
+    (8 per row group). ROUTE: the token's top-k of its router logits, picked by each of its programs as
+    topk_route_kernel picks them; the (j = 0, first columns) program alone weighs them as topk_route_kernel does and
+    stores ids and weights for GEMV2; else ids_ptr holds the pairs' experts (any integer dtype)."""
     pair = tl.program_id(0)
     token = pair // TOP_K
     if ROUTE:
-        ids, weights = _topk_row(logits_ptr + token.to(tl.int64) * stride_lt, E, E_BLOCK, TOP_K, K_BLOCK,
-                                 RENORMALIZE)
-        slot = tl.arange(0, K_BLOCK)
-        expert = tl.sum(tl.where(slot == pair % TOP_K, ids, 0), axis=0).to(tl.int64)
+        logits, ids, top, expert = _topk_picks(logits_ptr + token.to(tl.int64) * stride_lt, E, E_BLOCK, TOP_K,
+                                               K_BLOCK, pair % TOP_K)
+        expert = expert.to(tl.int64)
         if (pair % TOP_K == 0) & (tl.program_id(1) == 0):
+            slot = tl.arange(0, K_BLOCK)
             tl.store(ids_ptr + token * TOP_K + slot, ids, mask=slot < TOP_K)
-            tl.store(route_w_ptr + token * TOP_K + slot, weights, mask=slot < TOP_K)
+            tl.store(route_w_ptr + token * TOP_K + slot, _route_weights(logits, top, RENORMALIZE), mask=slot < TOP_K)
     else:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
     THREADS: tl.constexpr = 32 * ROW_GROUPS * K_SLICES
@@ -275,8 +282,9 @@ def gemv1_act_kernel(
                             _row_pointer(w_expert, col + N, stride_wn), s_expert + col + N,
                             x_ptr + token.to(tl.int64) * stride_xm, k_first, t, STEPS, K, stride_sc, SCALE_BLOCK,
                             NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
-    acc_g = tl.sum(tl.reshape(_lanes_total(acc_g, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
-    acc_u = tl.sum(tl.reshape(_lanes_total(acc_u, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)), axis=1)
+    acc_g, acc_u = tl.reduce((tl.reshape(_lanes_total(acc_g, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)),
+                              tl.reshape(_lanes_total(acc_u, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32))), 1,
+                             _add_pairs)
     first_lane = (j % 4) == 0
     _act_store(tl.reshape(acc_g, (1, 32 * ROW_GROUPS)), tl.reshape(acc_u, (1, 32 * ROW_GROUPS)), expert,
                pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
@@ -328,16 +336,16 @@ def gemv2_sum_kernel(
                             h_ptr + (token * TOP_K + slot) * stride_hm, k_first, t, STEPS, K, stride_sc,
                             SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     SHAPE: tl.constexpr = (ROW_GROUPS, SLOTS, K_SLICES, 32)
-    acc_a = tl.sum(tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE), axis=2)  # [groups, slots, 32]
-    acc_b = tl.sum(tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE), axis=2)
+    acc_a, acc_b = tl.reduce((tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE),  # -> [groups, slots, 32]
+                              tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE)), 2, _add_pairs)
     if NVFP4:  # undo the dequantization's 2^-16 (exact), then the expert's global scale
         acc_a = acc_a * 65536.0 / gs
         acc_b = acc_b * 65536.0 / gs
     if HAS_BIAS:
         acc_a += bias_a
         acc_b += bias_b
-    y_a = tl.sum(tl.where(slot_ok, acc_a * route_w, 0.0), axis=1)  # [groups, 32]
-    y_b = tl.sum(tl.where(slot_ok, acc_b * route_w, 0.0), axis=1)
+    y_a, y_b = tl.reduce((tl.where(slot_ok, acc_a * route_w, 0.0), tl.where(slot_ok, acc_b * route_w, 0.0)), 1,
+                         _add_pairs)  # [groups, 32]
     store = (tl.arange(0, 32)[None, :] % 4) == 0
     y_row = y_ptr + token * stride_ym
     tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)

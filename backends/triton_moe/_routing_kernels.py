@@ -41,30 +41,48 @@ _PICKED: tl.constexpr = tl.constexpr(-(1 << 63))
 
 
 @triton.jit
-def _topk_row(logits_row_ptr, E: tl.constexpr, E_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
-              RENORMALIZE: tl.constexpr):
-    """(ids int32 [K_BLOCK], weights fp32 [K_BLOCK]) of one token: its TOP_K experts by logit, largest first (the
-    lowest index among equal logits), and their weights - softmax over the k selected logits (RENORMALIZE) or the
-    full softmax's probabilities; slots past TOP_K are unused. Same selection and formulas as _routing.route's torch
-    ops, in fp32 (topk_route_kernel, and the decode kernels that route in-program)."""
+def _topk_picks(logits_row_ptr, E: tl.constexpr, E_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
+                pick):
+    """(logits fp32 [E_BLOCK], ids int32 [K_BLOCK], their logits fp32 [K_BLOCK], the expert of pick number `pick` as
+    a scalar) of one token: its TOP_K experts by logit, largest first (the lowest index among equal logits); slots
+    past TOP_K are unused. One reduction per pick: a decode program that needs only its own expert takes it from
+    the picks rather than from a reduction over ids, and leaves the weights (_route_weights) to the program that
+    stores them; each reduction over a program's warps is a barrier on the way to its first weight load."""
     e = tl.arange(0, E_BLOCK)
     logits = tl.load(logits_row_ptr + e, mask=e < E, other=-float("inf")).to(tl.float32)
     key = _topk_keys(logits, e, E_BLOCK)
     slot = tl.arange(0, K_BLOCK)
     top = tl.full([K_BLOCK], -float("inf"), tl.float32)
     ids = tl.zeros([K_BLOCK], tl.int32)
+    chosen = _PICKED
     for j in tl.static_range(TOP_K):
         best = tl.max(key, 0)
         top = tl.where(slot == j, _key_logit(best), top)
         ids = tl.where(slot == j, _key_expert(best, E_BLOCK), ids)
+        chosen = tl.where(pick == j, best, chosen)
         key = tl.where(key == best, _PICKED, key)
+    return logits, ids, top, _key_expert(chosen, E_BLOCK)
+
+
+@triton.jit
+def _route_weights(logits, top, RENORMALIZE: tl.constexpr):
+    """The picks' weights: softmax over the k selected logits `top` (RENORMALIZE) or the full softmax's
+    probabilities of them. Same formulas as _routing.route's torch ops, in fp32."""
     if RENORMALIZE:
         w = tl.exp(top - tl.max(top, 0))  # unused slots hold -inf: weight 0
         w = w / tl.sum(w, 0)
     else:
         shift = tl.max(logits, 0)
         w = tl.exp(top - shift) / tl.sum(tl.exp(logits - shift), 0)
-    return ids, w
+    return w
+
+
+@triton.jit
+def _topk_row(logits_row_ptr, E: tl.constexpr, E_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
+              RENORMALIZE: tl.constexpr):
+    """(ids int32 [K_BLOCK], weights fp32 [K_BLOCK]) of one token (_topk_picks, _route_weights)."""
+    logits, ids, top, _ = _topk_picks(logits_row_ptr, E, E_BLOCK, TOP_K, K_BLOCK, 0)
+    return ids, _route_weights(logits, top, RENORMALIZE)
 
 
 @triton.jit
