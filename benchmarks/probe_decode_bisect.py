@@ -28,15 +28,15 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backends.model_shapes import SHAPES  # noqa: E402
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+from _decode_variants import KERNELS, import_kernels  # noqa: E402
+from _decode_variants import swapped as swapped_kernels  # noqa: E402
 
-KERNELS = Path(__file__).resolve().parents[1] / "backends" / "triton_moe" / "_gemv_kernels.py"
+from backends.model_shapes import SHAPES  # noqa: E402
 
 _MMA_DOC = '''    """acc_a / acc_b += one K step of rows A / B (the loads of _step_loads) times the activations."""
 '''
@@ -99,15 +99,7 @@ def variant_source(edits) -> str:
 
 def load_variant(name: str, edits, directory: str):
     """The variant's module, written to directory (so that Triton can read its source) and imported."""
-    module_name = "gemv_variant_" + "".join(c if c.isalnum() else "_" for c in name)
-    path = os.path.join(directory, module_name + ".py")
-    with open(path, "w") as f:
-        f.write(variant_source(edits))
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_kernels(name, variant_source(edits), directory)
 
 
 def _run(out_dir: str, layers: list[str]) -> None:
@@ -124,17 +116,11 @@ def _run(out_dir: str, layers: list[str]) -> None:
                else (load_variant(name, spec[0], out_dir), spec[1]) for name, spec in VARIANTS.items()}
     flush, bandwidth = Flusher(), measure_ceilings()[0]
     arch, gpu_info = tuning.device_gpu(torch.device("cuda"))
-    kernels = (shipped.gemv1_act_kernel, shipped.gemv2_sum_kernel, forward.DECODE_MAXNREG)
 
     def swapped(name, fn):
         """fn() with the variant's kernels and register cap in place of the shipped ones."""
-        module, maxnreg = modules[name]
-        shipped.gemv1_act_kernel, shipped.gemv2_sum_kernel = module.gemv1_act_kernel, module.gemv2_sum_kernel
-        forward.DECODE_MAXNREG = maxnreg
-        try:
+        with swapped_kernels(*modules[name]):
             return fn()
-        finally:
-            shipped.gemv1_act_kernel, shipped.gemv2_sum_kernel, forward.DECODE_MAXNREG = kernels
 
     with open(os.path.join(out_dir, "decode_bisect.csv"), "w", newline="") as f:
         writer = csv.writer(f)
