@@ -1,6 +1,7 @@
 """Shared fixtures: one Oracle over the shipped rules for the whole session."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -14,6 +15,19 @@ from oracle import Oracle
 
 SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules"
 REPO_ROOT = SHIPPED_RULES.parent
+BENCHMARKS = REPO_ROOT / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py imported as module `name`, registered in sys.modules (dataclasses look their module up
+    by name while it executes), with benchmarks/ on sys.path for the helpers it imports (_cubin, _timing, ...)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def interpreter_worker_rows(script: str, *arg_sets: tuple[str, ...], drop_env: tuple[str, ...] = ()) -> dict:

@@ -4,26 +4,20 @@ always restores the tree's, and every CLI mistake is one message naming the argu
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_exits_needing_a_gpu
+from conftest import assert_exits_needing_a_gpu, load_benchmark
 
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("ab_decode_kernels", ROOT / "benchmarks" / "ab_decode_kernels.py")
-ab = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = ab
-_spec.loader.exec_module(ab)
-import _decode_variants as variants  # noqa: E402
+ab = load_benchmark("ab_decode_kernels")
+variants = load_benchmark("_decode_variants")
 
 in_git = shutil.which("git") is not None and subprocess.run(
     ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode == 0

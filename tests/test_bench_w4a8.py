@@ -5,30 +5,15 @@ verdicts follow the numbers."""
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module(name: str):
-    sys.path[:0] = [str(ROOT / "benchmarks")]
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look their module up by name
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return _module("bench_w4a8")
+    return load_benchmark("bench_w4a8")
 
 
 def test_arguments_parse_into_checked_tuples(bench, tmp_path):
@@ -96,7 +81,7 @@ def test_bound_rows_and_the_w4a8_note(bench):
 
 
 def test_dry_run_rows_and_the_report_section(bench, tmp_path, monkeypatch):
-    report = _module("report_matrix")
+    report = load_benchmark("report_matrix")
     monkeypatch.setattr(bench, "VARIANT_MIN_TOKENS", 16)  # variant rows at the dry run's small T
     out = tmp_path / "dry"
     assert bench.main(["--dry-run", "--out", str(out), "--iters", "1", "--tokens", "1,16",
@@ -124,7 +109,7 @@ def test_dry_run_rows_and_the_report_section(bench, tmp_path, monkeypatch):
 
 def test_variant_rows_do_not_pick_the_run_of_a_matrix_cell(tmp_path):
     """A W4A8 run with many variant rows must not outscore the matrix run of the same cell."""
-    report = _module("report_matrix")
+    report = load_benchmark("report_matrix")
     header = ("run_id", "date", "gpu", "commit", "shape", "format", "experts", "top_k", "hidden_size",
               "intermediate_size", "tokens", "implementation", "config", "us", "floor_fraction", "note")
     for run, date, impls in (("matrix", "2026-11-26", (report.OURS, "Humming")),
@@ -145,7 +130,7 @@ def test_variant_rows_do_not_pick_the_run_of_a_matrix_cell(tmp_path):
 
 
 def test_w4a8_verdicts_follow_the_numbers(tmp_path):
-    report = _module("report_matrix")
+    report = load_benchmark("report_matrix")
     d = tmp_path / "run"
     d.mkdir()
     (d / "environment.json").write_text('{"run_id": "r", "date": "2026-11-26", "gpu": "NVIDIA H100", '

@@ -4,19 +4,12 @@ the launch's register cap, and its CLI names an unknown layer."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-triton = pytest.importorskip("triton")
+from conftest import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("count_decode_sass", ROOT / "benchmarks" / "count_decode_sass.py")
-tool = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = tool
-_spec.loader.exec_module(tool)
+triton = pytest.importorskip("triton")
+tool = load_benchmark("count_decode_sass")
 
 
 def test_the_k_loop_is_the_loop_around_the_mmas():

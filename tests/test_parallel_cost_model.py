@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("parallel_cost_model", ROOT / "benchmarks" / "parallel_cost_model.py")
-model = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = model  # dataclasses look their module up while the file executes
-_spec.loader.exec_module(model)
+from conftest import load_benchmark
+
+model = load_benchmark("parallel_cost_model")
 
 #: the single-GPU H100 final table of benchmarks/README-moe.md (whole layer µs), which the roofline is calibrated on
 H100_TABLE = {

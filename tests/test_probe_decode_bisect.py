@@ -4,23 +4,14 @@ variant with every edit compiles for sm_90 within the probe's 64-register cap, a
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-from conftest import assert_exits_needing_a_gpu
+from conftest import assert_exits_needing_a_gpu, load_benchmark
 
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("probe_decode_bisect", ROOT / "benchmarks" / "probe_decode_bisect.py")
-probe = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = probe
-_spec.loader.exec_module(probe)
+probe = load_benchmark("probe_decode_bisect")
 
 
 @pytest.mark.parametrize("name", [name for name, spec in probe.VARIANTS.items() if spec])

@@ -3,23 +3,14 @@ to run without CUDA, and its kernels (the grid barrier's included) compile for s
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-from conftest import assert_exits_needing_a_gpu
+from conftest import assert_exits_needing_a_gpu, load_benchmark
 
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("probe_decode_stream_bound",
-                                               ROOT / "benchmarks" / "probe_decode_stream_bound.py")
-probe = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = probe
-_spec.loader.exec_module(probe)
+probe = load_benchmark("probe_decode_stream_bound")
 
 
 def test_the_words_are_the_top_k_experts_gemm_bytes():

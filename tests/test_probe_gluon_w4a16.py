@@ -5,19 +5,13 @@ tests/test_cubin.py), and nothing spills. The probe's speed question needs a Hop
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton.experimental.gluon", reason="this triton has no Gluon")
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("probe_gluon_w4a16", ROOT / "benchmarks" / "probe_gluon_w4a16.py")
-probe = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = probe
-_spec.loader.exec_module(probe)
+from conftest import load_benchmark
+
+probe = load_benchmark("probe_gluon_w4a16")
 
 
 @pytest.mark.parametrize(("config", "grouped", "fp8"), [(probe.CONFIGS[0], False, False), (probe.CONFIGS[3], True, False),

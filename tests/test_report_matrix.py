@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("report_matrix", ROOT / "benchmarks" / "report_matrix.py")
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+from conftest import load_benchmark
+
+report = load_benchmark("report_matrix")
 
 COLUMNS = ("run_id", "date", "gpu", "commit", "shape", "format", "experts", "top_k", "hidden_size",
            "intermediate_size", "tokens", "implementation", "config", "us", "floor_fraction", "note")

@@ -3,9 +3,7 @@ write, the maintainers' sweep merge, the tune command's table, and the candidate
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +12,7 @@ from backends.triton_moe import tuning
 from backends.triton_moe.tuning import writer
 from backends.triton_moe.tuning.candidates import sweep_candidates
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_benchmark
 
 
 def test_token_ranges_cover_every_t_once():
@@ -90,9 +88,7 @@ def test_the_sweep_merge_finds_entries_by_shape_and_t(tmp_path):
     """benchmarks/bench_moe.py --merge-sweep: a faster swept config replaces the entry covering that (shape, T);
     one within min_gain, or a T whose current config the sweep did not time, changes nothing."""
     pytest.importorskip("torch", reason="benchmarks/bench_moe.py imports torch")
-    spec = importlib.util.spec_from_file_location("bench_moe", ROOT / "benchmarks" / "bench_moe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_moe")
     table_path = tuning.TABLE_DIR / "sm90-h200.yaml"
     current = tuning.select_config("sm90", tuning.Gpu("NVIDIA H200", 132),
                                    tuning.Problem(tokens=16384, **SHAPES["gpt-oss-120b"].fields()))
