@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Diagnostic, RuleError, did_you_mean
-from .limits import MAX_FILE_BYTES
 from .resources import rules_dir
 from .schema import SECTIONS, schema_diagnostics
-from .yamlio import Located, load_yaml_file, load_yaml_text, utf8_diagnostic
+from .yamlio import Located, load_yaml_file, load_yaml_text, read_limited
 
 
 @dataclass
@@ -211,17 +210,7 @@ Source = tuple[FileKey, str]  # a file's key and its text, read once
 def read_source(path: Path) -> Source:
     """One rule file's content key and text (RuleError naming the file when it cannot be read)."""
     name = display_name(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-        if len(raw) > MAX_FILE_BYTES:
-            raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {MAX_FILE_BYTES:,} bytes (the limit "
-                                                    "of a rule file); split it into several files")])
-        text = raw.decode("utf-8")
-    except OSError as exc:
-        raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
-    except UnicodeDecodeError as exc:
-        raise RuleError([utf8_diagnostic(name, exc)]) from None
+    raw, text = read_limited(path, name)
     return (str(path), name, hashlib.sha256(raw).hexdigest()), text
 
 

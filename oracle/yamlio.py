@@ -6,6 +6,7 @@ side table from path tuple to position. Only the safe schema is used: no tags, n
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import yaml
@@ -264,20 +265,25 @@ _INT = "tag:yaml.org,2002:int"
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
-def load_yaml_file(path: str, display_name: str | None = None) -> Located:
-    name = display_name or path
+def read_limited(path: str | os.PathLike[str], name: str) -> tuple[bytes, str]:
+    """An input file's bytes and text, read no further than MAX_FILE_BYTES; one RuleError naming the file (as
+    `name`) when it is larger, unreadable or not UTF-8."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
         if len(raw) > MAX_FILE_BYTES:
             raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {MAX_FILE_BYTES:,} bytes (the limit); "
                                                     "split it into several files")])
-        text = raw.decode("utf-8")
+        return raw, raw.decode("utf-8")
     except OSError as exc:
         raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
     except UnicodeDecodeError as exc:
         raise RuleError([utf8_diagnostic(name, exc)]) from None
-    return load_yaml_text(text, name)
+
+
+def load_yaml_file(path: str, display_name: str | None = None) -> Located:
+    name = display_name or path
+    return load_yaml_text(read_limited(path, name)[1], name)
 
 
 def utf8_diagnostic(name: str, exc: UnicodeDecodeError) -> Diagnostic:
