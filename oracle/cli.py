@@ -71,14 +71,14 @@ def _parse_env(items: Sequence[str]) -> dict[str, str]:
 
 def _read_scenario(path: str) -> dict[str, Any]:
     from .limits import MAX_SCENARIO_DEPTH, depth_over
-    from .yamlio import load_yaml_text, utf8_diagnostic
+    from .yamlio import load_yaml_text, read_limited
 
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_bytes().decode("utf-8")
+        _, text = read_limited(path, path, stream=sys.stdin.buffer if path == "-" else None)
     except OSError as exc:
         raise UsageError(f"--scenario {path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(str(utf8_diagnostic(path, exc)).replace("rule files", "scenarios")) from None
+    except RuleError as exc:  # larger than the limit, or not UTF-8
+        raise UsageError(str(exc).replace("rule files", "scenarios")) from None
     try:  # JSON is YAML; the safe loader never builds objects, and a duplicate key is an error, not the last one
         data = load_yaml_text(text, path).data
     except RuleError as exc:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-MAX_FILE_BYTES = 1 << 20  # a rule, profiles, overrides or scenario file
+MAX_FILE_BYTES = 1 << 20  # a rule, profiles, overrides, scenario or lint baseline file
+MAX_GOLDEN_BYTES = 1 << 28  # a golden decision file of `moe-oracle test` (one line a case: 10^5-10^6 cases)
 MAX_YAML_DEPTH = 64  # nested mappings and sequences of a YAML document
 MAX_ALIASES = 1000  # alias uses (*name) in one YAML document
 MAX_EXPANDED_NODES = 200_000  # nodes of one YAML document once its aliases are expanded

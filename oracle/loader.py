@@ -16,7 +16,7 @@ from typing import Any
 from .errors import Diagnostic, RuleError, did_you_mean
 from .resources import rules_dir
 from .schema import SECTIONS, schema_diagnostics
-from .yamlio import Located, load_yaml_file, load_yaml_text, read_limited
+from .yamlio import Located, load_yaml_file, load_yaml_text, read_rule_file
 
 
 @dataclass
@@ -210,7 +210,7 @@ Source = tuple[FileKey, str]  # a file's key and its text, read once
 def read_source(path: Path) -> Source:
     """One rule file's content key and text (RuleError naming the file when it cannot be read)."""
     name = display_name(path)
-    raw, text = read_limited(path, name)
+    raw, text = read_rule_file(path, name)
     return (str(path), name, hashlib.sha256(raw).hexdigest()), text
 
 

@@ -7,7 +7,7 @@ side table from path tuple to position. Only the safe schema is used: no tags, n
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -265,25 +265,36 @@ _INT = "tag:yaml.org,2002:int"
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
-def read_limited(path: str | os.PathLike[str], name: str) -> tuple[bytes, str]:
-    """An input file's bytes and text, read no further than MAX_FILE_BYTES; one RuleError naming the file (as
-    `name`) when it is larger, unreadable or not UTF-8."""
-    try:
+def read_limited(path: str | os.PathLike[str], name: str, stream: BinaryIO | None = None,
+                 limit: int = MAX_FILE_BYTES) -> tuple[bytes, str]:
+    """An input file's bytes and text (of `stream` instead, if given: stdin), read no further than `limit` bytes,
+    so that a huge file or an endless one (a device, a pipe) costs no more; one RuleError naming it (as `name`)
+    when it is larger or not UTF-8. OSError propagates: each caller names the argument the path came from."""
+    if stream is not None:
+        raw = stream.read(limit + 1)
+    else:
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-        if len(raw) > MAX_FILE_BYTES:
-            raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {MAX_FILE_BYTES:,} bytes (the limit); "
-                                                    "split it into several files")])
+            raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {limit:,} bytes (the limit); "
+                                                "split it into several files")])
+    try:
         return raw, raw.decode("utf-8")
-    except OSError as exc:
-        raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
     except UnicodeDecodeError as exc:
         raise RuleError([utf8_diagnostic(name, exc)]) from None
 
 
+def read_rule_file(path: str | os.PathLike[str], name: str) -> tuple[bytes, str]:
+    """read_limited for a rule, profiles or overrides file: unreadable is a RuleError naming it too."""
+    try:
+        return read_limited(path, name)
+    except OSError as exc:
+        raise RuleError([Diagnostic(name, 1, 1, f"cannot read rule file: {exc.strerror}")]) from None
+
+
 def load_yaml_file(path: str, display_name: str | None = None) -> Located:
     name = display_name or path
-    return load_yaml_text(read_limited(path, name)[1], name)
+    return load_yaml_text(read_rule_file(path, name)[1], name)
 
 
 def utf8_diagnostic(name: str, exc: UnicodeDecodeError) -> Diagnostic:

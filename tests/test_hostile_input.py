@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import hostile_corpus as corpus
@@ -226,6 +227,39 @@ def test_a_non_utf8_scenario_file_names_the_byte(tmp_path, capsys):
     path.write_bytes(b"policy: mxfp4\nmoe: {activation: \xff}\n")
     code, _, err = _cli(["select", "--scenario", str(path)], capsys)
     assert code == 2 and "s.yaml:2:19: byte 0xff is not UTF-8" in err
+
+
+def test_a_file_over_the_size_limit_is_one_error_naming_it_before_parsing(tmp_path, capsys, monkeypatch):
+    """Every reader of an input file (a scenario from a path or stdin, a rule file through validate and fmt) stops
+    at MAX_FILE_BYTES: one message naming the file, and an endless input (a device) is refused as soon as it is
+    over, not read until memory runs out."""
+    import io
+
+    from oracle.limits import MAX_FILE_BYTES
+
+    big = "policy: mxfp4\n" + "#" * MAX_FILE_BYTES + "\n"
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    scenario_path, rule_path = tmp_path / "s.yaml", rules / "big-rules.yaml"
+    scenario_path.write_text(big)
+    rule_path.write_text(big)
+    limit = f"is larger than {MAX_FILE_BYTES:,} bytes (the limit); split it into several files"
+    sources = [str(scenario_path)] + (["/dev/zero"] if Path("/dev/zero").exists() else [])
+    for source in sources:
+        code, _, err = _cli(["select", "--scenario", source], capsys)
+        assert code == 2 and f"{Path(source).name}:1:1: the file {limit}" in err and "Traceback" not in err, err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(big.encode())))
+    code, _, err = _cli(["select", "--scenario", "-"], capsys)
+    assert code == 2 and f"-:1:1: the file {limit}" in err, err
+    problems, _ = validate_paths([rule_path])
+    assert [(Path(p.file).name, p.message) for p in problems] == [("big-rules.yaml", "the file " + limit)]
+    code, _, err = _cli(["fmt", str(rules)], capsys)
+    assert code == 2 and f"big-rules.yaml:1:1: the file {limit}" in err and rule_path.read_text() == big, err
+    monkeypatch.setattr("oracle.limits.MAX_GOLDEN_BYTES", 1000)  # golden files have a limit of their own
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text('{"scenario": {"policy": "mxfp4"}, "expected": {}}\n' * 100)
+    code, _, err = _cli(["test", str(golden)], capsys)
+    assert code != 0 and "golden.jsonl:1:1: the file is larger than 1,000 bytes (the limit)" in err, err
 
 
 def test_batch_lines_of_the_issue_are_each_answered(tmp_path, capsys):

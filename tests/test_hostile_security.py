@@ -122,7 +122,7 @@ def test_fmt_names_a_symlink_loop_and_a_non_utf8_file(tmp_path, capsys):
     (rules / "loop.yaml").unlink()
     (rules / "bad.yaml").write_bytes(b"a: \xff\n")
     assert main(["fmt", str(rules)]) == 2
-    assert "bad.yaml: byte 3 is not UTF-8" in capsys.readouterr().err
+    assert "bad.yaml:1:4: byte 0xff is not UTF-8" in capsys.readouterr().err
 
 
 def test_schema_write_refuses_a_symlink_leaving_the_directory(tmp_path, capsys):

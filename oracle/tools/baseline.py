@@ -27,8 +27,10 @@ def read_baseline(path: Path) -> dict[tuple[str, str], str]:
     """(rule, message) -> reason; OracleError naming the file and entry of anything malformed."""
     import yaml
 
+    from ..yamlio import read_limited
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_limited(path, str(path))[1])
     except OSError as exc:
         raise OracleError(f"--baseline {path}: cannot read ({exc.strerror})") from None
     except yaml.YAMLError as exc:

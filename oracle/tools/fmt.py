@@ -132,15 +132,15 @@ def format_paths(paths: list[Path], check: bool = False) -> list[Path]:
     UTF-8 or not YAML stops the command with nothing changed."""
     from ..errors import OracleError
     from ..safewrite import resolve_inside, write_inside
+    from ..yamlio import read_limited
 
     planned: list[tuple[Path, Path, str]] = []
     for f, root in _rule_files(paths):
         resolve_inside(f, root)
         try:
-            text = f.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise OracleError(f"{f}: byte {exc.start} is not UTF-8; rule files are UTF-8 text (save it as UTF-8)"
-                              ) from None
+            _, text = read_limited(f, str(f))
+        except RuleError as exc:  # larger than the limit, or not UTF-8: nothing written, exit 2 as for other input
+            raise OracleError(str(exc)) from None
         except OSError as exc:
             raise OracleError(f"{f}: cannot read ({exc.strerror}); name readable rule files") from None
         new = format_text(text, name=str(f))

@@ -41,9 +41,10 @@ class Coverage:
 
 def read_cases(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(file:line, case) pairs; raises OracleError naming the file and line of a malformed case."""
-    from ..yamlio import load_yaml_text
+    from ..limits import MAX_GOLDEN_BYTES
+    from ..yamlio import load_yaml_text, read_limited
 
-    text = path.read_text(encoding="utf-8")
+    _, text = read_limited(path, str(path), limit=MAX_GOLDEN_BYTES)
     cases: list[tuple[str, Any]] = []
     if path.suffix == ".jsonl":
         for i, line in enumerate(text.splitlines(), 1):
