@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,25 @@ def _format_of(config: dict, origin: str, requested: str | None) -> str:
                            f"--format nvfp4 (the format the checkpoint's experts will be converted to)")
 
 
+def read_json(path: Path, error: type[Exception]) -> Any:
+    """A model's JSON metadata file (config.json, a safetensors index), read no further than MAX_METADATA_BYTES;
+    `error` naming the file when it cannot be read, is larger or is not JSON."""
+    from oracle.errors import RuleError
+    from oracle.limits import MAX_METADATA_BYTES
+    from oracle.yamlio import read_limited
+
+    try:
+        text = read_limited(path, str(path), limit=MAX_METADATA_BYTES,
+                            advice="a model's config.json or safetensors index is a few MB: name that file")[1]
+        return json.loads(text)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except RuleError as exc:  # larger than the limit, or not UTF-8
+        raise error(str(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not JSON: {exc}") from None
+
+
 def shape_from_config(config: dict | str | Path, *, format: str | None = None, name: str | None = None) -> ModelShape:
     """The MoE layer shape of a Hugging Face config.json (a path or the parsed dict): experts, top-k, hidden and
     expert-intermediate sizes under the family's key names (gpt-oss, Qwen3-MoE/Next, DeepSeek-V3, Kimi-K2,
@@ -111,12 +131,7 @@ def shape_from_config(config: dict | str | Path, *, format: str | None = None, n
     origin = "config"
     if not isinstance(config, dict):
         origin = str(config)
-        try:
-            config = json.loads(Path(config).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ModelConfigError(f"{origin}: cannot read: {exc.strerror or exc}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelConfigError(f"{origin}: not JSON: {exc}") from None
+        config = read_json(Path(config), ModelConfigError)
         if not isinstance(config, dict):
             raise ModelConfigError(f"{origin}: a config.json is a JSON object, got {type(config).__name__}")
     outer = config

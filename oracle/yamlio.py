@@ -266,7 +266,7 @@ _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", 
 
 
 def read_limited(path: str | os.PathLike[str], name: str, stream: BinaryIO | None = None,
-                 limit: int = MAX_FILE_BYTES) -> tuple[bytes, str]:
+                 limit: int = MAX_FILE_BYTES, advice: str = "split it into several files") -> tuple[bytes, str]:
     """An input file's bytes and text (of `stream` instead, if given: stdin), read no further than `limit` bytes,
     so that a huge file or an endless one (a device, a pipe) costs no more; one RuleError naming it (as `name`)
     when it is larger or not UTF-8. OSError propagates: each caller names the argument the path came from."""
@@ -276,8 +276,7 @@ def read_limited(path: str | os.PathLike[str], name: str, stream: BinaryIO | Non
         with open(path, "rb") as fh:
             raw = fh.read(limit + 1)
     if len(raw) > limit:
-        raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {limit:,} bytes (the limit); "
-                                                "split it into several files")])
+        raise RuleError([Diagnostic(name, 1, 1, f"the file is larger than {limit:,} bytes (the limit); {advice}")])
     try:
         return raw, raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -90,6 +90,21 @@ def test_unreadable_and_non_json_configs(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(ModelConfigError, match=r"bad.json: a config.json is a JSON object, got list"):
         shape_from_config(bad)
+
+
+def test_a_config_over_the_metadata_limit_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    """config.json and a checkpoint's index are read no further than oracle.limits.MAX_METADATA_BYTES (an endless
+    file such as /dev/zero, or a huge one, costs no more); the message names the file and the limit."""
+    from backends.checkpoints.store import Checkpoint, CheckpointError
+
+    monkeypatch.setattr("oracle.limits.MAX_METADATA_BYTES", 100)
+    big = tmp_path / "config.json"
+    big.write_text('{"num_local_experts": 32' + " " * 200 + "}")
+    with pytest.raises(ModelConfigError, match=r"config.json:1:1: the file is larger than 100 bytes \(the limit\)"):
+        shape_from_config(big)
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {}' + " " * 200 + "}")
+    with pytest.raises(CheckpointError, match=r"index.json:1:1: the file is larger than 100 bytes \(the limit\)"):
+        Checkpoint(tmp_path)
     with pytest.raises(ModelConfigError, match=r"format 'int4' must be one of"):
         shape_from_config(CONFIGS["kimi-k2"][0], format="int4")
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from backends.model_shapes import read_json
+
 __all__ = ["INDEX_FILE", "SINGLE_FILE", "Checkpoint", "CheckpointError", "write_checkpoint"]
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -64,8 +66,8 @@ class Checkpoint:
             index = path / INDEX_FILE
             if index.is_file():
                 try:
-                    weight_map = json.loads(index.read_text())["weight_map"]
-                except (ValueError, KeyError, TypeError) as exc:
+                    weight_map = read_json(index, CheckpointError)["weight_map"]
+                except (KeyError, TypeError) as exc:
                     raise CheckpointError(f"{index}: not a safetensors index ({exc}); it must be JSON with a "
                                           f"'weight_map' mapping tensor keys to shard files") from None
                 if not isinstance(weight_map, dict):
@@ -99,10 +101,7 @@ class Checkpoint:
             file = self.directory / name
             if not file.is_file():
                 continue
-            try:
-                data = json.loads(file.read_text())
-            except ValueError as exc:
-                raise CheckpointError(f"{file}: not valid JSON ({exc})") from None
+            data = read_json(file, CheckpointError)
             if name == "config.json":
                 config.update(data)
             else:  # ModelOpt's separate quant file: {"quantization": {"quant_algo": "NVFP4", ...}}
