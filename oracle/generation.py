@@ -16,6 +16,7 @@ from typing import Any
 from .api import Oracle
 from .decision import Decision
 from .errors import Diagnostic
+from .limits import MAX_FILE_BYTES
 from .loader import ProfileIndex, display_name
 from .overrides import Override, Overrides
 from .plugins import Plugin
@@ -25,7 +26,8 @@ MANIFEST = "rules-manifest.json"  # optional, written last: {"version": "...", "
 _WATCHED_SUFFIXES = (".yaml", ".yml", ".json")
 _MAX_WATCHED = 4096  # entries looked at under a rules directory per poll (a wrong root must not cost seconds)
 
-# path -> ("file", size, sha256, ends with a newline), ("link", target), ("dir", resolved path) or ("missing", why)
+# path -> ("file", size, sha256, ends with a newline), ("over the limit", size, mtime), ("link", target),
+# ("dir", resolved path) or ("missing", why)
 Observed = dict[str, tuple[Any, ...]]
 
 
@@ -80,7 +82,10 @@ class Generation:
 def _file_state(path: str) -> tuple[Any, ...]:
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:  # the loader refuses it: not read further (or hashed) at every poll
+                stat = os.fstat(fh.fileno())
+                return ("over the limit", stat.st_size, stat.st_mtime_ns)
     except OSError as exc:
         return ("missing", exc.strerror or type(exc).__name__)
     return ("file", len(data), hashlib.sha256(data).hexdigest(), data.endswith(b"\n"))

@@ -35,6 +35,7 @@ from .generation import (
 from .loader import FileCache, display_name, load_profile_index
 from .overrides import load_overrides
 from .plugins import Plugin, with_plugins
+from .yamlio import read_limited
 
 log = logging.getLogger("moe_oracle")
 SETTLE = 0.1  # seconds the files of a new version must stay unchanged before it is installed
@@ -139,7 +140,7 @@ class Reloading:
             return None
         where = display_name(manifest)
         try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
+            data = json.loads(read_limited(manifest, where)[1])  # over the limit or not UTF-8: its own RuleError
         except (OSError, ValueError) as exc:
             raise RuleError([Diagnostic(where, 1, 1, f"not a readable JSON manifest ({exc}); write "
                                                      '{"version": "...", "files": {"a.yaml": "<sha256>"}}')]) from None

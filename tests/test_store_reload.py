@@ -284,6 +284,47 @@ def test_poll_and_reload_never_raise_on_hostile_files(tmp_path, kind):
     assert store.last_error and store.select(QUESTION).backend == EXPECTED["A"]
 
 
+def test_a_rule_file_over_the_size_limit_is_not_read_past_it_and_the_old_version_keeps_serving(tmp_path,
+                                                                                                 monkeypatch):
+    """The watcher hashes a watched file only up to MAX_FILE_BYTES (a huge or endless file dropped into the rules
+    directory costs no more at each poll); the reload refuses it naming the file, and the old version serves."""
+    from oracle import generation
+    from oracle.limits import MAX_FILE_BYTES
+
+    rules = make_rules(tmp_path / "r", VERSION_A)
+    store = _store(rules)
+    big = rules / "policy.yaml"
+    big.write_bytes(b"#" * (MAX_FILE_BYTES + 4096))
+    reads: list = []
+    monkeypatch.setattr(generation, "open", lambda *a, **k: _Counted(open(*a, **k), reads), raising=False)
+    state = generation._file_state(str(big))
+    monkeypatch.undo()
+    assert state[:2] == ("over the limit", MAX_FILE_BYTES + 4096) and reads == [MAX_FILE_BYTES + 1], (state, reads)
+    result = store.poll()
+    assert result is not None and not result.ok and "policy.yaml" in result.error and "the limit" in result.error
+    assert store.select(QUESTION).backend == EXPECTED["A"]
+
+
+class _Counted:
+    """A file whose reads are recorded (size asked), to show what a reader asked for."""
+
+    def __init__(self, real, reads):
+        self.real, self.reads = real, reads
+
+    def read(self, n=-1):
+        self.reads.append(n)
+        return self.real.read(n)
+
+    def fileno(self):
+        return self.real.fileno()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.real.close()
+
+
 def test_a_profiles_file_that_is_a_symlink_loop_is_an_error_not_an_exception(tmp_path):
     rules = make_rules(tmp_path / "r", VERSION_A)
     store = _store(rules)
