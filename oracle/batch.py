@@ -100,19 +100,20 @@ def _safe_answer(text: str, where: str, args: argparse.Namespace, oracle: Oracle
 
 
 def _lines(fh: Any) -> Iterator[bytes | str | None]:
-    """The lines of `fh` (bytes, or text for a text stream), None for one past MAX_LINE_BYTES (skipped unread:
-    memory stays bounded)."""
+    """The lines of `fh` (bytes, or text for a text stream), None for one past MAX_LINE_BYTES, yielded as soon as
+    it is past (its answer comes out even if the line never ends, as on /dev/zero) and then skipped unread:
+    memory stays bounded."""
     while True:
         raw = fh.readline(MAX_LINE_BYTES + 1)
         if not raw:
             return
         newline = b"\n" if isinstance(raw, bytes) else "\n"
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(newline):
+            yield None
             while True:
                 rest = fh.readline(MAX_LINE_BYTES)
                 if not rest or rest.endswith(newline):
                     break
-            yield None
         else:
             yield raw
 

@@ -262,6 +262,24 @@ def test_a_file_over_the_size_limit_is_one_error_naming_it_before_parsing(tmp_pa
     assert code != 0 and "golden.jsonl:1:1: the file is larger than 1,000 bytes (the limit)" in err, err
 
 
+def test_a_batch_line_that_never_ends_is_answered_as_soon_as_it_passes_the_limit():
+    """select --batch on an endless line (/dev/zero, a stuck writer): its error answer comes after one bounded
+    read, not after a skip that would never end."""
+    from oracle.batch import _lines
+
+    class Endless:
+        reads = 0
+
+        def readline(self, size):
+            self.reads += 1
+            if self.reads > 3:
+                raise AssertionError("read on past the first line's limit before answering it")
+            return b"\0" * size
+
+    stream = Endless()
+    assert next(_lines(stream)) is None and stream.reads == 1
+
+
 def test_batch_lines_of_the_issue_are_each_answered(tmp_path, capsys):
     lines = [b'{"policy": "mxfp4", "profile": "vllm-0.20"}', b"[" * 1000 + b"]" * 1000,
              b'{"policy": "mxfp4", "moe": {"hidden_size": ' + b"9" * 4400 + b"}}",
