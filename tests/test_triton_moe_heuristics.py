@@ -190,6 +190,22 @@ def test_a_user_table_that_is_not_yaml_or_of_another_arch_is_an_error():
         tuning.select_config("sm90", H100, _problem("gpt-oss-120b", 1))
 
 
+def test_a_hostile_user_table_is_refused_at_once_naming_it():
+    """The user table directory is read by every layer built on the GPU: a table is read as rule files are, so an
+    alias bomb, a duplicate key or a file past the size limit is one error naming the file."""
+    from oracle.limits import MAX_FILE_BYTES
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    cases = [(bomb, "bomb.yaml", "expanded"), ("arch: sm90\narch: sm90\n", "twice.yaml", "duplicate key 'arch'"),
+             ("#" * (MAX_FILE_BYTES + 1), "huge.yaml", "larger than")]
+    for text, name, words in cases:
+        path = _write_user(text, name)
+        with pytest.raises(tuning.TuningTableError, match=rf"{path}: cannot be read as YAML: .*{words}"):
+            tuning.select_config("sm90", H100, _problem("gpt-oss-120b", 1))
+        path.unlink()
+
+
 def test_problem_measures_the_work_per_expert():
     p = _problem("gpt-oss-120b", 1)
     assert p.rows_per_expert == 4 / 128 and abs(p.experts_touched - 4) < 0.1

@@ -16,8 +16,6 @@ import os
 import re
 from pathlib import Path
 
-import yaml
-
 from backends.triton_moe.tuning.configs import (
     GEMM1_ONLY_FIELDS,
     MIN_HALF_ROWS_BLOCK_M,
@@ -111,10 +109,15 @@ def _token_range(entry: dict) -> tuple[int, float]:
 
 
 def read_table(path: Path) -> dict:
-    """A table file, parsed safely and validated (TuningTableError names the file on any problem)."""
+    """A table file, parsed safely and validated (TuningTableError names the file on any problem). It is read as
+    rule files are (oracle.yamlio): no further than MAX_FILE_BYTES, aliases and nesting bounded, duplicate keys
+    refused, since a user table directory is read by every layer built on this GPU."""
+    from oracle.errors import RuleError
+    from oracle.yamlio import load_yaml_text, read_limited
+
     try:
-        table = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        table = load_yaml_text(read_limited(path, str(path))[1], str(path)).data
+    except (OSError, RuleError) as exc:  # unreadable, over the limit, not UTF-8, not YAML, a duplicate key, ...
         raise TuningTableError(f"{path}: cannot be read as YAML: {exc}".splitlines()[0]) from None
     validate_table(table, str(path))
     return table
