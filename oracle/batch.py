@@ -150,6 +150,8 @@ def run_batch(args: argparse.Namespace, oracle: Oracle) -> int:
             if out["outcome"] not in ("selected", "none"):
                 unanswered.append(lineno)
             sys.stdout.write(json.dumps(out) + "\n")
+            if raw is None:  # the rest of that line may never end: its answer goes out now
+                sys.stdout.flush()
     if unanswered:
         shown = ", ".join(map(str, unanswered[:10])) + (", ..." if len(unanswered) > 10 else "")
         to_stderr(f"{len(unanswered)} of {lines} line(s) not answered selected/none (line {shown}); exit 1", "warning")
