@@ -23,9 +23,11 @@ import io
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -458,12 +460,12 @@ def overrides_text(shape: LayerShape, rows: Sequence[Row], facts: dict, tokens: 
 
 
 def write_files(texts: Iterable[tuple[str, str]]) -> None:
-    """Write each (path, text) whole: to a temporary file first, renamed into place (never a partial file)."""
+    """Write each (path, text) whole, as every command-line writer does (oracle.safewrite: a temporary file of a
+    fresh name renamed into place, never through a symlink that leaves the path's directory)."""
+    from oracle.safewrite import write_inside
+
     for path, text in texts:
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_inside(Path(path), text)
 
 
 def check_output_path(flag: str, path: str | None) -> None:
@@ -488,12 +490,9 @@ def write_overrides(path: str, shape: LayerShape, rows: Sequence[Row], facts: di
     from oracle.overrides import load_overrides
 
     text = overrides_text(shape, rows, facts, tokens, profile=profile, policy=policy, model=model)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    try:
-        load_overrides(tmp, [(oracle or default_oracle()).table(profile)])
-    except Exception:
-        os.unlink(tmp)
-        raise
-    os.replace(tmp, path)
+    with tempfile.TemporaryDirectory() as private:  # checked where nobody else can write, then put in place
+        check = os.path.join(private, os.path.basename(path))
+        with open(check, "w", encoding="utf-8") as f:
+            f.write(text)
+        load_overrides(check, [(oracle or default_oracle()).table(profile)])
+    write_files([(path, text)])

@@ -194,6 +194,27 @@ def test_overrides_refuse_when_nothing_was_timed_at_every_t(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_bench_outputs_never_write_through_a_planted_symlink(tmp_path):
+    """The CSV and overrides writers write as every command-line writer does (oracle.safewrite): a link planted at
+    the output path that leaves its directory is refused, naming it, and a link at the temporary name the old
+    writer used (<path>.tmp-<pid>) is never followed."""
+    import os
+
+    from oracle import OracleError
+
+    out, outside = tmp_path / "out", tmp_path / "outside.txt"
+    out.mkdir()
+    outside.write_text("precious\n")
+    (out / f"t.csv.tmp-{os.getpid()}").symlink_to(outside)
+    bench.write_csv(str(out / "t.csv"), GPT_OSS, _rows(), FACTS)
+    assert outside.read_text() == "precious\n" and (out / "t.csv").read_text().startswith(",".join(bench.CSV_FIELDS))
+    (out / "pin.yaml").symlink_to(outside)
+    with pytest.raises(OracleError, match=r"pin.yaml: refusing to write through the symlink"):
+        bench.write_overrides(str(out / "pin.yaml"), GPT_OSS, _rows(), FACTS, [1, 37], profile="vllm-0.33",
+                              policy="mxfp4", model=None)
+    assert outside.read_text() == "precious\n"
+
+
 def test_progress_bar_rewrites_one_line():
     stream = io.StringIO()
     bar = bench.Progress(4, stream=stream)
