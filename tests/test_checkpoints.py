@@ -376,3 +376,19 @@ def test_quark_layer_quant_config_pattern_overrides_the_global_scheme(tmp_path):
     with pytest.raises(CheckpointError, match=r"'model.layers.1.mlp.experts.0.gate_proj.weight' in .*: shape "
                        r"\(64, 48\), expected \(64, 32\) \(Quark OCP-MX fp4 expert layout"):
         load_moe_weights(path, layer=1)
+
+
+def test_write_checkpoint_never_writes_through_a_planted_temporary_name(tmp_path):
+    """The writer stages its files in a fresh private directory: links planted at the temporary names an earlier
+    writer used (config.json.tmp, the index's and each shard's .tmp) are never followed, and none is left."""
+    target, outside = tmp_path / "c", tmp_path / "outside.txt"
+    target.mkdir()
+    outside.write_text("precious\n")
+    planted = ["config.json.tmp", "model.safetensors.index.json.tmp", "model-00001-of-00001.safetensors.tmp"]
+    for name in planted:
+        (target / name).symlink_to(outside)
+    path = write_checkpoint(target, {"a": torch.zeros(2)}, config={"hidden_size": 2}, shards=1)
+    assert outside.read_text() == "precious\n"
+    assert json.loads((path / "config.json").read_text()) == {"hidden_size": 2}
+    assert sorted(p.name for p in path.iterdir()) == sorted([*planted, "config.json", "model.safetensors.index.json",
+                                                              "model-00001-of-00001.safetensors"])

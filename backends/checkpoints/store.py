@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -174,8 +176,9 @@ def write_checkpoint(directory: str | os.PathLike, tensors: Mapping[str, torch.T
     """Write `tensors` as Hugging Face does: ``model-0000i-of-0000n.safetensors`` shards plus the index.
 
     Keys are split into `shards` files in sorted order (so one layer's tensors may straddle two shards, as in
-    real releases); `config` becomes ``config.json``. Every file is written to a temporary name and renamed,
-    so a failure leaves no partial checkpoint under the final names.
+    real releases); `config` becomes ``config.json``. Every file is written first into a fresh private
+    directory beside them (a name nobody can have planted a symlink at) and renamed, so a failure leaves no
+    partial checkpoint under the final names.
     """
     _, save_file = _safetensors()
     directory = Path(directory)
@@ -184,22 +187,24 @@ def write_checkpoint(directory: str | os.PathLike, tensors: Mapping[str, torch.T
     shards = max(1, min(shards, len(keys)))
     per_shard = -(-len(keys) // shards)
     weight_map, total = {}, 0
-    written: list[tuple[Path, Path]] = []
-    for i in range(shards):
-        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        chunk = {k: tensors[k].detach().contiguous().clone() for k in keys[i * per_shard:(i + 1) * per_shard]}
-        tmp = directory / (name + ".tmp")
-        save_file(chunk, str(tmp), metadata={"format": "pt"})
-        written.append((tmp, directory / name))
-        weight_map.update(dict.fromkeys(chunk, name))
-        total += sum(t.numel() * t.element_size() for t in chunk.values())
-    index = directory / (INDEX_FILE + ".tmp")
-    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    written.append((index, directory / INDEX_FILE))
-    if config is not None:
-        cfg = directory / "config.json.tmp"
-        cfg.write_text(json.dumps(dict(config), indent=1))
-        written.append((cfg, directory / "config.json"))
-    for tmp, final in written:
-        os.replace(tmp, final)
+    staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=directory))
+    try:
+        names = []
+        for i in range(shards):
+            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            chunk = {k: tensors[k].detach().contiguous().clone() for k in keys[i * per_shard:(i + 1) * per_shard]}
+            save_file(chunk, str(staging / name), metadata={"format": "pt"})
+            names.append(name)
+            weight_map.update(dict.fromkeys(chunk, name))
+            total += sum(t.numel() * t.element_size() for t in chunk.values())
+        (staging / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                     indent=1))
+        names.append(INDEX_FILE)
+        if config is not None:
+            (staging / "config.json").write_text(json.dumps(dict(config), indent=1))
+            names.append("config.json")
+        for name in names:
+            os.replace(staging / name, directory / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return directory
