@@ -54,6 +54,24 @@ def test_write_is_validated_and_refuses_the_shipped_directory(tmp_path):
     assert not (tuning.TABLE_DIR / "mine.yaml").exists()
 
 
+def test_the_schema_beside_a_user_table_is_never_written_through_a_planted_link(tmp_path):
+    """write_table puts tuning.schema.json beside the table for editors; a dangling link planted at that name that
+    leaves the directory is refused (naming it), and its target is never created."""
+    from oracle import OracleError
+
+    good = _table([writer.entry(SHAPES["gpt-oss-120b"].fields(), 1, None, 1, 1.0, "r", _launch(), _launch())])
+    tables, outside = tmp_path / "tables", tmp_path / "elsewhere" / "x.json"
+    tables.mkdir()
+    (tables / "tuning.schema.json").symlink_to(outside)
+    with pytest.raises(OracleError, match=r"tuning.schema.json: refusing to write through the symlink"):
+        writer.write_table(tables / "h100.yaml", good)
+    assert not outside.exists()
+    (tables / "tuning.schema.json").unlink()
+    writer.write_table(tables / "h100.yaml", good)
+    assert json.loads((tables / "tuning.schema.json").read_text()) == json.loads(
+        (tuning.TABLE_DIR / "tuning.schema.json").read_text())
+
+
 def test_the_tune_table_has_one_entry_per_tuned_t_with_both_times():
     from backends.triton_moe.tuning import tune
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -66,6 +65,8 @@ def write_table(path: str | Path, table: dict, *, shipped_ok: bool = False) -> P
         Path(tmp).unlink(missing_ok=True)
         raise
     schema = path.parent / "tuning.schema.json"
-    if not schema.exists():
-        shutil.copyfile(TABLE_DIR / "tuning.schema.json", schema)
+    if not schema.exists():  # oracle.safewrite: never through a (dangling) link that leaves the directory
+        from oracle.safewrite import write_inside
+
+        write_inside(schema, (TABLE_DIR / "tuning.schema.json").read_text(encoding="utf-8"))
     return path
