@@ -143,3 +143,14 @@ def test_an_acknowledgement_that_acknowledges_nothing_is_reported(capsys, tmp_pa
     assert code == 1 and f"w4a16.yaml:{line}: warning [unused-acknowledgement] lint_allow names always-false" in out
     code, out, _ = run(capsys, "lint", str(root), "--profile", "moe-oracle")
     assert code == 0 and "unused-acknowledgement" not in out  # one profile alone cannot tell
+
+
+def test_write_baseline_never_writes_through_a_link_out_of_its_directory(capsys, tmp_path):
+    root = _only_profile(tmp_path, "moe-oracle")
+    _env_var_unused(root)
+    out_dir, outside = tmp_path / "out", tmp_path / "outside.yaml"
+    out_dir.mkdir()
+    outside.write_text("precious\n")
+    (out_dir / "lint-baseline.yaml").symlink_to(outside)
+    code, _, err = run(capsys, "lint", str(root), "--write-baseline", str(out_dir / "lint-baseline.yaml"))
+    assert code == 2 and "refusing to write through the symlink" in err and outside.read_text() == "precious\n"

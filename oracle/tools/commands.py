@@ -154,7 +154,9 @@ def _lint(args: argparse.Namespace) -> int:
         for stale in apply_baseline(findings, baseline, Path(args.baseline)):
             to_stderr(stale, "warning")
     if args.write_baseline:
-        Path(args.write_baseline).write_text(baseline_text(findings), encoding="utf-8")
+        from ..safewrite import write_inside
+
+        write_inside(Path(args.write_baseline), baseline_text(findings))
         to_stderr(f"wrote {args.write_baseline}: give each entry the reason it is intended", "warning")
     open_ = [f for f in findings if "acknowledged" not in f]
     failing = [f for f in open_ if args.fail_on == "warning" or f["level"] == "error"]
