@@ -11,6 +11,8 @@ from typing import Any
 
 MAX_FILE_BYTES = 1 << 20  # a rule, profiles, overrides, scenario or lint baseline file
 MAX_GOLDEN_BYTES = 1 << 28  # a golden decision file of `moe-oracle test` (one line a case: 10^5-10^6 cases)
+MAX_GIT_FILES = 4096  # files of a `diff git:REV:PATH` tree (a rules directory has a few dozen)
+MAX_GIT_BYTES = 1 << 26  # their bytes together, checked before git archive reads any
 MAX_METADATA_BYTES = 1 << 26  # a checkpoint's config.json or safetensors index (the largest real ones: a few MB)
 MAX_YAML_DEPTH = 64  # nested mappings and sequences of a YAML document
 MAX_ALIASES = 1000  # alias uses (*name) in one YAML document

@@ -221,3 +221,18 @@ def test_a_rejected_plugin_widens_nothing(tmp_path, monkeypatch):
         _fresh_registry()
         for name in [m for m in sys.modules if m.startswith("acme_broken")]:
             del sys.modules[name]
+
+
+def test_a_git_tree_past_the_size_bounds_is_refused_before_it_is_archived(repo, monkeypatch):
+    """`diff git:REV:PATH` lists the tree first: one with more files or bytes than oracle.limits allows is refused,
+    naming both, before git archive reads it into memory."""
+    files = sum(1 for p in (repo / "rules").rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in (repo / "rules").rglob("*") if p.is_file())
+    assert load_source("git:HEAD:rules", profile="moe-oracle").profiles
+    monkeypatch.setattr("oracle.limits.MAX_GIT_BYTES", size - 1)
+    with pytest.raises(OracleError, match=rf"rules holds {files:,} files of {size:,} bytes there; .* up to "):
+        load_source("git:HEAD:rules")
+    monkeypatch.setattr("oracle.limits.MAX_GIT_BYTES", size)
+    monkeypatch.setattr("oracle.limits.MAX_GIT_FILES", files - 1)
+    with pytest.raises(OracleError, match=rf"rules holds {files:,} files"):
+        load_source("git:HEAD:rules")

@@ -73,6 +73,18 @@ def _git(args: list[str], cwd: str | None = None) -> bytes:
     return subprocess.run(["git", *args], capture_output=True, check=True, cwd=cwd, timeout=60).stdout
 
 
+def _check_tree_size(spec: str, path: str, listing: bytes) -> None:
+    """Refuse a tree (`git ls-tree -r -l -z` output) past MAX_GIT_FILES files or MAX_GIT_BYTES bytes before it is
+    archived into memory: a commit can hold files of any size under the rules path."""
+    from ..limits import MAX_GIT_BYTES, MAX_GIT_FILES
+
+    entries = [entry.partition(b"\t")[0].split() for entry in listing.split(b"\0") if entry]
+    size = sum(int(meta[3]) for meta in entries if len(meta) == 4 and meta[3].isdigit())
+    if len(entries) > MAX_GIT_FILES or size > MAX_GIT_BYTES:
+        raise _git_refusal(spec, f"{path} holds {len(entries):,} files of {size:,} bytes there; a rules tree is "
+                                 f"read only up to {MAX_GIT_FILES:,} files and {MAX_GIT_BYTES:,} bytes")
+
+
 def _git_refusal(spec: str, why: str) -> OracleError:
     return OracleError(f"git:{spec}: {why}; name a commit, tag or branch and a directory of this repository, "
                        "e.g. git:HEAD~1:rules")
@@ -97,6 +109,7 @@ def _git_tree(rev: str, path: str) -> Path:
                    cwd=top).decode().strip()
         if not re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", sha):
             raise _git_refusal(spec, f"revision {rev!r} did not resolve to a commit id")
+        _check_tree_size(spec, path, _git(["ls-tree", "-r", "-l", "-z", sha, "--", path], cwd=top))
         blob = _git(["archive", "--format=tar", sha, "--", path], cwd=top)
     except subprocess.CalledProcessError as exc:
         detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc.stderr, bytes) else ""
