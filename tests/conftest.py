@@ -20,9 +20,12 @@ BENCHMARKS = REPO_ROOT / "benchmarks"
 
 def load_benchmark(name: str):
     """benchmarks/<name>.py imported as module `name`, registered in sys.modules (dataclasses look their module up
-    by name while it executes), with benchmarks/ on sys.path for the helpers it imports (_cubin, _timing, ...)."""
+    by name while it executes), with benchmarks/ on sys.path for the helpers it imports (_cubin, _timing, ...);
+    one module object per name, also when another benchmark imported it first."""
     if str(BENCHMARKS) not in sys.path:
         sys.path.insert(0, str(BENCHMARKS))
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
