@@ -23,7 +23,6 @@ import io
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -485,14 +484,10 @@ def write_csv(path: str, shape: LayerShape, rows: Sequence[Row], facts: dict) ->
 
 def write_overrides(path: str, shape: LayerShape, rows: Sequence[Row], facts: dict, tokens: Sequence[int], *,
                     profile: str, policy: str, model: str | None, oracle: Any = None) -> None:
-    """The overrides file, loaded back through oracle.overrides against the profile's rules before it is put in
-    place: a file this command writes is always one `select --overrides` accepts."""
-    from oracle.overrides import load_overrides
+    """The overrides file, checked by oracle.overrides against the profile's rules before it is written: a file
+    this command writes is always one `select --overrides` accepts."""
+    from oracle.overrides import overrides_from_text
 
     text = overrides_text(shape, rows, facts, tokens, profile=profile, policy=policy, model=model)
-    with tempfile.TemporaryDirectory() as private:  # checked where nobody else can write, then put in place
-        check = os.path.join(private, os.path.basename(path))
-        with open(check, "w", encoding="utf-8") as f:
-            f.write(text)
-        load_overrides(check, [(oracle or default_oracle()).table(profile)])
+    overrides_from_text(text, path, [(oracle or default_oracle()).table(profile)])
     write_files([(path, text)])

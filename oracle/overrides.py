@@ -30,7 +30,7 @@ from .errors import Diagnostic, RuleError, did_you_mean
 from .loader import display_name
 from .model import Ctx, DecidedBy, Family, Fn, Policy, Step, Table, Template
 from .schema import schema_diagnostics
-from .yamlio import Located, load_yaml_file
+from .yamlio import Located, load_yaml_file, load_yaml_text
 
 SCHEMA = "overrides.schema.json"
 _REJECTIONS = ("backend_rejected", "backend_rejected_no_reason")
@@ -152,7 +152,15 @@ def load_overrides(path: str | Path, tables: Iterable[Table]) -> Overrides:
 
     RuleError lists every problem at file:line:col: a backend no family has, a policy no table has,
     a layer range whose end is before its start."""
-    doc = load_yaml_file(str(path), display_name(Path(path)))
+    return _overrides_from_doc(load_yaml_file(str(path), display_name(Path(path))), tables)
+
+
+def overrides_from_text(text: str, name: str, tables: Iterable[Table]) -> Overrides:
+    """load_overrides of text not yet written (named `name` in messages): a writer checks what it will write."""
+    return _overrides_from_doc(load_yaml_text(text, name), tables)
+
+
+def _overrides_from_doc(doc: Located, tables: Iterable[Table]) -> Overrides:
     problems = schema_diagnostics(doc, SCHEMA)
     if problems:
         raise RuleError(problems)
