@@ -52,7 +52,7 @@ def compile_gemv(gemv: int, layer: str, tokens: int, sm_count: int = 132, module
         route=True, experts=shape.experts, renormalize=True, act=act)
     k_size, n = ((shape.hidden_size, shape.intermediate_size) if gemv == 1
                  else (shape.intermediate_size, shape.hidden_size))
-    constexprs.update(K=k_size, N=n)
+    constexprs.update(K=k_size, N=n, stride_wn=k_size // 2)  # the layout's bytes per weight row
     module = module or _gemv_kernels
     fn = module.gemv1_act_kernel if gemv == 1 else module.gemv2_sum_kernel
     return compile_sm90(fn, constexprs, POINTERS, options), launch, options

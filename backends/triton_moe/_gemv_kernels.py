@@ -235,7 +235,8 @@ def _row_pointer(w_expert, n, stride_wn):
 @triton.jit
 def gemv1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, logits_ptr, ids_ptr, route_w_ptr,
-    K: tl.constexpr, N: tl.constexpr, stride_xm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_hm,
+    K: tl.constexpr, N: tl.constexpr, stride_xm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
+    stride_hm,
     stride_lt, alpha, beta, limit,
     TOP_K: tl.constexpr, ROUTE: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
     RENORMALIZE: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
@@ -278,8 +279,11 @@ def gemv1_act_kernel(
     loaded = _act_operands(expert, offs_n, offs_n < N, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
     acc_g = tl.zeros((THREADS,), tl.float32)
     acc_u = tl.zeros((THREADS,), tl.float32)
-    acc_g, acc_u = _k_slice(acc_g, acc_u, _row_pointer(w_expert, col, stride_wn), s_expert + col,
-                            _row_pointer(w_expert, col + N, stride_wn), s_expert + col + N,
+    # The up rows sit N rows (whole tiles: N % 64 == 0) after the gate rows. As a compile-time offset from the gate
+    # row's pointer their loads need no pointer registers or address arithmetic of their own: up to 2.4% faster at
+    # T = 1-2 on an H100 than a second pointer (benchmarks/results/decode-rows-b-offset-h100-2026-11-27/).
+    gate_row = _row_pointer(w_expert, col, stride_wn)
+    acc_g, acc_u = _k_slice(acc_g, acc_u, gate_row, s_expert + col, gate_row + N * stride_wn, s_expert + col + N,
                             x_ptr + token.to(tl.int64) * stride_xm, k_first, t, STEPS, K, stride_sc, SCALE_BLOCK,
                             NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     acc_g, acc_u = tl.reduce((tl.reshape(_lanes_total(acc_g, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)),
@@ -294,7 +298,8 @@ def gemv1_act_kernel(
 @triton.jit
 def gemv2_sum_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, ids_ptr, route_w_ptr, y_ptr,
-    K: tl.constexpr, N: tl.constexpr, stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_ym,
+    K: tl.constexpr, N: tl.constexpr, stride_hm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
+    stride_ym,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
@@ -331,8 +336,8 @@ def gemv2_sum_kernel(
         bias_b = tl.load(bias_ptr + e * stride_be + n[:, None, :] + 8, mask=slot_ok, other=0.0)
     acc_a = tl.zeros((THREADS,), tl.float32)
     acc_b = tl.zeros((THREADS,), tl.float32)
-    acc_a, acc_b = _k_slice(acc_a, acc_b, _row_pointer(w_expert, row, stride_wn), s_expert + row,
-                            _row_pointer(w_expert, row + 8, stride_wn), s_expert + row + 8,
+    row_a = _row_pointer(w_expert, row, stride_wn)  # row + 8 is in row's tile (row % TILE_ROWS < 8), as in GEMV1
+    acc_a, acc_b = _k_slice(acc_a, acc_b, row_a, s_expert + row, row_a + 8 * _TILE_BYTES, s_expert + row + 8,
                             h_ptr + (token * TOP_K + slot) * stride_hm, k_first, t, STEPS, K, stride_sc,
                             SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     SHAPE: tl.constexpr = (ROW_GROUPS, SLOTS, K_SLICES, 32)
