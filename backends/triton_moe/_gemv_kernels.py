@@ -336,7 +336,7 @@ def gemv2_sum_kernel(
         bias_b = tl.load(bias_ptr + e * stride_be + n[:, None, :] + 8, mask=slot_ok, other=0.0)
     acc_a = tl.zeros((THREADS,), tl.float32)
     acc_b = tl.zeros((THREADS,), tl.float32)
-    row_a = _row_pointer(w_expert, row, stride_wn)  # row + 8 is in row's tile (row % TILE_ROWS < 8), as in GEMV1
+    row_a = _row_pointer(w_expert, row, stride_wn)  # row + 8 shares row's tile (g < 8): a fixed offset, as in GEMV1
     acc_a, acc_b = _k_slice(acc_a, acc_b, row_a, s_expert + row, row_a + 8 * _TILE_BYTES, s_expert + row + 8,
                             h_ptr + (token * TOP_K + slot) * stride_hm, k_first, t, STEPS, K, stride_sc,
                             SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
