@@ -171,17 +171,22 @@ for _fmt, _act, _h, _i, _biases, _layout in (("mxfp4", "swigluoai", 128, 64, Tru
     for _scheme in SCHEMES:
         for _config in ("swap", "plain", "split", "stacked-split-fused"):
             CASES[f"{_fmt}-{_scheme}-{_config}"] = (_fmt, 8, 2, _h, _i, _act, _biases, 9, _layout, _scheme, _config)
+        for _tokens in (1, 2):  # a config with decode kernels: only MXFP4 weights with MXFP8 inputs take them
+            CASES[f"{_fmt}-{_scheme}-decode-T{_tokens}"] = (_fmt, 8, 2, _h, _i, _act, _biases, _tokens, _layout,
+                                                            _scheme, "decode")
 
 
 def _configs():
-    from backends.triton_moe.tuning import LaunchConfig, MoEConfig
+    from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig
 
     swap = LaunchConfig(16, 32, 64, 1, True, 4, 2)
     plain = LaunchConfig(32, 32, 128, 2, False, 4, 2)  # nvfp4: K tail (H = 192 = 128 + 64)
     split = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=2)
     stacked = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=3, stack_gate_up=True, split_epilogue="fused")
+    decode = DecodeConfig(GemvLaunch(2, 1), GemvLaunch(1, 2))
     return {"swap": MoEConfig(swap, swap, "test"), "plain": MoEConfig(plain, plain, "test"),
-            "split": MoEConfig(split, split, "test"), "stacked-split-fused": MoEConfig(stacked, split, "test")}
+            "split": MoEConfig(split, split, "test"), "stacked-split-fused": MoEConfig(stacked, split, "test"),
+            "decode": MoEConfig(swap, swap, "test", decode)}
 
 
 def _layer_inputs(spec, seed=0):
@@ -219,19 +224,29 @@ def _run_case(spec) -> dict:
     import dataclasses
 
     from backends.layouts.triton_moe import to_kernel_layout, w4a8_row_data
-    from backends.triton_moe import moe_forward
+    from backends.triton_moe import forward, moe_forward
 
     scheme, config = spec[9], _configs()[spec[10]]
     ckpt, x, route, scales = _layer_inputs(spec)
     ref = _reference(ckpt, x, route, scheme, scales)
     weights = to_kernel_layout(**ckpt)
-    out = moe_forward(x, weights, **route, config=config, act_quant=scheme, **scales)
-    converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
-    again = moe_forward(x, converted, **route, config=config, act_quant=scheme, **scales)
+    decode_launches, launch_decode = [], forward._launch_decode
+
+    def counted(*args, **kwargs):
+        decode_launches.append(kwargs)
+        return launch_decode(*args, **kwargs)
+
+    forward._launch_decode = counted
+    try:
+        out = moe_forward(x, weights, **route, config=config, act_quant=scheme, **scales)
+        converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
+        again = moe_forward(x, converted, **route, config=config, act_quant=scheme, **scales)
+    finally:
+        forward._launch_decode = launch_decode
     w4a16 = emulation.moe_forward(x, **ckpt, **route)
     return {**_compare_w4a8(out, ref, scheme), "bits_equal_reference": torch.equal(out, ref),
             "same_bits_with_converted_weights": torch.equal(out.view(torch.int16), again.view(torch.int16)),
-            "differs_from_w4a16": not torch.equal(ref, w4a16)}
+            "differs_from_w4a16": not torch.equal(ref, w4a16), "decode_kernels": bool(decode_launches)}
 
 
 def _act_quant_rows() -> list[dict]:
@@ -249,9 +264,12 @@ def _act_quant_rows() -> list[dict]:
     qscale = torch.cat([a1, 1.0 / a1, a1, 1.0 / a1])
     static, _ = forward._quantize_rows(_kernels, x, 1, qscale, 1, None, True)
     mx, exps = forward._quantize_rows(_kernels, x, 2, qscale, 1, None, True)
+    values = forward._mxfp8_values(_kernels, x)
     return [{"case": "act_quant-static", "equal": torch.equal(static.float(), formats.e4m3_rn(x.float() * qscale[1]))},
             {"case": "act_quant-mxfp8", "equal": torch.equal(torch.ldexp(mx.float(), exps[:, None].float()),
-                                                             formats.mxfp8_row_rebased(x.float()))}]
+                                                             formats.mxfp8_row_rebased(x.float()))},
+            {"case": "act_quant-mxfp8-bf16-values", "equal": values.dtype == torch.bfloat16
+             and torch.equal(values.float(), formats.mxfp8_row_rebased(x.float()))}]
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +278,7 @@ def interpreter_results() -> dict:
     return interpreter_worker_rows(__file__, ("mxfp4",), ("nvfp4",), ("act_quant",))
 
 
-@pytest.mark.parametrize("case", ["act_quant-static", "act_quant-mxfp8"])
+@pytest.mark.parametrize("case", ["act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values"])
 def test_interpreter_act_quant_kernel_is_the_formats_quantization(interpreter_results, case):
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
@@ -275,6 +293,16 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
     assert row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
     assert row["same_bits_with_converted_weights"], "converter_w4a8's row data must give the lazily computed bits"
     assert row["differs_from_w4a16"], "the FP8 numerics must differ from W4A16's (else the test compares nothing)"
+
+
+@pytest.mark.parametrize("case", sorted(name for name in CASES if name.endswith(("-T1", "-T2"))))
+def test_interpreter_w4a8_takes_the_decode_kernels_only_for_mxfp4_weights_and_mxfp8_inputs(interpreter_results,
+                                                                                           case):
+    """Their operands are exactly the W4A8 operands only there (NVFP4's rebased weights are rounded; static FP8's
+    scale multiplies after the dot); any other W4A8 call keeps the tile kernels whatever the config says."""
+    row = interpreter_results[case]
+    assert "error" not in row, row.get("error")
+    assert row["decode_kernels"] == case.startswith("mxfp4-mxfp8-"), row
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,7 +411,7 @@ if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixtu
             for quant_row in _act_quant_rows():
                 print(json.dumps(quant_row), flush=True)
         except Exception:  # noqa: BLE001
-            for quant_case in ("act_quant-static", "act_quant-mxfp8"):
+            for quant_case in ("act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values"):
                 print(json.dumps({"case": quant_case, "error": traceback.format_exc()[-3000:]}), flush=True)
     for case_name, case_spec in CASES.items():
         if case_spec[0] != sys.argv[1]:

@@ -1024,12 +1024,13 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om
 @triton.jit
 def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_ptr, K: tl.constexpr, stride_src,
                      stride_dst, SCHEME: tl.constexpr, QSCALE_INDEX: tl.constexpr, PADDED_ROWS: tl.constexpr,
-                     BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr):
+                     BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr, VALUES_BF16: tl.constexpr = False):
     """A W4A8 GEMM input row as E4M3 codes, once per row rather than once per column tile of the GEMM that reads it
     (one program per row, the whole row in registers: BLOCK_K >= K): SCHEME 1 e4m3(clamp(v * qscale[QSCALE_INDEX],
     +-448)) (static per tensor, the 1 / a of the input); 2 MXFP8 rebased to the row's largest block exponent ra
     (_mx_quant_rebased; ra int32 to exp_ptr). PADDED_ROWS (h, rows in GEMM1's padded row blocks): rows past the
-    alignment's padded_total_ptr[0] are skipped."""
+    alignment's padded_total_ptr[0] are skipped. VALUES_BF16 (SCHEME 2): the operand's values, codes times 2^ra, to
+    a bf16 dst instead, for the bf16 decode kernels (exact: an E4M3 value times a power of two is a bf16 value)."""
     row = tl.program_id(0)
     if PADDED_ROWS:
         rows = tl.minimum(rows, tl.load(padded_total_ptr))
@@ -1044,7 +1045,11 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_p
         q = _mx_quant_rebased(v, ra, INTERPRETED)
     else:
         q = _to_e4m3(v * tl.load(qscale_ptr + QSCALE_INDEX), INTERPRETED)
-    tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, q.to(tl.float8e4nv), mask=ok)
+    if VALUES_BF16:
+        tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols,
+                 _round_bf16(q * _pow2_from_m127(ra)[:, None], INTERPRETED), mask=ok)
+    else:
+        tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, q.to(tl.float8e4nv), mask=ok)
 
 
 #: True when Triton's CPU interpreter runs these kernels (TRITON_INTERPRET=1 at triton's first import).
