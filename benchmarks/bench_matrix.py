@@ -90,11 +90,13 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def describe(config: tuning.MoEConfig) -> str:
+def describe(config: tuning.MoEConfig, decode_kernels: bool = True) -> str:
+    """The config as benchmark rows name it; decode_kernels: whether the call runs the decode kernels when the config
+    has their warps (forward.takes_decode_kernels; a W4A16 call always does), whose warps are then all that applies."""
     g1, g2 = config.gemm1, config.gemm2
     extra = "".join((f" split{g1.split_k}/{g2.split_k}" if g1.split_k > 1 or g2.split_k > 1 else "",
                      " stacked" if g1.stack_gate_up else "", " half" if g1.half_rows else ""))
-    if config.decode is not None:  # W4A16 runs the decode kernels, whose warps are all that applies
+    if config.decode is not None and decode_kernels:
         return f"{config.source}: decode kernels {config.decode.label}"
     return (f"{config.source}: {g1.block_m}x{g1.block_n}x{g1.block_k}/{g2.block_n}x{g2.block_k} "
             f"w{g1.num_warps}/{g2.num_warps} s{g1.num_stages}/{g2.num_stages}{extra}")

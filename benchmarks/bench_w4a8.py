@@ -266,6 +266,7 @@ def run_layer(name: str, device: Device, args, env: dict, emit_row, flush) -> No
     from w4a8_accuracy import static_scales
 
     from backends.gpu_timing import expert_bytes
+    from backends.triton_moe.forward import takes_decode_kernels
     from backends.triton_moe.testing import activation_kwargs, random_checkpoint
 
     shape = device.shape(name)
@@ -297,7 +298,7 @@ def run_layer(name: str, device: Device, args, env: dict, emit_row, flush) -> No
             described, check = "", 0.0
             try:
                 config = layer.config(run, tokens)  # chosen before any graph capture
-                described = describe(config) if config else ""
+                described = describe(config, takes_decode_kernels(config, run.scheme, shape.format)) if config else ""
                 fn = layer.fn(run, config)
                 if run.scheme:
                     if run.scheme not in references:

@@ -226,3 +226,27 @@ def test_fp8_config_gives_sub_warpgroup_tiles_a_warpgroup_and_keeps_the_rest():
     assert fp8_config(sm90, unchanged) is unchanged
     no_wgmma = MoEConfig(small, big, "t.yaml#0")
     assert fp8_config(facts_by_name("sm80"), no_wgmma) is no_wgmma
+
+
+def test_fp8_config_keeps_the_decode_kernels_warps():
+    """W4A8 'mxfp8' calls on MXFP4 weights run the decode kernels with them (forward.moe_forward)."""
+    from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig, facts_by_name, fp8_config
+
+    small = LaunchConfig(16, 64, 128, 8, True, 2, 4, split_k=4)
+    decode = DecodeConfig(GemvLaunch(4, 2, True), GemvLaunch(1, 4))
+    got = fp8_config(facts_by_name("sm90"), MoEConfig(small, small, "t.yaml#0", decode))
+    assert got.gemm1.num_warps == facts_by_name("sm90").wgmma_min_warps and got.decode == decode
+
+
+def test_only_w4a16_and_mxfp8_inputs_on_mxfp4_weights_take_the_decode_kernels():
+    from backends.triton_moe.forward import takes_decode_kernels
+    from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig
+
+    tiles = LaunchConfig(16, 64, 128, 8, True, 4, 4)
+    with_decode = MoEConfig(tiles, tiles, "t", DecodeConfig(GemvLaunch(4, 2), GemvLaunch(1, 4)))
+    taken = {(act_quant, fmt): takes_decode_kernels(with_decode, act_quant, fmt)
+             for act_quant in (None, "mxfp8", "fp8_per_tensor_static") for fmt in ("mxfp4", "nvfp4")}
+    assert taken == {(None, "mxfp4"): True, (None, "nvfp4"): True, ("mxfp8", "mxfp4"): True,
+                     ("mxfp8", "nvfp4"): False, ("fp8_per_tensor_static", "mxfp4"): False,
+                     ("fp8_per_tensor_static", "nvfp4"): False}
+    assert not takes_decode_kernels(MoEConfig(tiles, tiles, "t"), None, "mxfp4")

@@ -260,11 +260,7 @@ def moe_forward(
         config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
         if act_quant is not None:
             config = tuning.fp8_config(arch, config)
-    # W4A8 'mxfp8' on MXFP4 weights multiplies what the W4A16 decode kernels multiply: the rebased weights are the
-    # FP4 weights (rounded only in a row whose block scales span over 14 binades, far below the W4A8 tolerance) and
-    # MXFP8 values are bf16 values. So at decode sizes it runs those kernels on the quantized inputs: gpt-oss-120b
-    # at T = 1 takes the W4A16 layer's time plus two quantizations instead of the tile kernels' 1.7x.
-    decode = config.decode is not None and (act_quant is None or (act_quant == "mxfp8" and weights.format == "mxfp4"))
+    decode = takes_decode_kernels(config, act_quant, weights.format)
     if decode:
         _check_decode(config.decode, k)
     kernels = _kernels_for(x.device)
@@ -290,6 +286,15 @@ def moe_forward(
             fp8 is None and _scales_fold(weights), tickets_per_block, sum_tickets, _ACT_QUANT_IDS[act_quant], fp8,
             qscale, fp8_accumulate)
     return out
+
+
+def takes_decode_kernels(config: tuning.MoEConfig, act_quant: str | None, weight_format: str) -> bool:
+    """Whether moe_forward runs the decode kernels with `config`: W4A16 calls whenever it has their warps, and W4A8
+    'mxfp8' calls on MXFP4 weights. Those multiply what the W4A16 decode kernels multiply: the rebased weights are the
+    FP4 weights (rounded only in a row whose block scales span over 14 binades, far below the W4A8 tolerance) and
+    MXFP8 values are bf16 values, so they run those kernels on the quantized inputs (NVFP4's rebased weights are
+    rounded to E4M3; static FP8's scale multiplies after the dot)."""
+    return config.decode is not None and (act_quant is None or (act_quant == "mxfp8" and weight_format == "mxfp4"))
 
 
 def _check_act_quant(x, act_quant, a1_scale, a2_scale):

@@ -183,4 +183,4 @@ def fp8_config(arch: ArchFacts, config: MoEConfig) -> MoEConfig:
     gemm1, gemm2 = (replace(c, num_warps=warps) if c.num_warps < warps else c for c in (config.gemm1, config.gemm2))
     if (gemm1, gemm2) == (config.gemm1, config.gemm2):
         return config
-    return MoEConfig(gemm1, gemm2, f"{config.source}+fp8:{warps} warps")
+    return replace(config, gemm1=gemm1, gemm2=gemm2, source=f"{config.source}+fp8:{warps} warps")  # decode kept
