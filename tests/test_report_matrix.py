@@ -48,3 +48,17 @@ def test_cells_come_from_one_run_and_verdicts_follow_the_numbers(tmp_path):
     assert report.verdicts(data["cells"]["H100"][("gpt-oss-120b", 16)], "gpt-oss-120b", 16)["beats_peers"] is True
     text = report.markdown("H100", data)
     assert "wrong output" in text and "49.0 (0.98x)" in text and "| 0 / 1 |" in text
+
+
+def test_a_w4a8_run_fills_its_own_section_not_the_matrix(tmp_path):
+    """bench_w4a8.py's rows (its W4A16 row too) stay out of the matrix's cells: a T only it timed is no column there."""
+    _run(tmp_path, "matrix", "2026-01-01", [
+        ("gpt-oss-120b", 1, report.FLOOR, "30.0", ""), ("gpt-oss-120b", 1, report.OURS, "50.0", "")])
+    _run(tmp_path, "w4a8", "2026-01-02", [
+        ("gpt-oss-120b", tokens, impl, us, "") for tokens in (1, 2)
+        for impl, us in ((report.FLOOR, "30.0"), (report.OURS, "40.0"), (report.W4A8[0], "45.0"))])
+    data = report.load(tmp_path)
+    assert set(data["cells"]["H100"]) == {("gpt-oss-120b", 1)}
+    assert data["cells"]["H100"][("gpt-oss-120b", 1)]["run"] == "matrix"
+    assert {cell: row["run"] for cell, row in data["w4a8"]["H100"].items()} == {
+        ("gpt-oss-120b", 1): "w4a8", ("gpt-oss-120b", 2): "w4a8"}
