@@ -67,7 +67,7 @@ def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tabl
     config = table_config(gpu.name, facts.name, problem) if use_tables else None
     if config is None:
         config = heuristic_config(facts, gpu.sm_count, problem)
-    if problem.tokens <= DECODE_KERNEL_TOKENS:  # W4A16 runs the decode kernels; W4A8 calls keep the tiles
+    if problem.tokens <= DECODE_KERNEL_TOKENS:  # the calls forward.takes_decode_kernels names run them
         config = dataclasses.replace(config, decode=decode_kernels(gpu.sm_count, problem))  # None: tiles (top-k > 32)
     return config
 

@@ -1,7 +1,8 @@
 """`moe-oracle tune`: time the candidate configs of one layer shape at the T buckets on this GPU and write the
 fastest into the user's tuning table, which select_config reads before the shipped tables. CUDA only. The tables
-hold tile configs: up to DECODE_KERNEL_TOKENS tokens W4A16 calls run the decode kernels whatever the table says
-(their warps come from tuning.decode_kernels), and the entries there serve W4A8 calls."""
+hold tile configs: up to DECODE_KERNEL_TOKENS tokens W4A16 calls (and W4A8 'mxfp8' ones on MXFP4 weights) run the
+decode kernels whatever the table says (their warps come from tuning.decode_kernels), and the entries there serve the
+other W4A8 calls."""
 
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def run_tune(shape, tokens_list=TOKENS, *, iters: int = 10, out_dir: Path | None
         before = f"{row['heuristic_us']:.1f}" if row["heuristic_us"] is not None else "failed"
         gain = f" ({row['heuristic_us'] / row['best_us']:.2f}x)" if row["heuristic_us"] else ""
         g1 = row["best"][0]
-        decode = "  (W4A16 runs the decode kernels at this T; the entry serves W4A8)" \
+        decode = "  (W4A16 runs the decode kernels at this T; the entry serves W4A8 calls off them)" \
             if row["tokens"] <= DECODE_KERNEL_TOKENS else ""
         print(f"  T={row['tokens']:>6}: {before} -> {row['best_us']:.1f}{gain}  gemm1 {g1.block_m}x{g1.block_n}x"
               f"{g1.block_k} w{g1.num_warps} s{g1.num_stages} split {g1.split_k}{decode}", file=out)
