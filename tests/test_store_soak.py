@@ -39,6 +39,9 @@ from oracle.store import POLL_INTERVAL, RuleStore
 SM90 = {"kind": "cuda", "capability": [9, 0]}
 THREADS = 8
 SOAK_SECONDS = 14.0
+#: Seconds each valid version stays on disk before the writer's next write. Longer than the latency the test allows
+#: every version (four poll intervals): a version served late but within that bound must not count as never served.
+QUIET_SECONDS = 4 * POLL_INTERVAL + 0.2
 # four valid versions with the same policies (none drops anything another has), answering differently
 VALID = {
     "A": VERSION_A,
@@ -58,6 +61,7 @@ QUESTIONS = [
 WRITER = r'''
 import json, os, sys, time
 root, versions, broken, out, seconds = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+quiet = float(sys.argv[6])
 log = open(out, "w", buffering=1)
 current = os.path.join(root, "current")
 slots = [os.path.join(root, "slot0"), os.path.join(root, "slot1")]
@@ -67,7 +71,7 @@ names = sorted(versions)
 def target():
     return os.path.join(slots[state["slot"]], "policy.yaml")
 
-def done(action, name, quiet=0.6):
+def done(action, name):
     # t0: just before the write that completed the version (the writer may be descheduled before it logs)
     state["version"] = name
     log.write(json.dumps({"t0": state["t0"], "t": time.time(), "action": action, "version": name}) + "\n")
@@ -196,7 +200,8 @@ def test_soak_hot_reload_under_eight_selecting_threads(tmp_path):
     started = time.time()
     try:
         writer = subprocess.run([sys.executable, "-c", WRITER, str(live), json.dumps(VALID),
-                                 json.dumps(list(BROKEN.values())), str(log_path), str(SOAK_SECONDS)],
+                                 json.dumps(list(BROKEN.values())), str(log_path), str(SOAK_SECONDS),
+                                 str(QUIET_SECONDS)],
                                 capture_output=True, text=True, timeout=SOAK_SECONDS + 30)
         last = [e["version"] for e in map(json.loads, log_path.read_text().splitlines()) if "version" in e][-1]
         deadline = time.monotonic() + 10
