@@ -239,6 +239,7 @@ def _run_case(spec) -> dict:
     forward._launch_decode = counted
     try:
         out = moe_forward(x, weights, **route, config=config, act_quant=scheme, **scales)
+        row_data_computed = id(weights.w13) in forward._W4A8_CACHE
         converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
         again = moe_forward(x, converted, **route, config=config, act_quant=scheme, **scales)
     finally:
@@ -246,7 +247,8 @@ def _run_case(spec) -> dict:
     w4a16 = emulation.moe_forward(x, **ckpt, **route)
     return {**_compare_w4a8(out, ref, scheme), "bits_equal_reference": torch.equal(out, ref),
             "same_bits_with_converted_weights": torch.equal(out.view(torch.int16), again.view(torch.int16)),
-            "differs_from_w4a16": not torch.equal(ref, w4a16), "decode_kernels": bool(decode_launches)}
+            "differs_from_w4a16": not torch.equal(ref, w4a16), "decode_kernels": bool(decode_launches),
+            "row_data_computed": row_data_computed}
 
 
 def _act_quant_rows() -> list[dict]:
@@ -299,10 +301,12 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
 def test_interpreter_w4a8_takes_the_decode_kernels_only_for_mxfp4_weights_and_mxfp8_inputs(interpreter_results,
                                                                                            case):
     """Their operands are exactly the W4A8 operands only there (NVFP4's rebased weights are rounded; static FP8's
-    scale multiplies after the dot); any other W4A8 call keeps the tile kernels whatever the config says."""
+    scale multiplies after the dot); any other W4A8 call keeps the tile kernels whatever the config says. Only the
+    tiles need the W4A8 row data: the decode kernels leave it uncomputed."""
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
     assert row["decode_kernels"] == case.startswith("mxfp4-mxfp8-"), row
+    assert row["row_data_computed"] != row["decode_kernels"], row
 
 
 # --------------------------------------------------------------------------------------------

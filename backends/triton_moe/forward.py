@@ -237,11 +237,11 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     qscale = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
     fp8_accumulate = DEFAULT_FP8_ACCUMULATE
     if act_quant is not None:  # read only where it applies: a W4A16 call never fails on it
         fp8_accumulate = _forced_choice("fp8_accumulate", None, FP8_ACCUMULATIONS, FP8_ACCUMULATE_ENV,
                                         f"DEFAULT_FP8_ACCUMULATE={DEFAULT_FP8_ACCUMULATE!r}") or fp8_accumulate
-    fp8 = _w4a8_data(weights) if act_quant is not None else None
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
               f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
@@ -269,6 +269,7 @@ def moe_forward(
                        activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                        _scales_fold(weights), mxfp8_inputs=act_quant is not None)
         return out
+    fp8 = _w4a8_data(weights, w4a8_given) if act_quant is not None else None  # the tiles' operands (decode: FP4)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
     c1 = config.gemm1
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
@@ -330,12 +331,11 @@ def _check_act_quant(x, act_quant, a1_scale, a2_scale):
 _W4A8_CACHE: dict = {}
 
 
-def _w4a8_data(w: TritonMoEWeights) -> dict:
+def _w4a8_data(w: TritonMoEWeights, given: dict | None) -> dict:
     """The W4A8 data (w4a8_row_data: the weights in the W4A8 byte order, their lookup-table codes, the rows'
-    exponents): the weights' own (converter_w4a8), else computed once per weight tensor and cached (outside graph
-    capture; inside a capture an uncached layer is an error, never a silent recompute). Either way the packed
-    weights are held twice, in the W4A16 and the W4A8 byte order."""
-    given = given_w4a8_tensors(w)
+    exponents): the weights' own (converter_w4a8: `given`, as given_w4a8_tensors checked them), else computed once
+    per weight tensor and cached (outside graph capture; inside a capture an uncached layer is an error, never a
+    silent recompute). Either way the packed weights are held twice, in the W4A16 and the W4A8 byte order."""
     if given is not None:
         return given
     return _once_per_tensor(_W4A8_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale), lambda: w4a8_row_data(w),
