@@ -238,7 +238,7 @@ def test_fp8_config_keeps_the_decode_kernels_warps():
     assert got.gemm1.num_warps == facts_by_name("sm90").wgmma_min_warps and got.decode == decode
 
 
-def test_only_w4a16_and_mxfp8_inputs_on_mxfp4_weights_take_the_decode_kernels():
+def test_w4a16_and_w4a8_on_mxfp4_weights_take_the_decode_kernels():
     from backends.triton_moe.forward import takes_decode_kernels
     from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig
 
@@ -247,6 +247,6 @@ def test_only_w4a16_and_mxfp8_inputs_on_mxfp4_weights_take_the_decode_kernels():
     taken = {(act_quant, fmt): takes_decode_kernels(with_decode, act_quant, fmt)
              for act_quant in (None, "mxfp8", "fp8_per_tensor_static") for fmt in ("mxfp4", "nvfp4")}
     assert taken == {(None, "mxfp4"): True, (None, "nvfp4"): True, ("mxfp8", "mxfp4"): True,
-                     ("mxfp8", "nvfp4"): False, ("fp8_per_tensor_static", "mxfp4"): False,
+                     ("mxfp8", "nvfp4"): False, ("fp8_per_tensor_static", "mxfp4"): True,
                      ("fp8_per_tensor_static", "nvfp4"): False}
     assert not takes_decode_kernels(MoEConfig(tiles, tiles, "t"), None, "mxfp4")

@@ -171,7 +171,7 @@ for _fmt, _act, _h, _i, _biases, _layout in (("mxfp4", "swigluoai", 128, 64, Tru
     for _scheme in SCHEMES:
         for _config in ("swap", "plain", "split", "stacked-split-fused"):
             CASES[f"{_fmt}-{_scheme}-{_config}"] = (_fmt, 8, 2, _h, _i, _act, _biases, 9, _layout, _scheme, _config)
-        for _tokens in (1, 2):  # a config with decode kernels: only MXFP4 weights with MXFP8 inputs take them
+        for _tokens in (1, 2):  # a config with decode kernels: only MXFP4 weights take them
             CASES[f"{_fmt}-{_scheme}-decode-T{_tokens}"] = (_fmt, 8, 2, _h, _i, _act, _biases, _tokens, _layout,
                                                             _scheme, "decode")
 
@@ -266,12 +266,15 @@ def _act_quant_rows() -> list[dict]:
     qscale = torch.cat([a1, 1.0 / a1, a1, 1.0 / a1])
     static, _ = forward._quantize_rows(_kernels, x, 1, qscale, 1, None, True)
     mx, exps = forward._quantize_rows(_kernels, x, 2, qscale, 1, None, True)
-    values = forward._mxfp8_values(_kernels, x)
+    mx_values = forward._operand_values(_kernels, x, "mxfp8", None)
+    static_values = forward._operand_values(_kernels, x, "fp8_per_tensor_static", qscale)
     return [{"case": "act_quant-static", "equal": torch.equal(static.float(), formats.e4m3_rn(x.float() * qscale[1]))},
             {"case": "act_quant-mxfp8", "equal": torch.equal(torch.ldexp(mx.float(), exps[:, None].float()),
                                                              formats.mxfp8_row_rebased(x.float()))},
-            {"case": "act_quant-mxfp8-bf16-values", "equal": values.dtype == torch.bfloat16
-             and torch.equal(values.float(), formats.mxfp8_row_rebased(x.float()))}]
+            {"case": "act_quant-mxfp8-bf16-values", "equal": mx_values.dtype == torch.bfloat16
+             and torch.equal(mx_values.float(), formats.mxfp8_row_rebased(x.float()))},
+            {"case": "act_quant-static-bf16-values", "equal": static_values.dtype == torch.bfloat16
+             and torch.equal(static_values.float(), formats.e4m3_rn(x.float() * qscale[1]))}]
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +283,8 @@ def interpreter_results() -> dict:
     return interpreter_worker_rows(__file__, ("mxfp4",), ("nvfp4",), ("act_quant",))
 
 
-@pytest.mark.parametrize("case", ["act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values"])
+@pytest.mark.parametrize("case", ["act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values",
+                                  "act_quant-static-bf16-values"])
 def test_interpreter_act_quant_kernel_is_the_formats_quantization(interpreter_results, case):
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
@@ -298,14 +302,13 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
 
 
 @pytest.mark.parametrize("case", sorted(name for name in CASES if name.endswith(("-T1", "-T2"))))
-def test_interpreter_w4a8_takes_the_decode_kernels_only_for_mxfp4_weights_and_mxfp8_inputs(interpreter_results,
-                                                                                           case):
-    """Their operands are exactly the W4A8 operands only there (NVFP4's rebased weights are rounded; static FP8's
-    scale multiplies after the dot); any other W4A8 call keeps the tile kernels whatever the config says. Only the
-    tiles need the W4A8 row data: the decode kernels leave it uncomputed."""
+def test_interpreter_w4a8_takes_the_decode_kernels_only_for_mxfp4_weights(interpreter_results, case):
+    """Only there are the W4A8 weights the FP4 weights (NVFP4's rebased weights are rounded to E4M3): an NVFP4 W4A8
+    call keeps the tile kernels whatever the config says. Only the tiles need the W4A8 row data: the decode kernels
+    leave it uncomputed."""
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
-    assert row["decode_kernels"] == case.startswith("mxfp4-mxfp8-"), row
+    assert row["decode_kernels"] == case.startswith("mxfp4-"), row
     assert row["row_data_computed"] != row["decode_kernels"], row
 
 
@@ -415,7 +418,8 @@ if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixtu
             for quant_row in _act_quant_rows():
                 print(json.dumps(quant_row), flush=True)
         except Exception:  # noqa: BLE001
-            for quant_case in ("act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values"):
+            for quant_case in ("act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values",
+                               "act_quant-static-bf16-values"):
                 print(json.dumps({"case": quant_case, "error": traceback.format_exc()[-3000:]}), flush=True)
     for case_name, case_spec in CASES.items():
         if case_spec[0] != sys.argv[1]:

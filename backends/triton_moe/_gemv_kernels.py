@@ -237,17 +237,18 @@ def gemv1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, logits_ptr, ids_ptr, route_w_ptr,
     K: tl.constexpr, N: tl.constexpr, stride_xm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
     stride_hm,
-    stride_lt, alpha, beta, limit,
+    stride_lt, alpha, beta, limit, qscale_ptr,
     TOP_K: tl.constexpr, ROUTE: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
     RENORMALIZE: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     NVFP4: tl.constexpr, FOLDED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
+    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
 ):
     """h[p, n] = act(x[t] W13[e]^T + b13[e]) for pair p = program_id(0) = t * TOP_K + j, columns n of program_id(1)
     (8 per row group). ROUTE: the token's top-k of its router logits, picked by each of its programs as
     topk_route_kernel picks them; the (j = 0, first columns) program alone weighs them as topk_route_kernel does and
-    stores ids and weights for GEMV2; else ids_ptr holds the pairs' experts (any integer dtype)."""
+    stores ids and weights for GEMV2; else ids_ptr holds the pairs' experts (any integer dtype). ACT_QUANT 3 (W4A8
+    static FP8, x the E4M3 values of x / a1): _act_store's mode 3 with qscale_ptr's [a1, 1/a1, a2, 1/a2]."""
     pair = tl.program_id(0)
     token = pair // TOP_K
     if ROUTE:
@@ -292,21 +293,23 @@ def gemv1_act_kernel(
     first_lane = (j % 4) == 0
     _act_store(tl.reshape(acc_g, (1, 32 * ROW_GROUPS)), tl.reshape(acc_u, (1, 32 * ROW_GROUPS)), expert,
                pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
-               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, loaded=loaded)
+               stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT=ACT_QUANT,
+               qscale_ptr=qscale_ptr, loaded=loaded)
 
 
 @triton.jit
 def gemv2_sum_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, ids_ptr, route_w_ptr, y_ptr,
     K: tl.constexpr, N: tl.constexpr, stride_hm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
-    stride_ym,
+    stride_ym, qscale_ptr,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
+    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, SCALE_SUMS: tl.constexpr,
 ):
     """y[t, n] = sum_j route_w[t, j] * (h[t * TOP_K + j] W2[e_j]^T + b2[e_j])[n], bf16, for token program_id(0) and
     16 columns per row group of program_id(1). The warps are (row group, slot j < SLOTS = TOP_K rounded up to a
-    power of two, K slice); slots past TOP_K load nothing and add 0."""
+    power of two, K slice); slots past TOP_K load nothing and add 0. SCALE_SUMS (W4A8 static FP8, h the E4M3
+    values of h / a2): the sums times a2 (qscale_ptr[2]) before the bias."""
     token = tl.program_id(0).to(tl.int64)
     THREADS: tl.constexpr = 32 * ROW_GROUPS * SLOTS * K_SLICES
     i = tl.arange(0, THREADS)
@@ -346,6 +349,9 @@ def gemv2_sum_kernel(
     if NVFP4:  # undo the dequantization's 2^-16 (exact), then the expert's global scale
         acc_a = acc_a * 65536.0 / gs
         acc_b = acc_b * 65536.0 / gs
+    if SCALE_SUMS:
+        acc_a = acc_a * tl.load(qscale_ptr + 2)
+        acc_b = acc_b * tl.load(qscale_ptr + 2)
     if HAS_BIAS:
         acc_a += bias_a
         acc_b += bias_b

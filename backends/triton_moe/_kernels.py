@@ -636,12 +636,17 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
     global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand;
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
-    MXFP8 rebase needs the whole row, which spans column tiles). loaded: (global scale, gate bias, up bias) as
-    _act_operands loaded them, for a caller that loads them before its K loop."""
+    MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on the bf16 decode kernels,
+    whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in bf16.
+    loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them before its
+    K loop."""
     if loaded is None:
         loaded = _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
     global_scale, bias_g, bias_u = loaded
-    if ACT_QUANT != 0:
+    if ACT_QUANT == 3:
+        acc_g = acc_g * tl.load(qscale_ptr)
+        acc_u = acc_u * tl.load(qscale_ptr)
+    elif ACT_QUANT != 0:
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
         a1 = 1.0
         if ACT_QUANT == 1:
@@ -666,6 +671,9 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
     if ACT_QUANT == 1:
         tl.store(h_ptrs, _to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float8e4nv), mask=store_ok)
+    elif ACT_QUANT == 3:
+        tl.store(h_ptrs, _round_bf16(_to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float32), INTERPRETED),
+                 mask=store_ok)
     else:
         tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
 
@@ -1029,8 +1037,8 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_p
     (one program per row, the whole row in registers: BLOCK_K >= K): SCHEME 1 e4m3(clamp(v * qscale[QSCALE_INDEX],
     +-448)) (static per tensor, the 1 / a of the input); 2 MXFP8 rebased to the row's largest block exponent ra
     (_mx_quant_rebased; ra int32 to exp_ptr). PADDED_ROWS (h, rows in GEMM1's padded row blocks): rows past the
-    alignment's padded_total_ptr[0] are skipped. VALUES_BF16 (SCHEME 2): the operand's values, codes times 2^ra, to
-    a bf16 dst instead, for the bf16 decode kernels (exact: an E4M3 value times a power of two is a bf16 value)."""
+    alignment's padded_total_ptr[0] are skipped. VALUES_BF16: the codes' values (SCHEME 2: times 2^ra) to a bf16 dst
+    instead, for the bf16 decode kernels (exact: an E4M3 value times a power of two is a bf16 value)."""
     row = tl.program_id(0)
     if PADDED_ROWS:
         rows = tl.minimum(rows, tl.load(padded_total_ptr))
@@ -1046,8 +1054,9 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_p
     else:
         q = _to_e4m3(v * tl.load(qscale_ptr + QSCALE_INDEX), INTERPRETED)
     if VALUES_BF16:
-        tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols,
-                 _round_bf16(q * _pow2_from_m127(ra)[:, None], INTERPRETED), mask=ok)
+        if SCHEME == 2:
+            q = q * _pow2_from_m127(ra)[:, None]
+        tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, _round_bf16(q.to(tl.float32), INTERPRETED), mask=ok)
     else:
         tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, q.to(tl.float8e4nv), mask=ok)
 

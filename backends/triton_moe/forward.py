@@ -267,7 +267,7 @@ def moe_forward(
     if decode:
         _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, config.decode,
                        activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
-                       _scales_fold(weights), mxfp8_inputs=act_quant is not None)
+                       _scales_fold(weights), act_quant=act_quant, qscale=qscale)
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if act_quant is not None else None  # the tiles' operands (decode: FP4)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -291,11 +291,11 @@ def moe_forward(
 
 def takes_decode_kernels(config: tuning.MoEConfig, act_quant: str | None, weight_format: str) -> bool:
     """Whether moe_forward runs the decode kernels with `config`: W4A16 calls whenever it has their warps, and W4A8
-    'mxfp8' calls on MXFP4 weights. Those multiply what the W4A16 decode kernels multiply: the rebased weights are the
-    FP4 weights (rounded only in a row whose block scales span over 14 binades, far below the W4A8 tolerance) and
-    MXFP8 values are bf16 values, so they run those kernels on the quantized inputs (NVFP4's rebased weights are
-    rounded to E4M3; static FP8's scale multiplies after the dot)."""
-    return config.decode is not None and (act_quant is None or (act_quant == "mxfp8" and weight_format == "mxfp4"))
+    calls on MXFP4 weights. Those multiply what the W4A16 decode kernels can: the rebased weights are the FP4 weights
+    (rounded only in a row whose block scales span over 14 binades, far below the W4A8 tolerance), MXFP8 values are
+    bf16 values, and static FP8's E4M3 values are too, its scales applied to the sums. NVFP4's rebased weights are
+    rounded to E4M3, so those calls keep the tile kernels."""
+    return config.decode is not None and (act_quant is None or weight_format == "mxfp4")
 
 
 def _check_act_quant(x, act_quant, a1_scale, a2_scale):
@@ -514,14 +514,16 @@ def _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize):
 
 
 def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, decode, activation,
-                   swiglu, folded, mxfp8_inputs=False):
+                   swiglu, folded, act_quant=None, qscale=None):
     """GEMV1 + activation per pair, then GEMV2 + router weight + top-k sum per token (_gemv_kernels). With
-    router_logits (ids None) GEMV1 routes in-program and writes the ids and weights GEMV2 reads. mxfp8_inputs
-    (W4A8 'mxfp8'): each GEMV reads its input as the MXFP8 operand's values (_mxfp8_values)."""
+    router_logits (ids None) GEMV1 routes in-program and writes the ids and weights GEMV2 reads. W4A8 (act_quant):
+    each GEMV reads its input as the operand's values in bf16 (_operand_values; static FP8: GEMV1's epilogue writes
+    h so, and each GEMV scales its sums by the input scale, qscale [a1, 1/a1, a2, 1/a2])."""
     from backends.triton_moe import _gemv_kernels as gemv
 
-    if mxfp8_inputs:
-        x = _mxfp8_values(kernels, x)
+    static = act_quant == "fp8_per_tensor_static"
+    if act_quant is not None:
+        x = _operand_values(kernels, x, act_quant, qscale)
     tokens, hidden = x.shape
     inter, experts = weights.intermediate_size, weights.num_experts
     nvfp4 = weights.format == "nvfp4"
@@ -533,6 +535,7 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         logits = route_w  # any tensor: never read without routing
         ids, route_w = ids.contiguous(), route_w.contiguous()
     unused = route_w
+    qscale = qscale if static else unused
     gs13 = weights.w13_global_scale if nvfp4 else unused
     gs2 = weights.w2_global_scale if nvfp4 else unused
     b13 = weights.w13_bias if weights.w13_bias is not None else unused
@@ -543,35 +546,37 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     g1, g2 = decode.gemv1, decode.gemv2
     constexprs, options = gemv_constexprs(
         1, g1, **shared, has_bias=weights.w13_bias is not None, route=router_logits is not None, experts=experts,
-        renormalize=renormalize, act=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU)
+        renormalize=renormalize, act=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
+        static_fp8=static)
     gemv.gemv1_act_kernel[(tokens * k, inter // (tuning.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
         x, w13, s13, gs13, b13, h, logits, ids, route_w,
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
-        h.stride(0), logits.stride(0), *swiglu, **constexprs, **options)
-    if mxfp8_inputs:
-        h = _mxfp8_values(kernels, h)
-    constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None)
+        h.stride(0), logits.stride(0), *swiglu, qscale, **constexprs, **options)
+    if act_quant == "mxfp8":
+        h = _operand_values(kernels, h, act_quant, qscale)
+    constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None, static_fp8=static)
     gemv.gemv2_sum_kernel[(tokens, hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
-        out.stride(0), **constexprs, **options)
+        out.stride(0), qscale, **constexprs, **options)
 
 
 def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: bool, folded: bool,
                     interpreted: bool, has_bias: bool, route: bool = False, experts: int = 0,
-                    renormalize: bool = False, act: int = 0) -> tuple[dict, dict]:
+                    renormalize: bool = False, act: int = 0, static_fp8: bool = False) -> tuple[dict, dict]:
     """(compile-time arguments, launch options) of GEMV1 (gemv=1: routing from `experts` router logits when route,
     activation id act) or GEMV2 (gemv=2) with warps `launch`, K and N aside: _launch_decode launches with them and
-    benchmarks/count_decode_sass.py compiles the same set."""
+    benchmarks/count_decode_sass.py compiles the same set. static_fp8: W4A8 static FP8 inputs (their scales on the
+    sums, GEMV1 writing h as E4M3 values)."""
     constexprs = dict(TOP_K=top_k, ROW_GROUPS=launch.row_groups, K_SLICES=launch.k_slices, HAS_BIAS=has_bias,
                       LOADS_AHEAD=launch.loads_ahead, SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"],
                       NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted)
     if gemv == 1:
         constexprs.update(ROUTE=route, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(top_k),
-                          RENORMALIZE=bool(renormalize), ACTIVATION=act)
+                          RENORMALIZE=bool(renormalize), ACTIVATION=act, ACT_QUANT=3 if static_fp8 else 0)
         warps = launch.warps()
     else:
-        constexprs["SLOTS"] = tuning.gemv2_slots(top_k)
+        constexprs.update(SLOTS=tuning.gemv2_slots(top_k), SCALE_SUMS=static_fp8)
         warps = launch.warps(constexprs["SLOTS"])
     return constexprs, dict(num_warps=warps,
                             maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
@@ -592,10 +597,11 @@ def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, 
     return dst, exps
 
 
-def _mxfp8_values(kernels, src):
-    """The W4A8 'mxfp8' operand of src [R, K] (formats.mxfp8_row_rebased) as bf16 values, one launch."""
-    return _quantize_rows(kernels, src, _ACT_QUANT_IDS["mxfp8"], src, 0, None, kernels.INTERPRETED,
-                          values_bf16=True)[0]  # src stands in for the static scales 'mxfp8' never reads
+def _operand_values(kernels, src, act_quant, qscale):
+    """The W4A8 GEMM input src [R, K] as the bf16 values the decode kernels read, one launch: 'mxfp8' the operand
+    (formats.mxfp8_row_rebased), static FP8 the E4M3 values of src / a1 (its scale goes on the sums)."""
+    return _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], src if qscale is None else qscale, 1, None,
+                          kernels.INTERPRETED, values_bf16=True)[0]  # src stands in for the scales 'mxfp8' never reads
 
 
 def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, interpreted: bool, folded: bool,
