@@ -278,6 +278,9 @@ def gemv1_act_kernel(
     # The epilogue's bias and global scale are loaded before the K loop: after it they cost a memory latency at
     # the end of every program (gpt-oss-120b at T = 1: 0.8 µs of 33 on an H100).
     loaded = _act_operands(expert, offs_n, offs_n < N, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
+    act_scales = None
+    if ACT_QUANT == 3:  # before the K loop too: after it a load costs a memory latency at every program's end
+        act_scales = (tl.load(qscale_ptr), tl.load(qscale_ptr + 3))
     acc_g = tl.zeros((THREADS,), tl.float32)
     acc_u = tl.zeros((THREADS,), tl.float32)
     # The up rows sit N rows (whole tiles: N % 64 == 0) after the gate rows. As a compile-time offset from the gate
@@ -294,7 +297,7 @@ def gemv1_act_kernel(
     _act_store(tl.reshape(acc_g, (1, 32 * ROW_GROUPS)), tl.reshape(acc_u, (1, 32 * ROW_GROUPS)), expert,
                pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
                stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT=ACT_QUANT,
-               qscale_ptr=qscale_ptr, loaded=loaded)
+               qscale_ptr=qscale_ptr, loaded=loaded, act_scales=act_scales)
 
 
 @triton.jit
@@ -326,7 +329,7 @@ def gemv2_sum_kernel(
     k_first = tl.where(live, (warp % K_SLICES) * (STEPS * 128), K)  # dead slots start past K: every load masked
     w_expert = w_ptr + expert * stride_we
     s_expert = s_ptr + expert * stride_se
-    # The epilogue's operands (router weights, global scales, biases) before the K loop, as in GEMV1.
+    # The epilogue's operands (router weights, global scales, biases, static FP8's a2) before the K loop, as in GEMV1.
     j = tl.arange(0, SLOTS)[None, :, None]
     n = tl.program_id(1) * (16 * ROW_GROUPS) + tl.arange(0, ROW_GROUPS)[:, None] * 16 + tl.arange(0, 32)[None, :] // 4
     slot_ok = j < TOP_K
@@ -337,6 +340,8 @@ def gemv2_sum_kernel(
     if HAS_BIAS:
         bias_a = tl.load(bias_ptr + e * stride_be + n[:, None, :], mask=slot_ok, other=0.0)
         bias_b = tl.load(bias_ptr + e * stride_be + n[:, None, :] + 8, mask=slot_ok, other=0.0)
+    if SCALE_SUMS:
+        a2 = tl.load(qscale_ptr + 2)
     acc_a = tl.zeros((THREADS,), tl.float32)
     acc_b = tl.zeros((THREADS,), tl.float32)
     row_a = _row_pointer(w_expert, row, stride_wn)  # row + 8 shares row's tile (g < 8): a fixed offset, as in GEMV1
@@ -350,8 +355,8 @@ def gemv2_sum_kernel(
         acc_a = acc_a * 65536.0 / gs
         acc_b = acc_b * 65536.0 / gs
     if SCALE_SUMS:
-        acc_a = acc_a * tl.load(qscale_ptr + 2)
-        acc_b = acc_b * tl.load(qscale_ptr + 2)
+        acc_a = acc_a * a2
+        acc_b = acc_b * a2
     if HAS_BIAS:
         acc_a += bias_a
         acc_b += bias_b

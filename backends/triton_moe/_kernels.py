@@ -630,7 +630,7 @@ def _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N: tl.constexpr, str
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr = 0, rexp_ptr=None,
-               stride_re=0, qscale_ptr=None, loaded=None):
+               stride_re=0, qscale_ptr=None, loaded=None, act_scales=None):
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
 
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
@@ -638,14 +638,16 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
     MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on the bf16 decode kernels,
     whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in bf16.
-    loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them before its
-    K loop."""
+    loaded: (global scale, gate bias, up bias) as _act_operands loaded them, and act_scales: mode 3's (a1, 1 / a2),
+    for a caller that loads them before its K loop."""
     if loaded is None:
         loaded = _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
     global_scale, bias_g, bias_u = loaded
     if ACT_QUANT == 3:
-        acc_g = acc_g * tl.load(qscale_ptr)
-        acc_u = acc_u * tl.load(qscale_ptr)
+        if act_scales is None:
+            act_scales = (tl.load(qscale_ptr), tl.load(qscale_ptr + 3))
+        acc_g = acc_g * act_scales[0]
+        acc_u = acc_u * act_scales[0]
     elif ACT_QUANT != 0:
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
         a1 = 1.0
@@ -672,7 +674,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     if ACT_QUANT == 1:
         tl.store(h_ptrs, _to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float8e4nv), mask=store_ok)
     elif ACT_QUANT == 3:
-        tl.store(h_ptrs, _round_bf16(_to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float32), INTERPRETED),
+        tl.store(h_ptrs, _round_bf16(_to_e4m3(h * act_scales[1], INTERPRETED).to(tl.float32), INTERPRETED),
                  mask=store_ok)
     else:
         tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
