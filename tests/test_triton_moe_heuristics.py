@@ -229,7 +229,7 @@ def test_fp8_config_gives_sub_warpgroup_tiles_a_warpgroup_and_keeps_the_rest():
 
 
 def test_fp8_config_keeps_the_decode_kernels_warps():
-    """W4A8 'mxfp8' calls on MXFP4 weights run the decode kernels with them (forward.moe_forward)."""
+    """W4A8 calls on MXFP4 weights run the decode kernels with them (forward.moe_forward)."""
     from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig, facts_by_name, fp8_config
 
     small = LaunchConfig(16, 64, 128, 8, True, 2, 4, split_k=4)

@@ -95,7 +95,7 @@ class MoEConfig:
     gemm1: LaunchConfig
     gemm2: LaunchConfig
     source: str  # "table.yaml#entry-index" or "heuristic": shown in benchmarks and errors
-    decode: DecodeConfig | None = None  # set: W4A16 calls and W4A8 'mxfp8' ones on MXFP4 weights take the decode
+    decode: DecodeConfig | None = None  # set: W4A16 calls and W4A8 ones on MXFP4 weights take the decode
     # kernels (forward.moe_forward); other W4A8 calls keep gemm1/gemm2
 
 

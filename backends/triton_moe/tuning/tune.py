@@ -1,6 +1,6 @@
 """`moe-oracle tune`: time the candidate configs of one layer shape at the T buckets on this GPU and write the
 fastest into the user's tuning table, which select_config reads before the shipped tables. CUDA only. The tables
-hold tile configs: up to DECODE_KERNEL_TOKENS tokens W4A16 calls (and W4A8 'mxfp8' ones on MXFP4 weights) run the
+hold tile configs: up to DECODE_KERNEL_TOKENS tokens W4A16 calls (and W4A8 ones on MXFP4 weights) run the
 decode kernels whatever the table says (their warps come from tuning.decode_kernels), and the entries there serve the
 other W4A8 calls."""
 
