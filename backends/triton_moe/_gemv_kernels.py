@@ -297,7 +297,7 @@ def gemv1_act_kernel(
     _act_store(tl.reshape(acc_g, (1, 32 * ROW_GROUPS)), tl.reshape(acc_u, (1, 32 * ROW_GROUPS)), expert,
                pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
                stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT=ACT_QUANT,
-               qscale_ptr=qscale_ptr, loaded=loaded, act_scales=act_scales)
+               loaded=loaded, act_scales=act_scales)
 
 
 @triton.jit

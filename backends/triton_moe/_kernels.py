@@ -638,14 +638,12 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
     MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on the bf16 decode kernels,
     whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in bf16.
-    loaded: (global scale, gate bias, up bias) as _act_operands loaded them, and act_scales: mode 3's (a1, 1 / a2),
-    for a caller that loads them before its K loop."""
+    loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them before its
+    K loop; act_scales: mode 3's (a1, 1 / a2), which its one caller (the decode GEMV1) loads before its K loop."""
     if loaded is None:
         loaded = _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
     global_scale, bias_g, bias_u = loaded
     if ACT_QUANT == 3:
-        if act_scales is None:
-            act_scales = (tl.load(qscale_ptr), tl.load(qscale_ptr + 3))
         acc_g = acc_g * act_scales[0]
         acc_u = acc_u * act_scales[0]
     elif ACT_QUANT != 0:

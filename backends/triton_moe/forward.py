@@ -585,7 +585,7 @@ def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: 
 def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted, values_bf16=False):
     """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8') of act_quant_kernel: static FP8 times
     qscale[qscale_index], or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows.
-    values_bf16 ('mxfp8'): the operand's values in bf16 (codes times 2^ra) in place of the codes."""
+    values_bf16: the codes' values in bf16 ('mxfp8': times 2^ra) in place of the codes."""
     dst = torch.empty(src.shape, dtype=torch.bfloat16 if values_bf16 else torch.float8_e4m3fn, device=src.device)
     exps = torch.empty(max(src.shape[0], 1), dtype=torch.int32, device=src.device)
     block_k = 1 << (src.shape[1] - 1).bit_length()
