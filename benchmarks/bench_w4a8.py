@@ -1,14 +1,16 @@
 """W4A16 vs W4A8 (both FP8 activation schemes) of this project's Triton MoE, one GPU, as model-matrix rows.
 
 Per layer (default gpt-oss-120b and deepseek-v3 of backends/model_shapes.py) and T: this project's W4A16 layer with
-its tuned config ("this project (tuned)", as benchmarks/bench_matrix.py), and the W4A8 layer with the config
-moe_forward gives it (the same, with tuning.fp8_config's warpgroup where the tables give fewer warps),
-with dynamic MXFP8 activations ("this project W4A8 mxfp8", the rules' kMxfp8Dynamic) and with static per-tensor
-FP8 activations ("this project W4A8 fp8 static", kFp8StaticTensorSym; the input scales calibrated once on a
-256-token batch, as a checkpoint's input_scale), both over converter_w4a8's weights; plus the memory floor, the
+its tuned config ("this project (tuned)", as benchmarks/bench_matrix.py), and the W4A8 layer as moe_forward runs
+it (MXFP4 weights: the W4A16 kernels on the operands' bf16 values, with the same config; NVFP4: FP8 dots, with
+tuning.fp8_config's warpgroup where the tables give fewer warps; forward.resolve_w4a8_mma), with dynamic MXFP8
+activations ("this project W4A8 mxfp8", the rules' kMxfp8Dynamic) and with static per-tensor FP8 activations
+("this project W4A8 fp8 static", kFp8StaticTensorSym; the input scales calibrated once on a 256-token batch, as a
+checkpoint's input_scale), both over converter_w4a8's weights; plus the memory floor, the
 bf16-matmul bound (6·T·k·H·I FLOP at this run's 8192^3 bf16 matmul rate) and the FP8-matmul bound (the same FLOP
 at this run's 8192^3 FP8 E4M3 torch._scaled_mm rate). --variants adds, at T >= 4096, A/B rows of the W4A8 layer
-with other launch configs (VARIANTS: the W4A16 tables were tuned for bf16 dots), named "<scheme's row> [<variant>]".
+with other launch configs (VARIANTS: the W4A16 tables were tuned for bf16 dots), named "<scheme's row> [<variant>]";
+--fp8-dots adds, on MXFP4 layers, the W4A8 layer with FP8 dots forced (w4a8_mma="fp8"), "<scheme's row> [fp8 dots]".
 
 Every W4A8 row is checked against the emulation with fp8_operands=True (the kernels' numerics) on up to 256 tokens
 before it is timed; its note gives that relative L2, the speedup over the W4A16 row of the same T and the fraction
@@ -16,7 +18,7 @@ of the FP8 `_scaled_mm` rate. Method as bench_matrix (backends.gpu_timing): the 
 captured as a CUDA graph, L2 flushed before each replay, median of --iters replays.
 
     python benchmarks/bench_w4a8.py --out benchmarks/results/<run> [--layers a,b] [--tokens 1,16] [--iters 10]
-                                    [--schemes mxfp8,fp8_per_tensor_static] [--variants swap-bk128,...]
+                                    [--schemes mxfp8,fp8_per_tensor_static] [--variants swap-bk128,...] [--fp8-dots]
     python benchmarks/bench_w4a8.py --dry-run --out DIR     # CPU smoke: tiny layers, emulation, no timing
     python benchmarks/report_matrix.py                       # the W4A8 section beside the W4A16 rows
 
@@ -73,16 +75,21 @@ VARIANTS = {
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One timed row of a (layer, T) cell: the W4A16 layer (scheme None) or the W4A8 layer with one FP8 scheme,
-    with the tuned config (variant None) or a VARIANTS config."""
+    with the tuned config (variant None) or a VARIANTS config, on moe_forward's tensor cores (mma None) or forced
+    ones (moe_forward's w4a8_mma)."""
 
     implementation: str
     scheme: str | None = None
     variant: str | None = None
+    mma: str | None = None
 
 
-def runs_at(tokens: int, schemes: tuple[str, ...], variants: tuple[str, ...]) -> list[Run]:
-    """The timed rows at T, W4A16 first: its time is every W4A8 row's baseline."""
+def runs_at(tokens: int, schemes: tuple[str, ...], variants: tuple[str, ...], fp8_dots: bool = False) -> list[Run]:
+    """The timed rows at T, W4A16 first: its time is every W4A8 row's baseline. fp8_dots: also each scheme with FP8
+    dots forced (for MXFP4 layers, whose W4A8 runs bf16 dots unforced)."""
     runs = [Run(OURS)] + [Run(W4A8_SCHEMES[s], s) for s in schemes]
+    if fp8_dots:
+        runs += [Run(f"{W4A8_SCHEMES[s]} [fp8 dots]", s, mma="fp8") for s in schemes]
     if tokens >= VARIANT_MIN_TOKENS:
         runs += [Run(f"{W4A8_SCHEMES[s]} [{v}]", s, v) for v in variants for s in schemes]
     return runs
@@ -130,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated FP8 activation schemes (default {','.join(W4A8_SCHEMES)})")
     p.add_argument("--variants", default="", help=f"comma-separated launch configs also timed for the W4A8 layer at "
                                                   f"T >= {VARIANT_MIN_TOKENS}: {', '.join(VARIANTS)}")
+    p.add_argument("--fp8-dots", action="store_true",
+                   help="on MXFP4 layers also time each scheme with FP8 dots forced (w4a8_mma='fp8')")
     p.add_argument("--iters", type=int, default=10, help="graph replays per row (median)")
     p.add_argument("--run-id", default=None, help="default: <gpu>-w4a8-<UTC date and time>")
     p.add_argument("--commit", default=os.environ.get("MOE_ORACLE_COMMIT", "unknown"))
@@ -232,9 +241,15 @@ class Layer:
         return emulation.moe_forward(x, **self.ckpt, router_logits=logits, gemm_input_schemes=(scheme, scheme),
                                      fp8_operands=True, **self.call, **self._extra(scheme))
 
+    def mma(self, run: Run) -> str | None:
+        """The tensor cores the row runs on (forward.resolve_w4a8_mma; None for W4A16)."""
+        from backends.triton_moe.forward import resolve_w4a8_mma
+
+        return resolve_w4a8_mma(run.scheme, self.shape.format, run.mma)
+
     def config(self, run: Run, tokens: int):
         """The launch config (GPU; None in the dry run): a VARIANTS entry, else what moe_forward would choose (the
-        tuned choice for W4A16, and for W4A8 that with tuning.fp8_config's warpgroup)."""
+        tuned choice, and for FP8 dots that with tuning.fp8_config's warpgroup)."""
         if run.variant:
             return VARIANTS[run.variant]
         if self.device.dry_run:
@@ -242,7 +257,7 @@ class Layer:
         from backends.triton_moe import tuning
 
         tuned = tuning.select_config(self.arch, self.gpu_info, tuning.Problem(tokens=tokens, **self.shape.fields()))
-        return tuned if run.scheme is None else tuning.fp8_config(self.arch, tuned)
+        return tuning.fp8_config(self.arch, tuned) if self.mma(run) == "fp8" else tuned
 
     def fn(self, run: Run, config):
         """fn(x, logits) -> y of one row: the kernels with `config` (GPU) or the emulation (dry run)."""
@@ -254,7 +269,7 @@ class Layer:
             return functools.partial(self.reference, run.scheme)
         from backends.triton_moe import moe_forward
 
-        quant = {"act_quant": run.scheme, **self._extra(run.scheme)} if run.scheme else {}
+        quant = {"act_quant": run.scheme, "w4a8_mma": run.mma, **self._extra(run.scheme)} if run.scheme else {}
         weights = self.w8 if run.scheme else self.w16
         return lambda x, logits: moe_forward(x, weights, router_logits=logits, config=config, **self.call, **quant)
 
@@ -294,11 +309,14 @@ def run_layer(name: str, device: Device, args, env: dict, emit_row, flush) -> No
         n = min(tokens, CHECK_TOKENS)
         references: dict = {}
         w4a16_us = None
-        for run in runs_at(tokens, args.schemes, args.variants):
+        for run in runs_at(tokens, args.schemes, args.variants, args.fp8_dots and shape.format == "mxfp4"):
             described, check = "", 0.0
             try:
                 config = layer.config(run, tokens)  # chosen before any graph capture
-                described = describe(config, takes_decode_kernels(config, run.scheme, shape.format)) if config else ""
+                mma = layer.mma(run)
+                described = describe(config, takes_decode_kernels(config, mma)) if config else ""
+                if mma and described:
+                    described += f"; {mma} dots"
                 fn = layer.fn(run, config)
                 if run.scheme:
                     if run.scheme not in references:

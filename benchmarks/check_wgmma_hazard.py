@@ -39,19 +39,21 @@ POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32",
 
 def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool, act_quant: int = 0, promote: bool = False):
     """One GEMM of `shape` with launch config `c`, compiled for sm_90 as forward._launch would launch it (act_quant:
-    the kernels' ACT_QUANT, 1 for the W4A8 path with E4M3 operands; promote: its FP8_PROMOTE)."""
+    the kernels' ACT_QUANT: 1 and 2 for the W4A8 tiles with E4M3 operands, 3 for static FP8 on bf16 dots; promote:
+    its FP8_PROMOTE)."""
     fn = K.gemm1_act_kernel if gemm == 1 else K.gemm2_kernel
     k_size, n = (shape.hidden_size, shape.intermediate_size) if gemm == 1 else (shape.intermediate_size,
                                                                                  shape.hidden_size)
     nvfp4 = shape.format == "nvfp4"
+    fp8 = act_quant in (1, 2)
     consts = forward.gemm_constexprs(gemm, c, k_size=k_size, nvfp4=nvfp4, wgmma=True, interpreted=False,
-                                     folded=not act_quant, has_bias=not nvfp4)
+                                     folded=not fp8, has_bias=not nvfp4)
     consts.update(K=k_size, N=n, RETIRE_WGMMA=retire, ACT_QUANT=act_quant, FP8_PROMOTE=promote)
     if gemm == 1:
         consts.update(LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k, ACTIVATION=int(not nvfp4))
     else:
         consts.update(LAST_PAIR_SUMS=False, TOP_K=shape.top_k)
-    pointers = {**POINTERS, "x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv"} if act_quant else POINTERS
+    pointers = {**POINTERS, "x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv"} if fp8 else POINTERS
     options = {"num_warps": c.num_warps, "num_stages": c.num_stages}
     if c.maxnreg:
         options["maxnreg"] = c.maxnreg

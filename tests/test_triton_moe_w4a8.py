@@ -93,11 +93,11 @@ def test_mxfp8_row_rebase_keeps_rows_of_one_exponent_and_shifts_the_others():
 # Bad arguments: one message naming the argument and the fix, before any launch
 # --------------------------------------------------------------------------------------------
 
-def _small_layer():
+def _small_layer(fmt="mxfp4"):
     from backends.layouts.triton_moe import to_kernel_layout
     from backends.triton_moe.testing import Shape, random_checkpoint
 
-    shape = Shape("s", "mxfp4", 8, 2, 128, 64, "swigluoai", True)
+    shape = Shape("s", fmt, 8, 2, 128, 64, "swigluoai", True)
     ckpt = random_checkpoint(shape)
     return ckpt, to_kernel_layout(**ckpt), torch.randn(4, 128).bfloat16(), torch.randn(4, 8)
 
@@ -111,6 +111,26 @@ def test_unknown_fp8_accumulation_names_the_variable_and_the_choices(monkeypatch
     monkeypatch.setenv(FP8_ACCUMULATE_ENV, "fp16")
     with pytest.raises(ValueError, match=rf"{FP8_ACCUMULATE_ENV}='fp16' must be one of \('wgmma', 'tensor-core'\)"):
         moe_forward(x, weights, router_logits=logits, top_k=2, act_quant="mxfp8")
+
+
+@pytest.mark.parametrize(("fmt", "choice", "env", "message"), [
+    ("nvfp4", "bf16", None, r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights: nvfp4's "
+                            r"weights rebased to E4M3 are rounded.*pass w4a8_mma='fp8' or None"),
+    ("nvfp4", None, "bf16", r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights"),
+    ("mxfp4", "fp16", None, r"w4a8_mma='fp16' must be one of \('bf16', 'fp8'\) or None"),
+    ("mxfp4", None, "tf32", r"environment variable MOE_ORACLE_TRITON_W4A8_MMA='tf32' must be one of \('bf16', 'fp8'\)"),
+])
+def test_w4a8_mma_that_cannot_be_honoured_names_the_choice_and_the_fix(fmt, choice, env, message, monkeypatch):
+    pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+    from backends.triton_moe import moe_forward
+    from backends.triton_moe.forward import W4A8_MMA_ENV
+
+    _, weights, x, logits = _small_layer(fmt)
+    monkeypatch.delenv(W4A8_MMA_ENV, raising=False)
+    if env:
+        monkeypatch.setenv(W4A8_MMA_ENV, env)
+    with pytest.raises(ValueError, match=message):
+        moe_forward(x, weights, router_logits=logits, top_k=2, act_quant="mxfp8", w4a8_mma=choice)
 
 
 @pytest.mark.parametrize(("kwargs", "kind", "message"), [
@@ -164,16 +184,22 @@ def test_emulation_fp8_operands_refuses_what_the_kernels_do_not_define(kwargs, m
 # Interpreter: the kernels against the emulation (TRITON_INTERPRET=1 subprocess)
 # --------------------------------------------------------------------------------------------
 
-# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, scheme, config)
+# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, scheme, config, w4a8_mma): MXFP4 weights with
+# moe_forward's choice of tensor cores (bf16) and with FP8 dots forced, on every config but one (the NVFP4 cases, whose
+# only choice is FP8 dots, cover that one)
 CASES = {}
 for _fmt, _act, _h, _i, _biases, _layout in (("mxfp4", "swigluoai", 128, 64, True, "interleaved"),
                                              ("nvfp4", "silu", 192, 64, False, "contiguous")):
-    for _scheme in SCHEMES:
-        for _config in ("swap", "plain", "split", "stacked-split-fused"):
-            CASES[f"{_fmt}-{_scheme}-{_config}"] = (_fmt, 8, 2, _h, _i, _act, _biases, 9, _layout, _scheme, _config)
-        for _tokens in (1, 2):  # a config with decode kernels: only MXFP4 weights take them
-            CASES[f"{_fmt}-{_scheme}-decode-T{_tokens}"] = (_fmt, 8, 2, _h, _i, _act, _biases, _tokens, _layout,
-                                                            _scheme, "decode")
+    for _mma in ((None, "fp8") if _fmt == "mxfp4" else (None,)):
+        _tag = f"-{_mma}" if _mma else ""
+        for _scheme in SCHEMES:
+            for _config in ("swap", "plain", "split", "stacked-split-fused"):
+                if not (_mma and _config == "split"):
+                    CASES[f"{_fmt}-{_scheme}-{_config}{_tag}"] = (_fmt, 8, 2, _h, _i, _act, _biases, 9, _layout, _scheme,
+                                                                  _config, _mma)
+            for _tokens in (1, 2) if not _mma else (1,):  # a config with decode kernels: bf16 tensor cores take them
+                CASES[f"{_fmt}-{_scheme}-decode-T{_tokens}{_tag}"] = (_fmt, 8, 2, _h, _i, _act, _biases, _tokens,
+                                                                      _layout, _scheme, "decode", _mma)
 
 
 def _configs():
@@ -192,7 +218,7 @@ def _configs():
 def _layer_inputs(spec, seed=0):
     from backends.triton_moe.testing import Shape, activation_kwargs, random_checkpoint
 
-    fmt, e, k, h, i, act, biases, tokens, layout, scheme, _ = spec
+    fmt, e, k, h, i, act, biases, tokens, layout, scheme = spec[:10]
     shape = Shape("s", fmt, e, k, h, i, act, biases)
     gen = torch.Generator().manual_seed(seed)
     ckpt = random_checkpoint(shape, generator=gen, gate_up_layout=layout)
@@ -226,7 +252,7 @@ def _run_case(spec) -> dict:
     from backends.layouts.triton_moe import to_kernel_layout, w4a8_row_data
     from backends.triton_moe import forward, moe_forward
 
-    scheme, config = spec[9], _configs()[spec[10]]
+    scheme, config, mma = spec[9], _configs()[spec[10]], spec[11]
     ckpt, x, route, scales = _layer_inputs(spec)
     ref = _reference(ckpt, x, route, scheme, scales)
     weights = to_kernel_layout(**ckpt)
@@ -238,10 +264,10 @@ def _run_case(spec) -> dict:
 
     forward._launch_decode = counted
     try:
-        out = moe_forward(x, weights, **route, config=config, act_quant=scheme, **scales)
+        out = moe_forward(x, weights, **route, config=config, act_quant=scheme, w4a8_mma=mma, **scales)
         row_data_computed = id(weights.w13) in forward._W4A8_CACHE
         converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
-        again = moe_forward(x, converted, **route, config=config, act_quant=scheme, **scales)
+        again = moe_forward(x, converted, **route, config=config, act_quant=scheme, w4a8_mma=mma, **scales)
     finally:
         forward._launch_decode = launch_decode
     w4a16 = emulation.moe_forward(x, **ckpt, **route)
@@ -280,7 +306,10 @@ def _act_quant_rows() -> list[dict]:
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
-    return interpreter_worker_rows(__file__, ("mxfp4",), ("nvfp4",), ("act_quant",))
+    from backends.triton_moe.forward import W4A8_MMA_ENV
+
+    return interpreter_worker_rows(__file__, ("mxfp4",), ("mxfp4-fp8",), ("nvfp4",), ("act_quant",),
+                                   drop_env=(W4A8_MMA_ENV,))
 
 
 @pytest.mark.parametrize("case", ["act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values",
@@ -301,15 +330,17 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
     assert row["differs_from_w4a16"], "the FP8 numerics must differ from W4A16's (else the test compares nothing)"
 
 
-@pytest.mark.parametrize("case", sorted(name for name in CASES if name.endswith(("-T1", "-T2"))))
-def test_interpreter_w4a8_takes_the_decode_kernels_only_for_mxfp4_weights(interpreter_results, case):
-    """Only there are the W4A8 weights the FP4 weights (NVFP4's rebased weights are rounded to E4M3): an NVFP4 W4A8
-    call keeps the tile kernels whatever the config says. Only the tiles need the W4A8 row data: the decode kernels
-    leave it uncomputed."""
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interpreter_w4a8_takes_fp8_dots_only_for_nvfp4_weights_or_when_forced(interpreter_results, case):
+    """Only MXFP4's W4A8 weights are the FP4 weights (NVFP4's rebased weights are rounded to E4M3), so unforced
+    MXFP4 calls run the W4A16 kernels (the decode kernels where the config has them) on the operands' bf16 values,
+    and NVFP4 calls, or MXFP4 ones forced to FP8 dots, the W4A8 tiles whatever the config says. Only those need the
+    W4A8 row data: the others leave it uncomputed."""
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
-    assert row["decode_kernels"] == case.startswith("mxfp4-"), row
-    assert row["row_data_computed"] != row["decode_kernels"], row
+    fp8_dots = case.startswith("nvfp4-") or case.endswith("-fp8")
+    assert row["row_data_computed"] == fp8_dots, row
+    assert row["decode_kernels"] == ("-decode-" in case and not fp8_dots), row
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,13 +388,26 @@ def _cuda_inputs(name, tokens, scheme):
 @pytest.mark.parametrize("tokens", [1, 37, 1000, 4096])
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
 def test_cuda_w4a8_layers_match_emulation(name, tokens, scheme):
+    _check_cuda_layer(name, tokens, scheme, None)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tokens", [1, 1000])
+def test_cuda_w4a8_fp8_dots_on_mxfp4_weights_match_emulation(tokens, scheme):
+    """MXFP4 weights run bf16 dots unless FP8 dots are forced: those must stay right too."""
+    _check_cuda_layer("gpt-oss-120b", tokens, scheme, "fp8")
+
+
+def _check_cuda_layer(name, tokens, scheme, mma):
     from backends.triton_moe import moe_forward
 
     ckpt, weights = _cuda_layer(name)
     x, route, scales = _cuda_inputs(name, tokens, scheme)
-    out = moe_forward(x, weights, **route, act_quant=scheme, **scales)
+    out = moe_forward(x, weights, **route, act_quant=scheme, w4a8_mma=mma, **scales)
     stats = _compare_w4a8(out, _reference(ckpt, x, route, scheme, scales), scheme)
-    print(json.dumps({"layer": name, "tokens": tokens, "scheme": scheme, **stats}))
+    print(json.dumps({"layer": name, "tokens": tokens, "scheme": scheme, "w4a8_mma": mma, **stats}))
     assert stats["shape_ok"] and stats["finite"], stats
     assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats
 
@@ -380,7 +424,7 @@ def test_cuda_w4a8_tensor_core_sums_stay_near_the_emulation(name, scheme, monkey
     ckpt, weights = _cuda_layer(name)
     x, route, scales = _cuda_inputs(name, 1000, scheme)
     monkeypatch.setenv(FP8_ACCUMULATE_ENV, "tensor-core")
-    out = moe_forward(x, weights, **route, act_quant=scheme, **scales)
+    out = moe_forward(x, weights, **route, act_quant=scheme, w4a8_mma="fp8", **scales)
     stats = compare(out, _reference(ckpt, x, route, scheme, scales),
                     rel_l2_tol=tolerance("w4a8_tensor_core_sums_rel_l2")["rtol"], rtol=1.0, atol_rms_units=1e9)
     print(json.dumps({"layer": name, "scheme": scheme, **stats}))
@@ -422,7 +466,7 @@ if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixtu
                                "act_quant-static-bf16-values"):
                 print(json.dumps({"case": quant_case, "error": traceback.format_exc()[-3000:]}), flush=True)
     for case_name, case_spec in CASES.items():
-        if case_spec[0] != sys.argv[1]:
+        if "-".join(filter(None, (case_spec[0], case_spec[11]))) != sys.argv[1]:
             continue
         try:
             result = _run_case(case_spec)

@@ -38,6 +38,7 @@ from backends.triton_moe._kernels import (
     _e2m1_decode_ptx,
     _round_bf16,
     _scale_pair,
+    _static_act_scales,
 )
 from backends.triton_moe._routing_kernels import _route_weights, _topk_picks
 
@@ -278,9 +279,7 @@ def gemv1_act_kernel(
     # The epilogue's bias and global scale are loaded before the K loop: after it they cost a memory latency at
     # the end of every program (gpt-oss-120b at T = 1: 0.8 µs of 33 on an H100).
     loaded = _act_operands(expert, offs_n, offs_n < N, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
-    act_scales = None
-    if ACT_QUANT == 3:  # before the K loop too: after it a load costs a memory latency at every program's end
-        act_scales = (tl.load(qscale_ptr), tl.load(qscale_ptr + 3))
+    act_scales = _static_act_scales(qscale_ptr, ACT_QUANT)  # before the K loop too
     acc_g = tl.zeros((THREADS,), tl.float32)
     acc_u = tl.zeros((THREADS,), tl.float32)
     # The up rows sit N rows (whole tiles: N % 64 == 0) after the gate rows. As a compile-time offset from the gate

@@ -636,10 +636,11 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
     global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand;
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
-    MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on the bf16 decode kernels,
-    whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in bf16.
-    loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them before its
-    K loop; act_scales: mode 3's (a1, 1 / a2), which its one caller (the decode GEMV1) loads before its K loop."""
+    MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on bf16 dots of the E4M3
+    values, whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in
+    bf16. loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
+    before its K loop; act_scales: mode 3's (a1, 1 / a2) (_static_act_scales), loaded by the caller, before its K
+    loop where it has one: after it a load costs a memory latency at every program's end."""
     if loaded is None:
         loaded = _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
     global_scale, bias_g, bias_u = loaded
@@ -676,6 +677,15 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
                  mask=store_ok)
     else:
         tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
+
+
+@triton.jit
+def _static_act_scales(qscale_ptr, ACT_QUANT: tl.constexpr):
+    """_act_store's act_scales: (a1, 1 / a2) of qscale [a1, 1/a1, a2, 1/a2] for ACT_QUANT 3, else None."""
+    scales = None
+    if ACT_QUANT == 3:
+        scales = (tl.load(qscale_ptr), tl.load(qscale_ptr + 3))
+    return scales
 
 
 @triton.jit
@@ -734,7 +744,8 @@ def _gemm1_tile(
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
-    FP8: tl.constexpr = ACT_QUANT != 0
+    FP8: tl.constexpr = (ACT_QUANT == 1) | (ACT_QUANT == 2)  # E4M3 dots (3: bf16 dots of E4M3 values)
+    act_scales = _static_act_scales(qscale_ptr, ACT_QUANT)
     if STACK_GATE_UP:
         # one [2 * BLOCK_N]-row weight tile: the tile's gate rows, then its up rows (one dot per half-step)
         r = tl.arange(0, 2 * BLOCK_N)
@@ -778,7 +789,7 @@ def _gemm1_tile(
     if SPLIT_K == 1:
         _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
                    stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
-                   rexp_ptr, stride_re, qscale_ptr)
+                   rexp_ptr, stride_re, qscale_ptr, act_scales=act_scales)
     else:
         p_ptrs = (part_ptr + tl.program_id(1) * stride_ps + offs_m.to(tl.int64)[:, None] * stride_pm
                   + offs_n[None, :])
@@ -794,7 +805,7 @@ def _gemm1_tile(
                                                ok, stride_ps, N, SPLIT_K, ROWS, BLOCK_N)
                 _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
                            stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
-                           rexp_ptr, stride_re, qscale_ptr)
+                           rexp_ptr, stride_re, qscale_ptr, act_scales=act_scales)
 
 
 @triton.jit
@@ -818,10 +829,11 @@ def gemm1_act_kernel(
     LAST_SLICE_ACTIVATES, the tile's program that finishes last does (_last_slice_sum: one launch fewer, same
     bits). Its tickets (int32, one per tile = program_id(0)) must be zero at launch: the alignment zeroes them.
 
-    ACT_QUANT != 0 (W4A8): E4M3 dots; x holds E4M3 codes (act_quant_kernel: 1 static per-tensor FP8, x / a1;
+    ACT_QUANT 1, 2 (W4A8): E4M3 dots; x holds E4M3 codes (act_quant_kernel: 1 static per-tensor FP8, x / a1;
     2 MXFP8 rebased per row, its exponents at ra_ptr), w and s the W4A8 byte order and code words (lookup table at
     lut_ptr, _weight_tile_fp8), rexp the weight rows' exponents r (int32 [E, 2N]); h as _act_store writes it.
-    0: W4A16 (rexp_ptr, qscale_ptr, ra_ptr, lut_ptr unused).
+    0: W4A16 (rexp_ptr, qscale_ptr, ra_ptr, lut_ptr unused); 3 (W4A8 static FP8 on bf16 dots, MXFP4 weights): W4A16
+    on x holding the E4M3 values of x / a1, qscale_ptr's scales in the epilogue (_act_store's mode 3).
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
@@ -886,7 +898,7 @@ def gemm1_split_epilogue_kernel(
         acc_u += tl.load(p_ptrs + s * stride_ps + N, mask=ok, other=0.0)
     _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, ok, gs_ptr, bias_ptr, h_ptr, N,
                stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT,
-               rexp_ptr, stride_re, qscale_ptr)
+               rexp_ptr, stride_re, qscale_ptr, act_scales=_static_act_scales(qscale_ptr, ACT_QUANT))
 
 
 @triton.jit
@@ -909,7 +921,9 @@ def _gemm2_tile(
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
     w_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
     s_ptrs = s_ptr + expert * stride_se + offs_n
-    FP8: tl.constexpr = ACT_QUANT != 0
+    FP8: tl.constexpr = (ACT_QUANT == 1) | (ACT_QUANT == 2)  # E4M3 dots (3: bf16 dots of E4M3 values)
+    if ACT_QUANT == 3:  # before the K loop: after it a load costs a memory latency at every program's end
+        a2 = tl.load(qscale_ptr + 2)
     acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, ROWS, BLOCK_N,
                         BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32,
                         USE_ASM, FP8, lut_ptr, FP8_PROMOTE)
@@ -925,6 +939,8 @@ def _gemm2_tile(
             acc = acc / tl.load(gs_ptr + expert)
     elif NVFP4:  # undo the 2^-NVFP4_FOLD_SHIFT of the dequantized weights (exact), then the global scale
         acc = acc * 65536.0 / tl.load(gs_ptr + expert)
+    if ACT_QUANT == 3:
+        acc = acc * a2
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert * stride_be + offs_n, mask=col_ok, other=0.0)
         if SPLIT_K > 1:  # the bias belongs to slice 0 only
@@ -987,9 +1003,10 @@ def gemm2_kernel(
     top-k sum kernel adds the slices in fixed order. LAST_PAIR_SUMS: the program whose row draws the last of a
     (token, column tile)'s TOP_K * SPLIT_K tickets (int32 [T * ceil(N / BLOCK_N)], zero at launch: the alignment
     zeroes them) writes y[token] for that tile itself (_topk_sum_store), and no top-k sum launch follows.
-    ACT_QUANT != 0 (W4A8): h holds E4M3 codes (1: static, times a2 = qscale[2]; 2: MXFP8 rebased per row by
+    ACT_QUANT 1, 2 (W4A8): h holds E4M3 codes (1: static, times a2 = qscale[2]; 2: MXFP8 rebased per row by
     act_quant_kernel, times the rows' 2^ra at ra_ptr), the weights in the W4A8 byte order as in gemm1_act_kernel,
-    the sums times 2^r of each weight row (rexp int32 [E, N]).
+    the sums times 2^r of each weight row (rexp int32 [E, N]). 3 (static FP8 on bf16 dots): W4A16 on h holding the
+    E4M3 values of h / a2, the sums times a2 before the bias.
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_total_ptr):

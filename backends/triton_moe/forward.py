@@ -80,6 +80,17 @@ ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
 FP8_ACCUMULATIONS = ("wgmma", "tensor-core")
 FP8_ACCUMULATE_ENV = "MOE_ORACLE_TRITON_FP8_ACCUMULATE"
 DEFAULT_FP8_ACCUMULATE = "wgmma"
+#: Which tensor cores multiply a W4A8 call's operands (the values of backends.emulation's fp8_operands numerics either
+#: way): "bf16" - the W4A16 kernels (tiles, and the decode kernels up to 2 tokens) on bf16 copies of those values,
+#: which is exact for MXFP4 weights: their rebased weights are the FP4 weights (rounded only in a row whose block
+#: scales span over 14 binades, far below the W4A8 tolerance), and MXFP8 values and static FP8's E4M3 values are
+#: bf16 values, static FP8's scales applied to the sums; "fp8" - FP8 dots on the weights rebased to E4M3 (the W4A8
+#: tiles). NVFP4's rebased weights are rounded to E4M3, no FP4 weight's value, so they take "fp8" only. Unforced
+#: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 the W4A8 tiles run at
+#: 0.6-0.9x W4A16's speed, and the W4A16 kernels on the same operands at W4A16's
+#: (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/).
+W4A8_MMAS = ("bf16", "fp8")
+W4A8_MMA_ENV = "MOE_ORACLE_TRITON_W4A8_MMA"
 #: Register cap of the decode kernels (_gemv_kernels) without loads ahead. ptxas otherwise holds them to 64
 #: registers, and with 128 the same loop measured 1-8% faster on an H100 (gpt-oss-120b T = 1: 42.1 -> 40.4 µs; it
 #: takes 64-94 of them). A kernel that loads its next step ahead runs at tuning.DECODE_AHEAD_MAXNREG instead: more
@@ -213,6 +224,7 @@ def moe_forward(
     act_quant: str | None = None,
     a1_scale: torch.Tensor | None = None,
     a2_scale: torch.Tensor | None = None,
+    w4a8_mma: str | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]); same contract as the emulation.
 
@@ -224,6 +236,8 @@ def moe_forward(
     act_quant (ACT_QUANTS): None runs W4A16; "fp8_per_tensor_static" (needs a1_scale, a2_scale: one-element fp32
     tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 on FP8 tensor cores
     (compute capability >= 8.9), the weights' per-row rebase from the converter_w4a8 tensors or computed once here.
+    w4a8_mma: "bf16" or "fp8", which tensor cores multiply a W4A8 call (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA,
+    else "bf16" for MXFP4 weights and "fp8" for NVFP4's).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -237,6 +251,7 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     qscale = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    mma = resolve_w4a8_mma(act_quant, weights.format, w4a8_mma)
     w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
     fp8_accumulate = DEFAULT_FP8_ACCUMULATE
     if act_quant is not None:  # read only where it applies: a W4A16 call never fails on it
@@ -258,9 +273,9 @@ def moe_forward(
     if config is None:
         arch, gpu = tuning.device_gpu(x.device)
         config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
-        if act_quant is not None:
+        if mma == "fp8":
             config = tuning.fp8_config(arch, config)
-    decode = takes_decode_kernels(config, act_quant, weights.format)
+    decode = takes_decode_kernels(config, mma)
     if decode:
         _check_decode(config.decode, k)
     kernels = _kernels_for(x.device)
@@ -269,7 +284,7 @@ def moe_forward(
                        activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                        _scales_fold(weights), act_quant=act_quant, qscale=qscale)
         return out
-    fp8 = _w4a8_data(weights, w4a8_given) if act_quant is not None else None  # the tiles' operands (decode: FP4)
+    fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
     c1 = config.gemm1
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
@@ -284,18 +299,27 @@ def moe_forward(
         al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block, extra_tickets=sum_tickets)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
-            fp8 is None and _scales_fold(weights), tickets_per_block, sum_tickets, _ACT_QUANT_IDS[act_quant], fp8,
-            qscale, fp8_accumulate)
+            fp8 is None and _scales_fold(weights), tickets_per_block, sum_tickets, act_quant, fp8, qscale,
+            fp8_accumulate)
     return out
 
 
-def takes_decode_kernels(config: tuning.MoEConfig, act_quant: str | None, weight_format: str) -> bool:
-    """Whether moe_forward runs the decode kernels with `config`: W4A16 calls whenever it has their warps, and W4A8
-    calls on MXFP4 weights. Those multiply what the W4A16 decode kernels can: the rebased weights are the FP4 weights
-    (rounded only in a row whose block scales span over 14 binades, far below the W4A8 tolerance), MXFP8 values are
-    bf16 values, and static FP8's E4M3 values are too, its scales applied to the sums. NVFP4's rebased weights are
-    rounded to E4M3, so those calls keep the tile kernels."""
-    return config.decode is not None and (act_quant is None or weight_format == "mxfp4")
+def resolve_w4a8_mma(act_quant: str | None, weight_format: str, choice: str | None = None) -> str | None:
+    """The tensor cores of a W4A8 call (W4A8_MMAS; None for W4A16): `choice`, else $MOE_ORACLE_TRITON_W4A8_MMA, else
+    "bf16" where the weights allow it (MXFP4). Forcing "bf16" on NVFP4 weights is an error, never a silent "fp8"."""
+    if act_quant is None:
+        return None
+    forced = _forced_choice("w4a8_mma", choice, W4A8_MMAS, W4A8_MMA_ENV, "the weights' format")
+    if forced == "bf16" and weight_format != "mxfp4":
+        _fail(ValueError, f"w4a8_mma='bf16' (argument or ${W4A8_MMA_ENV}) needs MXFP4 weights: {weight_format}'s "
+              f"weights rebased to E4M3 are rounded, so only FP8 dots multiply them; pass w4a8_mma='fp8' or None")
+    return forced or ("bf16" if weight_format == "mxfp4" else "fp8")
+
+
+def takes_decode_kernels(config: tuning.MoEConfig, mma: str | None) -> bool:
+    """Whether moe_forward runs the decode kernels with `config`: whenever it has their warps and the call multiplies
+    bf16 operands (W4A16, and W4A8 on "bf16" tensor cores: resolve_w4a8_mma)."""
+    return config.decode is not None and mma != "fp8"
 
 
 def _check_act_quant(x, act_quant, a1_scale, a2_scale):
@@ -396,16 +420,17 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded,
-            tickets_per_block=0, sum_tickets=0, act_quant=0, fp8=None, qscale=None, fp8_accumulate="wgmma"):
+            tickets_per_block=0, sum_tickets=0, act_quant=None, fp8=None, qscale=None, fp8_accumulate="wgmma"):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids. A split-K GEMM1
     sums its fp32 slices in fixed order and activates either in the tile's last slice program (tickets_per_block:
     the alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
     Likewise GEMM2 sums each token's pair slices in the program that stores a token tile's last one (sum_tickets:
     the alignment zeroed them after GEMM1's), or topk_sum_kernel does.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
-    because every GEMM2 column program re-reads the fp32 slices.) act_quant != 0 (W4A8): fp8 holds the weights'
-    W4A8 data (_w4a8_data), qscale the static input scales; act_quant_kernel quantizes x (and, MXFP8, GEMM1's bf16
-    h) once per row, so the GEMMs load E4M3 operands as they are."""
+    because every GEMM2 column program re-reads the fp32 slices.) act_quant (W4A8; qscale the static input scales):
+    act_quant_kernel quantizes x (and, MXFP8, GEMM1's bf16 h) once per row; with fp8 (the weights' W4A8 data,
+    _w4a8_data) to E4M3 codes, which FP8 dots multiply as loaded, else to their bf16 values, which the W4A16 tiles
+    multiply (static FP8: GEMM1's epilogue writes h so, its scales applied to the sums: ACT_QUANT 3)."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -422,13 +447,19 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     qs = qscale if qscale is not None else unused
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
-    if act_quant:
+    if fp8 is not None:
+        act_quant_id = _ACT_QUANT_IDS[act_quant]
         w13, w2, s13, s2 = fp8["w13_fp8"], fp8["w2_fp8"], fp8["w13_lut_code"], fp8["w2_lut_code"]
         r13, r2 = fp8["w13_row_exp"], fp8["w2_row_exp"]
         lut = w4a8_lut_table(x.device)
-        x, x_exp = _quantize_rows(kernels, x, act_quant, qs, 1, None, interpreted)
-    stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if act_quant else (0, 0)
-    h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant == 1 else torch.bfloat16, device=x.device)
+        x, x_exp = _quantize_rows(kernels, x, act_quant_id, qs, 1, None, interpreted)
+    else:
+        act_quant_id = 3 if act_quant == "fp8_per_tensor_static" else 0  # MXFP8 values need no scale of their own
+        if act_quant is not None:
+            x = _operand_values(kernels, x, act_quant, qscale)
+    stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if fp8 is not None else (0, 0)
+    h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant_id == 1 else torch.bfloat16,
+                    device=x.device)
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
@@ -450,7 +481,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         s13.stride(1), b13.stride(0), h.stride(0), part.stride(0), part.stride(1), stride_r13, *swiglu,
         **gemm_constexprs(1, c1, k_size=hidden, nvfp4=nvfp4, wgmma=wgmma1, interpreted=interpreted, folded=folded,
                           has_bias=weights.w13_bias is not None),
-        LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id, ACT_QUANT=act_quant,
+        LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id, ACT_QUANT=act_quant_id,
         FP8_PROMOTE=fp8_accumulate == "wgmma",
         num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
     )
@@ -460,10 +491,13 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
             part, gs13, b13, h, al.sorted_pairs, al.block_expert, al.padded_total, r13, qs, num_pairs, inter,
             part.stride(0), part.stride(1), b13.stride(0), h.stride(0), stride_r13, *swiglu,
             SPLIT_K=c1.split_k, BLOCK_M=c1.block_m, BLOCK_N=epi_n, NVFP4=nvfp4, ACTIVATION=act_id,
-            HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, ACT_QUANT=act_quant, num_warps=4,
+            HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, ACT_QUANT=act_quant_id, num_warps=4,
         )
-    if act_quant == 2:  # MXFP8 rebased per h row, which spans GEMM1's column tiles
-        h, h_exp = _quantize_rows(kernels, h, act_quant, qs, 3, al.padded_total, interpreted)
+    if act_quant == "mxfp8":  # rebased per h row, which spans GEMM1's column tiles
+        if fp8 is not None:
+            h, h_exp = _quantize_rows(kernels, h, act_quant_id, qs, 3, al.padded_total, interpreted)
+        else:
+            h = _operand_values(kernels, h, act_quant, qscale, al.padded_total)
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
     last_pair_sums = sum_tickets > 0
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
@@ -475,7 +509,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         s2.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), out.stride(0), stride_r2,
         **gemm_constexprs(2, c2, k_size=inter, nvfp4=nvfp4, wgmma=wgmma2, interpreted=interpreted, folded=folded,
                           has_bias=weights.w2_bias is not None),
-        LAST_PAIR_SUMS=last_pair_sums, TOP_K=k, ACT_QUANT=act_quant,
+        LAST_PAIR_SUMS=last_pair_sums, TOP_K=k, ACT_QUANT=act_quant_id,
         FP8_PROMOTE=fp8_accumulate == "wgmma",
         num_warps=c2.num_warps, num_stages=c2.num_stages, maxnreg=c2.maxnreg,
     )
@@ -597,10 +631,11 @@ def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, 
     return dst, exps
 
 
-def _operand_values(kernels, src, act_quant, qscale):
-    """The W4A8 GEMM input src [R, K] as the bf16 values the decode kernels read, one launch: 'mxfp8' the operand
-    (formats.mxfp8_row_rebased), static FP8 the E4M3 values of src / a1 (its scale goes on the sums)."""
-    return _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], src if qscale is None else qscale, 1, None,
+def _operand_values(kernels, src, act_quant, qscale, padded_total=None):
+    """The W4A8 GEMM input src [R, K] as the bf16 values the W4A16 kernels multiply, one launch: 'mxfp8' the operand
+    (formats.mxfp8_row_rebased), static FP8 the E4M3 values of src / a1 (its scale goes on the sums); with
+    padded_total (h of the tiles) only the alignment's padded rows."""
+    return _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], src if qscale is None else qscale, 1, padded_total,
                           kernels.INTERPRETED, values_bf16=True)[0]  # src stands in for the scales 'mxfp8' never reads
 
 
