@@ -289,18 +289,19 @@ def _act_quant_rows() -> list[dict]:
     x[2, 17] = 3e4
     x = x.bfloat16()
     a1 = (x.float().abs().amax() / 448).reshape(1)
-    qscale = torch.cat([a1, 1.0 / a1, a1, 1.0 / a1])
-    static, _ = forward._quantize_rows(_kernels, x, 1, qscale, 1, None, True)
-    mx, exps = forward._quantize_rows(_kernels, x, 2, qscale, 1, None, True)
-    mx_values = forward._operand_values(_kernels, x, "mxfp8", None)
-    static_values = forward._operand_values(_kernels, x, "fp8_per_tensor_static", qscale)
-    return [{"case": "act_quant-static", "equal": torch.equal(static.float(), formats.e4m3_rn(x.float() * qscale[1]))},
+    a2 = torch.full((1,), 0.3)  # 1 / 0.3 is inexact: the kernel's reciprocal must round as torch's does
+    static, _, qscale = forward._quantize_rows(_kernels, x, 1, (a1, a2), None, True)
+    mx, exps, _ = forward._quantize_rows(_kernels, x, 2, None, None, True)
+    mx_values, _ = forward._operand_values(_kernels, x, "mxfp8", None)
+    static_values, _ = forward._operand_values(_kernels, x, "fp8_per_tensor_static", (a1, a2))
+    return [{"case": "act_quant-static", "equal": torch.equal(static.float(), formats.e4m3_rn(x.float() * (1.0 / a1)))
+             and torch.equal(qscale, torch.cat([a1, 1.0 / a1, a2, 1.0 / a2]))},
             {"case": "act_quant-mxfp8", "equal": torch.equal(torch.ldexp(mx.float(), exps[:, None].float()),
                                                              formats.mxfp8_row_rebased(x.float()))},
             {"case": "act_quant-mxfp8-bf16-values", "equal": mx_values.dtype == torch.bfloat16
              and torch.equal(mx_values.float(), formats.mxfp8_row_rebased(x.float()))},
             {"case": "act_quant-static-bf16-values", "equal": static_values.dtype == torch.bfloat16
-             and torch.equal(static_values.float(), formats.e4m3_rn(x.float() * qscale[1]))}]
+             and torch.equal(static_values.float(), formats.e4m3_rn(x.float() * (1.0 / a1)))}]
 
 
 @pytest.fixture(scope="module")

@@ -1047,20 +1047,30 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om
 
 
 @triton.jit
-def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_ptr, K: tl.constexpr, stride_src,
-                     stride_dst, SCHEME: tl.constexpr, QSCALE_INDEX: tl.constexpr, PADDED_ROWS: tl.constexpr,
-                     BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr, VALUES_BF16: tl.constexpr = False):
+def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, a1_ptr, a2_ptr, qscale_ptr, rows, padded_total_ptr, K: tl.constexpr,
+                     stride_src, stride_dst, SCHEME: tl.constexpr, PADDED_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                     INTERPRETED: tl.constexpr, VALUES_BF16: tl.constexpr = False):
     """A W4A8 GEMM input row as E4M3 codes, once per row rather than once per column tile of the GEMM that reads it
-    (one program per row, the whole row in registers: BLOCK_K >= K): SCHEME 1 e4m3(clamp(v * qscale[QSCALE_INDEX],
-    +-448)) (static per tensor, the 1 / a of the input); 2 MXFP8 rebased to the row's largest block exponent ra
-    (_mx_quant_rebased; ra int32 to exp_ptr). PADDED_ROWS (h, rows in GEMM1's padded row blocks): rows past the
-    alignment's padded_total_ptr[0] are skipped. VALUES_BF16: the codes' values (SCHEME 2: times 2^ra) to a bf16 dst
-    instead, for the bf16 decode kernels (exact: an E4M3 value times a power of two is a bf16 value)."""
+    (one program per row, the whole row in registers: BLOCK_K >= K): SCHEME 1 e4m3(clamp(v * (1 / a1), +-448))
+    (GEMM1's static per-tensor FP8 input, a1 at a1_ptr; program 0 also writes qscale [a1, 1/a1, a2, 1/a2], the scales
+    the GEMMs read, a2 at a2_ptr: in a CUDA graph torch's three small launches for them cost 3-5 µs at T = 1); 2 MXFP8
+    rebased to the row's largest block exponent ra (_mx_quant_rebased; ra int32 to exp_ptr). The reciprocals are
+    rounded to nearest, as torch's (formats.quantize_fp8_per_tensor). PADDED_ROWS (h, rows in GEMM1's padded row
+    blocks): rows past the alignment's padded_total_ptr[0] are skipped. VALUES_BF16: the codes' values (SCHEME 2:
+    times 2^ra) to a bf16 dst instead, for bf16 dots (exact: an E4M3 value times a power of two is a bf16 value)."""
     row = tl.program_id(0)
     if PADDED_ROWS:
         rows = tl.minimum(rows, tl.load(padded_total_ptr))
     if row >= rows:
         return
+    if SCHEME == 1:
+        a1 = tl.load(a1_ptr)
+        inv_a1 = tl.math.div_rn(1.0, a1)
+        if row == 0:
+            a2 = tl.load(a2_ptr)
+            i = tl.arange(0, 4)
+            tl.store(qscale_ptr + i, tl.where(i == 0, a1, tl.where(i == 1, inv_a1, tl.where(i == 2, a2,
+                                                                                             tl.math.div_rn(1.0, a2)))))
     cols = tl.arange(0, BLOCK_K)[None, :]
     ok = cols < K
     v = tl.load(src_ptr + row.to(tl.int64) * stride_src + cols, mask=ok, other=0.0).to(tl.float32)
@@ -1069,7 +1079,7 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, qscale_ptr, rows, padded_total_p
         tl.store(exp_ptr + row + tl.arange(0, 1), ra)
         q = _mx_quant_rebased(v, ra, INTERPRETED)
     else:
-        q = _to_e4m3(v * tl.load(qscale_ptr + QSCALE_INDEX), INTERPRETED)
+        q = _to_e4m3(v * inv_a1, INTERPRETED)
     if VALUES_BF16:
         if SCHEME == 2:
             q = q * _pow2_from_m127(ra)[:, None]

@@ -250,7 +250,7 @@ def moe_forward(
                                      "the config's gemm1.split_epilogue")
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
-    qscale = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    static_scales = _check_act_quant(x, act_quant, a1_scale, a2_scale)
     mma = resolve_w4a8_mma(act_quant, weights.format, w4a8_mma)
     w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
     fp8_accumulate = DEFAULT_FP8_ACCUMULATE
@@ -282,7 +282,7 @@ def moe_forward(
     if decode:
         _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, config.decode,
                        activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
-                       _scales_fold(weights), act_quant=act_quant, qscale=qscale)
+                       _scales_fold(weights), act_quant=act_quant, static_scales=static_scales)
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -299,7 +299,7 @@ def moe_forward(
         al = align(ids, experts, c1.block_m, kernels, tickets_per_block=tickets_per_block, extra_tickets=sum_tickets)
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
-            fp8 is None and _scales_fold(weights), tickets_per_block, sum_tickets, act_quant, fp8, qscale,
+            fp8 is None and _scales_fold(weights), tickets_per_block, sum_tickets, act_quant, fp8, static_scales,
             fp8_accumulate)
     return out
 
@@ -323,8 +323,8 @@ def takes_decode_kernels(config: tuning.MoEConfig, mma: str | None) -> bool:
 
 
 def _check_act_quant(x, act_quant, a1_scale, a2_scale):
-    """The checked activation quantization: for 'fp8_per_tensor_static' the fp32 [a1, 1/a1, a2, 1/a2] the kernels
-    read (reciprocals by torch, as formats.quantize_fp8_per_tensor computes them), else None."""
+    """The checked activation quantization: for 'fp8_per_tensor_static' its input scales (a1, a2) as one-element fp32
+    tensors (act_quant_kernel derives what the kernels read from them), else None."""
     if act_quant not in ACT_QUANTS:
         _fail(ValueError, f"act_quant={act_quant!r} must be one of {ACT_QUANTS}")
     static = act_quant == "fp8_per_tensor_static"
@@ -347,8 +347,7 @@ def _check_act_quant(x, act_quant, a1_scale, a2_scale):
               f"use act_quant=None")
     if not static:
         return None
-    a1, a2 = a1_scale.reshape(1), a2_scale.reshape(1)
-    return torch.cat([a1, 1.0 / a1, a2, 1.0 / a2])
+    return a1_scale.reshape(1), a2_scale.reshape(1)
 
 
 #: id(w13) -> (weakref to it, (w13, w13_scale, w2, w2_scale) versions, the w4a8_row_data) of _w4a8_data.
@@ -420,14 +419,14 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded,
-            tickets_per_block=0, sum_tickets=0, act_quant=None, fp8=None, qscale=None, fp8_accumulate="wgmma"):
+            tickets_per_block=0, sum_tickets=0, act_quant=None, fp8=None, static_scales=None, fp8_accumulate="wgmma"):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids. A split-K GEMM1
     sums its fp32 slices in fixed order and activates either in the tile's last slice program (tickets_per_block:
     the alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
     Likewise GEMM2 sums each token's pair slices in the program that stores a token tile's last one (sum_tickets:
     the alignment zeroed them after GEMM1's), or topk_sum_kernel does.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
-    because every GEMM2 column program re-reads the fp32 slices.) act_quant (W4A8; qscale the static input scales):
+    because every GEMM2 column program re-reads the fp32 slices.) act_quant (W4A8; static_scales (a1, a2)):
     act_quant_kernel quantizes x (and, MXFP8, GEMM1's bf16 h) once per row; with fp8 (the weights' W4A8 data,
     _w4a8_data) to E4M3 codes, which FP8 dots multiply as loaded, else to their bf16 values, which the W4A16 tiles
     multiply (static FP8: GEMM1's epilogue writes h so, its scales applied to the sums: ACT_QUANT 3)."""
@@ -444,7 +443,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     b2 = weights.w2_bias if weights.w2_bias is not None else unused
     w13, w2, s13, s2 = weights.w13, weights.w2, weights.w13_scale, weights.w2_scale
     r13 = r2 = x_exp = h_exp = lut = al.padded_total  # any int32 tensor when unused (never read)
-    qs = qscale if qscale is not None else unused
+    qscale = None
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
     if fp8 is not None:
@@ -452,11 +451,12 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         w13, w2, s13, s2 = fp8["w13_fp8"], fp8["w2_fp8"], fp8["w13_lut_code"], fp8["w2_lut_code"]
         r13, r2 = fp8["w13_row_exp"], fp8["w2_row_exp"]
         lut = w4a8_lut_table(x.device)
-        x, x_exp = _quantize_rows(kernels, x, act_quant_id, qs, 1, None, interpreted)
+        x, x_exp, qscale = _quantize_rows(kernels, x, act_quant_id, static_scales, None, interpreted)
     else:
         act_quant_id = 3 if act_quant == "fp8_per_tensor_static" else 0  # MXFP8 values need no scale of their own
         if act_quant is not None:
-            x = _operand_values(kernels, x, act_quant, qscale)
+            x, qscale = _operand_values(kernels, x, act_quant, static_scales)
+    qs = qscale if qscale is not None else unused
     stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if fp8 is not None else (0, 0)
     h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant_id == 1 else torch.bfloat16,
                     device=x.device)
@@ -495,9 +495,9 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         )
     if act_quant == "mxfp8":  # rebased per h row, which spans GEMM1's column tiles
         if fp8 is not None:
-            h, h_exp = _quantize_rows(kernels, h, act_quant_id, qs, 3, al.padded_total, interpreted)
+            h, h_exp, _ = _quantize_rows(kernels, h, act_quant_id, None, al.padded_total, interpreted)
         else:
-            h = _operand_values(kernels, h, act_quant, qscale, al.padded_total)
+            h, _ = _operand_values(kernels, h, act_quant, None, al.padded_total)
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
     last_pair_sums = sum_tickets > 0
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
@@ -548,16 +548,17 @@ def _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize):
 
 
 def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, decode, activation,
-                   swiglu, folded, act_quant=None, qscale=None):
+                   swiglu, folded, act_quant=None, static_scales=None):
     """GEMV1 + activation per pair, then GEMV2 + router weight + top-k sum per token (_gemv_kernels). With
     router_logits (ids None) GEMV1 routes in-program and writes the ids and weights GEMV2 reads. W4A8 (act_quant):
     each GEMV reads its input as the operand's values in bf16 (_operand_values; static FP8: GEMV1's epilogue writes
-    h so, and each GEMV scales its sums by the input scale, qscale [a1, 1/a1, a2, 1/a2])."""
+    h so, and each GEMV scales its sums by the input scale: static_scales (a1, a2))."""
     from backends.triton_moe import _gemv_kernels as gemv
 
     static = act_quant == "fp8_per_tensor_static"
+    qscale = None
     if act_quant is not None:
-        x = _operand_values(kernels, x, act_quant, qscale)
+        x, qscale = _operand_values(kernels, x, act_quant, static_scales)
     tokens, hidden = x.shape
     inter, experts = weights.intermediate_size, weights.num_experts
     nvfp4 = weights.format == "nvfp4"
@@ -569,7 +570,7 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         logits = route_w  # any tensor: never read without routing
         ids, route_w = ids.contiguous(), route_w.contiguous()
     unused = route_w
-    qscale = qscale if static else unused
+    qscale = qscale if static else unused  # [a1, 1/a1, a2, 1/a2], written by x's quantization
     gs13 = weights.w13_global_scale if nvfp4 else unused
     gs2 = weights.w2_global_scale if nvfp4 else unused
     b13 = weights.w13_bias if weights.w13_bias is not None else unused
@@ -587,7 +588,7 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
         h.stride(0), logits.stride(0), *swiglu, qscale, **constexprs, **options)
     if act_quant == "mxfp8":
-        h = _operand_values(kernels, h, act_quant, qscale)
+        h, _ = _operand_values(kernels, h, act_quant, None)
     constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None, static_fp8=static)
     gemv.gemv2_sum_kernel[(tokens, hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
@@ -616,27 +617,32 @@ def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: 
                             maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
 
 
-def _quantize_rows(kernels, src, act_quant, qscale, qscale_index, padded_total, interpreted, values_bf16=False):
-    """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8') of act_quant_kernel: static FP8 times
-    qscale[qscale_index], or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows.
+def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interpreted, values_bf16=False):
+    """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8', the fp32 [a1, 1/a1, a2, 1/a2] for static
+    FP8 or None) of act_quant_kernel's scheme (_ACT_QUANT_IDS): static FP8 (GEMM1's input) times 1 / a1 of
+    static_scales (a1, a2), or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows.
     values_bf16: the codes' values in bf16 ('mxfp8': times 2^ra) in place of the codes."""
     dst = torch.empty(src.shape, dtype=torch.bfloat16 if values_bf16 else torch.float8_e4m3fn, device=src.device)
     exps = torch.empty(max(src.shape[0], 1), dtype=torch.int32, device=src.device)
+    qscale = torch.empty(4, dtype=torch.float32, device=src.device) if static_scales is not None else None
+    a1, a2 = static_scales if static_scales is not None else (exps, exps)  # any tensors when unused (never read)
     block_k = 1 << (src.shape[1] - 1).bit_length()
     kernels.act_quant_kernel[(src.shape[0],)](
-        src, dst, exps, qscale, src.shape[0], exps if padded_total is None else padded_total, src.shape[1],
-        src.stride(0), dst.stride(0), SCHEME=act_quant, QSCALE_INDEX=qscale_index,
+        src, dst, exps, a1, a2, exps if qscale is None else qscale, src.shape[0],
+        exps if padded_total is None else padded_total, src.shape[1], src.stride(0), dst.stride(0), SCHEME=scheme,
         PADDED_ROWS=padded_total is not None, BLOCK_K=block_k, INTERPRETED=interpreted, VALUES_BF16=values_bf16,
         num_warps=4 if block_k <= 4096 else 8)
-    return dst, exps
+    return dst, exps, qscale
 
 
-def _operand_values(kernels, src, act_quant, qscale, padded_total=None):
-    """The W4A8 GEMM input src [R, K] as the bf16 values the W4A16 kernels multiply, one launch: 'mxfp8' the operand
-    (formats.mxfp8_row_rebased), static FP8 the E4M3 values of src / a1 (its scale goes on the sums); with
-    padded_total (h of the tiles) only the alignment's padded rows."""
-    return _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], src if qscale is None else qscale, 1, padded_total,
-                          kernels.INTERPRETED, values_bf16=True)[0]  # src stands in for the scales 'mxfp8' never reads
+def _operand_values(kernels, src, act_quant, static_scales, padded_total=None):
+    """(src [R, K] as the bf16 values of the W4A8 GEMM input, which the W4A16 kernels multiply; static FP8's
+    [a1, 1/a1, a2, 1/a2] or None), one launch: 'mxfp8' the operand (formats.mxfp8_row_rebased), static FP8 the E4M3
+    values of src / a1 (its scale goes on the sums); with padded_total (h of the tiles) only the alignment's padded
+    rows."""
+    values, _, qscale = _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], static_scales, padded_total,
+                                       kernels.INTERPRETED, values_bf16=True)
+    return values, qscale
 
 
 def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, interpreted: bool, folded: bool,
