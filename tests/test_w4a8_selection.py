@@ -298,6 +298,7 @@ def test_quark_w_mxfp4_a_fp8_layer_runs_the_w4a8_runner_with_its_static_scales(f
 
 
 @requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("key", sorted(FP8_KEYS))
 def test_cuda_moelayer_w4a8_matches_the_emulation(fmt, key):
