@@ -90,10 +90,17 @@ def _decoded(kernel, name: str) -> torch.Tensor:
 # The decoded operand is the formats' rebase of each kernel row, bit for bit
 # --------------------------------------------------------------------------------------------
 
+def _with_row_data(w):
+    """The kernel weights with the W4A8 row data that FP8 dots read (converter_w4a8 writes it for NVFP4; MXFP4
+    computes it when FP8 dots are forced)."""
+    kernel = triton_weights(converter.convert(w))
+    return dataclasses.replace(kernel, **w4a8_row_data(kernel))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decoded_operand_is_the_rebase_of_each_kernel_row_bit_for_bit(fmt):
     w = _edge_case_layer(fmt)
-    kernel = triton_weights(converter_w4a8.convert(w))
+    kernel = _with_row_data(w)
     for name, packed, scale in (("w13", _deinterleave(w.w13), _deinterleave(w.w13_scale)),
                                 ("w2", w.w2, w.w2_scale)):
         want, r = formats.rebase_rows_to_e4m3(_dequantize(fmt, packed, scale))
@@ -176,7 +183,7 @@ def _swap_halves(b: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("mutation", [_swap_sign_bits, _swap_halves])
 def test_a_misplaced_sign_or_half_fails_the_equality(fmt, mutation):
     w = _edge_case_layer(fmt, seed=1)
-    kernel = triton_weights(converter_w4a8.convert(w))
+    kernel = _with_row_data(w)
     want, _ = formats.rebase_rows_to_e4m3(_dequantize(fmt, w.w2, w.w2_scale))
     assert torch.equal(_bits(_decoded(kernel, "w2")), _bits(want))
     broken = dataclasses.replace(kernel, w2_fp8=mutation(kernel.w2_fp8))
@@ -304,9 +311,17 @@ def test_lut_table_rows_are_the_e4m3_products_of_each_code():
 # converter_w4a8, the meta device, and hand-built tensors
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_converter_w4a8_adds_the_w4a8_tensors_and_inverts_like_converter(fmt):
-    w = random_layer(fmt, experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
+def test_converter_w4a8_holds_mxfp4_weights_once():
+    """MXFP4 W4A8 runs the W4A16 kernels: its layer is W4A16's, with no second copy of the packed weights."""
+    w = random_layer("mxfp4", experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
+    plain, w4a8 = converter.convert(w), converter_w4a8.convert(w)
+    assert set(w4a8.tensors) == set(plain.tensors)
+    assert all(torch.equal(w4a8[name], t) for name, t in plain.tensors.items() if t is not None)
+    assert given_w4a8_tensors(triton_weights(w4a8)) is None
+
+
+def test_converter_w4a8_adds_nvfp4_w4a8_tensors_and_inverts_like_converter():
+    w = random_layer("nvfp4", experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
     plain, extended = converter.convert(w), converter_w4a8.convert(w)
     assert set(extended.tensors) - set(plain.tensors) == set(W4A8_TENSORS)
     data = w4a8_row_data(triton_weights(plain))
@@ -322,10 +337,9 @@ def test_converter_w4a8_adds_the_w4a8_tensors_and_inverts_like_converter(fmt):
                                                            want.w2_scale.view(torch.uint8))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize(("device", "experts"), [("meta", 3), ("cpu", 0)])
-def test_meta_and_empty_layers_get_w4a8_tensors_of_the_right_shapes(fmt, device, experts):
-    w = random_layer(fmt, experts=experts, hidden=128, inter=64, device=device, seed=2)
+def test_meta_and_empty_layers_get_w4a8_tensors_of_the_right_shapes(device, experts):
+    w = random_layer("nvfp4", experts=experts, hidden=128, inter=64, device=device, seed=2)
     kernel = triton_weights(converter_w4a8.convert(w))
     data = given_w4a8_tensors(kernel)
     assert data is not None
@@ -334,7 +348,7 @@ def test_meta_and_empty_layers_get_w4a8_tensors_of_the_right_shapes(fmt, device,
 
 
 def test_hand_built_w4a8_tensors_get_one_message_naming_the_tensor():
-    kernel = triton_weights(converter_w4a8.convert(random_layer("mxfp4", experts=2, hidden=128, inter=64)))
+    kernel = triton_weights(converter_w4a8.convert(random_layer("nvfp4", experts=2, hidden=128, inter=64)))
     sliced = dataclasses.replace(kernel, w2_lut_code=kernel.w2_lut_code[:, :, :64])
     with pytest.raises(ValueError, match=r"weights\.w2_lut_code must be torch\.int32 of shape \(2, 1, 128\) on cpu, "
                                          r"got torch\.int32 \(2, 1, 64\) on cpu; .*converter_w4a8"):

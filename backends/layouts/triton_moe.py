@@ -21,7 +21,7 @@ the tiles made the decode-regime layers 1.2-1.4x faster (same-run A/B on an H100
     w13_bias   fp32    [E, 2I] (same row order) or None;  w2_bias fp32 [E, H] or None
     w13_global_scale, w2_global_scale  fp32 [E]: NVFP4 per-expert quantization multipliers (the
                kernels divide the fp32 accumulator by them, as the format defines); None for MXFP4
-W4A8 (FP8 tensor cores; converter_w4a8 adds them, `w4a8_row_data`, section "W4A8" below):
+W4A8 on FP8 dots (converter_w4a8 adds them to NVFP4 layers, `w4a8_row_data`, section "W4A8" below):
     w13_row_exp, w2_row_exp    int32 [E, rows]: each row's power of two r (W * 2^-r fits E4M3)
     w13_fp8, w2_fp8            uint8, the shape and row tiling of w13 / w2, each row's 32-wide K chunks in the
                                W4A8 byte order (W4A8_CHUNK) that two `prmt` byte selects decode to E4M3
@@ -314,7 +314,7 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
 # ---------------------------------------------------------------------------------------------
 
 _KERNEL_TENSORS = ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias", "w13_global_scale", "w2_global_scale")
-#: The W4A8 tensors (w4a8_row_data) that converter_w4a8 adds.
+#: The W4A8 tensors (w4a8_row_data) that converter_w4a8 adds to NVFP4 layers.
 W4A8_TENSORS = ("w13_row_exp", "w2_row_exp", "w13_fp8", "w2_fp8", "w13_lut_code", "w2_lut_code")
 
 
@@ -561,16 +561,20 @@ def given_w4a8_tensors(w: TritonMoEWeights) -> dict | None:
 
 
 class TritonMoEW4A8Layout(TritonMoELayout):
-    """The triton_moe layout plus the W4A8 row data (w4a8_row_data), computed once at conversion; the W4A16 path
-    reads the same tensors as before, invert ignores the extras."""
+    """The triton_moe layout plus, for NVFP4 weights, the W4A8 row data (w4a8_row_data) that their FP8 dots read,
+    computed once at conversion. MXFP4 weights run W4A8 on the W4A16 kernels (backends.triton_moe.forward's
+    W4A8_MMAS), so their layer holds the packed weights once, as W4A16's; a call that forces FP8 dots on them computes
+    the row data once (moe_forward). invert ignores the extras."""
 
     def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
         tensors, config = super()._to_kernel(w, hidden, inter)
+        if w.format == "mxfp4":
+            return tensors, config
         view = TritonMoEWeights(format=w.format, **{n: tensors.get(n) for n in _KERNEL_TENSORS})
         return {**tensors, **w4a8_row_data(view)}, config
 
 
 #: converter of backend TRITON_MOE in the moe-oracle rules (profile moe-oracle)
 converter = TritonMoELayout()
-#: the same layout with the W4A8 row data (backends.triton_moe.moe_forward(act_quant=...) reads it)
+#: the same layout with NVFP4's W4A8 row data (backends.triton_moe.moe_forward(act_quant=...) reads it)
 converter_w4a8 = TritonMoEW4A8Layout()

@@ -358,7 +358,8 @@ def _w4a8_data(w: TritonMoEWeights, given: dict | None) -> dict:
     """The W4A8 data (w4a8_row_data: the weights in the W4A8 byte order, their lookup-table codes, the rows'
     exponents): the weights' own (converter_w4a8: `given`, as given_w4a8_tensors checked them), else computed once
     per weight tensor and cached (outside graph capture; inside a capture an uncached layer is an error, never a
-    silent recompute). Either way the packed weights are held twice, in the W4A16 and the W4A8 byte order."""
+    silent recompute). Either way a layer that runs FP8 dots holds its packed weights twice, in the W4A16 and the
+    W4A8 byte order."""
     if given is not None:
         return given
     return _once_per_tensor(_W4A8_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale), lambda: w4a8_row_data(w),
