@@ -86,9 +86,8 @@ DEFAULT_FP8_ACCUMULATE = "wgmma"
 #: scales span over 14 binades, far below the W4A8 tolerance), and MXFP8 values and static FP8's E4M3 values are
 #: bf16 values, static FP8's scales applied to the sums; "fp8" - FP8 dots on the weights rebased to E4M3 (the W4A8
 #: tiles). NVFP4's rebased weights are rounded to E4M3, no FP4 weight's value, so they take "fp8" only. Unforced
-#: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 the W4A8 tiles run at
-#: 0.6-0.9x W4A16's speed, and the W4A16 kernels on the same operands at W4A16's
-#: (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/).
+#: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 that is 1.04-1.62x the
+#: speed of FP8 dots and 0.93-1.03x W4A16's at T >= 16 (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/).
 W4A8_MMAS = ("bf16", "fp8")
 W4A8_MMA_ENV = "MOE_ORACLE_TRITON_W4A8_MMA"
 #: Register cap of the decode kernels (_gemv_kernels) without loads ahead. ptxas otherwise holds them to 64
@@ -234,10 +233,10 @@ def moe_forward(
     gemm1.split_epilogue, else DEFAULT_SPLIT_EPILOGUE). topk_sum: "fused" or "launch", who sums the k pairs (TOPK_SUMS;
     None: $MOE_ORACLE_TRITON_TOPK_SUM, else DEFAULT_TOPK_SUM).
     act_quant (ACT_QUANTS): None runs W4A16; "fp8_per_tensor_static" (needs a1_scale, a2_scale: one-element fp32
-    tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 on FP8 tensor cores
-    (compute capability >= 8.9), the weights' per-row rebase from the converter_w4a8 tensors or computed once here.
-    w4a8_mma: "bf16" or "fp8", which tensor cores multiply a W4A8 call (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA,
-    else "bf16" for MXFP4 weights and "fp8" for NVFP4's).
+    tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 (compute capability
+    >= 8.9) on the tensor cores w4a8_mma names: "bf16" or "fp8" (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA, else
+    "bf16" for MXFP4 weights and "fp8" for NVFP4's, whose per-row rebase comes from the converter_w4a8 tensors or is
+    computed once here).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -342,7 +341,7 @@ def _check_act_quant(x, act_quant, a1_scale, a2_scale):
         if scale.device != x.device:
             _fail(ValueError, f"{name} is on {scale.device} but x is on {x.device}; move it with .to(x.device)")
     if act_quant is not None and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 9):
-        _fail(ValueError, f"act_quant={act_quant!r} needs FP8 tensor cores (compute capability >= 8.9); "
+        _fail(ValueError, f"act_quant={act_quant!r} needs FP8 hardware (compute capability >= 8.9: E4M3 conversions, FP8 dots); "
               f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}: "
               f"use act_quant=None")
     if not static:
