@@ -341,7 +341,8 @@ def _check_act_quant(x, act_quant, a1_scale, a2_scale):
         if scale.device != x.device:
             _fail(ValueError, f"{name} is on {scale.device} but x is on {x.device}; move it with .to(x.device)")
     if act_quant is not None and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 9):
-        _fail(ValueError, f"act_quant={act_quant!r} needs FP8 hardware (compute capability >= 8.9: E4M3 conversions, FP8 dots); "
+        _fail(ValueError, f"act_quant={act_quant!r} needs FP8 hardware (compute capability >= 8.9: E4M3 "
+              f"conversions, FP8 dots); "
               f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}: "
               f"use act_quant=None")
     if not static:
