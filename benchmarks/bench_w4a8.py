@@ -10,8 +10,7 @@ checkpoint's input_scale), both over converter_w4a8's weights; plus the memory f
 bf16-matmul bound (6·T·k·H·I FLOP at this run's 8192^3 bf16 matmul rate) and the FP8-matmul bound (the same FLOP
 at this run's 8192^3 FP8 E4M3 torch._scaled_mm rate). --variants adds, at T >= 4096, A/B rows of the W4A8 layer
 with other launch configs (VARIANTS: the W4A16 tables were tuned for bf16 dots), named "<scheme's row> [<variant>]";
---mmas adds the W4A8 layer on other tensor cores than moe_forward picks (w4a8_mma: fp8, fp16, bf16 where the weights
-allow it), "<scheme's row> [<mma> dots]".
+--fp8-dots adds, on MXFP4 layers, the W4A8 layer with FP8 dots forced (w4a8_mma="fp8"), "<scheme's row> [fp8 dots]".
 
 Every W4A8 row is checked against the emulation with fp8_operands=True (the kernels' numerics) on up to 256 tokens
 before it is timed; its note gives that relative L2, the speedup over the W4A16 row of the same T and the fraction
@@ -19,7 +18,7 @@ of the FP8 `_scaled_mm` rate. Method as bench_matrix (backends.gpu_timing): the 
 captured as a CUDA graph, L2 flushed before each replay, median of --iters replays.
 
     python benchmarks/bench_w4a8.py --out benchmarks/results/<run> [--layers a,b] [--tokens 1,16] [--iters 10]
-                                    [--schemes mxfp8,fp8_per_tensor_static] [--variants swap-bk128,...] [--mmas fp8]
+                                    [--schemes mxfp8,fp8_per_tensor_static] [--variants swap-bk128,...] [--fp8-dots]
     python benchmarks/bench_w4a8.py --dry-run --out DIR     # CPU smoke: tiny layers, emulation, no timing
     python benchmarks/report_matrix.py                       # the W4A8 section beside the W4A16 rows
 
@@ -85,11 +84,12 @@ class Run:
     mma: str | None = None
 
 
-def runs_at(tokens: int, schemes: tuple[str, ...], variants: tuple[str, ...], mmas: tuple[str, ...] = ()) -> list[Run]:
-    """The timed rows at T, W4A16 first: its time is every W4A8 row's baseline. mmas: also each scheme with these
-    tensor cores forced (moe_forward's w4a8_mma)."""
+def runs_at(tokens: int, schemes: tuple[str, ...], variants: tuple[str, ...], fp8_dots: bool = False) -> list[Run]:
+    """The timed rows at T, W4A16 first: its time is every W4A8 row's baseline. fp8_dots: also each scheme with FP8
+    dots forced (for MXFP4 layers, whose W4A8 runs bf16 dots unforced)."""
     runs = [Run(OURS)] + [Run(W4A8_SCHEMES[s], s) for s in schemes]
-    runs += [Run(f"{W4A8_SCHEMES[s]} [{m} dots]", s, mma=m) for m in mmas for s in schemes]
+    if fp8_dots:
+        runs += [Run(f"{W4A8_SCHEMES[s]} [fp8 dots]", s, mma="fp8") for s in schemes]
     if tokens >= VARIANT_MIN_TOKENS:
         runs += [Run(f"{W4A8_SCHEMES[s]} [{v}]", s, v) for v in variants for s in schemes]
     return runs
@@ -137,9 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated FP8 activation schemes (default {','.join(W4A8_SCHEMES)})")
     p.add_argument("--variants", default="", help=f"comma-separated launch configs also timed for the W4A8 layer at "
                                                   f"T >= {VARIANT_MIN_TOKENS}: {', '.join(VARIANTS)}")
-    p.add_argument("--mmas", default="", help="comma-separated tensor cores (backends.triton_moe.forward.W4A8_MMAS: "
-                                              "bf16, fp16, fp8) also timed for each W4A8 scheme where the layer's "
-                                              "weights allow them and moe_forward picks others")
+    p.add_argument("--fp8-dots", action="store_true",
+                   help="on MXFP4 layers also time each scheme with FP8 dots forced (w4a8_mma='fp8')")
     p.add_argument("--iters", type=int, default=10, help="graph replays per row (median)")
     p.add_argument("--run-id", default=None, help="default: <gpu>-w4a8-<UTC date and time>")
     p.add_argument("--commit", default=os.environ.get("MOE_ORACLE_COMMIT", "unknown"))
@@ -148,12 +147,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.layers = _csv_list(args.layers, "--layers", tuple(SHAPES), p)
     args.schemes = _csv_list(args.schemes, "--schemes", tuple(W4A8_SCHEMES), p)
     args.variants = _csv_list(args.variants, "--variants", tuple(VARIANTS), p) if args.variants else ()
-    if args.mmas:
-        from backends.triton_moe.forward import W4A8_MMAS  # imports torch: only when asked
-
-        args.mmas = _csv_list(args.mmas, "--mmas", W4A8_MMAS, p)
-    else:
-        args.mmas = ()
     tokens = args.tokens or ",".join(map(str, DRY_RUN_TOKENS if args.dry_run else TOKENS))
     try:
         args.tokens = tuple(int(t) for t in tokens.split(","))
@@ -248,13 +241,6 @@ class Layer:
         return emulation.moe_forward(x, **self.ckpt, router_logits=logits, gemm_input_schemes=(scheme, scheme),
                                      fp8_operands=True, **self.call, **self._extra(scheme))
 
-    def forced_mmas(self, mmas: tuple[str, ...]) -> tuple[str, ...]:
-        """Of `mmas`, those the layer's weights allow (bf16: MXFP4 only) that moe_forward does not pick anyway."""
-        from backends.triton_moe.forward import resolve_w4a8_mma
-
-        unforced = resolve_w4a8_mma("mxfp8", self.shape.format)
-        return tuple(m for m in mmas if m != unforced and (m != "bf16" or self.shape.format == "mxfp4"))
-
     def mma(self, run: Run) -> str | None:
         """The tensor cores the row runs on (forward.resolve_w4a8_mma; None for W4A16)."""
         from backends.triton_moe.forward import resolve_w4a8_mma
@@ -271,9 +257,7 @@ class Layer:
         from backends.triton_moe import tuning
 
         tuned = tuning.select_config(self.arch, self.gpu_info, tuning.Problem(tokens=tokens, **self.shape.fields()))
-        from backends.triton_moe.forward import W4A8_TILE_MMAS
-
-        return tuning.fp8_config(self.arch, tuned) if self.mma(run) in W4A8_TILE_MMAS else tuned
+        return tuning.fp8_config(self.arch, tuned) if self.mma(run) == "fp8" else tuned
 
     def fn(self, run: Run, config):
         """fn(x, logits) -> y of one row: the kernels with `config` (GPU) or the emulation (dry run)."""
@@ -325,7 +309,7 @@ def run_layer(name: str, device: Device, args, env: dict, emit_row, flush) -> No
         n = min(tokens, CHECK_TOKENS)
         references: dict = {}
         w4a16_us = None
-        for run in runs_at(tokens, args.schemes, args.variants, layer.forced_mmas(args.mmas)):
+        for run in runs_at(tokens, args.schemes, args.variants, args.fp8_dots and shape.format == "mxfp4"):
             described, check = "", 0.0
             try:
                 config = layer.config(run, tokens)  # chosen before any graph capture

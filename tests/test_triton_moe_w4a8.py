@@ -115,11 +115,10 @@ def test_unknown_fp8_accumulation_names_the_variable_and_the_choices(monkeypatch
 
 @pytest.mark.parametrize(("fmt", "choice", "env", "message"), [
     ("nvfp4", "bf16", None, r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights: nvfp4's "
-                            r"weights rebased to E4M3 are rounded.*pass w4a8_mma='fp16' or 'fp8', or None"),
+                            r"weights rebased to E4M3 are rounded.*pass w4a8_mma='fp8' or None"),
     ("nvfp4", None, "bf16", r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights"),
-    ("mxfp4", "fp32", None, r"w4a8_mma='fp32' must be one of \('bf16', 'fp16', 'fp8'\) or None"),
-    ("mxfp4", None, "tf32", r"environment variable MOE_ORACLE_TRITON_W4A8_MMA='tf32' must be one of "
-                            r"\('bf16', 'fp16', 'fp8'\)"),
+    ("mxfp4", "fp16", None, r"w4a8_mma='fp16' must be one of \('bf16', 'fp8'\) or None"),
+    ("mxfp4", None, "tf32", r"environment variable MOE_ORACLE_TRITON_W4A8_MMA='tf32' must be one of \('bf16', 'fp8'\)"),
 ])
 def test_w4a8_mma_that_cannot_be_honoured_names_the_choice_and_the_fix(fmt, choice, env, message, monkeypatch):
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
@@ -185,14 +184,13 @@ def test_emulation_fp8_operands_refuses_what_the_kernels_do_not_define(kwargs, m
 # Interpreter: the kernels against the emulation (TRITON_INTERPRET=1 subprocess)
 # --------------------------------------------------------------------------------------------
 
-# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, scheme, config, w4a8_mma): each format with
-# moe_forward's choice of tensor cores (MXFP4: bf16, NVFP4: DEFAULT_NVFP4_W4A8_MMA) and with the W4A8 tiles' other
-# tensor cores forced (MXFP4: FP8 dots, NVFP4: fp16 dots), on every config but one (split-K, which the unforced cases
-# cover)
+# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, scheme, config, w4a8_mma): MXFP4 weights with
+# moe_forward's choice of tensor cores (bf16) and with FP8 dots forced, on every config but one (the NVFP4 cases, whose
+# only choice is FP8 dots, cover that one)
 CASES = {}
 for _fmt, _act, _h, _i, _biases, _layout in (("mxfp4", "swigluoai", 128, 64, True, "interleaved"),
                                              ("nvfp4", "silu", 192, 64, False, "contiguous")):
-    for _mma in (None, "fp8" if _fmt == "mxfp4" else "fp16"):
+    for _mma in ((None, "fp8") if _fmt == "mxfp4" else (None,)):
         _tag = f"-{_mma}" if _mma else ""
         for _scheme in SCHEMES:
             for _config in ("swap", "plain", "split", "stacked-split-fused"):
@@ -311,7 +309,7 @@ def interpreter_results() -> dict:
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
     from backends.triton_moe.forward import W4A8_MMA_ENV
 
-    return interpreter_worker_rows(__file__, ("mxfp4",), ("mxfp4-fp8",), ("nvfp4",), ("nvfp4-fp16",), ("act_quant",),
+    return interpreter_worker_rows(__file__, ("mxfp4",), ("mxfp4-fp8",), ("nvfp4",), ("act_quant",),
                                    drop_env=(W4A8_MMA_ENV,))
 
 
@@ -334,16 +332,16 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_interpreter_w4a8_takes_the_w4a8_tiles_only_for_nvfp4_weights_or_when_forced(interpreter_results, case):
+def test_interpreter_w4a8_takes_fp8_dots_only_for_nvfp4_weights_or_when_forced(interpreter_results, case):
     """Only MXFP4's W4A8 weights are the FP4 weights (NVFP4's rebased weights are rounded to E4M3), so unforced
     MXFP4 calls run the W4A16 kernels (the decode kernels where the config has them) on the operands' bf16 values,
     and NVFP4 calls, or MXFP4 ones forced to FP8 dots, the W4A8 tiles whatever the config says. Only those need the
     W4A8 row data: the others leave it uncomputed."""
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
-    w4a8_tiles = case.startswith("nvfp4-") or case.endswith("-fp8")
-    assert row["row_data_computed"] == w4a8_tiles, row
-    assert row["decode_kernels"] == ("-decode-" in case and not w4a8_tiles), row
+    fp8_dots = case.startswith("nvfp4-") or case.endswith("-fp8")
+    assert row["row_data_computed"] == fp8_dots, row
+    assert row["decode_kernels"] == ("-decode-" in case and not fp8_dots), row
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,10 +396,9 @@ def test_cuda_w4a8_layers_match_emulation(name, tokens, scheme):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("tokens", [1, 1000])
-@pytest.mark.parametrize(("name", "mma"), [("gpt-oss-120b", "fp8"), ("gpt-oss-120b", "fp16"), ("deepseek-v3", "fp16")])
-def test_cuda_w4a8_forced_tensor_cores_match_emulation(name, mma, tokens, scheme):
-    """The tensor cores moe_forward does not pick for these weights, forced: those must stay right too."""
-    _check_cuda_layer(name, tokens, scheme, mma)
+def test_cuda_w4a8_fp8_dots_on_mxfp4_weights_match_emulation(tokens, scheme):
+    """MXFP4 weights run bf16 dots unless FP8 dots are forced: those must stay right too."""
+    _check_cuda_layer("gpt-oss-120b", tokens, scheme, "fp8")
 
 
 def _check_cuda_layer(name, tokens, scheme, mma):

@@ -572,15 +572,6 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, FP8_PROMOTE: 
 
 
 @triton.jit
-def _like_activations(w_lo, w_hi, a):
-    """E4M3 weight operands as fp16 where the activations are fp16 (W4A8 on fp16 dots), else as they are."""
-    if a.dtype == tl.float16:
-        w_lo = w_lo.to(tl.float16)
-        w_hi = w_hi.to(tl.float16)
-    return w_lo, w_hi
-
-
-@triton.jit
 def _step_operands(a_rows, row_ok, w_rows, s_ptrs, lut_ptr, w_ok, stride_sc, k0, K: tl.constexpr, BLOCK_K: tl.constexpr,
                    SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
                    STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr, FP8: tl.constexpr):
@@ -591,7 +582,6 @@ def _step_operands(a_rows, row_ok, w_rows, s_ptrs, lut_ptr, w_ok, stride_sc, k0,
         a_lo, a_hi = _act_fp8(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
         w_lo, w_hi = _weight_tile_fp8(w_rows, s_ptrs, lut_ptr, stride_sc, k0, w_ok, K, BLOCK_K, NVFP4, EVEN_K,
                                       RETIRE_WGMMA, USE_ASM)
-        w_lo, w_hi = _like_activations(w_lo, w_hi, a_lo)
     else:
         a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_ok, K, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K,
@@ -644,8 +634,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
 
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
-    global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand
-    (their fp16 values where h is fp16: W4A8 on fp16 dots);
+    global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand;
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
     MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on bf16 dots of the E4M3
     values, whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in
@@ -682,8 +671,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     h_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
     if ACT_QUANT == 1:
-        tl.store(h_ptrs, _to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(h_ptr.dtype.element_ty),
-                 mask=store_ok)
+        tl.store(h_ptrs, _to_e4m3(h * tl.load(qscale_ptr + 3), INTERPRETED).to(tl.float8e4nv), mask=store_ok)
     elif ACT_QUANT == 3:
         tl.store(h_ptrs, _round_bf16(_to_e4m3(h * act_scales[1], INTERPRETED).to(tl.float32), INTERPRETED),
                  mask=store_ok)
@@ -784,7 +772,6 @@ def _gemm1_tile(
             if FP8:
                 u_lo, u_hi = _weight_tile_fp8(wu_rows, su_ptrs, lut_ptr, stride_sc, k0, col_ok, K, BLOCK_K, NVFP4,
                                               EVEN_K, RETIRE_WGMMA, USE_ASM)
-                u_lo, u_hi = _like_activations(u_lo, u_hi, a_lo)
             else:
                 u_lo, u_hi = _weight_tile(wu_rows, su_ptrs, stride_sc, k0, col_ok, K, BLOCK_K, SCALE_BLOCK, NVFP4,
                                           FOLDED, EVEN_K, STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
@@ -1069,9 +1056,8 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, a1_ptr, a2_ptr, qscale_ptr, rows
     the GEMMs read, a2 at a2_ptr: in a CUDA graph torch's three small launches for them cost 3-5 µs at T = 1); 2 MXFP8
     rebased to the row's largest block exponent ra (_mx_quant_rebased; ra int32 to exp_ptr). The reciprocals are
     rounded to nearest, as torch's (formats.quantize_fp8_per_tensor). PADDED_ROWS (h, rows in GEMM1's padded row
-    blocks): rows past the alignment's padded_total_ptr[0] are skipped. The codes go to dst as its dtype holds them:
-    E4M3 (FP8 dots) or their fp16 values (fp16 dots; exact). VALUES_BF16: the codes' values (SCHEME 2: times 2^ra)
-    to a bf16 dst instead, for bf16 dots (exact: an E4M3 value times a power of two is a bf16 value)."""
+    blocks): rows past the alignment's padded_total_ptr[0] are skipped. VALUES_BF16: the codes' values (SCHEME 2:
+    times 2^ra) to a bf16 dst instead, for bf16 dots (exact: an E4M3 value times a power of two is a bf16 value)."""
     row = tl.program_id(0)
     if PADDED_ROWS:
         rows = tl.minimum(rows, tl.load(padded_total_ptr))
@@ -1099,7 +1085,7 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, a1_ptr, a2_ptr, qscale_ptr, rows
             q = q * _pow2_from_m127(ra)[:, None]
         tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, _round_bf16(q.to(tl.float32), INTERPRETED), mask=ok)
     else:
-        tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, q.to(dst_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, q.to(tl.float8e4nv), mask=ok)
 
 
 #: True when Triton's CPU interpreter runs these kernels (TRITON_INTERPRET=1 at triton's first import).

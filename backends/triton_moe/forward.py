@@ -80,19 +80,15 @@ ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
 FP8_ACCUMULATIONS = ("wgmma", "tensor-core")
 FP8_ACCUMULATE_ENV = "MOE_ORACLE_TRITON_FP8_ACCUMULATE"
 DEFAULT_FP8_ACCUMULATE = "wgmma"
-#: Which tensor cores multiply a W4A8 call's operands (the values of backends.emulation's fp8_operands numerics every
+#: Which tensor cores multiply a W4A8 call's operands (the values of backends.emulation's fp8_operands numerics either
 #: way): "bf16" - the W4A16 kernels (tiles, and the decode kernels up to 2 tokens) on bf16 copies of those values,
-#: which is exact for MXFP4 weights only: their rebased weights are the FP4 weights (rounded only in a row whose block
+#: which is exact for MXFP4 weights: their rebased weights are the FP4 weights (rounded only in a row whose block
 #: scales span over 14 binades, far below the W4A8 tolerance), and MXFP8 values and static FP8's E4M3 values are
-#: bf16 values, static FP8's scales applied to the sums; NVFP4's rebased weights are rounded to E4M3, no FP4 weight's
-#: value. The W4A8 tiles (W4A8_TILE_MMAS) decode the rebased weights to E4M3 and run "fp8" - FP8 dots - or "fp16" -
-#: fp16 dots of the same E4M3 values (exact), whose fp32 sums need no promotion (FP8_ACCUMULATIONS does not apply).
-#: Unforced (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 that is
-#: 1.04-1.62x the speed of FP8 dots and 0.93-1.03x W4A16's at T >= 16
-#: (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/); NVFP4 weights take DEFAULT_NVFP4_W4A8_MMA.
-W4A8_MMAS = ("bf16", "fp16", "fp8")
-W4A8_TILE_MMAS = ("fp16", "fp8")
-DEFAULT_NVFP4_W4A8_MMA = "fp8"
+#: bf16 values, static FP8's scales applied to the sums; "fp8" - FP8 dots on the weights rebased to E4M3 (the W4A8
+#: tiles). NVFP4's rebased weights are rounded to E4M3, no FP4 weight's value, so they take "fp8" only. Unforced
+#: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 that is 1.04-1.62x the
+#: speed of FP8 dots and 0.93-1.03x W4A16's at T >= 16 (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/).
+W4A8_MMAS = ("bf16", "fp8")
 W4A8_MMA_ENV = "MOE_ORACLE_TRITON_W4A8_MMA"
 #: Register cap of the decode kernels (_gemv_kernels) without loads ahead. ptxas otherwise holds them to 64
 #: registers, and with 128 the same loop measured 1-8% faster on an H100 (gpt-oss-120b T = 1: 42.1 -> 40.4 µs; it
@@ -238,9 +234,9 @@ def moe_forward(
     None: $MOE_ORACLE_TRITON_TOPK_SUM, else DEFAULT_TOPK_SUM).
     act_quant (ACT_QUANTS): None runs W4A16; "fp8_per_tensor_static" (needs a1_scale, a2_scale: one-element fp32
     tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 (compute capability
-    >= 8.9) on the tensor cores w4a8_mma names (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA, else "bf16" for MXFP4
-    weights and DEFAULT_NVFP4_W4A8_MMA for NVFP4's); the W4A8 tiles read the weights' per-row rebase from the
-    converter_w4a8 tensors, or compute it once here.
+    >= 8.9) on the tensor cores w4a8_mma names: "bf16" or "fp8" (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA, else
+    "bf16" for MXFP4 weights and "fp8" for NVFP4's, whose per-row rebase comes from the converter_w4a8 tensors or is
+    computed once here).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -276,7 +272,7 @@ def moe_forward(
     if config is None:
         arch, gpu = tuning.device_gpu(x.device)
         config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
-        if mma in W4A8_TILE_MMAS:
+        if mma == "fp8":
             config = tuning.fp8_config(arch, config)
     decode = takes_decode_kernels(config, mma)
     if decode:
@@ -287,7 +283,7 @@ def moe_forward(
                        activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                        _scales_fold(weights), act_quant=act_quant, static_scales=static_scales)
         return out
-    fp8 = _w4a8_data(weights, w4a8_given) if mma in W4A8_TILE_MMAS else None  # the W4A8 tiles' (bf16: the FP4 ones)
+    fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
     c1 = config.gemm1
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
@@ -303,28 +299,26 @@ def moe_forward(
     _launch(kernels, x, weights, al, route_w, out, config, activation,
             (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), kernels.INTERPRETED,
             fp8 is None and _scales_fold(weights), tickets_per_block, sum_tickets, act_quant, fp8, static_scales,
-            fp8_accumulate, mma)
+            fp8_accumulate)
     return out
 
 
 def resolve_w4a8_mma(act_quant: str | None, weight_format: str, choice: str | None = None) -> str | None:
     """The tensor cores of a W4A8 call (W4A8_MMAS; None for W4A16): `choice`, else $MOE_ORACLE_TRITON_W4A8_MMA, else
-    "bf16" for MXFP4 weights and DEFAULT_NVFP4_W4A8_MMA for NVFP4's. Forcing "bf16" on NVFP4 weights is an error,
-    never a silent fallback."""
+    "bf16" where the weights allow it (MXFP4). Forcing "bf16" on NVFP4 weights is an error, never a silent "fp8"."""
     if act_quant is None:
         return None
     forced = _forced_choice("w4a8_mma", choice, W4A8_MMAS, W4A8_MMA_ENV, "the weights' format")
     if forced == "bf16" and weight_format != "mxfp4":
         _fail(ValueError, f"w4a8_mma='bf16' (argument or ${W4A8_MMA_ENV}) needs MXFP4 weights: {weight_format}'s "
-              f"weights rebased to E4M3 are rounded, so only the W4A8 tiles multiply them; pass w4a8_mma="
-              f"{' or '.join(map(repr, W4A8_TILE_MMAS))}, or None")
-    return forced or ("bf16" if weight_format == "mxfp4" else DEFAULT_NVFP4_W4A8_MMA)
+              f"weights rebased to E4M3 are rounded, so only FP8 dots multiply them; pass w4a8_mma='fp8' or None")
+    return forced or ("bf16" if weight_format == "mxfp4" else "fp8")
 
 
 def takes_decode_kernels(config: tuning.MoEConfig, mma: str | None) -> bool:
     """Whether moe_forward runs the decode kernels with `config`: whenever it has their warps and the call multiplies
     bf16 operands (W4A16, and W4A8 on "bf16" tensor cores: resolve_w4a8_mma)."""
-    return config.decode is not None and mma not in W4A8_TILE_MMAS
+    return config.decode is not None and mma != "fp8"
 
 
 def _check_act_quant(x, act_quant, a1_scale, a2_scale):
@@ -426,8 +420,7 @@ def _scales_fold(w: TritonMoEWeights) -> bool:
 
 
 def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, interpreted, folded,
-            tickets_per_block=0, sum_tickets=0, act_quant=None, fp8=None, static_scales=None, fp8_accumulate="wgmma",
-            mma=None):
+            tickets_per_block=0, sum_tickets=0, act_quant=None, fp8=None, static_scales=None, fp8_accumulate="wgmma"):
     """GEMM1 + activation, GEMM2 + router weight, top-k sum: three launches over static grids. A split-K GEMM1
     sums its fp32 slices in fixed order and activates either in the tile's last slice program (tickets_per_block:
     the alignment zeroed one ticket per GEMM1 tile) or, without tickets, in a fourth launch, the separate epilogue.
@@ -436,9 +429,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
     because every GEMM2 column program re-reads the fp32 slices.) act_quant (W4A8; static_scales (a1, a2)):
     act_quant_kernel quantizes x (and, MXFP8, GEMM1's bf16 h) once per row; with fp8 (the weights' W4A8 data,
-    _w4a8_data) to E4M3 codes, which the W4A8 tiles multiply as loaded (mma "fp16": the codes' fp16 values), else to
-    their bf16 values, which the W4A16 tiles multiply (static FP8: GEMM1's epilogue writes h so, its scales applied to
-    the sums: ACT_QUANT 3)."""
+    _w4a8_data) to E4M3 codes, which FP8 dots multiply as loaded, else to their bf16 values, which the W4A16 tiles
+    multiply (static FP8: GEMM1's epilogue writes h so, its scales applied to the sums: ACT_QUANT 3)."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -453,7 +445,6 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     w13, w2, s13, s2 = weights.w13, weights.w2, weights.w13_scale, weights.w2_scale
     r13 = r2 = x_exp = h_exp = lut = al.padded_total  # any int32 tensor when unused (never read)
     qscale = None
-    codes = torch.float16 if mma == "fp16" else torch.float8_e4m3fn  # the W4A8 tiles' activation codes
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
     if fp8 is not None:
@@ -461,14 +452,15 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         w13, w2, s13, s2 = fp8["w13_fp8"], fp8["w2_fp8"], fp8["w13_lut_code"], fp8["w2_lut_code"]
         r13, r2 = fp8["w13_row_exp"], fp8["w2_row_exp"]
         lut = w4a8_lut_table(x.device)
-        x, x_exp, qscale = _quantize_rows(kernels, x, act_quant_id, static_scales, None, interpreted, codes)
+        x, x_exp, qscale = _quantize_rows(kernels, x, act_quant_id, static_scales, None, interpreted)
     else:
         act_quant_id = 3 if act_quant == "fp8_per_tensor_static" else 0  # MXFP8 values need no scale of their own
         if act_quant is not None:
             x, qscale = _operand_values(kernels, x, act_quant, static_scales)
     qs = qscale if qscale is not None else unused
     stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if fp8 is not None else (0, 0)
-    h = torch.empty(rows, inter, dtype=codes if act_quant_id == 1 else torch.bfloat16, device=x.device)
+    h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant_id == 1 else torch.bfloat16,
+                    device=x.device)
     # split-K partials: fp32 gate|up sums per K slice (rows of padding are never written nor read)
     part = (torch.empty(c1.split_k, rows, 2 * inter, dtype=torch.float32, device=x.device) if c1.split_k > 1
             else h.new_empty(1, 1, 1, dtype=torch.float32))
@@ -504,7 +496,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         )
     if act_quant == "mxfp8":  # rebased per h row, which spans GEMM1's column tiles
         if fp8 is not None:
-            h, h_exp, _ = _quantize_rows(kernels, h, act_quant_id, None, al.padded_total, interpreted, codes)
+            h, h_exp, _ = _quantize_rows(kernels, h, act_quant_id, None, al.padded_total, interpreted)
         else:
             h, _ = _operand_values(kernels, h, act_quant, None, al.padded_total)
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
@@ -626,14 +618,12 @@ def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: 
                             maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
 
 
-def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interpreted, codes=torch.float8_e4m3fn,
-                   values_bf16=False):
-    """(E4M3 codes [R, K] of src as dtype `codes` (float8_e4m3fn, or float16 holding their values), their int32
-    exponents ra [R] for 'mxfp8', the fp32 [a1, 1/a1, a2, 1/a2] for static FP8 or None) of act_quant_kernel's scheme
-    (_ACT_QUANT_IDS): static FP8 (GEMM1's input) times 1 / a1 of static_scales (a1, a2), or MXFP8 rebased per row;
-    with padded_total (h) only the alignment's padded rows. values_bf16: the codes' values in bf16 ('mxfp8': times
-    2^ra) in place of the codes."""
-    dst = torch.empty(src.shape, dtype=torch.bfloat16 if values_bf16 else codes, device=src.device)
+def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interpreted, values_bf16=False):
+    """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8', the fp32 [a1, 1/a1, a2, 1/a2] for static
+    FP8 or None) of act_quant_kernel's scheme (_ACT_QUANT_IDS): static FP8 (GEMM1's input) times 1 / a1 of
+    static_scales (a1, a2), or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows.
+    values_bf16: the codes' values in bf16 ('mxfp8': times 2^ra) in place of the codes."""
+    dst = torch.empty(src.shape, dtype=torch.bfloat16 if values_bf16 else torch.float8_e4m3fn, device=src.device)
     exps = torch.empty(max(src.shape[0], 1), dtype=torch.int32, device=src.device)
     qscale = torch.empty(4, dtype=torch.float32, device=src.device) if static_scales is not None else None
     a1, a2 = static_scales if static_scales is not None else (exps, exps)  # any tensors when unused (never read)
