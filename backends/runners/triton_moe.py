@@ -1,6 +1,6 @@
 """TRITON_MOE and TRITON_MOE_W4A8 as runners: this project's fused Triton kernels (`backends.triton_moe`), with
-BF16 activations (W4A16) or FP8 E4M3 ones on FP8 tensor cores (W4A8, the act scheme from the decision's quant
-config)."""
+BF16 activations (W4A16) or FP8 E4M3 ones (W4A8, the act scheme from the decision's quant config; the tensor cores
+are moe_forward's choice, backends.triton_moe.forward.resolve_w4a8_mma)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ class TritonMoEW4A8Runner(TritonMoERunner):
             raise spec.unavailable(str(exc), "fix the backend's quant_config in the rules") from exc
         forward = _checked_forward(spec, weights, "converter_w4a8")
         if spec.device.type == "cuda" and torch.cuda.get_device_capability(spec.device) < (8, 9):
-            raise spec.unavailable(f"FP8 tensor cores need compute capability >= 8.9, {spec.device} has "
+            raise spec.unavailable(f"W4A8 needs FP8 hardware (compute capability >= 8.9: E4M3 conversions, FP8 "
+                                   f"dots), {spec.device} has "
                                    f"{torch.cuda.get_device_capability(spec.device)}",
                                    "ask BF16 activations, or run on an Ada/Hopper/Blackwell GPU")
         runner = cls(spec, triton_weights(weights), forward)
