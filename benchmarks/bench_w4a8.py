@@ -10,8 +10,7 @@ checkpoint's input_scale), both over converter_w4a8's weights; plus the memory f
 bf16-matmul bound (6·T·k·H·I FLOP at this run's 8192^3 bf16 matmul rate) and the FP8-matmul bound (the same FLOP
 at this run's 8192^3 FP8 E4M3 torch._scaled_mm rate). --variants adds, at T >= 4096, A/B rows of the W4A8 layer
 with other launch configs (VARIANTS: the W4A16 tables were tuned for bf16 dots), named "<scheme's row> [<variant>]";
---fp8-dots adds, where moe_forward would run bf16 dots, the W4A8 layer with FP8 dots forced (w4a8_mma="fp8"),
-"<scheme's row> [fp8 dots]".
+--fp8-dots adds, on MXFP4 layers, the W4A8 layer with FP8 dots forced (w4a8_mma="fp8"), "<scheme's row> [fp8 dots]".
 
 Every W4A8 row is checked against the emulation with fp8_operands=True (the kernels' numerics) on up to 256 tokens
 before it is timed; its note gives that relative L2, the speedup over the W4A16 row of the same T and the fraction
@@ -87,7 +86,7 @@ class Run:
 
 def runs_at(tokens: int, schemes: tuple[str, ...], variants: tuple[str, ...], fp8_dots: bool = False) -> list[Run]:
     """The timed rows at T, W4A16 first: its time is every W4A8 row's baseline. fp8_dots: also each scheme with FP8
-    dots forced (run_layer skips them where moe_forward picks FP8 dots anyway)."""
+    dots forced (for MXFP4 layers, whose W4A8 runs bf16 dots unforced)."""
     runs = [Run(OURS)] + [Run(W4A8_SCHEMES[s], s) for s in schemes]
     if fp8_dots:
         runs += [Run(f"{W4A8_SCHEMES[s]} [fp8 dots]", s, mma="fp8") for s in schemes]
@@ -139,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variants", default="", help=f"comma-separated launch configs also timed for the W4A8 layer at "
                                                   f"T >= {VARIANT_MIN_TOKENS}: {', '.join(VARIANTS)}")
     p.add_argument("--fp8-dots", action="store_true",
-                   help="also time each scheme with FP8 dots forced (w4a8_mma='fp8') where moe_forward picks bf16 ones")
+                   help="on MXFP4 layers also time each scheme with FP8 dots forced (w4a8_mma='fp8')")
     p.add_argument("--iters", type=int, default=10, help="graph replays per row (median)")
     p.add_argument("--run-id", default=None, help="default: <gpu>-w4a8-<UTC date and time>")
     p.add_argument("--commit", default=os.environ.get("MOE_ORACLE_COMMIT", "unknown"))
@@ -242,12 +241,11 @@ class Layer:
         return emulation.moe_forward(x, **self.ckpt, router_logits=logits, gemm_input_schemes=(scheme, scheme),
                                      fp8_operands=True, **self.call, **self._extra(scheme))
 
-    def mma(self, run: Run, config) -> str | None:
-        """The tensor cores the row runs on with `config` (forward.resolve_w4a8_mma; None for W4A16)."""
+    def mma(self, run: Run) -> str | None:
+        """The tensor cores the row runs on (forward.resolve_w4a8_mma; None for W4A16)."""
         from backends.triton_moe.forward import resolve_w4a8_mma
 
-        return resolve_w4a8_mma(run.scheme, self.shape.format, run.mma,
-                                decode=config is not None and config.decode is not None)
+        return resolve_w4a8_mma(run.scheme, self.shape.format, run.mma)
 
     def config(self, run: Run, tokens: int):
         """The launch config (GPU; None in the dry run): a VARIANTS entry, else what moe_forward would choose (the
@@ -259,7 +257,7 @@ class Layer:
         from backends.triton_moe import tuning
 
         tuned = tuning.select_config(self.arch, self.gpu_info, tuning.Problem(tokens=tokens, **self.shape.fields()))
-        return tuning.fp8_config(self.arch, tuned) if self.mma(run, tuned) == "fp8" else tuned
+        return tuning.fp8_config(self.arch, tuned) if self.mma(run) == "fp8" else tuned
 
     def fn(self, run: Run, config):
         """fn(x, logits) -> y of one row: the kernels with `config` (GPU) or the emulation (dry run)."""
@@ -311,13 +309,11 @@ def run_layer(name: str, device: Device, args, env: dict, emit_row, flush) -> No
         n = min(tokens, CHECK_TOKENS)
         references: dict = {}
         w4a16_us = None
-        for run in runs_at(tokens, args.schemes, args.variants, args.fp8_dots):
+        for run in runs_at(tokens, args.schemes, args.variants, args.fp8_dots and shape.format == "mxfp4"):
             described, check = "", 0.0
             try:
                 config = layer.config(run, tokens)  # chosen before any graph capture
-                mma = layer.mma(run, config)
-                if run.mma and layer.mma(dataclasses.replace(run, mma=None), config) == run.mma:
-                    continue  # forced to what the unforced row runs already
+                mma = layer.mma(run)
                 described = describe(config, takes_decode_kernels(config, mma)) if config else ""
                 if mma and described:
                     described += f"; {mma} dots"

@@ -114,9 +114,9 @@ def test_unknown_fp8_accumulation_names_the_variable_and_the_choices(monkeypatch
 
 
 @pytest.mark.parametrize(("fmt", "choice", "env", "message"), [
-    ("nvfp4", "bf16", None, r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) runs nvfp4 weights only on "
-                            r"the decode kernels \(up to 2 tokens\).*pass w4a8_mma='fp8' or None"),
-    ("nvfp4", None, "bf16", r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) runs nvfp4 weights only"),
+    ("nvfp4", "bf16", None, r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights: nvfp4's "
+                            r"weights rebased to E4M3 are rounded.*pass w4a8_mma='fp8' or None"),
+    ("nvfp4", None, "bf16", r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights"),
     ("mxfp4", "fp16", None, r"w4a8_mma='fp16' must be one of \('bf16', 'fp8'\) or None"),
     ("mxfp4", None, "tf32", r"environment variable MOE_ORACLE_TRITON_W4A8_MMA='tf32' must be one of \('bf16', 'fp8'\)"),
 ])
@@ -332,17 +332,16 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_interpreter_w4a8_takes_fp8_dots_only_where_bf16_ones_cannot_run_or_when_forced(interpreter_results, case):
-    """Unforced, W4A8 runs bf16 dots wherever they can multiply its operands: MXFP4's rebased weights are the FP4
-    weights, so the W4A16 kernels take them (the decode kernels where the config has them); NVFP4's are rounded to
-    E4M3, which the decode kernels do as they decode and the tiles cannot, so NVFP4 calls take FP8 dots (the W4A8
-    tiles) unless the config has the decode kernels' warps, as do MXFP4 calls forced to FP8 dots. The W4A8 row data
-    is computed only where it is read: by the W4A8 tiles, and for NVFP4's rebase exponents."""
+def test_interpreter_w4a8_takes_fp8_dots_only_for_nvfp4_weights_or_when_forced(interpreter_results, case):
+    """Only MXFP4's W4A8 weights are the FP4 weights (NVFP4's rebased weights are rounded to E4M3), so unforced
+    MXFP4 calls run the W4A16 kernels (the decode kernels where the config has them) on the operands' bf16 values,
+    and NVFP4 calls, or MXFP4 ones forced to FP8 dots, the W4A8 tiles whatever the config says. Only those need the
+    W4A8 row data: the others leave it uncomputed."""
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
-    forced = case.endswith("-fp8")
-    assert row["decode_kernels"] == ("-decode-" in case and not forced), row
-    assert row["row_data_computed"] == (forced or case.startswith("nvfp4-")), row
+    fp8_dots = case.startswith("nvfp4-") or case.endswith("-fp8")
+    assert row["row_data_computed"] == fp8_dots, row
+    assert row["decode_kernels"] == ("-decode-" in case and not fp8_dots), row
 
 
 # --------------------------------------------------------------------------------------------

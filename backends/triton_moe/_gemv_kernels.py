@@ -36,11 +36,9 @@ from backends.triton_moe._kernels import (
     _act_store,
     _dequant_words,
     _e2m1_decode_ptx,
-    _pow2,
     _round_bf16,
     _scale_pair,
     _static_act_scales,
-    _to_e4m3,
 )
 from backends.triton_moe._routing_kernels import _route_weights, _topk_picks
 
@@ -48,46 +46,23 @@ _TILE_ROWS: tl.constexpr = tl.constexpr(_layout.TILE_ROWS)
 _TILE_BYTES: tl.constexpr = tl.constexpr(_layout.TILE_BYTES)
 
 
-def _e4m3_round_ptx(reg: str, into: str, back: str) -> str:
-    """PTX rounding bf16x2 register `reg` (NVFP4 weights decoded as W * 2^-16) to the W4A8 operand: times `into`
-    (2^(16 - r), the row's rebase: exact), to E4M3 (nearest even, saturated: backends.formats.rebase_rows_to_e4m3),
-    then as the bf16 pattern (s << 15) | (e4m3 & 0x7F) << 4 (the value times 2^-120, subnormals included, as
-    _kernels' E4M3 scale pairs) times `back` (2^(104 + r)): the rounded weight times 2^-16, as the W4A16 decode
-    leaves it. Scratch: f32 rl, rh; b16 e8; b32 ew, es, z = 0; nz = -0."""
-    return (f"fma.rn.bf16x2 {reg}, {reg}, {into}, nz;\n"
-            f"shl.b32 rl, {reg}, 16; and.b32 rh, {reg}, 0xFFFF0000;\n"
-            f"cvt.rn.satfinite.e4m3x2.f32 e8, rh, rl; cvt.u32.u16 ew, e8; prmt.b32 ew, ew, z, 0x4140;\n"
-            f"and.b32 es, ew, 0x00800080; shl.b32 es, es, 8; and.b32 ew, ew, 0x007F007F; shl.b32 ew, ew, 4;\n"
-            f"or.b32 {reg}, es, ew; fma.rn.bf16x2 {reg}, {reg}, {back}, nz;\n")
-
-
-def _pair_mma_ptx(folded: bool, rounded: bool = False) -> str:
+def _pair_mma_ptx(folded: bool) -> str:
     """Decode word $4 (row A) and $5 (row B) with their (low, high) scales $6, $7 / $8, $9, then acc += two
     m16n8k16 bf16 MMAs: the low nibbles with activation pairs $10, $11, the high ones with $12, $13; acc in
-    $14..$17, out $0..$3 (A fragment order: row A K 2t.., row B K 2t.., row A K 2t+8.., row B K 2t+8..).
-    rounded (W4A8 on NVFP4 weights): each decoded row rounded to its W4A8 operand (_e4m3_round_ptx) with row A's
-    factors $18, $19 and row B's $20, $21."""
+    $14..$17, out $0..$3 (A fragment order: row A K 2t.., row B K 2t.., row A K 2t+8.., row B K 2t+8..)."""
     regs = ".reg .b32 ga, gb, gc, gd, ua, ub, uc, ud, t, u, nz, sgl, sgh, sul, suh" + ("" if folded else ", k126")
-    if rounded:
-        regs += ", ew, es, z;\n.reg .f32 rl, rh;\n.reg .b16 e8"
     head = (f"{regs};\nmov.b32 nz, 0x80008000;\n" + ("" if folded else "mov.b32 k126, 0x7E807E80;\n")
-            + ("mov.b32 z, 0;\n" if rounded else "")
             + "mov.b32 sgl, {$6, $6}; mov.b32 sgh, {$7, $7}; mov.b32 sul, {$8, $8}; mov.b32 suh, {$9, $9};\n")
-    rows = {"A": ("ga", "gb", "gc", "gd"), "B": ("ua", "ub", "uc", "ud")}
-    rounding = "".join(_e4m3_round_ptx(r, into, back) for name, into, back in (("A", "$18", "$19"), ("B", "$20", "$21"))
-                       for r in rows[name]) if rounded else ""
     mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
     return ("{\n" + head
-            + _e2m1_decode_ptx("$4", rows["A"], "sgl", "sgh", folded)
-            + _e2m1_decode_ptx("$5", rows["B"], "sul", "suh", folded)
-            + rounding
+            + _e2m1_decode_ptx("$4", ("ga", "gb", "gc", "gd"), "sgl", "sgh", folded)
+            + _e2m1_decode_ptx("$5", ("ua", "ub", "uc", "ud"), "sul", "suh", folded)
             + f"{mma} {{$0, $1, $2, $3}}, {{ga, ua, gb, ub}}, {{$10, $11}}, {{$14, $15, $16, $17}};\n"
             + f"{mma} {{$0, $1, $2, $3}}, {{gc, uc, gd, ud}}, {{$12, $13}}, {{$0, $1, $2, $3}};\n}}")
 
 
 _PAIR_MMA_FOLDED: tl.constexpr = tl.constexpr(_pair_mma_ptx(True))
 _PAIR_MMA_UNFOLDED: tl.constexpr = tl.constexpr(_pair_mma_ptx(False))
-_PAIR_MMA_ROUNDED: tl.constexpr = tl.constexpr(_pair_mma_ptx(True, rounded=True))
 
 
 @triton.jit
@@ -102,80 +77,36 @@ def _bf16_hi(w):
 
 
 @triton.jit
-def _operand(e, into, back, ROUNDED: tl.constexpr):
-    """The interpreter's weight operand: the decoded bf16 e as fp32, rounded (ROUNDED) as _e4m3_round_ptx rounds it
-    (into = 2^(16 - r), back = 2^(r - 16) as fp32; products stay exact)."""
-    v = e.to(tl.float32)
-    if ROUNDED:
-        v = _to_e4m3(v * into, True) * back
-    return v
-
-
-@triton.jit
-def _dot8(word, s_lo, s_hi, xa, xb, xc, xd, FOLDED: tl.constexpr, into, back, ROUNDED: tl.constexpr):
+def _dot8(word, s_lo, s_hi, xa, xb, xc, xd, FOLDED: tl.constexpr):
     """The interpreter's share of one lane in the MMAs: its word's 8 decoded weights times their activations,
     each product exact in fp32, summed."""
     e0, e1, e2, e3, e4, e5, e6, e7 = _dequant_words(word, s_lo, s_hi, FOLDED, False)
-    return (_operand(e0, into, back, ROUNDED) * _bf16_lo(xa) + _operand(e1, into, back, ROUNDED) * _bf16_hi(xa)
-            + _operand(e2, into, back, ROUNDED) * _bf16_lo(xb) + _operand(e3, into, back, ROUNDED) * _bf16_hi(xb)
-            + _operand(e4, into, back, ROUNDED) * _bf16_lo(xc) + _operand(e5, into, back, ROUNDED) * _bf16_hi(xc)
-            + _operand(e6, into, back, ROUNDED) * _bf16_lo(xd) + _operand(e7, into, back, ROUNDED) * _bf16_hi(xd))
+    return (e0.to(tl.float32) * _bf16_lo(xa) + e1.to(tl.float32) * _bf16_hi(xa)
+            + e2.to(tl.float32) * _bf16_lo(xb) + e3.to(tl.float32) * _bf16_hi(xb)
+            + e4.to(tl.float32) * _bf16_lo(xc) + e5.to(tl.float32) * _bf16_hi(xc)
+            + e6.to(tl.float32) * _bf16_lo(xd) + e7.to(tl.float32) * _bf16_hi(xd))
 
 
 @triton.jit
 def _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, FOLDED: tl.constexpr,
-              USE_ASM: tl.constexpr, rounding, ROUNDED: tl.constexpr):
+              USE_ASM: tl.constexpr):
     """(acc_a, acc_b) += rows A and B of word j times the activations: on the GPU the MMA over the row's 4 lanes
-    (every lane gets the sum), in the interpreter this lane's own products (summed over lanes by _lanes_total).
-    ROUNDED: the weights rounded to their W4A8 operands by rows A's and B's factors `rounding` (_rounding)."""
-    into_a, back_a, into_b, back_b = rounding
+    (every lane gets the sum), in the interpreter this lane's own products (summed over lanes by _lanes_total)."""
     if USE_ASM:
-        if ROUNDED:
-            c0, c1, c2, c3 = tl.inline_asm_elementwise(
-                _PAIR_MMA_ROUNDED, "=f,=f,=f,=f,r,r,h,h,h,h,r,r,r,r,f,f,f,f,r,r,r,r",
-                [wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, acc_a, acc_a1, acc_b, acc_b1, into_a, back_a, into_b,
-                 back_b], dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+        if FOLDED:
+            asm: tl.constexpr = _PAIR_MMA_FOLDED
         else:
-            if FOLDED:
-                asm: tl.constexpr = _PAIR_MMA_FOLDED
-            else:
-                asm: tl.constexpr = _PAIR_MMA_UNFOLDED
-            c0, c1, c2, c3 = tl.inline_asm_elementwise(
-                asm, "=f,=f,=f,=f,r,r,h,h,h,h,r,r,r,r,f,f,f,f",
-                [wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, acc_a, acc_a1, acc_b, acc_b1],
-                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+            asm: tl.constexpr = _PAIR_MMA_UNFOLDED
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            asm, "=f,=f,=f,=f,r,r,h,h,h,h,r,r,r,r,f,f,f,f",
+            [wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, acc_a, acc_a1, acc_b, acc_b1],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     else:
-        c0 = acc_a + _dot8(wa, sal, sah, xa, xb, xc, xd, FOLDED, into_a, back_a, ROUNDED)
-        c2 = acc_b + _dot8(wb, sbl, sbh, xa, xb, xc, xd, FOLDED, into_b, back_b, ROUNDED)
+        c0 = acc_a + _dot8(wa, sal, sah, xa, xb, xc, xd, FOLDED)
+        c2 = acc_b + _dot8(wb, sbl, sbh, xa, xb, xc, xd, FOLDED)
         c1 = c0
         c3 = c2
     return c0, c1, c2, c3
-
-
-@triton.jit
-def _rounding(rexp_ptr, row_a, row_b, ok, ROUNDED: tl.constexpr, USE_ASM: tl.constexpr):
-    """Rows A's and B's factors of _pair_mma's rounding, from their W4A8 rebase exponents r (int32 at rexp_ptr + row):
-    (2^(16 - r), 2^(104 + r)) as bf16x2 words for _e4m3_round_ptx, or (2^(16 - r), 2^(r - 16)) as fp32 for the
-    interpreter; zeros when not ROUNDED (never read)."""
-    if ROUNDED:
-        r_a = tl.load(rexp_ptr + row_a, mask=ok, other=0)
-        r_b = tl.load(rexp_ptr + row_b, mask=ok, other=0)
-        if USE_ASM:
-            into_a = ((143 - r_a) << 7) * 65537  # bf16 2^(16 - r) in both halves
-            back_a = ((231 + r_a) << 7) * 65537
-            into_b = ((143 - r_b) << 7) * 65537
-            back_b = ((231 + r_b) << 7) * 65537
-        else:
-            into_a = _pow2(16 - r_a)
-            back_a = _pow2(r_a - 16)
-            into_b = _pow2(16 - r_b)
-            back_b = _pow2(r_b - 16)
-    else:
-        into_a = 0
-        back_a = 0
-        into_b = 0
-        back_b = 0
-    return into_a, back_a, into_b, back_b
 
 
 @triton.jit
@@ -214,7 +145,7 @@ def _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop, t, stride_sc,
 
 @triton.jit
 def _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCALE_BLOCK: tl.constexpr,
-              NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr, rounding, ROUNDED: tl.constexpr):
+              NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
     """acc_a / acc_b += one K step of rows A / B (the loads of _step_loads) times the activations."""
     block_lo = (k0 + 64 * (t // 2) + 16 * (t % 2)) // SCALE_BLOCK  # the run's low values' scale block
     sal, sah = _scale_pair(sa >> (8 * (block_lo % 4)), NVFP4, FOLDED, USE_ASM)
@@ -226,26 +157,21 @@ def _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8, 
     xc0, xc1, xc2, xc3 = _split4(x_hi)
     xd0, xd1, xd2, xd3 = _split4(x_hi8)
     acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa0, wb0,
-                                             sal, sah, sbl, sbh, xa0, xb0, xc0, xd0, FOLDED, USE_ASM,
-                                             rounding, ROUNDED)
+                                             sal, sah, sbl, sbh, xa0, xb0, xc0, xd0, FOLDED, USE_ASM)
     acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa1, wb1,
-                                             sal, sah, sbl, sbh, xa1, xb1, xc1, xd1, FOLDED, USE_ASM,
-                                             rounding, ROUNDED)
+                                             sal, sah, sbl, sbh, xa1, xb1, xc1, xd1, FOLDED, USE_ASM)
     acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa2, wb2,
-                                             sal, sah, sbl, sbh, xa2, xb2, xc2, xd2, FOLDED, USE_ASM,
-                                             rounding, ROUNDED)
+                                             sal, sah, sbl, sbh, xa2, xb2, xc2, xd2, FOLDED, USE_ASM)
     acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa3, wb3,
-                                             sal, sah, sbl, sbh, xa3, xb3, xc3, xd3, FOLDED, USE_ASM,
-                                             rounding, ROUNDED)
+                                             sal, sah, sbl, sbh, xa3, xb3, xc3, xd3, FOLDED, USE_ASM)
     return acc_a, acc_a1, acc_b, acc_b1
 
 
 @triton.jit
 def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, STEPS: tl.constexpr,
              K: tl.constexpr, stride_sc, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
-             USE_ASM: tl.constexpr, LOADS_AHEAD: tl.constexpr, rounding, ROUNDED: tl.constexpr):
-    """acc_a / acc_b += rows A / B times the activation row over STEPS K steps from k_first (lanes' own K); ROUNDED:
-    the weights rounded to their W4A8 operands (_pair_mma).
+             USE_ASM: tl.constexpr, LOADS_AHEAD: tl.constexpr):
+    """acc_a / acc_b += rows A / B times the activation row over STEPS K steps from k_first (lanes' own K).
 
     LOADS_AHEAD: every load of the next step (weights, scales, activations) is issued before this step's decode and
     MMAs, in 26 more registers (tuning.DECODE_AHEAD_MAXNREG). Measured on an H100 that pays only where the grid still
@@ -271,8 +197,7 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
                                                                            k0 + 128, k_stop, t, stride_sc, K,
                                                                            SCALE_BLOCK)
             acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8,
-                                                     x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM,
-                                                     rounding, ROUNDED)
+                                                     x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
             wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = n_wa, n_wb, n_sa, n_sb, n_lo, n_lo8, n_hi, n_hi8
     else:
         for step in range(STEPS):
@@ -280,8 +205,7 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
             wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop,
                                                                    t, stride_sc, K, SCALE_BLOCK)
             acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8,
-                                                     x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM,
-                                                     rounding, ROUNDED)
+                                                     x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
     return acc_a, acc_b
 
 
@@ -314,21 +238,18 @@ def gemv1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, logits_ptr, ids_ptr, route_w_ptr,
     K: tl.constexpr, N: tl.constexpr, stride_xm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
     stride_hm,
-    stride_lt, alpha, beta, limit, qscale_ptr, rexp_ptr, stride_re,
+    stride_lt, alpha, beta, limit, qscale_ptr,
     TOP_K: tl.constexpr, ROUTE: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
     RENORMALIZE: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     NVFP4: tl.constexpr, FOLDED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
-    ROUNDED: tl.constexpr,
 ):
     """h[p, n] = act(x[t] W13[e]^T + b13[e]) for pair p = program_id(0) = t * TOP_K + j, columns n of program_id(1)
     (8 per row group). ROUTE: the token's top-k of its router logits, picked by each of its programs as
     topk_route_kernel picks them; the (j = 0, first columns) program alone weighs them as topk_route_kernel does and
     stores ids and weights for GEMV2; else ids_ptr holds the pairs' experts (any integer dtype). ACT_QUANT 3 (W4A8
-    static FP8, x the E4M3 values of x / a1): _act_store's mode 3 with qscale_ptr's [a1, 1/a1, a2, 1/a2]. ROUNDED
-    (W4A8 on NVFP4 weights): each row's weights rounded to its W4A8 operand, by its rebase exponent (int32 [E, 2N] at
-    rexp_ptr)."""
+    static FP8, x the E4M3 values of x / a1): _act_store's mode 3 with qscale_ptr's [a1, 1/a1, a2, 1/a2]."""
     pair = tl.program_id(0)
     token = pair // TOP_K
     if ROUTE:
@@ -365,10 +286,9 @@ def gemv1_act_kernel(
     # row's pointer their loads need no pointer registers or address arithmetic of their own: up to 2.4% faster at
     # T = 1-2 on an H100 than a second pointer (benchmarks/results/decode-rows-b-offset-h100-2026-11-27/).
     gate_row = _row_pointer(w_expert, col, stride_wn)
-    rounding = _rounding(rexp_ptr + expert * stride_re, col, col + N, col < N, ROUNDED, USE_ASM)
     acc_g, acc_u = _k_slice(acc_g, acc_u, gate_row, s_expert + col, gate_row + N * stride_wn, s_expert + col + N,
                             x_ptr + token.to(tl.int64) * stride_xm, k_first, t, STEPS, K, stride_sc, SCALE_BLOCK,
-                            NVFP4, FOLDED, USE_ASM, LOADS_AHEAD, rounding, ROUNDED)
+                            NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     acc_g, acc_u = tl.reduce((tl.reshape(_lanes_total(acc_g, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32)),
                               tl.reshape(_lanes_total(acc_u, THREADS, USE_ASM), (ROW_GROUPS, K_SLICES, 32))), 1,
                              _add_pairs)
@@ -383,17 +303,15 @@ def gemv1_act_kernel(
 def gemv2_sum_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, ids_ptr, route_w_ptr, y_ptr,
     K: tl.constexpr, N: tl.constexpr, stride_hm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
-    stride_ym, qscale_ptr, rexp_ptr, stride_re,
+    stride_ym, qscale_ptr,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, SCALE_SUMS: tl.constexpr,
-    ROUNDED: tl.constexpr,
 ):
     """y[t, n] = sum_j route_w[t, j] * (h[t * TOP_K + j] W2[e_j]^T + b2[e_j])[n], bf16, for token program_id(0) and
     16 columns per row group of program_id(1). The warps are (row group, slot j < SLOTS = TOP_K rounded up to a
     power of two, K slice); slots past TOP_K load nothing and add 0. SCALE_SUMS (W4A8 static FP8, h the E4M3
-    values of h / a2): the sums times a2 (qscale_ptr[2]) before the bias. ROUNDED: the weights rounded to their W4A8
-    operands as in gemv1_act_kernel (rebase exponents int32 [E, N] at rexp_ptr)."""
+    values of h / a2): the sums times a2 (qscale_ptr[2]) before the bias."""
     token = tl.program_id(0).to(tl.int64)
     THREADS: tl.constexpr = 32 * ROW_GROUPS * SLOTS * K_SLICES
     i = tl.arange(0, THREADS)
@@ -426,10 +344,9 @@ def gemv2_sum_kernel(
     acc_a = tl.zeros((THREADS,), tl.float32)
     acc_b = tl.zeros((THREADS,), tl.float32)
     row_a = _row_pointer(w_expert, row, stride_wn)  # row + 8 shares row's tile (g < 8): a fixed offset, as in GEMV1
-    rounding = _rounding(rexp_ptr + expert * stride_re, row, row + 8, live, ROUNDED, USE_ASM)
     acc_a, acc_b = _k_slice(acc_a, acc_b, row_a, s_expert + row, row_a + 8 * _TILE_BYTES, s_expert + row + 8,
                             h_ptr + (token * TOP_K + slot) * stride_hm, k_first, t, STEPS, K, stride_sc,
-                            SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD, rounding, ROUNDED)
+                            SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     SHAPE: tl.constexpr = (ROW_GROUPS, SLOTS, K_SLICES, 32)
     acc_a, acc_b = tl.reduce((tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE),  # -> [groups, slots, 32]
                               tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE)), 2, _add_pairs)

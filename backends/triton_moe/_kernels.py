@@ -637,17 +637,17 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand;
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
     MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on bf16 dots of the E4M3
-    values, whose weights carry their 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in
+    values, whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in
     bf16. loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
     before its K loop; act_scales: mode 3's (a1, 1 / a2) (_static_act_scales), loaded by the caller, before its K
     loop where it has one: after it a load costs a memory latency at every program's end."""
     if loaded is None:
         loaded = _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
     global_scale, bias_g, bias_u = loaded
-    if ACT_QUANT == 3:  # bf16 dots of the E4M3 values: the input scale, then as W4A16
+    if ACT_QUANT == 3:
         acc_g = acc_g * act_scales[0]
         acc_u = acc_u * act_scales[0]
-    if (ACT_QUANT == 1) | (ACT_QUANT == 2):
+    elif ACT_QUANT != 0:
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
         a1 = 1.0
         if ACT_QUANT == 1:

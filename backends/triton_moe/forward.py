@@ -250,6 +250,7 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     static_scales = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    mma = resolve_w4a8_mma(act_quant, weights.format, w4a8_mma)
     w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
     fp8_accumulate = DEFAULT_FP8_ACCUMULATE
     if act_quant is not None:  # read only where it applies: a W4A16 call never fails on it
@@ -268,26 +269,21 @@ def moe_forward(
     out = torch.empty_like(x)
     if tokens == 0:
         return out
-    chosen = config is None
-    if chosen:
+    if config is None:
         arch, gpu = tuning.device_gpu(x.device)
         config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
-    mma = resolve_w4a8_mma(act_quant, weights.format, w4a8_mma, decode=config.decode is not None)
-    if chosen and mma == "fp8":
-        config = tuning.fp8_config(arch, config)
+        if mma == "fp8":
+            config = tuning.fp8_config(arch, config)
     decode = takes_decode_kernels(config, mma)
     if decode:
         _check_decode(config.decode, k)
     kernels = _kernels_for(x.device)
-    # the W4A8 row data: the FP8 tiles' operands, and NVFP4's rebase exponents on bf16 dots (MXFP4's need neither)
-    w4a8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" or (mma and weights.format == "nvfp4") else None
     if decode:
         _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, config.decode,
                        activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
-                       _scales_fold(weights), act_quant=act_quant, static_scales=static_scales,
-                       row_exps=None if w4a8 is None else (w4a8["w13_row_exp"], w4a8["w2_row_exp"]))
+                       _scales_fold(weights), act_quant=act_quant, static_scales=static_scales)
         return out
-    fp8 = w4a8 if mma == "fp8" else None
+    fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
     c1 = config.gemm1
     fused_epilogue = (forced_epilogue or c1.split_epilogue or DEFAULT_SPLIT_EPILOGUE) == "fused"
@@ -307,21 +303,16 @@ def moe_forward(
     return out
 
 
-def resolve_w4a8_mma(act_quant: str | None, weight_format: str, choice: str | None = None, *,
-                     decode: bool = False) -> str | None:
-    """The tensor cores of a W4A8 call (W4A8_MMAS; None for W4A16) whose config has the decode kernels' warps or not
-    (`decode`): `choice`, else $MOE_ORACLE_TRITON_W4A8_MMA, else "bf16" where the kernels can (MXFP4 weights; NVFP4
-    ones on the decode kernels, which round them to their W4A8 operands), else "fp8". Forcing "bf16" where it
-    cannot run is an error, never a silent "fp8"."""
+def resolve_w4a8_mma(act_quant: str | None, weight_format: str, choice: str | None = None) -> str | None:
+    """The tensor cores of a W4A8 call (W4A8_MMAS; None for W4A16): `choice`, else $MOE_ORACLE_TRITON_W4A8_MMA, else
+    "bf16" where the weights allow it (MXFP4). Forcing "bf16" on NVFP4 weights is an error, never a silent "fp8"."""
     if act_quant is None:
         return None
-    forced = _forced_choice("w4a8_mma", choice, W4A8_MMAS, W4A8_MMA_ENV, "the weights' format and the config")
-    bf16_runs = weight_format == "mxfp4" or decode
-    if forced == "bf16" and not bf16_runs:
-        _fail(ValueError, f"w4a8_mma='bf16' (argument or ${W4A8_MMA_ENV}) runs {weight_format} weights only on the "
-              f"decode kernels (up to {tuning.DECODE_KERNEL_TOKENS} tokens), which round them to their W4A8 operands; "
-              f"the W4A16 tiles multiply them unrounded: pass w4a8_mma='fp8' or None")
-    return forced or ("bf16" if bf16_runs else "fp8")
+    forced = _forced_choice("w4a8_mma", choice, W4A8_MMAS, W4A8_MMA_ENV, "the weights' format")
+    if forced == "bf16" and weight_format != "mxfp4":
+        _fail(ValueError, f"w4a8_mma='bf16' (argument or ${W4A8_MMA_ENV}) needs MXFP4 weights: {weight_format}'s "
+              f"weights rebased to E4M3 are rounded, so only FP8 dots multiply them; pass w4a8_mma='fp8' or None")
+    return forced or ("bf16" if weight_format == "mxfp4" else "fp8")
 
 
 def takes_decode_kernels(config: tuning.MoEConfig, mma: str | None) -> bool:
@@ -558,12 +549,11 @@ def _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize):
 
 
 def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, decode, activation,
-                   swiglu, folded, act_quant=None, static_scales=None, row_exps=None):
+                   swiglu, folded, act_quant=None, static_scales=None):
     """GEMV1 + activation per pair, then GEMV2 + router weight + top-k sum per token (_gemv_kernels). With
     router_logits (ids None) GEMV1 routes in-program and writes the ids and weights GEMV2 reads. W4A8 (act_quant):
     each GEMV reads its input as the operand's values in bf16 (_operand_values; static FP8: GEMV1's epilogue writes
-    h so, and each GEMV scales its sums by the input scale: static_scales (a1, a2)); row_exps (NVFP4 weights: the
-    W4A8 rebase exponents of w13's and w2's rows) rounds each weight to its W4A8 operand as it is decoded."""
+    h so, and each GEMV scales its sums by the input scale: static_scales (a1, a2))."""
     from backends.triton_moe import _gemv_kernels as gemv
 
     static = act_quant == "fp8_per_tensor_static"
@@ -587,9 +577,8 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     b13 = weights.w13_bias if weights.w13_bias is not None else unused
     b2 = weights.w2_bias if weights.w2_bias is not None else unused
     w13, w2, s13, s2 = weights.w13, weights.w2, weights.w13_scale, weights.w2_scale
-    r13, r2 = row_exps if row_exps is not None else (ids, ids)  # any int tensors when unused (never read)
     h = torch.empty(tokens * k, inter, dtype=torch.bfloat16, device=x.device)
-    shared = dict(top_k=k, nvfp4=nvfp4, folded=folded, interpreted=kernels.INTERPRETED, rounded=row_exps is not None)
+    shared = dict(top_k=k, nvfp4=nvfp4, folded=folded, interpreted=kernels.INTERPRETED)
     g1, g2 = decode.gemv1, decode.gemv2
     constexprs, options = gemv_constexprs(
         1, g1, **shared, has_bias=weights.w13_bias is not None, route=router_logits is not None, experts=experts,
@@ -598,27 +587,26 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     gemv.gemv1_act_kernel[(tokens * k, inter // (tuning.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
         x, w13, s13, gs13, b13, h, logits, ids, route_w,
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
-        h.stride(0), logits.stride(0), *swiglu, qscale, r13, r13.stride(0), **constexprs, **options)
+        h.stride(0), logits.stride(0), *swiglu, qscale, **constexprs, **options)
     if act_quant == "mxfp8":
         h, _ = _operand_values(kernels, h, act_quant, None)
     constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None, static_fp8=static)
     gemv.gemv2_sum_kernel[(tokens, hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
-        out.stride(0), qscale, r2, r2.stride(0), **constexprs, **options)
+        out.stride(0), qscale, **constexprs, **options)
 
 
 def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: bool, folded: bool,
                     interpreted: bool, has_bias: bool, route: bool = False, experts: int = 0,
-                    renormalize: bool = False, act: int = 0, static_fp8: bool = False,
-                    rounded: bool = False) -> tuple[dict, dict]:
+                    renormalize: bool = False, act: int = 0, static_fp8: bool = False) -> tuple[dict, dict]:
     """(compile-time arguments, launch options) of GEMV1 (gemv=1: routing from `experts` router logits when route,
     activation id act) or GEMV2 (gemv=2) with warps `launch`, K and N aside: _launch_decode launches with them and
     benchmarks/count_decode_sass.py compiles the same set. static_fp8: W4A8 static FP8 inputs (their scales on the
-    sums, GEMV1 writing h as E4M3 values); rounded: W4A8 on NVFP4 weights (each rounded to its W4A8 operand)."""
+    sums, GEMV1 writing h as E4M3 values)."""
     constexprs = dict(TOP_K=top_k, ROW_GROUPS=launch.row_groups, K_SLICES=launch.k_slices, HAS_BIAS=has_bias,
                       LOADS_AHEAD=launch.loads_ahead, SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"],
-                      NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted, ROUNDED=rounded)
+                      NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted)
     if gemv == 1:
         constexprs.update(ROUTE=route, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(top_k),
                           RENORMALIZE=bool(renormalize), ACTIVATION=act, ACT_QUANT=3 if static_fp8 else 0)
