@@ -306,11 +306,11 @@ def gemv2_sum_kernel(
     stride_ym, qscale_ptr,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, SCALE_SUMS: tl.constexpr,
+    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
 ):
     """y[t, n] = sum_j route_w[t, j] * (h[t * TOP_K + j] W2[e_j]^T + b2[e_j])[n], bf16, for token program_id(0) and
     16 columns per row group of program_id(1). The warps are (row group, slot j < SLOTS = TOP_K rounded up to a
-    power of two, K slice); slots past TOP_K load nothing and add 0. SCALE_SUMS (W4A8 static FP8, h the E4M3
+    power of two, K slice); slots past TOP_K load nothing and add 0. ACT_QUANT 3 (W4A8 static FP8, h the E4M3
     values of h / a2): the sums times a2 (qscale_ptr[2]) before the bias."""
     token = tl.program_id(0).to(tl.int64)
     THREADS: tl.constexpr = 32 * ROW_GROUPS * SLOTS * K_SLICES
@@ -339,7 +339,7 @@ def gemv2_sum_kernel(
     if HAS_BIAS:
         bias_a = tl.load(bias_ptr + e * stride_be + n[:, None, :], mask=slot_ok, other=0.0)
         bias_b = tl.load(bias_ptr + e * stride_be + n[:, None, :] + 8, mask=slot_ok, other=0.0)
-    if SCALE_SUMS:
+    if ACT_QUANT == 3:
         a2 = tl.load(qscale_ptr + 2)
     acc_a = tl.zeros((THREADS,), tl.float32)
     acc_b = tl.zeros((THREADS,), tl.float32)
@@ -353,7 +353,7 @@ def gemv2_sum_kernel(
     if NVFP4:  # undo the dequantization's 2^-16 (exact), then the expert's global scale
         acc_a = acc_a * 65536.0 / gs
         acc_b = acc_b * 65536.0 / gs
-    if SCALE_SUMS:
+    if ACT_QUANT == 3:
         acc_a = acc_a * a2
         acc_b = acc_b * a2
     if HAS_BIAS:

@@ -602,17 +602,18 @@ def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: 
                     renormalize: bool = False, act: int = 0, static_fp8: bool = False) -> tuple[dict, dict]:
     """(compile-time arguments, launch options) of GEMV1 (gemv=1: routing from `experts` router logits when route,
     activation id act) or GEMV2 (gemv=2) with warps `launch`, K and N aside: _launch_decode launches with them and
-    benchmarks/count_decode_sass.py compiles the same set. static_fp8: W4A8 static FP8 inputs (their scales on the
-    sums, GEMV1 writing h as E4M3 values)."""
+    benchmarks/count_decode_sass.py compiles the same set. static_fp8: W4A8 static FP8 inputs, both GEMVs' ACT_QUANT 3
+    as in the tiles (their scales on the sums, GEMV1 writing h as E4M3 values)."""
     constexprs = dict(TOP_K=top_k, ROW_GROUPS=launch.row_groups, K_SLICES=launch.k_slices, HAS_BIAS=has_bias,
+                      ACT_QUANT=3 if static_fp8 else 0,
                       LOADS_AHEAD=launch.loads_ahead, SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"],
                       NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted)
     if gemv == 1:
         constexprs.update(ROUTE=route, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(top_k),
-                          RENORMALIZE=bool(renormalize), ACTIVATION=act, ACT_QUANT=3 if static_fp8 else 0)
+                          RENORMALIZE=bool(renormalize), ACTIVATION=act)
         warps = launch.warps()
     else:
-        constexprs.update(SLOTS=tuning.gemv2_slots(top_k), SCALE_SUMS=static_fp8)
+        constexprs["SLOTS"] = tuning.gemv2_slots(top_k)
         warps = launch.warps(constexprs["SLOTS"])
     return constexprs, dict(num_warps=warps,
                             maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
