@@ -1,8 +1,9 @@
-"""W4A8 (FP8 E4M3 activations) of backends.triton_moe against the emulation's fp8_operands numerics.
+"""W4A8 (FP8 E4M3 activations) of backends.triton_moe against the emulation.
 
-The numerics are defined once, in backends.formats (rebase_rows_to_e4m3, mxfp8_row_rebased) and
-backends.emulation.moe_forward(fp8_operands=True); the kernels (act_quant='fp8_per_tensor_static' | 'mxfp8') are
-checked against it: under Triton's CPU interpreter at small shapes (a TRITON_INTERPRET=1 subprocess, as
+The numerics are defined once, in backends.formats and backends.emulation.moe_forward: its fake quantization for
+bf16 dots (MXFP4 weights), its fp8_operands=True (rebase_rows_to_e4m3, mxfp8_row_rebased) for FP8 dots (NVFP4
+weights, or MXFP4 ones forced to them); the kernels (act_quant='fp8_per_tensor_static' | 'mxfp8') are checked
+against the one their tensor cores compute: under Triton's CPU interpreter at small shapes (a TRITON_INTERPRET=1 subprocess, as
 test_triton_moe_interp.py: both formats, both schemes, both GEMMs, swap-AB and plain tiles, stacked gate/up, split-K
 with both epilogues, converter_w4a8 weights), and on CUDA at the gpt-oss-120b and DeepSeek-V3 layers.
 """
@@ -153,6 +154,44 @@ def test_bad_act_quant_arguments_name_the_argument(kwargs, kind, message):
         moe_forward(x, weights, router_logits=logits, top_k=2, **kwargs)
 
 
+def test_mx_epilogue_config_gives_gemv1_whole_mx_blocks_and_keeps_its_warps():
+    """GEMV1 quantizes h per 32 columns (4 row groups of 8) for MXFP8 on bf16 dots: fewer row groups are raised to 4,
+    the K slices lowered so that a program keeps its warps; a config that has them already is returned as it is."""
+    from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig, mx_epilogue_config
+
+    tile = LaunchConfig(16, 64, 128, 1, True, 4, 3)
+    for given, wanted in ((GemvLaunch(2, 4, True), GemvLaunch(4, 2, True)), (GemvLaunch(1, 2), GemvLaunch(4, 1)),
+                          (GemvLaunch(1, 16), GemvLaunch(4, 4))):
+        config = MoEConfig(tile, tile, "t", DecodeConfig(given, GemvLaunch(1, 2)))
+        got = mx_epilogue_config(config)
+        assert got.decode.gemv1 == wanted and got.decode.gemv2 == config.decode.gemv2, got
+        assert got.decode.gemv1.warps() == max(4, given.warps()), got
+        assert got.source.startswith("t+mxfp8"), got.source
+    for kept in (GemvLaunch(4, 2), GemvLaunch(8, 1)):
+        config = MoEConfig(tile, tile, "t", DecodeConfig(kept, GemvLaunch(1, 2)))
+        assert mx_epilogue_config(config) is config
+    assert mx_epilogue_config(MoEConfig(tile, tile, "t")).decode is None
+
+
+@pytest.mark.parametrize(("decode", "block_n", "message"), [
+    (True, 64, r"config.decode.gemv1=GemvLaunch\(row_groups=2.*W4A8 MXFP8 quantizes h per 32 columns in GEMV1, which "
+               r"needs row_groups 4 or 8 .* pass tuning.mx_epilogue_config\(config\)"),
+    (False, 48, r"config.gemm1.block_n=48: W4A8 MXFP8 quantizes h per 32 columns in GEMM1's epilogue, which needs a "
+                r"multiple of 32"),
+])
+def test_mxfp8_config_without_whole_mx_blocks_names_the_fix(decode, block_n, message):
+    pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+    from backends.triton_moe import moe_forward
+    from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig
+
+    _, weights, x, logits = _small_layer()
+    tile = LaunchConfig(16, block_n, 64, 1, True, 4, 2)
+    config = MoEConfig(tile, tile, "t", DecodeConfig(GemvLaunch(2, 1), GemvLaunch(1, 2)) if decode else None)
+    with pytest.raises(ValueError, match=message):
+        moe_forward(x[:1], weights, router_logits=logits[:1], top_k=2, act_quant="mxfp8", w4a8_mma="bf16",
+                    config=config)
+
+
 def test_hand_built_row_data_of_the_wrong_shape_is_refused():
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
     import dataclasses
@@ -209,7 +248,7 @@ def _configs():
     plain = LaunchConfig(32, 32, 128, 2, False, 4, 2)  # nvfp4: K tail (H = 192 = 128 + 64)
     split = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=2)
     stacked = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=3, stack_gate_up=True, split_epilogue="fused")
-    decode = DecodeConfig(GemvLaunch(2, 1), GemvLaunch(1, 2))
+    decode = DecodeConfig(GemvLaunch(4, 1), GemvLaunch(1, 2))  # GEMV1: 32 columns, one MX block of h
     return {"swap": MoEConfig(swap, swap, "test"), "plain": MoEConfig(plain, plain, "test"),
             "split": MoEConfig(split, split, "test"), "stacked-split-fused": MoEConfig(stacked, split, "test"),
             "decode": MoEConfig(swap, swap, "test", decode)}
@@ -232,8 +271,9 @@ def _layer_inputs(spec, seed=0):
     return ckpt, x, route, scales
 
 
-def _reference(ckpt, x, route, scheme, scales):
-    return emulation.moe_forward(x, **ckpt, **route, gemm_input_schemes=(scheme, scheme), fp8_operands=True,
+def _reference(ckpt, x, route, scheme, scales, fp8_dots):
+    """The emulation of what the kernels compute: FP8 dots' rebased operands, or bf16 dots' fake-quantized ones."""
+    return emulation.moe_forward(x, **ckpt, **route, gemm_input_schemes=(scheme, scheme), fp8_operands=fp8_dots,
                                  **scales)
 
 
@@ -254,33 +294,40 @@ def _run_case(spec) -> dict:
 
     scheme, config, mma = spec[9], _configs()[spec[10]], spec[11]
     ckpt, x, route, scales = _layer_inputs(spec)
-    ref = _reference(ckpt, x, route, scheme, scales)
+    ref = _reference(ckpt, x, route, scheme, scales, fp8_dots=spec[0] == "nvfp4" or mma == "fp8")
     weights = to_kernel_layout(**ckpt)
     decode_launches, launch_decode = [], forward._launch_decode
+    quantize_launches, quantize_rows = [], forward._quantize_rows
 
     def counted(*args, **kwargs):
         decode_launches.append(kwargs)
         return launch_decode(*args, **kwargs)
 
-    forward._launch_decode = counted
+    def counted_quantize(*args, **kwargs):
+        quantize_launches.append(1)
+        return quantize_rows(*args, **kwargs)
+
+    forward._launch_decode, forward._quantize_rows = counted, counted_quantize
     try:
         out = moe_forward(x, weights, **route, config=config, act_quant=scheme, w4a8_mma=mma, **scales)
         row_data_computed = id(weights.w13) in forward._W4A8_CACHE
+        quantizations = len(quantize_launches)
         converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
         again = moe_forward(x, converted, **route, config=config, act_quant=scheme, w4a8_mma=mma, **scales)
     finally:
-        forward._launch_decode = launch_decode
+        forward._launch_decode, forward._quantize_rows = launch_decode, quantize_rows
     w4a16 = emulation.moe_forward(x, **ckpt, **route)
     return {**_compare_w4a8(out, ref, scheme), "bits_equal_reference": torch.equal(out, ref),
             "same_bits_with_converted_weights": torch.equal(out.view(torch.int16), again.view(torch.int16)),
             "differs_from_w4a16": not torch.equal(ref, w4a16), "decode_kernels": bool(decode_launches),
-            "row_data_computed": row_data_computed}
+            "row_data_computed": row_data_computed, "quantize_launches": quantizations}
 
 
 def _act_quant_rows() -> list[dict]:
     """act_quant_kernel (through forward._quantize_rows) against backends.formats, row by row: static FP8 is
-    e4m3_rn(x / a1), MXFP8 times 2^ra is formats.mxfp8_row_rebased(x); rows spanning 6 decades, a zero row, an
-    outlier, and K = 192 (not a power of two: the masked tail of the row's block)."""
+    e4m3_rn(x / a1), MXFP8 for FP8 dots times 2^ra is formats.mxfp8_row_rebased(x), for bf16 dots plain MXFP8
+    (formats.qdq_activation 'fp8'); rows spanning 6 decades, a zero row, an outlier, and K = 192 (not a power of two:
+    the masked tail of the row's block)."""
     from backends.triton_moe import _kernels, forward
 
     gen = torch.Generator().manual_seed(5)
@@ -299,7 +346,7 @@ def _act_quant_rows() -> list[dict]:
             {"case": "act_quant-mxfp8", "equal": torch.equal(torch.ldexp(mx.float(), exps[:, None].float()),
                                                              formats.mxfp8_row_rebased(x.float()))},
             {"case": "act_quant-mxfp8-bf16-values", "equal": mx_values.dtype == torch.bfloat16
-             and torch.equal(mx_values.float(), formats.mxfp8_row_rebased(x.float()))},
+             and torch.equal(mx_values.float(), formats.qdq_activation(x.float(), "fp8"))},
             {"case": "act_quant-static-bf16-values", "equal": static_values.dtype == torch.bfloat16
              and torch.equal(static_values.float(), formats.e4m3_rn(x.float() * (1.0 / a1)))}]
 
@@ -342,6 +389,16 @@ def test_interpreter_w4a8_takes_fp8_dots_only_for_nvfp4_weights_or_when_forced(i
     fp8_dots = case.startswith("nvfp4-") or case.endswith("-fp8")
     assert row["row_data_computed"] == fp8_dots, row
     assert row["decode_kernels"] == ("-decode-" in case and not fp8_dots), row
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interpreter_w4a8_quantizes_h_in_gemm1_except_for_fp8_dots_mxfp8(interpreter_results, case):
+    """x is quantized by one launch; h by GEMM1's (GEMV1's) epilogue, except with MXFP8 on FP8 dots, whose per-row
+    rebase needs whole rows of h and so a second launch."""
+    row = interpreter_results[case]
+    assert "error" not in row, row.get("error")
+    fp8_dots = case.startswith("nvfp4-") or case.endswith("-fp8")
+    assert row["quantize_launches"] == (2 if fp8_dots and "-mxfp8-" in case else 1), row
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,11 +460,13 @@ def test_cuda_w4a8_fp8_dots_on_mxfp4_weights_match_emulation(tokens, scheme):
 
 def _check_cuda_layer(name, tokens, scheme, mma):
     from backends.triton_moe import moe_forward
+    from backends.triton_moe.testing import SHAPES
 
     ckpt, weights = _cuda_layer(name)
     x, route, scales = _cuda_inputs(name, tokens, scheme)
     out = moe_forward(x, weights, **route, act_quant=scheme, w4a8_mma=mma, **scales)
-    stats = _compare_w4a8(out, _reference(ckpt, x, route, scheme, scales), scheme)
+    fp8_dots = SHAPES[name].format == "nvfp4" or mma == "fp8"
+    stats = _compare_w4a8(out, _reference(ckpt, x, route, scheme, scales, fp8_dots), scheme)
     print(json.dumps({"layer": name, "tokens": tokens, "scheme": scheme, "w4a8_mma": mma, **stats}))
     assert stats["shape_ok"] and stats["finite"], stats
     assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats
@@ -426,7 +485,7 @@ def test_cuda_w4a8_tensor_core_sums_stay_near_the_emulation(name, scheme, monkey
     x, route, scales = _cuda_inputs(name, 1000, scheme)
     monkeypatch.setenv(FP8_ACCUMULATE_ENV, "tensor-core")
     out = moe_forward(x, weights, **route, act_quant=scheme, w4a8_mma="fp8", **scales)
-    stats = compare(out, _reference(ckpt, x, route, scheme, scales),
+    stats = compare(out, _reference(ckpt, x, route, scheme, scales, fp8_dots=True),
                     rel_l2_tol=tolerance("w4a8_tensor_core_sums_rel_l2")["rtol"], rtol=1.0, atol_rms_units=1e9)
     print(json.dumps({"layer": name, "scheme": scheme, **stats}))
     assert stats["shape_ok"] and stats["finite"] and stats["rel_l2_ratio"] <= 1.0, stats

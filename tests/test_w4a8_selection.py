@@ -243,6 +243,8 @@ def test_emulation_fallback_fake_quantizes_fp8(fmt, key):
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_interpreter_moelayer_w4a8_matches_the_emulation(fmt):
+    """Against the emulation of what the kernels compute: FP8 dots' rebased operands for NVFP4 weights, bf16 dots'
+    fake-quantized ones for MXFP4's (forward.resolve_w4a8_mma)."""
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
     rows = interpreter_worker_rows(__file__, (fmt,))
     for key in FP8_KEYS:
@@ -266,7 +268,7 @@ def _worker(fmt: str) -> None:
             scales = dict(a1_scale=weights.w13_input_scale.max().reshape(1),
                           a2_scale=weights.w2_input_scale.max().reshape(1))
         ref = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=TOP_K,
-                                    activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=True,
+                                    activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=fmt == "nvfp4",
                                     **scales).float()
         w4a16 = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=TOP_K,
                                       activation="swigluoai").float()
@@ -318,7 +320,7 @@ def test_cuda_moelayer_w4a8_matches_the_emulation(fmt, key):
     if scheme == "fp8_per_tensor_static":
         scales = dict(a1_scale=weights.w13_input_scale.max().reshape(1), a2_scale=weights.w2_input_scale.max().reshape(1))
     ref = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=TOP_K,
-                                activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=True,
+                                activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=fmt == "nvfp4",
                                 **scales).float()
     assert float((y - ref).norm() / ref.norm()) <= tolerance("w4a8_moe_rel_l2")["rtol"]
 

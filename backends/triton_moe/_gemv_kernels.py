@@ -249,7 +249,9 @@ def gemv1_act_kernel(
     (8 per row group). ROUTE: the token's top-k of its router logits, picked by each of its programs as
     topk_route_kernel picks them; the (j = 0, first columns) program alone weighs them as topk_route_kernel does and
     stores ids and weights for GEMV2; else ids_ptr holds the pairs' experts (any integer dtype). ACT_QUANT 3 (W4A8
-    static FP8, x the E4M3 values of x / a1): _act_store's mode 3 with qscale_ptr's [a1, 1/a1, a2, 1/a2]."""
+    static FP8, x the E4M3 values of x / a1): _act_store's mode 3 with qscale_ptr's [a1, 1/a1, a2, 1/a2]; ACT_QUANT 4
+    (W4A8 MXFP8, x its MXFP8 values): h stored as its MXFP8 values, a block of 32 columns per 4 row groups
+    (ROW_GROUPS 4 or 8)."""
     pair = tl.program_id(0)
     token = pair // TOP_K
     if ROUTE:
@@ -296,7 +298,7 @@ def gemv1_act_kernel(
     _act_store(tl.reshape(acc_g, (1, 32 * ROW_GROUPS)), tl.reshape(acc_u, (1, 32 * ROW_GROUPS)), expert,
                pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
                stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT=ACT_QUANT,
-               loaded=loaded, act_scales=act_scales)
+               loaded=loaded, act_scales=act_scales, MX_ENTRIES=4 * 32)  # a row's 4 lanes: 4 entries per column
 
 
 @triton.jit

@@ -527,15 +527,36 @@ def _rescale_groups(t, shift, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _mx_quant_rebased(t, ra, INTERPRETED: tl.constexpr):
-    """[ROWS, G * 32] activations (any float) -> the W4A8 'mxfp8' operand: each 32-column group (one MX block, in
-    either K order: the stored order permutes within 16-column runs) quantized to MXFP8 (E4M3 of t / 2^se), then
-    rebased to the row's exponent ra [ROWS] (formats.mxfp8_row_rebased)."""
+def _mx_blocks(t, ENTRIES: tl.constexpr, INTERPRETED: tl.constexpr):
+    """[ROWS, G * ENTRIES] activations (any float) -> MXFP8 (formats.quantize_mxfp8) of each block of ENTRIES
+    consecutive columns: (E4M3 elements of t / 2^se [ROWS, G, ENTRIES], E8M0 exponents se [ROWS, G]). ENTRIES is 32,
+    or a multiple where each column is held more than once (the decode kernels' four lanes of a row)."""
     ROWS: tl.constexpr = t.shape[0]
     COLS: tl.constexpr = t.shape[1]
-    g = tl.reshape(t.to(tl.float32), (ROWS, COLS // 32, 32))
+    g = tl.reshape(t.to(tl.float32), (ROWS, COLS // ENTRIES, ENTRIES))
     se = _mx_exp(tl.max(tl.abs(g), axis=2))
-    elem = _to_e4m3(g * _pow2(-se)[:, :, None], INTERPRETED)
+    return _to_e4m3(g * _pow2(-se)[:, :, None], INTERPRETED), se
+
+
+@triton.jit
+def _mx_values(t, ENTRIES: tl.constexpr, INTERPRETED: tl.constexpr):
+    """[ROWS, COLS] activations -> their MXFP8 values in fp32 (_mx_blocks' elements times 2^se), the operand that
+    bf16 dots multiply: the emulation's fake-quantized 'mxfp8' input (formats.qdq_activation 'fp8'), which is a
+    bf16 value wherever it is 2^-133 or more."""
+    ROWS: tl.constexpr = t.shape[0]
+    COLS: tl.constexpr = t.shape[1]
+    elem, se = _mx_blocks(t, ENTRIES, INTERPRETED)
+    return tl.reshape(elem.to(tl.float32) * _pow2_from_m127(se)[:, :, None], (ROWS, COLS))
+
+
+@triton.jit
+def _mx_quant_rebased(t, ra, INTERPRETED: tl.constexpr):
+    """[ROWS, G * 32] activations (any float) -> the FP8 dots' 'mxfp8' operand: each 32-column group (one MX block, in
+    either K order: the stored order permutes within 16-column runs) quantized to MXFP8, then rebased to the row's
+    exponent ra [ROWS] (formats.mxfp8_row_rebased)."""
+    ROWS: tl.constexpr = t.shape[0]
+    COLS: tl.constexpr = t.shape[1]
+    elem, se = _mx_blocks(t, 32, INTERPRETED)
     return _rescale_groups(tl.reshape(elem, (ROWS, COLS)), se - ra[:, None], INTERPRETED)
 
 
@@ -630,7 +651,7 @@ def _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N: tl.constexpr, str
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr = 0, rexp_ptr=None,
-               stride_re=0, qscale_ptr=None, loaded=None, act_scales=None):
+               stride_re=0, qscale_ptr=None, loaded=None, act_scales=None, MX_ENTRIES: tl.constexpr = 32):
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
 
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
@@ -638,7 +659,8 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
     MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on bf16 dots of the E4M3
     values, whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in
-    bf16. loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
+    bf16; ACT_QUANT 4 (MXFP8 on bf16 dots): h stored as its MXFP8 values in bf16, quantized from the fp32 activation
+    per MX block of 32 columns, MX_ENTRIES entries of a row (_mx_values; the tile's columns hold whole blocks). loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
     before its K loop; act_scales: mode 3's (a1, 1 / a2) (_static_act_scales), loaded by the caller, before its K
     loop where it has one: after it a load costs a memory latency at every program's end."""
     if loaded is None:
@@ -647,7 +669,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     if ACT_QUANT == 3:
         acc_g = acc_g * act_scales[0]
         acc_u = acc_u * act_scales[0]
-    elif ACT_QUANT != 0:
+    elif (ACT_QUANT == 1) | (ACT_QUANT == 2):
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
         a1 = 1.0
         if ACT_QUANT == 1:
@@ -675,6 +697,8 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     elif ACT_QUANT == 3:
         tl.store(h_ptrs, _round_bf16(_to_e4m3(h * act_scales[1], INTERPRETED).to(tl.float32), INTERPRETED),
                  mask=store_ok)
+    elif ACT_QUANT == 4:
+        tl.store(h_ptrs, _round_bf16(_mx_values(h, MX_ENTRIES, INTERPRETED), INTERPRETED), mask=store_ok)
     else:
         tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
 
@@ -1056,8 +1080,9 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, a1_ptr, a2_ptr, qscale_ptr, rows
     the GEMMs read, a2 at a2_ptr: in a CUDA graph torch's three small launches for them cost 3-5 µs at T = 1); 2 MXFP8
     rebased to the row's largest block exponent ra (_mx_quant_rebased; ra int32 to exp_ptr). The reciprocals are
     rounded to nearest, as torch's (formats.quantize_fp8_per_tensor). PADDED_ROWS (h, rows in GEMM1's padded row
-    blocks): rows past the alignment's padded_total_ptr[0] are skipped. VALUES_BF16: the codes' values (SCHEME 2:
-    times 2^ra) to a bf16 dst instead, for bf16 dots (exact: an E4M3 value times a power of two is a bf16 value)."""
+    blocks): rows past the alignment's padded_total_ptr[0] are skipped. VALUES_BF16: for bf16 dots, the operand's
+    values to a bf16 dst instead (an E4M3 value times a power of two is a bf16 value): SCHEME 1 its codes' values,
+    SCHEME 2 plain MXFP8 (_mx_values), with no row rebase, which only FP8 dots need."""
     row = tl.program_id(0)
     if PADDED_ROWS:
         rows = tl.minimum(rows, tl.load(padded_total_ptr))
@@ -1075,14 +1100,15 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, a1_ptr, a2_ptr, qscale_ptr, rows
     ok = cols < K
     v = tl.load(src_ptr + row.to(tl.int64) * stride_src + cols, mask=ok, other=0.0).to(tl.float32)
     if SCHEME == 2:
-        ra = _mx_exp(tl.max(tl.abs(v), axis=1))
-        tl.store(exp_ptr + row + tl.arange(0, 1), ra)
-        q = _mx_quant_rebased(v, ra, INTERPRETED)
+        if VALUES_BF16:
+            q = _mx_values(v, 32, INTERPRETED)
+        else:
+            ra = _mx_exp(tl.max(tl.abs(v), axis=1))
+            tl.store(exp_ptr + row + tl.arange(0, 1), ra)
+            q = _mx_quant_rebased(v, ra, INTERPRETED)
     else:
         q = _to_e4m3(v * inv_a1, INTERPRETED)
     if VALUES_BF16:
-        if SCHEME == 2:
-            q = q * _pow2_from_m127(ra)[:, None]
         tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, _round_bf16(q.to(tl.float32), INTERPRETED), mask=ok)
     else:
         tl.store(dst_ptr + row.to(tl.int64) * stride_dst + cols, q.to(tl.float8e4nv), mask=ok)

@@ -11,8 +11,9 @@
       5. top-k sum  fixed order over the k slots, cast to x.dtype                   _kernels.topk_sum_kernel
                     (or by the GEMM2 program that stores a token tile's last pair slice, on tickets the
                     alignment zeroed: TOPK_SUM_ENV / topk_sum=)
-    act_quant (W4A8): x, and for MXFP8 GEMM1's bf16 h, quantized to E4M3 once per row before the GEMM that reads
-    it (_kernels.act_quant_kernel); the GEMMs decode the weights to E4M3 by table lookup and run FP8 dots.
+    act_quant (W4A8): x quantized to FP8 once per row before GEMM1 (_kernels.act_quant_kernel), h by GEMM1's
+    epilogue (FP8 dots with MXFP8: by a second act_quant_kernel launch, as its per-row rebase needs whole rows); MXFP4
+    weights run the W4A16 kernels on the operands' bf16 values, NVFP4's the FP8 dots (resolve_w4a8_mma).
     decode (a config with .decode, W4A16, T = 1-2): two launches, no alignment, no split-K partials:
       GEMV1   per (token, slot) pair: routing in-program, gate/up rows, bias, activation  _gemv_kernels.gemv1_act_kernel
       GEMV2   per token: the k slots' rows, bias, router weight, summed in-program       _gemv_kernels.gemv2_sum_kernel
@@ -70,9 +71,10 @@ DEFAULT_SPLIT_EPILOGUE = "launch"
 TOPK_SUMS = ("fused", "launch")
 TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 DEFAULT_TOPK_SUM = "launch"
-#: act_quant values: None is W4A16 (bf16 activations); the others run both GEMMs as FP8 E4M3 tensor-core dots
-#: (W4A8, the numerics of backends.emulation.moe_forward(fp8_operands=True)): "fp8_per_tensor_static" with the
-#: checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32 along K).
+#: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
+#: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
+#: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores (MXFP4 weights),
+#: its fp8_operands=True on FP8 ones (W4A8_MMAS).
 ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
 #: Where a W4A8 dot's FP8 products reach fp32: "wgmma" - every wgmma's K = 32 sum is added to the fp32 accumulator
 #: (nearly the emulation's fp32 sums); "tensor-core" - all of K stays in the tensor core's accumulator, which keeps
@@ -80,12 +82,12 @@ ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
 FP8_ACCUMULATIONS = ("wgmma", "tensor-core")
 FP8_ACCUMULATE_ENV = "MOE_ORACLE_TRITON_FP8_ACCUMULATE"
 DEFAULT_FP8_ACCUMULATE = "wgmma"
-#: Which tensor cores multiply a W4A8 call's operands (the values of backends.emulation's fp8_operands numerics either
-#: way): "bf16" - the W4A16 kernels (tiles, and the decode kernels up to 2 tokens) on bf16 copies of those values,
-#: which is exact for MXFP4 weights: their rebased weights are the FP4 weights (rounded only in a row whose block
-#: scales span over 14 binades, far below the W4A8 tolerance), and MXFP8 values and static FP8's E4M3 values are
-#: bf16 values, static FP8's scales applied to the sums; "fp8" - FP8 dots on the weights rebased to E4M3 (the W4A8
-#: tiles). NVFP4's rebased weights are rounded to E4M3, no FP4 weight's value, so they take "fp8" only. Unforced
+#: Which tensor cores multiply a W4A8 call's operands: "bf16" - the W4A16 kernels (tiles, and the decode kernels up
+#: to 2 tokens) on the bf16 values of the FP4 weights and of the fake-quantized inputs (backends.emulation's
+#: numerics, vLLM's: MXFP8 per block of 32, static FP8's E4M3 values with the scales applied to the sums; each is a
+#: bf16 value), for MXFP4 weights only; "fp8" - FP8 dots (the W4A8 tiles) on operands rebased per row to one power
+#: of two (emulation's fp8_operands=True): the weights rebased to E4M3, MXFP8 inputs rebased per row. NVFP4's
+#: rebased weights are rounded to E4M3, no FP4 weight's value, so they take "fp8" only. Unforced
 #: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 that is 1.04-1.62x the
 #: speed of FP8 dots and 0.93-1.03x W4A16's at T >= 16 (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/).
 W4A8_MMAS = ("bf16", "fp8")
@@ -95,8 +97,13 @@ W4A8_MMA_ENV = "MOE_ORACLE_TRITON_W4A8_MMA"
 #: takes 64-94 of them). A kernel that loads its next step ahead runs at tuning.DECODE_AHEAD_MAXNREG instead: more
 #: registers than that cost it warps (benchmarks/results/decode-kernels-h100-2026-11-27/sweeps-register-pipelines/).
 DECODE_MAXNREG = 128
-#: The kernels' ACT_QUANT constexpr of each act_quant.
+#: The kernels' ACT_QUANT constexpr of each act_quant: on FP8 dots (the codes' scales and row exponents on the sums),
+#: and on bf16 dots (static FP8: a1 / a2 on the sums and h's E4M3 values written by GEMM1; MXFP8: h's MXFP8 values
+#: written by GEMM1, GEMM2 multiplying them as they are).
 _ACT_QUANT_IDS = {None: 0, "fp8_per_tensor_static": 1, "mxfp8": 2}
+_BF16_ACT_QUANT_IDS = {None: (0, 0), "fp8_per_tensor_static": (3, 3), "mxfp8": (4, 0)}  # (GEMM1, GEMM2)
+#: Columns of an MX block: a GEMM1 tile (or GEMV1 program) that quantizes h to MXFP8 holds whole blocks.
+_MX_BLOCK = 32
 
 
 def _fail(kind, message: str):
@@ -272,11 +279,12 @@ def moe_forward(
     if config is None:
         arch, gpu = tuning.device_gpu(x.device)
         config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
-        if mma == "fp8":
-            config = tuning.fp8_config(arch, config)
+        config = tuning.w4a8_config(arch, config, act_quant, mma)
     decode = takes_decode_kernels(config, mma)
     if decode:
         _check_decode(config.decode, k)
+    if act_quant == "mxfp8" and mma == "bf16":
+        _check_mx_epilogue(config, decode)
     kernels = _kernels_for(x.device)
     if decode:
         _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, config.decode,
@@ -428,9 +436,9 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     the alignment zeroed them after GEMM1's), or topk_sum_kernel does.
     (Folding that epilogue into GEMM2's activation loads gave the same bits but an 8.4x slower GEMM2 on an H200,
     because every GEMM2 column program re-reads the fp32 slices.) act_quant (W4A8; static_scales (a1, a2)):
-    act_quant_kernel quantizes x (and, MXFP8, GEMM1's bf16 h) once per row; with fp8 (the weights' W4A8 data,
-    _w4a8_data) to E4M3 codes, which FP8 dots multiply as loaded, else to their bf16 values, which the W4A16 tiles
-    multiply (static FP8: GEMM1's epilogue writes h so, its scales applied to the sums: ACT_QUANT 3)."""
+    act_quant_kernel quantizes x once per row; with fp8 (the weights' W4A8 data, _w4a8_data) to E4M3 codes, which FP8
+    dots multiply as loaded (MXFP8: GEMM1's bf16 h too, rebased per row), else to their bf16 values, which the W4A16
+    tiles multiply, GEMM1's epilogue writing h's (static FP8: ACT_QUANT 3, its scales on the sums; MXFP8: 4)."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -448,13 +456,13 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
     rows = al.num_blocks * c1.block_m
     if fp8 is not None:
-        act_quant_id = _ACT_QUANT_IDS[act_quant]
+        act_quant_id = gemm2_act_quant_id = _ACT_QUANT_IDS[act_quant]
         w13, w2, s13, s2 = fp8["w13_fp8"], fp8["w2_fp8"], fp8["w13_lut_code"], fp8["w2_lut_code"]
         r13, r2 = fp8["w13_row_exp"], fp8["w2_row_exp"]
         lut = w4a8_lut_table(x.device)
         x, x_exp, qscale = _quantize_rows(kernels, x, act_quant_id, static_scales, None, interpreted)
     else:
-        act_quant_id = 3 if act_quant == "fp8_per_tensor_static" else 0  # MXFP8 values need no scale of their own
+        act_quant_id, gemm2_act_quant_id = _BF16_ACT_QUANT_IDS[act_quant]
         if act_quant is not None:
             x, qscale = _operand_values(kernels, x, act_quant, static_scales)
     qs = qscale if qscale is not None else unused
@@ -494,11 +502,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
             SPLIT_K=c1.split_k, BLOCK_M=c1.block_m, BLOCK_N=epi_n, NVFP4=nvfp4, ACTIVATION=act_id,
             HAS_BIAS=weights.w13_bias is not None, INTERPRETED=interpreted, ACT_QUANT=act_quant_id, num_warps=4,
         )
-    if act_quant == "mxfp8":  # rebased per h row, which spans GEMM1's column tiles
-        if fp8 is not None:
-            h, h_exp, _ = _quantize_rows(kernels, h, act_quant_id, None, al.padded_total, interpreted)
-        else:
-            h, _ = _operand_values(kernels, h, act_quant, None, al.padded_total)
+    if act_quant == "mxfp8" and fp8 is not None:  # rebased per h row, which spans GEMM1's column tiles
+        h, h_exp, _ = _quantize_rows(kernels, h, act_quant_id, None, al.padded_total, interpreted)
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
     last_pair_sums = sum_tickets > 0
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
@@ -510,7 +515,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         s2.stride(1), b2.stride(0), pair_out.stride(1), pair_out.stride(0), out.stride(0), stride_r2,
         **gemm_constexprs(2, c2, k_size=inter, nvfp4=nvfp4, wgmma=wgmma2, interpreted=interpreted, folded=folded,
                           has_bias=weights.w2_bias is not None),
-        LAST_PAIR_SUMS=last_pair_sums, TOP_K=k, ACT_QUANT=act_quant_id,
+        LAST_PAIR_SUMS=last_pair_sums, TOP_K=k, ACT_QUANT=gemm2_act_quant_id,
         FP8_PROMOTE=fp8_accumulate == "wgmma",
         num_warps=c2.num_warps, num_stages=c2.num_stages, maxnreg=c2.maxnreg,
     )
@@ -537,6 +542,18 @@ def _check_decode(decode: tuning.DecodeConfig, top_k: int) -> None:
                   f"{tuning.GEMV_MAX_WARPS}: lower row_groups or k_slices")
 
 
+def _check_mx_epilogue(config: tuning.MoEConfig, decode: bool) -> None:
+    """MXFP8 on bf16 dots quantizes h in GEMM1's epilogue: each GEMM1 tile, or GEMV1 program, must hold whole MX blocks
+    of h's columns (tuning.mx_epilogue_config makes a selected config so)."""
+    if decode and config.decode.gemv1.row_groups * tuning.GEMV1_COLUMNS_PER_WARP % _MX_BLOCK:
+        _fail(ValueError, f"config.decode.gemv1={config.decode.gemv1}: W4A8 MXFP8 quantizes h per {_MX_BLOCK} columns "
+              f"in GEMV1, which needs row_groups 4 or 8 ({tuning.GEMV1_COLUMNS_PER_WARP} columns each); pass "
+              f"tuning.mx_epilogue_config(config)")
+    if not decode and config.gemm1.block_n % _MX_BLOCK:
+        _fail(ValueError, f"config.gemm1.block_n={config.gemm1.block_n}: W4A8 MXFP8 quantizes h per {_MX_BLOCK} "
+              f"columns in GEMM1's epilogue, which needs a multiple of {_MX_BLOCK}")
+
+
 def _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize):
     """(ids, weights) for the tile path: as given, or None (router logits at T * E <= ROUTE_IN_ALIGN_LOGITS: routed
     inside the alignment launch, _routing.route_and_align), or routed now."""
@@ -552,8 +569,8 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
                    swiglu, folded, act_quant=None, static_scales=None):
     """GEMV1 + activation per pair, then GEMV2 + router weight + top-k sum per token (_gemv_kernels). With
     router_logits (ids None) GEMV1 routes in-program and writes the ids and weights GEMV2 reads. W4A8 (act_quant):
-    each GEMV reads its input as the operand's values in bf16 (_operand_values; static FP8: GEMV1's epilogue writes
-    h so, and each GEMV scales its sums by the input scale: static_scales (a1, a2))."""
+    each GEMV reads its input as the operand's values in bf16 (x: _operand_values; h: GEMV1's epilogue; static FP8
+    scales each GEMV's sums by its input scale, static_scales (a1, a2))."""
     from backends.triton_moe import _gemv_kernels as gemv
 
     static = act_quant == "fp8_per_tensor_static"
@@ -583,14 +600,12 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     constexprs, options = gemv_constexprs(
         1, g1, **shared, has_bias=weights.w13_bias is not None, route=router_logits is not None, experts=experts,
         renormalize=renormalize, act=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
-        static_fp8=static)
+        act_quant=act_quant)
     gemv.gemv1_act_kernel[(tokens * k, inter // (tuning.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
         x, w13, s13, gs13, b13, h, logits, ids, route_w,
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
         h.stride(0), logits.stride(0), *swiglu, qscale, **constexprs, **options)
-    if act_quant == "mxfp8":
-        h, _ = _operand_values(kernels, h, act_quant, None)
-    constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None, static_fp8=static)
+    constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None, act_quant=act_quant)
     gemv.gemv2_sum_kernel[(tokens, hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
@@ -599,13 +614,13 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
 
 def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: bool, folded: bool,
                     interpreted: bool, has_bias: bool, route: bool = False, experts: int = 0,
-                    renormalize: bool = False, act: int = 0, static_fp8: bool = False) -> tuple[dict, dict]:
+                    renormalize: bool = False, act: int = 0, act_quant: str | None = None) -> tuple[dict, dict]:
     """(compile-time arguments, launch options) of GEMV1 (gemv=1: routing from `experts` router logits when route,
     activation id act) or GEMV2 (gemv=2) with warps `launch`, K and N aside: _launch_decode launches with them and
-    benchmarks/count_decode_sass.py compiles the same set. static_fp8: W4A8 static FP8 inputs, both GEMVs' ACT_QUANT 3
-    as in the tiles (their scales on the sums, GEMV1 writing h as E4M3 values)."""
+    benchmarks/count_decode_sass.py compiles the same set. act_quant (W4A8): the tiles' bf16-dot ACT_QUANT of that
+    GEMV (_BF16_ACT_QUANT_IDS: static FP8's scales on the sums, GEMV1 writing h's FP8 values)."""
     constexprs = dict(TOP_K=top_k, ROW_GROUPS=launch.row_groups, K_SLICES=launch.k_slices, HAS_BIAS=has_bias,
-                      ACT_QUANT=3 if static_fp8 else 0,
+                      ACT_QUANT=_BF16_ACT_QUANT_IDS[act_quant][gemv - 1],
                       LOADS_AHEAD=launch.loads_ahead, SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"],
                       NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted)
     if gemv == 1:
@@ -623,7 +638,7 @@ def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interprete
     """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8', the fp32 [a1, 1/a1, a2, 1/a2] for static
     FP8 or None) of act_quant_kernel's scheme (_ACT_QUANT_IDS): static FP8 (GEMM1's input) times 1 / a1 of
     static_scales (a1, a2), or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows.
-    values_bf16: the codes' values in bf16 ('mxfp8': times 2^ra) in place of the codes."""
+    values_bf16: the bf16 dots' operand in bf16 in place of the codes (act_quant_kernel's VALUES_BF16)."""
     dst = torch.empty(src.shape, dtype=torch.bfloat16 if values_bf16 else torch.float8_e4m3fn, device=src.device)
     exps = torch.empty(max(src.shape[0], 1), dtype=torch.int32, device=src.device)
     qscale = torch.empty(4, dtype=torch.float32, device=src.device) if static_scales is not None else None
@@ -637,12 +652,11 @@ def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interprete
     return dst, exps, qscale
 
 
-def _operand_values(kernels, src, act_quant, static_scales, padded_total=None):
+def _operand_values(kernels, src, act_quant, static_scales):
     """(src [R, K] as the bf16 values of the W4A8 GEMM input, which the W4A16 kernels multiply; static FP8's
-    [a1, 1/a1, a2, 1/a2] or None), one launch: 'mxfp8' the operand (formats.mxfp8_row_rebased), static FP8 the E4M3
-    values of src / a1 (its scale goes on the sums); with padded_total (h of the tiles) only the alignment's padded
-    rows."""
-    values, _, qscale = _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], static_scales, padded_total,
+    [a1, 1/a1, a2, 1/a2] or None), one launch: 'mxfp8' its MXFP8 values (formats.qdq_activation 'fp8'), static FP8
+    the E4M3 values of src / a1 (its scale goes on the sums)."""
+    values, _, qscale = _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], static_scales, None,
                                        kernels.INTERPRETED, values_bf16=True)
     return values, qscale
 

@@ -35,7 +35,14 @@ from backends.triton_moe.tuning.configs import (
     gemv2_slots,
     launch_dict,
 )
-from backends.triton_moe.tuning.heuristics import DECODE_KERNEL_TOKENS, decode_kernels, fp8_config, heuristic_config
+from backends.triton_moe.tuning.heuristics import (
+    DECODE_KERNEL_TOKENS,
+    decode_kernels,
+    fp8_config,
+    heuristic_config,
+    mx_epilogue_config,
+    w4a8_config,
+)
 from backends.triton_moe.tuning.tables import (
     MODELINE,
     TABLE_DIR,
@@ -55,8 +62,9 @@ __all__ = ["ArchFacts", "DECODE_AHEAD_MAXNREG", "DECODE_KERNEL_TOKENS", "DecodeC
            "GEMV_MAX_WARPS", "GemvLaunch", "Gpu",
            "LaunchConfig", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
            "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
-           "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "read_table", "reload_user_tables",
-           "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir", "validate_table"]
+           "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "mx_epilogue_config", "read_table",
+           "reload_user_tables", "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir",
+           "validate_table", "w4a8_config"]
 
 
 def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tables: bool = True) -> MoEConfig:

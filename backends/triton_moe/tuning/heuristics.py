@@ -172,6 +172,30 @@ def _one_wave_ahead(programs: int, warps: int, sm_count: int) -> bool:
     return programs <= per_sm * sm_count
 
 
+def w4a8_config(arch: ArchFacts, config: MoEConfig, act_quant: str | None, mma: str | None) -> MoEConfig:
+    """The launch config of a W4A8 call (act_quant, on the tensor cores `mma` of forward.resolve_w4a8_mma) from the
+    W4A16 one that the tables and heuristics give: fp8_config for FP8 dots, mx_epilogue_config for MXFP8 on bf16
+    dots; W4A16 and static FP8 on bf16 dots run it as it is."""
+    if mma == "fp8":
+        return fp8_config(arch, config)
+    if act_quant == "mxfp8":
+        return mx_epilogue_config(config)
+    return config
+
+
+def mx_epilogue_config(config: MoEConfig) -> MoEConfig:
+    """The W4A8 MXFP8 launch config on bf16 dots from a W4A16 one: GEMV1 quantizes h per MX block of 32 columns in its
+    epilogue, so a program needs 4 or 8 row groups (8 columns each); fewer are raised to 4, the K slices lowered so
+    that a program keeps its warps. The tiles' block_n (64 or 128) holds whole blocks already."""
+    decode = config.decode
+    if decode is None or decode.gemv1.row_groups * GEMV1_COLUMNS_PER_WARP % 32 == 0:
+        return config
+    gemv1 = decode.gemv1
+    k_slices = max(1, gemv1.k_slices * gemv1.row_groups // 4)
+    return replace(config, decode=replace(decode, gemv1=replace(gemv1, row_groups=4, k_slices=k_slices)),
+                   source=f"{config.source}+mxfp8:gemv1 4x{k_slices}")
+
+
 def fp8_config(arch: ArchFacts, config: MoEConfig) -> MoEConfig:
     """The W4A8 (FP8 activations) launch config from a W4A16 one (tables and heuristics were measured with bf16
     dots): a GEMM tile of fewer warps than a wgmma warpgroup gets one, because Triton runs an FP8 dot of fewer warps
