@@ -660,7 +660,8 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on bf16 dots of the E4M3
     values, whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in
     bf16; ACT_QUANT 4 (MXFP8 on bf16 dots): h stored as its MXFP8 values in bf16, quantized from the fp32 activation
-    per MX block of 32 columns, MX_ENTRIES entries of a row (_mx_values; the tile's columns hold whole blocks). loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
+    per MX block of 32 columns, MX_ENTRIES entries of a row (_mx_values; the tile's columns hold whole blocks).
+    loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
     before its K loop; act_scales: mode 3's (a1, 1 / a2) (_static_act_scales), loaded by the caller, before its K
     loop where it has one: after it a load costs a memory latency at every program's end."""
     if loaded is None:
