@@ -268,7 +268,7 @@ class Layer:
                 from backends import emulation
 
                 return lambda x, logits: emulation.moe_forward(x, **self.ckpt, router_logits=logits, **self.call)
-            return functools.partial(self.reference, run.scheme)
+            return functools.partial(self.reference, run.scheme, self.mma(run))
         from backends.triton_moe import moe_forward
 
         quant = {"act_quant": run.scheme, "w4a8_mma": run.mma, **self._extra(run.scheme)} if run.scheme else {}

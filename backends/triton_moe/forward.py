@@ -31,6 +31,7 @@ from importlib.metadata import version
 
 import torch
 
+from backends.formats import MX_BLOCK_SIZE
 from backends.layouts.triton_moe import (
     FORMATS,
     SCALE_BLOCK,
@@ -89,7 +90,8 @@ DEFAULT_FP8_ACCUMULATE = "wgmma"
 #: of two (emulation's fp8_operands=True): the weights rebased to E4M3, MXFP8 inputs rebased per row. NVFP4's
 #: rebased weights are rounded to E4M3, no FP4 weight's value, so they take "fp8" only. Unforced
 #: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 that is 1.04-1.62x the
-#: speed of FP8 dots and 0.93-1.03x W4A16's at T >= 16 (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/).
+#: speed of FP8 dots (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/) and 0.97-1.03x W4A16's at T >= 16
+#: (w4a8-mx-blocks-h100-2026-11-27/).
 W4A8_MMAS = ("bf16", "fp8")
 W4A8_MMA_ENV = "MOE_ORACLE_TRITON_W4A8_MMA"
 #: Register cap of the decode kernels (_gemv_kernels) without loads ahead. ptxas otherwise holds them to 64
@@ -102,8 +104,6 @@ DECODE_MAXNREG = 128
 #: written by GEMM1, GEMM2 multiplying them as they are).
 _ACT_QUANT_IDS = {None: 0, "fp8_per_tensor_static": 1, "mxfp8": 2}
 _BF16_ACT_QUANT_IDS = {None: (0, 0), "fp8_per_tensor_static": (3, 3), "mxfp8": (4, 0)}  # (GEMM1, GEMM2)
-#: Columns of an MX block: a GEMM1 tile (or GEMV1 program) that quantizes h to MXFP8 holds whole blocks.
-_MX_BLOCK = 32
 
 
 def _fail(kind, message: str):
@@ -545,13 +545,14 @@ def _check_decode(decode: tuning.DecodeConfig, top_k: int) -> None:
 def _check_mx_epilogue(config: tuning.MoEConfig, decode: bool) -> None:
     """MXFP8 on bf16 dots quantizes h in GEMM1's epilogue: each GEMM1 tile, or GEMV1 program, must hold whole MX blocks
     of h's columns (tuning.mx_epilogue_config makes a selected config so)."""
-    if decode and config.decode.gemv1.row_groups * tuning.GEMV1_COLUMNS_PER_WARP % _MX_BLOCK:
-        _fail(ValueError, f"config.decode.gemv1={config.decode.gemv1}: W4A8 MXFP8 quantizes h per {_MX_BLOCK} columns "
+    block = MX_BLOCK_SIZE
+    if decode and config.decode.gemv1.row_groups * tuning.GEMV1_COLUMNS_PER_WARP % block:
+        _fail(ValueError, f"config.decode.gemv1={config.decode.gemv1}: W4A8 MXFP8 quantizes h per {block} columns "
               f"in GEMV1, which needs row_groups 4 or 8 ({tuning.GEMV1_COLUMNS_PER_WARP} columns each); pass "
               f"tuning.mx_epilogue_config(config)")
-    if not decode and config.gemm1.block_n % _MX_BLOCK:
-        _fail(ValueError, f"config.gemm1.block_n={config.gemm1.block_n}: W4A8 MXFP8 quantizes h per {_MX_BLOCK} "
-              f"columns in GEMM1's epilogue, which needs a multiple of {_MX_BLOCK}")
+    if not decode and config.gemm1.block_n % block:
+        _fail(ValueError, f"config.gemm1.block_n={config.gemm1.block_n}: W4A8 MXFP8 quantizes h per {block} "
+              f"columns in GEMM1's epilogue, which needs a multiple of {block}")
 
 
 def _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize):

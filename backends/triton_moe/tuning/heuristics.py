@@ -188,7 +188,7 @@ def mx_epilogue_config(config: MoEConfig) -> MoEConfig:
     epilogue, so a program needs 4 or 8 row groups (8 columns each); fewer are raised to 4, the K slices lowered so
     that a program keeps its warps. The tiles' block_n (64 or 128) holds whole blocks already."""
     decode = config.decode
-    if decode is None or decode.gemv1.row_groups * GEMV1_COLUMNS_PER_WARP % 32 == 0:
+    if decode is None or decode.gemv1.row_groups * GEMV1_COLUMNS_PER_WARP % 32 == 0:  # formats.MX_BLOCK_SIZE
         return config
     gemv1 = decode.gemv1
     k_slices = max(1, gemv1.k_slices * gemv1.row_groups // 4)
