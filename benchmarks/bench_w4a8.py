@@ -2,15 +2,15 @@
 
 Per layer (default gpt-oss-120b and deepseek-v3 of backends/model_shapes.py) and T: this project's W4A16 layer with
 its tuned config ("this project (tuned)", as benchmarks/bench_matrix.py), and the W4A8 layer as moe_forward runs
-it (MXFP4 weights: the W4A16 kernels on the operands' bf16 values, with the same config; NVFP4: FP8 dots, with
-tuning.fp8_config's warpgroup where the tables give fewer warps; forward.resolve_w4a8_mma), with dynamic MXFP8
+it (the W4A16 kernels on the operands' bf16 values, with the config tuning.w4a8_config derives from W4A16's;
+forward.resolve_w4a8_mma), with dynamic MXFP8
 activations ("this project W4A8 mxfp8", the rules' kMxfp8Dynamic) and with static per-tensor FP8 activations
 ("this project W4A8 fp8 static", kFp8StaticTensorSym; the input scales calibrated once on a 256-token batch, as a
-checkpoint's input_scale), both over converter_w4a8's weights; plus the memory floor, the
+checkpoint's input_scale); plus the memory floor, the
 bf16-matmul bound (6·T·k·H·I FLOP at this run's 8192^3 bf16 matmul rate) and the FP8-matmul bound (the same FLOP
 at this run's 8192^3 FP8 E4M3 torch._scaled_mm rate). --variants adds, at T >= 4096, A/B rows of the W4A8 layer
 with other launch configs (VARIANTS: the W4A16 tables were tuned for bf16 dots), named "<scheme's row> [<variant>]";
---fp8-dots adds, on MXFP4 layers, the W4A8 layer with FP8 dots forced (w4a8_mma="fp8"), "<scheme's row> [fp8 dots]".
+--fp8-dots adds the W4A8 layer with FP8 dots forced (w4a8_mma="fp8"), "<scheme's row> [fp8 dots]".
 
 Every W4A8 row is checked against the emulation of what its kernels compute on up to 256 tokens
 before it is timed; its note gives that relative L2, the speedup over the W4A16 row of the same T and the fraction
@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variants", default="", help=f"comma-separated launch configs also timed for the W4A8 layer at "
                                                   f"T >= {VARIANT_MIN_TOKENS}: {', '.join(VARIANTS)}")
     p.add_argument("--fp8-dots", action="store_true",
-                   help="on MXFP4 layers also time each scheme with FP8 dots forced (w4a8_mma='fp8')")
+                   help="also time each scheme with FP8 dots forced (w4a8_mma='fp8')")
     p.add_argument("--iters", type=int, default=10, help="graph replays per row (median)")
     p.add_argument("--run-id", default=None, help="default: <gpu>-w4a8-<UTC date and time>")
     p.add_argument("--commit", default=os.environ.get("MOE_ORACLE_COMMIT", "unknown"))
@@ -247,7 +247,7 @@ class Layer:
         """The tensor cores the row runs on (forward.resolve_w4a8_mma; None for W4A16)."""
         from backends.triton_moe.forward import resolve_w4a8_mma
 
-        return resolve_w4a8_mma(run.scheme, self.shape.format, run.mma)
+        return resolve_w4a8_mma(run.scheme, run.mma)
 
     def config(self, run: Run, tokens: int):
         """The launch config (GPU; None in the dry run): a VARIANTS entry, else what moe_forward would choose (the
@@ -311,7 +311,7 @@ def run_layer(name: str, device: Device, args, env: dict, emit_row, flush) -> No
         n = min(tokens, CHECK_TOKENS)
         references: dict = {}
         w4a16_us = None
-        for run in runs_at(tokens, args.schemes, args.variants, args.fp8_dots and shape.format == "mxfp4"):
+        for run in runs_at(tokens, args.schemes, args.variants, args.fp8_dots):
             described, check = "", 0.0
             try:
                 config = layer.config(run, tokens)  # chosen before any graph capture

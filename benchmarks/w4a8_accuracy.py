@@ -3,8 +3,8 @@
 Layer table: for MXFP4 and NVFP4 weights and each activation scheme (W4A16 = BF16 activations; W4A8 with static
 per-tensor FP8 = kFp8StaticTensorSym, the scales calibrated on another batch of the same distribution as a checkpoint's
 input_scale; W4A8 with dynamic MXFP8 = kMxfp8Dynamic), the output of `backends.emulation.moe_forward` with the W4A8
-kernels' numerics (what backends.triton_moe's act_quant path is checked against: fake quantization on MXFP4 weights,
-which run bf16 dots, fp8_operands=True on NVFP4's, which run FP8 dots) against
+kernels' numerics: fake quantization (vLLM's, what backends.triton_moe computes on bf16 tensor cores and EMULATION
+runs), and the FP8 dots' operands (fp8_operands=True, forced with w4a8_mma='fp8'), against
 
 * the W4A16 layer (BF16 activations, the same quantized weights), and
 * the fp32 reference (the same dequantized weights, unquantized fp32 activations),
@@ -46,22 +46,15 @@ SHAPES = {
     "gpt-oss-like": (16, 768, 768, 4, "swigluoai", "interleaved"),       # gpt-oss-120b: 128 x 2880 x 2880, top 4
     "deepseek-like": (32, 896, 256, 8, "silu", "contiguous"),            # DeepSeek-V3: 256 x 7168 x 2048, top 8
 }
-#: (scheme, numerics): "kernel" = the W4A8 kernels' operands (FP8 dots, NVFP4: fp8_operands=True, weights rebased
-#: per row to E4M3, MXFP8 rows rebased to one power of two; bf16 dots, MXFP4: the fake-quant ones); "fake-quant" = FP8
-#: fake-quantized inputs on exact fp32 weights (vLLM's emulation, what EMULATION runs for an FP8 question): the gap
-#: between the two is what the kernels' operands cost
-VARIANTS = (("w4a16", "bf16"), ("fp8_per_tensor_static", "kernel"), ("mxfp8", "kernel"),
-            ("fp8_per_tensor_static", "fake-quant"), ("mxfp8", "fake-quant"))
+#: (scheme, numerics): "fake-quant" = FP8 fake-quantized inputs on exact fp32 weights (vLLM's emulation: what the
+#: W4A8 kernels compute on bf16 tensor cores, and EMULATION for an FP8 question); "fp8 dots" = the operands of the
+#: forced FP8 dots (fp8_operands=True: weights rebased per row to E4M3, MXFP8 rows rebased to one power of two): the
+#: gap between the two is what those operands cost
+VARIANTS = (("w4a16", "bf16"), ("fp8_per_tensor_static", "fake-quant"), ("mxfp8", "fake-quant"),
+            ("fp8_per_tensor_static", "fp8 dots"), ("mxfp8", "fp8 dots"))
 ACTIVATION_KEYS = {"fp8_per_tensor_static": "kFp8StaticTensorSym", "mxfp8": "kMxfp8Dynamic"}
 OUTLIER_FACTORS = (20.0, 40.0, 70.0, 100.0)
 TOKENS = 256
-
-
-def fp8_dots(scheme: str, fmt: str) -> bool:
-    """Whether the W4A8 kernels multiply this format's weights on FP8 tensor cores (forward.resolve_w4a8_mma)."""
-    from backends.triton_moe.forward import resolve_w4a8_mma
-
-    return resolve_w4a8_mma(scheme, fmt) == "fp8"
 
 
 def activations(tokens: int, hidden: int, outliers: bool, gen: torch.Generator,
@@ -131,8 +124,7 @@ def layer_rows() -> list[dict]:
                         extra = scales if scheme == "fp8_per_tensor_static" else {}
                         y = emulation.moe_forward(x, **layer, router_logits=logits, **call,
                                                   gemm_input_schemes=(scheme, scheme),
-                                                  fp8_operands=numerics == "kernel" and fp8_dots(scheme, fmt),
-                                                  **extra)
+                                                  fp8_operands=numerics == "fp8 dots", **extra)
                     for against, reference in (("fp32", ref), ("w4a16", w4a16)):
                         if scheme == "w4a16" and against == "w4a16":
                             continue
@@ -252,10 +244,9 @@ def write(rows: list[dict], path: Path) -> None:
 
 def markdown(layer: list[dict], logits: list[dict]) -> str:
     lines = ["# W4A8 accuracy (CPU, backends.emulation)", "",
-             "`kernel`: the W4A8 kernels' operand numerics (what backends.triton_moe's act_quant path is checked "
-             "against: NVFP4 weights on FP8 dots, emulation fp8_operands=True; MXFP4 weights on bf16 dots, the "
-             "fake-quant numerics); `fake-quant`: FP8 fake-quantized inputs on exact weights (vLLM's "
-             "emulation, what the EMULATION backend runs for an FP8 question).", "",
+             "`fake-quant`: FP8 fake-quantized inputs on exact weights (vLLM's emulation numerics: what the W4A8 "
+             "kernels compute on bf16 tensor cores, and the EMULATION backend for an FP8 question); `fp8 dots`: the "
+             "operands of the FP8 dots that `w4a8_mma='fp8'` forces (emulation fp8_operands=True).", "",
              f"{TOKENS} tokens; rel L2 = ||y - ref|| / ||ref||, peak = max |y - ref| / RMS(ref). "
              "`outliers`: 4 hidden channels scaled x20, x40, x70, x100. Static FP8 scales calibrated on another batch.",
              "", "| shape | format | activations | scheme | vs fp32: rel L2 | vs fp32: peak | vs W4A16: rel L2 | "

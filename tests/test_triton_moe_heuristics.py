@@ -238,19 +238,17 @@ def test_fp8_config_keeps_the_decode_kernels_warps():
     assert got.gemm1.num_warps == facts_by_name("sm90").wgmma_min_warps and got.decode == decode
 
 
-def test_w4a16_and_w4a8_on_mxfp4_weights_take_the_decode_kernels(monkeypatch):
+def test_w4a16_and_w4a8_take_the_decode_kernels_unless_fp8_dots_are_forced(monkeypatch):
     from backends.triton_moe.forward import W4A8_MMA_ENV, resolve_w4a8_mma, takes_decode_kernels
     from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig
 
     monkeypatch.delenv(W4A8_MMA_ENV, raising=False)
     tiles = LaunchConfig(16, 64, 128, 8, True, 4, 4)
     with_decode = MoEConfig(tiles, tiles, "t", DecodeConfig(GemvLaunch(4, 2), GemvLaunch(1, 4)))
-    taken = {(act_quant, fmt): takes_decode_kernels(with_decode, resolve_w4a8_mma(act_quant, fmt))
-             for act_quant in (None, "mxfp8", "fp8_per_tensor_static") for fmt in ("mxfp4", "nvfp4")}
-    assert taken == {(None, "mxfp4"): True, (None, "nvfp4"): True, ("mxfp8", "mxfp4"): True,
-                     ("mxfp8", "nvfp4"): False, ("fp8_per_tensor_static", "mxfp4"): True,
-                     ("fp8_per_tensor_static", "nvfp4"): False}
-    assert not takes_decode_kernels(with_decode, resolve_w4a8_mma("mxfp8", "mxfp4", "fp8"))  # FP8 dots forced
+    taken = {act_quant: takes_decode_kernels(with_decode, resolve_w4a8_mma(act_quant))
+             for act_quant in (None, "mxfp8", "fp8_per_tensor_static")}
+    assert taken == {None: True, "mxfp8": True, "fp8_per_tensor_static": True}
+    assert not takes_decode_kernels(with_decode, resolve_w4a8_mma("mxfp8", "fp8"))  # FP8 dots forced
     monkeypatch.setenv(W4A8_MMA_ENV, "fp8")
-    assert resolve_w4a8_mma("mxfp8", "mxfp4") == "fp8" and resolve_w4a8_mma(None, "mxfp4") is None
+    assert resolve_w4a8_mma("mxfp8") == "fp8" and resolve_w4a8_mma(None) is None
     assert not takes_decode_kernels(MoEConfig(tiles, tiles, "t"), None)

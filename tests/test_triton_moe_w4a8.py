@@ -1,11 +1,11 @@
 """W4A8 (FP8 E4M3 activations) of backends.triton_moe against the emulation.
 
 The numerics are defined once, in backends.formats and backends.emulation.moe_forward: its fake quantization for
-bf16 dots (MXFP4 weights), its fp8_operands=True (rebase_rows_to_e4m3, mxfp8_row_rebased) for FP8 dots (NVFP4
-weights, or MXFP4 ones forced to them); the kernels (act_quant='fp8_per_tensor_static' | 'mxfp8') are checked
-against the one their tensor cores compute: under Triton's CPU interpreter at small shapes (a TRITON_INTERPRET=1 subprocess, as
+bf16 dots (what moe_forward runs), its fp8_operands=True (rebase_rows_to_e4m3, mxfp8_row_rebased) for FP8 dots
+(forced: w4a8_mma='fp8'); the kernels (act_quant='fp8_per_tensor_static' | 'mxfp8') are checked against the one
+their tensor cores compute: under Triton's CPU interpreter at small shapes (a TRITON_INTERPRET=1 subprocess, as
 test_triton_moe_interp.py: both formats, both schemes, both GEMMs, swap-AB and plain tiles, stacked gate/up, split-K
-with both epilogues, converter_w4a8 weights), and on CUDA at the gpt-oss-120b and DeepSeek-V3 layers.
+with both epilogues, given row data), and on CUDA at the gpt-oss-120b and DeepSeek-V3 layers.
 """
 
 from __future__ import annotations
@@ -115,9 +115,7 @@ def test_unknown_fp8_accumulation_names_the_variable_and_the_choices(monkeypatch
 
 
 @pytest.mark.parametrize(("fmt", "choice", "env", "message"), [
-    ("nvfp4", "bf16", None, r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights: nvfp4's "
-                            r"weights rebased to E4M3 are rounded.*pass w4a8_mma='fp8' or None"),
-    ("nvfp4", None, "bf16", r"w4a8_mma='bf16' \(argument or \$MOE_ORACLE_TRITON_W4A8_MMA\) needs MXFP4 weights"),
+    ("nvfp4", "fp16", None, r"w4a8_mma='fp16' must be one of \('bf16', 'fp8'\) or None"),
     ("mxfp4", "fp16", None, r"w4a8_mma='fp16' must be one of \('bf16', 'fp8'\) or None"),
     ("mxfp4", None, "tf32", r"environment variable MOE_ORACLE_TRITON_W4A8_MMA='tf32' must be one of \('bf16', 'fp8'\)"),
 ])
@@ -202,7 +200,7 @@ def test_hand_built_row_data_of_the_wrong_shape_is_refused():
     _, weights, x, logits = _small_layer()
     data = w4a8_row_data(weights)
     bad = dataclasses.replace(weights, **{**data, "w2_row_exp": data["w2_row_exp"][:, :64]})
-    with pytest.raises(ValueError, match=r"weights.w2_row_exp must be torch.int32 of shape \(8, 128\).*converter_w4a8"):
+    with pytest.raises(ValueError, match=r"weights.w2_row_exp must be torch.int32 of shape \(8, 128\).*w4a8_row_data"):
         moe_forward(x, bad, router_logits=logits, top_k=2, act_quant="mxfp8")
 
 
@@ -223,13 +221,13 @@ def test_emulation_fp8_operands_refuses_what_the_kernels_do_not_define(kwargs, m
 # Interpreter: the kernels against the emulation (TRITON_INTERPRET=1 subprocess)
 # --------------------------------------------------------------------------------------------
 
-# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, scheme, config, w4a8_mma): MXFP4 weights with
-# moe_forward's choice of tensor cores (bf16) and with FP8 dots forced, on every config but one (the NVFP4 cases, whose
-# only choice is FP8 dots, cover that one)
+# name -> (format, E, k, H, I, activation, biases, T, gate_up_layout, scheme, config, w4a8_mma): both formats with
+# moe_forward's choice of tensor cores (bf16) on every config, and with FP8 dots forced on every config but split
+# (the stacked split-fused config covers split-K there)
 CASES = {}
 for _fmt, _act, _h, _i, _biases, _layout in (("mxfp4", "swigluoai", 128, 64, True, "interleaved"),
                                              ("nvfp4", "silu", 192, 64, False, "contiguous")):
-    for _mma in ((None, "fp8") if _fmt == "mxfp4" else (None,)):
+    for _mma in (None, "fp8"):
         _tag = f"-{_mma}" if _mma else ""
         for _scheme in SCHEMES:
             for _config in ("swap", "plain", "split", "stacked-split-fused"):
@@ -294,7 +292,7 @@ def _run_case(spec) -> dict:
 
     scheme, config, mma = spec[9], _configs()[spec[10]], spec[11]
     ckpt, x, route, scales = _layer_inputs(spec)
-    ref = _reference(ckpt, x, route, scheme, scales, fp8_dots=spec[0] == "nvfp4" or mma == "fp8")
+    ref = _reference(ckpt, x, route, scheme, scales, fp8_dots=mma == "fp8")
     weights = to_kernel_layout(**ckpt)
     decode_launches, launch_decode = [], forward._launch_decode
     quantize_launches, quantize_rows = [], forward._quantize_rows
@@ -312,7 +310,7 @@ def _run_case(spec) -> dict:
         out = moe_forward(x, weights, **route, config=config, act_quant=scheme, w4a8_mma=mma, **scales)
         row_data_computed = id(weights.w13) in forward._W4A8_CACHE
         quantizations = len(quantize_launches)
-        converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # converter_w4a8's tensors: same bits
+        converted = dataclasses.replace(weights, **w4a8_row_data(weights))  # given row data: the same bits
         again = moe_forward(x, converted, **route, config=config, act_quant=scheme, w4a8_mma=mma, **scales)
     finally:
         forward._launch_decode, forward._quantize_rows = launch_decode, quantize_rows
@@ -356,7 +354,7 @@ def interpreter_results() -> dict:
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
     from backends.triton_moe.forward import W4A8_MMA_ENV
 
-    return interpreter_worker_rows(__file__, ("mxfp4",), ("mxfp4-fp8",), ("nvfp4",), ("act_quant",),
+    return interpreter_worker_rows(__file__, ("mxfp4",), ("mxfp4-fp8",), ("nvfp4",), ("nvfp4-fp8",), ("act_quant",),
                                    drop_env=(W4A8_MMA_ENV,))
 
 
@@ -374,19 +372,18 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
     assert "error" not in row, row.get("error")
     assert row["shape_ok"] and row["finite"], row
     assert row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
-    assert row["same_bits_with_converted_weights"], "converter_w4a8's row data must give the lazily computed bits"
+    assert row["same_bits_with_converted_weights"], "given row data must give the lazily computed bits"
     assert row["differs_from_w4a16"], "the FP8 numerics must differ from W4A16's (else the test compares nothing)"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_interpreter_w4a8_takes_fp8_dots_only_for_nvfp4_weights_or_when_forced(interpreter_results, case):
-    """Only MXFP4's W4A8 weights are the FP4 weights (NVFP4's rebased weights are rounded to E4M3), so unforced
-    MXFP4 calls run the W4A16 kernels (the decode kernels where the config has them) on the operands' bf16 values,
-    and NVFP4 calls, or MXFP4 ones forced to FP8 dots, the W4A8 tiles whatever the config says. Only those need the
+def test_interpreter_w4a8_takes_fp8_dots_only_when_forced(interpreter_results, case):
+    """Unforced calls run the W4A16 kernels (the decode kernels where the config has them) on the operands' bf16
+    values, on either format; calls forced to FP8 dots the W4A8 tiles whatever the config says. Only those need the
     W4A8 row data: the others leave it uncomputed."""
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
-    fp8_dots = case.startswith("nvfp4-") or case.endswith("-fp8")
+    fp8_dots = case.endswith("-fp8")
     assert row["row_data_computed"] == fp8_dots, row
     assert row["decode_kernels"] == ("-decode-" in case and not fp8_dots), row
 
@@ -397,7 +394,7 @@ def test_interpreter_w4a8_quantizes_h_in_gemm1_except_for_fp8_dots_mxfp8(interpr
     rebase needs whole rows of h and so a second launch."""
     row = interpreter_results[case]
     assert "error" not in row, row.get("error")
-    fp8_dots = case.startswith("nvfp4-") or case.endswith("-fp8")
+    fp8_dots = case.endswith("-fp8")
     assert row["quantize_launches"] == (2 if fp8_dots and "-mxfp8-" in case else 1), row
 
 
@@ -409,7 +406,7 @@ _CUDA_LAYERS: dict = {}
 
 
 def _cuda_layer(name):
-    """(checkpoint, converter_w4a8-style kernel weights) of a registry layer, built once per module."""
+    """(checkpoint, kernel weights with the FP8 dots' row data) of a registry layer, built once per module."""
     import dataclasses
 
     from backends.layouts.triton_moe import to_kernel_layout, w4a8_row_data
@@ -453,19 +450,19 @@ def test_cuda_w4a8_layers_match_emulation(name, tokens, scheme):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("tokens", [1, 1000])
-def test_cuda_w4a8_fp8_dots_on_mxfp4_weights_match_emulation(tokens, scheme):
-    """MXFP4 weights run bf16 dots unless FP8 dots are forced: those must stay right too."""
-    _check_cuda_layer("gpt-oss-120b", tokens, scheme, "fp8")
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
+def test_cuda_w4a8_forced_fp8_dots_match_emulation(name, tokens, scheme):
+    """moe_forward runs bf16 dots unless FP8 dots are forced: those must stay right too."""
+    _check_cuda_layer(name, tokens, scheme, "fp8")
 
 
 def _check_cuda_layer(name, tokens, scheme, mma):
     from backends.triton_moe import moe_forward
-    from backends.triton_moe.testing import SHAPES
 
     ckpt, weights = _cuda_layer(name)
     x, route, scales = _cuda_inputs(name, tokens, scheme)
     out = moe_forward(x, weights, **route, act_quant=scheme, w4a8_mma=mma, **scales)
-    fp8_dots = SHAPES[name].format == "nvfp4" or mma == "fp8"
+    fp8_dots = mma == "fp8"
     stats = _compare_w4a8(out, _reference(ckpt, x, route, scheme, scales, fp8_dots), scheme)
     print(json.dumps({"layer": name, "tokens": tokens, "scheme": scheme, "w4a8_mma": mma, **stats}))
     assert stats["shape_ok"] and stats["finite"], stats

@@ -91,8 +91,8 @@ def _decoded(kernel, name: str) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 def _with_row_data(w):
-    """The kernel weights with the W4A8 row data that FP8 dots read (converter_w4a8 writes it for NVFP4; MXFP4
-    computes it when FP8 dots are forced)."""
+    """The kernel weights with the W4A8 row data that FP8 dots read (moe_forward computes it when they are
+    forced)."""
     kernel = triton_weights(converter.convert(w))
     return dataclasses.replace(kernel, **w4a8_row_data(kernel))
 
@@ -311,36 +311,31 @@ def test_lut_table_rows_are_the_e4m3_products_of_each_code():
 # converter_w4a8, the meta device, and hand-built tensors
 # --------------------------------------------------------------------------------------------
 
-def test_converter_w4a8_holds_mxfp4_weights_once():
-    """MXFP4 W4A8 runs the W4A16 kernels: its layer is W4A16's, with no second copy of the packed weights."""
-    w = random_layer("mxfp4", experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_converter_w4a8_holds_the_packed_weights_once(fmt):
+    """W4A8 runs the W4A16 kernels on either format: its layer is W4A16's, with no second copy of the packed weights
+    (FP8 dots, when forced, compute their row data once)."""
+    w = random_layer(fmt, experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
     plain, w4a8 = converter.convert(w), converter_w4a8.convert(w)
-    assert set(w4a8.tensors) == set(plain.tensors)
+    assert set(w4a8.tensors) == set(plain.tensors) and not set(plain.tensors) & set(W4A8_TENSORS)
     assert all(torch.equal(w4a8[name], t) for name, t in plain.tensors.items() if t is not None)
     assert given_w4a8_tensors(triton_weights(w4a8)) is None
 
 
-def test_converter_w4a8_adds_nvfp4_w4a8_tensors_and_inverts_like_converter():
-    w = random_layer("nvfp4", experts=2, hidden=128, inter=64, gate_up="interleaved", seed=4)
-    plain, extended = converter.convert(w), converter_w4a8.convert(w)
-    assert set(extended.tensors) - set(plain.tensors) == set(W4A8_TENSORS)
-    data = w4a8_row_data(triton_weights(plain))
+def test_row_data_has_the_documented_specs_and_is_taken_as_given():
+    kernel = triton_weights(converter.convert(random_layer("nvfp4", experts=2, hidden=128, inter=64, seed=4)))
+    data = w4a8_row_data(kernel)
     assert set(data) == set(W4A8_TENSORS)
-    for name, t in data.items():
-        assert torch.equal(extended[name], t), name
-    specs = w4a8_tensor_specs(triton_weights(plain))
-    assert {name: (t.dtype, tuple(t.shape)) for name, t in data.items()} == specs
-    assert given_w4a8_tensors(triton_weights(plain)) is None
-    assert set(given_w4a8_tensors(triton_weights(extended))) == set(W4A8_TENSORS)
-    back, want = converter_w4a8.invert(extended), converter.invert(plain)
-    assert torch.equal(back.w13, want.w13) and torch.equal(back.w2_scale.view(torch.uint8),
-                                                           want.w2_scale.view(torch.uint8))
+    assert {name: (t.dtype, tuple(t.shape)) for name, t in data.items()} == w4a8_tensor_specs(kernel)
+    given = given_w4a8_tensors(dataclasses.replace(kernel, **data))
+    assert set(given) == set(W4A8_TENSORS) and all(given[name] is t for name, t in data.items())
 
 
 @pytest.mark.parametrize(("device", "experts"), [("meta", 3), ("cpu", 0)])
 def test_meta_and_empty_layers_get_w4a8_tensors_of_the_right_shapes(device, experts):
     w = random_layer("nvfp4", experts=experts, hidden=128, inter=64, device=device, seed=2)
-    kernel = triton_weights(converter_w4a8.convert(w))
+    plain = triton_weights(converter.convert(w))
+    kernel = dataclasses.replace(plain, **w4a8_row_data(plain))
     data = given_w4a8_tensors(kernel)
     assert data is not None
     assert {n: (t.dtype, tuple(t.shape)) for n, t in data.items()} == w4a8_tensor_specs(kernel)
@@ -348,14 +343,15 @@ def test_meta_and_empty_layers_get_w4a8_tensors_of_the_right_shapes(device, expe
 
 
 def test_hand_built_w4a8_tensors_get_one_message_naming_the_tensor():
-    kernel = triton_weights(converter_w4a8.convert(random_layer("nvfp4", experts=2, hidden=128, inter=64)))
+    plain = triton_weights(converter.convert(random_layer("nvfp4", experts=2, hidden=128, inter=64)))
+    kernel = dataclasses.replace(plain, **w4a8_row_data(plain))
     sliced = dataclasses.replace(kernel, w2_lut_code=kernel.w2_lut_code[:, :, :64])
     with pytest.raises(ValueError, match=r"weights\.w2_lut_code must be torch\.int32 of shape \(2, 1, 128\) on cpu, "
-                                         r"got torch\.int32 \(2, 1, 64\) on cpu; .*converter_w4a8"):
+                                         r"got torch\.int32 \(2, 1, 64\) on cpu; build them with .*w4a8_row_data"):
         given_w4a8_tensors(sliced)
     partial = dataclasses.replace(kernel, w13_fp8=None)
     with pytest.raises(ValueError, match=r"weights\.w13_fp8 must be torch\.uint8 of shape \(2, 128, 64\) on cpu, "
-                                         r"got NoneType; convert the checkpoint with .*converter_w4a8"):
+                                         r"got NoneType; build them with .*w4a8_row_data"):
         given_w4a8_tensors(partial)
     strided = dataclasses.replace(kernel, w2_fp8=kernel.w2_fp8.transpose(1, 2).contiguous().transpose(1, 2))
     with pytest.raises(ValueError, match=r"weights\.w2_fp8 has strides .* a contiguous tensor"):

@@ -198,8 +198,8 @@ def test_moelayer_runs_w4a8_with_the_scheme_and_scales_of_the_decision(fake_kern
     layer.forward(x, torch.randn(3, E))
     (call,) = fake_kernel
     assert call["act_quant"] == FP8_KEYS[key]
-    # NVFP4's FP8 dots read converter_w4a8's row data; MXFP4 runs the W4A16 kernels and its layer holds none
-    assert (call["weights"].w13_row_exp is not None) == (fmt == "nvfp4")
+    # W4A8 runs the W4A16 kernels on either format: the layer holds no FP8-dot row data (a second weight copy)
+    assert call["weights"].w13_row_exp is None and call["weights"].w13_fp8 is None
     if key == "kFp8StaticTensorSym":
         assert float(call["a1_scale"]) == float(weights.w13_input_scale.max())
         assert float(call["a2_scale"]) == float(weights.w2_input_scale.max())
@@ -243,8 +243,8 @@ def test_emulation_fallback_fake_quantizes_fp8(fmt, key):
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_interpreter_moelayer_w4a8_matches_the_emulation(fmt):
-    """Against the emulation of what the kernels compute: FP8 dots' rebased operands for NVFP4 weights, bf16 dots'
-    fake-quantized ones for MXFP4's (forward.resolve_w4a8_mma)."""
+    """Against the emulation's fake quantization, which the kernels compute on bf16 tensor cores for either format
+    (forward.resolve_w4a8_mma)."""
     pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
     rows = interpreter_worker_rows(__file__, (fmt,))
     for key in FP8_KEYS:
@@ -268,7 +268,7 @@ def _worker(fmt: str) -> None:
             scales = dict(a1_scale=weights.w13_input_scale.max().reshape(1),
                           a2_scale=weights.w2_input_scale.max().reshape(1))
         ref = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=TOP_K,
-                                    activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=fmt == "nvfp4",
+                                    activation="swigluoai", gemm_input_schemes=(scheme, scheme),
                                     **scales).float()
         w4a16 = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=TOP_K,
                                       activation="swigluoai").float()
@@ -320,7 +320,7 @@ def test_cuda_moelayer_w4a8_matches_the_emulation(fmt, key):
     if scheme == "fp8_per_tensor_static":
         scales = dict(a1_scale=weights.w13_input_scale.max().reshape(1), a2_scale=weights.w2_input_scale.max().reshape(1))
     ref = emulation.moe_forward(x, **weights.emulation_kwargs(), router_logits=logits, top_k=TOP_K,
-                                activation="swigluoai", gemm_input_schemes=(scheme, scheme), fp8_operands=fmt == "nvfp4",
+                                activation="swigluoai", gemm_input_schemes=(scheme, scheme),
                                 **scales).float()
     assert float((y - ref).norm() / ref.norm()) <= tolerance("w4a8_moe_rel_l2")["rtol"]
 

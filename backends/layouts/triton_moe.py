@@ -21,7 +21,7 @@ the tiles made the decode-regime layers 1.2-1.4x faster (same-run A/B on an H100
     w13_bias   fp32    [E, 2I] (same row order) or None;  w2_bias fp32 [E, H] or None
     w13_global_scale, w2_global_scale  fp32 [E]: NVFP4 per-expert quantization multipliers (the
                kernels divide the fp32 accumulator by them, as the format defines); None for MXFP4
-W4A8 on FP8 dots (converter_w4a8 adds them to NVFP4 layers, `w4a8_row_data`, section "W4A8" below):
+W4A8 forced onto FP8 dots (`w4a8_row_data`, section "W4A8" below; moe_forward computes them once per layer):
     w13_row_exp, w2_row_exp    int32 [E, rows]: each row's power of two r (W * 2^-r fits E4M3)
     w13_fp8, w2_fp8            uint8, the shape and row tiling of w13 / w2, each row's 32-wide K chunks in the
                                W4A8 byte order (W4A8_CHUNK) that two `prmt` byte selects decode to E4M3
@@ -72,7 +72,7 @@ class TritonMoEWeights:
     w2_bias: torch.Tensor | None = None
     w13_global_scale: torch.Tensor | None = None
     w2_global_scale: torch.Tensor | None = None
-    # W4A8 (FP8-operand) tensors, `w4a8_row_data`: written by converter_w4a8, else computed by moe_forward
+    # W4A8 FP8-dot tensors, `w4a8_row_data`: given, or computed by moe_forward once FP8 dots are forced
     w13_row_exp: torch.Tensor | None = None
     w2_row_exp: torch.Tensor | None = None
     w13_fp8: torch.Tensor | None = None
@@ -314,7 +314,7 @@ def from_kernel_layout(kw: TritonMoEWeights, *, gate_up_layout: str = "interleav
 # ---------------------------------------------------------------------------------------------
 
 _KERNEL_TENSORS = ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias", "w13_global_scale", "w2_global_scale")
-#: The W4A8 tensors (w4a8_row_data) that converter_w4a8 adds to NVFP4 layers.
+#: The W4A8 tensors (w4a8_row_data) that FP8 dots read.
 W4A8_TENSORS = ("w13_row_exp", "w2_row_exp", "w13_fp8", "w2_fp8", "w13_lut_code", "w2_lut_code")
 
 
@@ -541,13 +541,13 @@ def w4a8_tensor_specs(w: TritonMoEWeights) -> dict:
 
 
 def given_w4a8_tensors(w: TritonMoEWeights) -> dict | None:
-    """w's own W4A8 tensors (converter_w4a8), checked as the kernels address them (the *_fp8 bytes contiguous, the
+    """w's own W4A8 tensors (w4a8_row_data), checked as the kernels address them (the *_fp8 bytes contiguous, the
     others with unit inner stride, all on w13's device); None when it has none. Some but not all, or one of the
     wrong dtype, shape, stride or device: one ValueError naming the tensor and the fix."""
     given = {name: getattr(w, name) for name in W4A8_TENSORS}
     if all(t is None for t in given.values()):
         return None
-    fix = "convert the checkpoint with backends.layouts.triton_moe:converter_w4a8 (or leave all W4A8 tensors out)"
+    fix = "build them with backends.layouts.triton_moe.w4a8_row_data (or leave all W4A8 tensors out)"
     for name, (dtype, shape) in w4a8_tensor_specs(w).items():
         t = given[name]
         if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.device != w.device:
@@ -560,21 +560,8 @@ def given_w4a8_tensors(w: TritonMoEWeights) -> dict | None:
     return given
 
 
-class TritonMoEW4A8Layout(TritonMoELayout):
-    """The triton_moe layout plus, for NVFP4 weights, the W4A8 row data (w4a8_row_data) that their FP8 dots read,
-    computed once at conversion. MXFP4 weights run W4A8 on the W4A16 kernels (backends.triton_moe.forward's
-    W4A8_MMAS), so their layer holds the packed weights once, as W4A16's; a call that forces FP8 dots on them computes
-    the row data once (moe_forward). invert ignores the extras."""
-
-    def _to_kernel(self, w: MoEWeights, hidden: int, inter: int):
-        tensors, config = super()._to_kernel(w, hidden, inter)
-        if w.format == "mxfp4":
-            return tensors, config
-        view = TritonMoEWeights(format=w.format, **{n: tensors.get(n) for n in _KERNEL_TENSORS})
-        return {**tensors, **w4a8_row_data(view)}, config
-
-
 #: converter of backend TRITON_MOE in the moe-oracle rules (profile moe-oracle)
 converter = TritonMoELayout()
-#: the same layout with NVFP4's W4A8 row data (backends.triton_moe.moe_forward(act_quant=...) reads it)
-converter_w4a8 = TritonMoEW4A8Layout()
+#: converter of TRITON_MOE_W4A8: the same layout, since W4A8 runs the W4A16 kernels on either format (a call that
+#: forces FP8 dots computes their row data once, backends.triton_moe.forward._w4a8_data)
+converter_w4a8 = TritonMoELayout()

@@ -658,9 +658,10 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     global scale; ACT_QUANT 1: h stored as E4M3 codes of clamp(act * (1 / a2), +-448) (qscale[3]), GEMM2's operand;
     ACT_QUANT 2 (mxfp8; the rows' 2^ra already applied): h stored in bf16, quantized by act_quant_kernel (a row's
     MXFP8 rebase needs the whole row, which spans column tiles); ACT_QUANT 3 (static FP8 on bf16 dots of the E4M3
-    values, whose MXFP4 weights need no 2^r): the sums times a1, h stored as the values of ACT_QUANT 1's codes in
-    bf16; ACT_QUANT 4 (MXFP8 on bf16 dots): h stored as its MXFP8 values in bf16, quantized from the fp32 activation
-    per MX block of 32 columns, MX_ENTRIES entries of a row (_mx_values; the tile's columns hold whole blocks).
+    values and the FP4 weights, which need no 2^r): the sums times a1 (and NVFP4's fold and global scale as W4A16's),
+    h stored as the values of ACT_QUANT 1's codes in bf16; ACT_QUANT 4 (MXFP8 on bf16 dots): h stored as its MXFP8
+    values in bf16, quantized from the fp32 activation per MX block of 32 columns, MX_ENTRIES entries of a row
+    (_mx_values; the tile's columns hold whole blocks).
     loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
     before its K loop; act_scales: mode 3's (a1, 1 / a2) (_static_act_scales), loaded by the caller, before its K
     loop where it has one: after it a load costs a memory latency at every program's end."""
@@ -670,7 +671,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     if ACT_QUANT == 3:
         acc_g = acc_g * act_scales[0]
         acc_u = acc_u * act_scales[0]
-    elif (ACT_QUANT == 1) | (ACT_QUANT == 2):
+    if (ACT_QUANT == 1) | (ACT_QUANT == 2):
         r_ptrs = rexp_ptr + expert * stride_re + offs_n
         a1 = 1.0
         if ACT_QUANT == 1:

@@ -12,8 +12,8 @@
                     (or by the GEMM2 program that stores a token tile's last pair slice, on tickets the
                     alignment zeroed: TOPK_SUM_ENV / topk_sum=)
     act_quant (W4A8): x quantized to FP8 once per row before GEMM1 (_kernels.act_quant_kernel), h by GEMM1's
-    epilogue (FP8 dots with MXFP8: by a second act_quant_kernel launch, as its per-row rebase needs whole rows); MXFP4
-    weights run the W4A16 kernels on the operands' bf16 values, NVFP4's the FP8 dots (resolve_w4a8_mma).
+    epilogue; the W4A16 kernels multiply the operands' bf16 values, or, forced (resolve_w4a8_mma), FP8 dots on
+    operands rebased per row (MXFP8's h then by a second act_quant_kernel launch, as the rebase needs whole rows).
     decode (a config with .decode, W4A16, T = 1-2): two launches, no alignment, no split-K partials:
       GEMV1   per (token, slot) pair: routing in-program, gate/up rows, bias, activation  _gemv_kernels.gemv1_act_kernel
       GEMV2   per token: the k slots' rows, bias, router weight, summed in-program       _gemv_kernels.gemv2_sum_kernel
@@ -74,8 +74,8 @@ TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 DEFAULT_TOPK_SUM = "launch"
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
-#: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores (MXFP4 weights),
-#: its fp8_operands=True on FP8 ones (W4A8_MMAS).
+#: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
+#: fp8_operands=True on FP8 ones (W4A8_MMAS).
 ACT_QUANTS = (None, "fp8_per_tensor_static", "mxfp8")
 #: Where a W4A8 dot's FP8 products reach fp32: "wgmma" - every wgmma's K = 32 sum is added to the fp32 accumulator
 #: (nearly the emulation's fp32 sums); "tensor-core" - all of K stays in the tensor core's accumulator, which keeps
@@ -86,12 +86,11 @@ DEFAULT_FP8_ACCUMULATE = "wgmma"
 #: Which tensor cores multiply a W4A8 call's operands: "bf16" - the W4A16 kernels (tiles, and the decode kernels up
 #: to 2 tokens) on the bf16 values of the FP4 weights and of the fake-quantized inputs (backends.emulation's
 #: numerics, vLLM's: MXFP8 per block of 32, static FP8's E4M3 values with the scales applied to the sums; each is a
-#: bf16 value), for MXFP4 weights only; "fp8" - FP8 dots (the W4A8 tiles) on operands rebased per row to one power
-#: of two (emulation's fp8_operands=True): the weights rebased to E4M3, MXFP8 inputs rebased per row. NVFP4's
-#: rebased weights are rounded to E4M3, no FP4 weight's value, so they take "fp8" only. Unforced
-#: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) MXFP4 weights take "bf16": on an H100 that is 1.04-1.62x the
-#: speed of FP8 dots (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/) and 0.97-1.03x W4A16's at T >= 16
-#: (w4a8-mx-blocks-h100-2026-11-27/).
+#: bf16 value); "fp8" - FP8 dots (the W4A8 tiles) on operands rebased per row to one power of two (emulation's
+#: fp8_operands=True): the weights rebased to E4M3 (rounded for NVFP4), MXFP8 inputs rebased per row. Unforced
+#: (w4a8_mma=None, $MOE_ORACLE_TRITON_W4A8_MMA unset) calls take "bf16": on an H100 that is 1.04-1.62x the speed
+#: of FP8 dots on MXFP4 weights (benchmarks/results/w4a8-bf16-operands-h100-2026-11-27/), whose W4A8 tiles do not
+#: reach the FP8 tensor cores' rate yet, and 0.97-1.03x W4A16's at T >= 16 (w4a8-mx-blocks-h100-2026-11-27/).
 W4A8_MMAS = ("bf16", "fp8")
 W4A8_MMA_ENV = "MOE_ORACLE_TRITON_W4A8_MMA"
 #: Register cap of the decode kernels (_gemv_kernels) without loads ahead. ptxas otherwise holds them to 64
@@ -242,8 +241,7 @@ def moe_forward(
     act_quant (ACT_QUANTS): None runs W4A16; "fp8_per_tensor_static" (needs a1_scale, a2_scale: one-element fp32
     tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 (compute capability
     >= 8.9) on the tensor cores w4a8_mma names: "bf16" or "fp8" (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA, else
-    "bf16" for MXFP4 weights and "fp8" for NVFP4's, whose per-row rebase comes from the converter_w4a8 tensors or is
-    computed once here).
+    "bf16"; "fp8" reads the weights' per-row rebase, w4a8_row_data, given or computed once here).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -257,7 +255,7 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     static_scales = _check_act_quant(x, act_quant, a1_scale, a2_scale)
-    mma = resolve_w4a8_mma(act_quant, weights.format, w4a8_mma)
+    mma = resolve_w4a8_mma(act_quant, w4a8_mma)
     w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
     fp8_accumulate = DEFAULT_FP8_ACCUMULATE
     if act_quant is not None:  # read only where it applies: a W4A16 call never fails on it
@@ -311,16 +309,12 @@ def moe_forward(
     return out
 
 
-def resolve_w4a8_mma(act_quant: str | None, weight_format: str, choice: str | None = None) -> str | None:
+def resolve_w4a8_mma(act_quant: str | None, choice: str | None = None) -> str | None:
     """The tensor cores of a W4A8 call (W4A8_MMAS; None for W4A16): `choice`, else $MOE_ORACLE_TRITON_W4A8_MMA, else
-    "bf16" where the weights allow it (MXFP4). Forcing "bf16" on NVFP4 weights is an error, never a silent "fp8"."""
+    "bf16", the faster on either format."""
     if act_quant is None:
         return None
-    forced = _forced_choice("w4a8_mma", choice, W4A8_MMAS, W4A8_MMA_ENV, "the weights' format")
-    if forced == "bf16" and weight_format != "mxfp4":
-        _fail(ValueError, f"w4a8_mma='bf16' (argument or ${W4A8_MMA_ENV}) needs MXFP4 weights: {weight_format}'s "
-              f"weights rebased to E4M3 are rounded, so only FP8 dots multiply them; pass w4a8_mma='fp8' or None")
-    return forced or ("bf16" if weight_format == "mxfp4" else "fp8")
+    return _forced_choice("w4a8_mma", choice, W4A8_MMAS, W4A8_MMA_ENV, "'bf16'") or "bf16"
 
 
 def takes_decode_kernels(config: tuning.MoEConfig, mma: str | None) -> bool:
@@ -364,7 +358,7 @@ _W4A8_CACHE: dict = {}
 
 def _w4a8_data(w: TritonMoEWeights, given: dict | None) -> dict:
     """The W4A8 data (w4a8_row_data: the weights in the W4A8 byte order, their lookup-table codes, the rows'
-    exponents): the weights' own (converter_w4a8: `given`, as given_w4a8_tensors checked them), else computed once
+    exponents): the weights' own (`given`, as given_w4a8_tensors checked them), else computed once
     per weight tensor and cached (outside graph capture; inside a capture an uncached layer is an error, never a
     silent recompute). Either way a layer that runs FP8 dots holds its packed weights twice, in the W4A16 and the
     W4A8 byte order."""
@@ -376,7 +370,8 @@ def _w4a8_data(w: TritonMoEWeights, given: dict | None) -> dict:
 
 def _w4a8_data_in_capture():
     _fail(RuntimeError, "the W4A8 row data of these weights is not computed yet and cannot be inside CUDA graph "
-          "capture; convert with backends.layouts.triton_moe:converter_w4a8, or run the layer once before capture")
+          "capture; add backends.layouts.triton_moe.w4a8_row_data(weights) to the weights, or run the layer once "
+          "before capture")
 
 
 def _once_per_tensor(cache: dict, anchor: torch.Tensor, watched: tuple, compute, in_capture):
