@@ -225,11 +225,12 @@ class Layer:
             return
         import torch
 
-        from backends.layouts.triton_moe import to_kernel_layout, w4a8_row_data
+        from backends.layouts.triton_moe import to_kernel_layout
         from backends.triton_moe import tuning
 
-        self.w16 = to_kernel_layout(**ckpt)
-        self.w8 = dataclasses.replace(self.w16, **w4a8_row_data(self.w16))
+        # as converter_w4a8 holds them: forced FP8 dots compute their row data once, in the eager check call
+        # that precedes the row's graph capture
+        self.weights = to_kernel_layout(**ckpt)
         self.arch, self.gpu_info = tuning.device_gpu(torch.device(device.name))
 
     def _extra(self, scheme: str | None) -> dict:
@@ -272,8 +273,7 @@ class Layer:
         from backends.triton_moe import moe_forward
 
         quant = {"act_quant": run.scheme, "w4a8_mma": run.mma, **self._extra(run.scheme)} if run.scheme else {}
-        weights = self.w8 if run.scheme else self.w16
-        return lambda x, logits: moe_forward(x, weights, router_logits=logits, config=config, **self.call, **quant)
+        return lambda x, logits: moe_forward(x, self.weights, router_logits=logits, config=config, **self.call, **quant)
 
 
 def run_layer(name: str, device: Device, args, env: dict, emit_row, flush) -> None:

@@ -562,6 +562,6 @@ def given_w4a8_tensors(w: TritonMoEWeights) -> dict | None:
 
 #: converter of backend TRITON_MOE in the moe-oracle rules (profile moe-oracle)
 converter = TritonMoELayout()
-#: converter of TRITON_MOE_W4A8: the same layout, since W4A8 runs the W4A16 kernels on either format (a call that
+#: converter of TRITON_MOE_W4A8: the same converter, since W4A8 runs the W4A16 kernels on either format (a call that
 #: forces FP8 dots computes their row data once, backends.triton_moe.forward._w4a8_data)
-converter_w4a8 = TritonMoELayout()
+converter_w4a8 = converter

@@ -541,7 +541,7 @@ def _check_mx_epilogue(config: tuning.MoEConfig, decode: bool) -> None:
     """MXFP8 on bf16 dots quantizes h in GEMM1's epilogue: each GEMM1 tile, or GEMV1 program, must hold whole MX blocks
     of h's columns (tuning.mx_epilogue_config makes a selected config so)."""
     block = MX_BLOCK_SIZE
-    if decode and config.decode.gemv1.row_groups * tuning.GEMV1_COLUMNS_PER_WARP % block:
+    if decode and tuning.mx_epilogue_config(config) is not config:
         _fail(ValueError, f"config.decode.gemv1={config.decode.gemv1}: W4A8 MXFP8 quantizes h per {block} columns "
               f"in GEMV1, which needs row_groups 4 or 8 ({tuning.GEMV1_COLUMNS_PER_WARP} columns each); pass "
               f"tuning.mx_epilogue_config(config)")

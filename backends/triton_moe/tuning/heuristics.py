@@ -186,7 +186,8 @@ def w4a8_config(arch: ArchFacts, config: MoEConfig, act_quant: str | None, mma: 
 def mx_epilogue_config(config: MoEConfig) -> MoEConfig:
     """The W4A8 MXFP8 launch config on bf16 dots from a W4A16 one: GEMV1 quantizes h per MX block of 32 columns in its
     epilogue, so a program needs 4 or 8 row groups (8 columns each); fewer are raised to 4, the K slices lowered so
-    that a program keeps its warps. The tiles' block_n (64 or 128) holds whole blocks already."""
+    that a program keeps its warps. The tiles' block_n (64 or 128) holds whole blocks already. A config whose GEMV1
+    holds whole blocks is returned as it is (forward._check_mx_epilogue relies on that)."""
     decode = config.decode
     if decode is None or decode.gemv1.row_groups * GEMV1_COLUMNS_PER_WARP % 32 == 0:  # formats.MX_BLOCK_SIZE
         return config
