@@ -2,7 +2,8 @@
 
 Each version (--against REV: backends/triton_moe/_gemv_kernels.py at a git revision; --variant FILE: a module of
 its own, such as an edited copy) replaces the tree's two kernels (benchmarks/_decode_variants.py) and is timed
-against them on every layer asked, at each T (1-2: the decode kernels' range), with the heuristic's decode config:
+against them on every layer asked, at each T (1-2: the decode kernels' range), with the heuristic's decode config
+(or what a variant's own `adjust_config(config, shape, tokens)` returns):
 the layer with router logits as a CUDA graph after the 256 MiB read flush, the best of 3 rounds in alternating
 order of the median of 50 (backends.gpu_timing), and at T = 1 each kernel's own µs under torch.profiler. Every
 output is checked against the emulation (rel L2) and bit for bit against the tree's kernels.
@@ -69,29 +70,37 @@ def _run(out_dir: str, layers: list[str], tokens: list[int], modules: dict) -> N
                 _, floor = memory_floor(logits, shape.top_k, shape.format, shape.hidden_size,
                                         shape.intermediate_size, bandwidth)
                 config = tuning.select_config(arch, gpu_info, tuning.Problem(tokens=t, **shape.fields()))
-                call = functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k,
-                                         config=config, **act)
+                configs = {name: _config_of(module, config, shape, t) for name, module in modules.items()}
+                calls = {name: functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k,
+                                                 config=configs[name], **act) for name in modules}
                 reference = emulation.moe_forward(x, **checkpoint, router_logits=logits, top_k=shape.top_k, **act)
                 best, outputs = {}, {}
                 for round_ in range(3):
                     for name in list(modules) if round_ % 2 == 0 else list(modules)[::-1]:
                         with swapped(modules[name]):
-                            us, out = time_graph_output(call, flush, 50)
+                            us, out = time_graph_output(calls[name], flush, 50)
                         best[name], outputs[name] = min(best.get(name, float("inf")), us), out.clone()
                 for name, module in modules.items():
                     kernels = {}
                     if t == 1:
                         with swapped(module):
-                            kernels = dict(profile_kernels(call, flush))
+                            kernels = dict(profile_kernels(calls[name], flush))
                     rel = compare(outputs[name], reference, rel_l2_tol=1.0, rtol=0.0, atol_rms_units=1.0)["rel_l2"]
                     same = torch.equal(outputs[name].view(torch.int16), outputs[TREE].view(torch.int16))
-                    writer.writerow([torch.cuda.get_device_name(), layer, t, name, config.decode.label,
+                    writer.writerow([torch.cuda.get_device_name(), layer, t, name, configs[name].decode.label,
                                      f"{best[name]:.2f}", f"{best[name] / best[TREE]:.3f}", f"{floor:.2f}",
                                      f"{floor / best[name]:.3f}", f"{rel:.2e}", same,
                                      f"{kernels.get('gemv1_act_kernel', 0.0):.2f}",
                                      f"{kernels.get('gemv2_sum_kernel', 0.0):.2f}"])
                 f.flush()
                 print(layer, t, {name: round(us, 2) for name, us in best.items()}, flush=True)
+
+
+def _config_of(module, config, shape, tokens):
+    """The config a version runs with: the heuristic's, or what the module's own adjust_config(config, shape, tokens)
+    makes of it (a variant that times other warps with the same kernels)."""
+    adjust = getattr(module, "adjust_config", None)
+    return config if adjust is None else adjust(config, shape, tokens)
 
 
 def main(argv: list[str] | None = None) -> int:

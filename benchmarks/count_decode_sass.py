@@ -33,7 +33,7 @@ from backends.model_shapes import SHAPES  # noqa: E402
 #: The kernels' pointer arguments and their element types, as forward._launch_decode passes them.
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*i32", "gs_ptr": "*fp32",
             "bias_ptr": "*fp32", "logits_ptr": "*fp32", "ids_ptr": "*i32", "route_w_ptr": "*fp32", "y_ptr": "*bf16",
-            "qscale_ptr": "*fp32"}
+            "qscale_ptr": "*fp32", "part_ptr": "*fp32", "ticket_ptr": "*i32"}
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 

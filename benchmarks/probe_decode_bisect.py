@@ -51,18 +51,18 @@ _LOADS_ONLY = _MMA_DOC + '''    v0, v1, v2, v3 = _split4(wa ^ wb ^ x_lo ^ x_lo8 
 def _step_mma_unused(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8,
                      SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
 '''
-_ACT_LOADS = '''    x_lo = tl.load(first, mask=ok[:, None], other=0)
-    x_lo8 = tl.load(first + 4, mask=ok[:, None], other=0)
-    x_hi = tl.load(first + 16, mask=ok[:, None], other=0)
-    x_hi8 = tl.load(first + 20, mask=ok[:, None], other=0)
+_ACT_LOADS = '''    x_lo = tl.load(first)
+    x_lo8 = tl.load(first + 4)
+    x_hi = tl.load(first + 16)
+    x_hi8 = tl.load(first + 20)
 '''
 _NO_ACT_LOADS = '''    x_lo = tl.zeros_like(wa)
     x_lo8 = x_lo
     x_hi = x_lo
     x_hi8 = x_lo
 '''
-_SCALE_LOADS = '''    sa = tl.load(sa_row + chunk * stride_sc, mask=ok, other=0)
-    sb = tl.load(sb_row + chunk * stride_sc, mask=ok, other=0)
+_SCALE_LOADS = '''    sa = tl.load(sa_row + chunk * stride_sc)
+    sb = tl.load(sb_row + chunk * stride_sc)
 '''
 _NO_SCALE_LOADS = '''    sa = chunk.to(tl.int32) * 0 + 0x7F7F7F7F
     sb = sa

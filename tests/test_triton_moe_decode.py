@@ -36,9 +36,10 @@ def test_decode_warps_fit_the_kernels(name, tokens):
     assert decode.gemv1.row_groups in tuning.GEMV1_ROW_GROUPS and decode.gemv2.row_groups in tuning.GEMV2_ROW_GROUPS
     assert decode.gemv1.row_groups * decode.gemv1.k_slices <= tuning.GEMV_MAX_WARPS
     assert decode.gemv2.row_groups * slots * decode.gemv2.k_slices <= tuning.GEMV_MAX_WARPS
+    assert decode.gemv1.splits == 1 and decode.gemv2.splits in tuning.GEMV2_SPLITS
     for launch, k_size in ((decode.gemv1, problem.hidden_size), (decode.gemv2, problem.intermediate_size)):
-        steps = -(-k_size // 128)
-        assert launch.k_slices == 1 or steps / launch.k_slices >= heuristics.DECODE_MIN_STEPS
+        steps, slices = -(-k_size // 128), launch.k_slices * launch.splits
+        assert slices == 1 or steps / slices >= heuristics.DECODE_MIN_STEPS
 
 
 
@@ -55,6 +56,32 @@ def test_decode_config_label_names_both_kernels_warps():
     assert label == "gemv1 4x2 gemv2 1x8"
     label = tuning.DecodeConfig(tuning.GemvLaunch(4, 2, loads_ahead=True), tuning.GemvLaunch(1, 8)).label
     assert label == "gemv1 4x2+ahead gemv2 1x8"
+    label = tuning.DecodeConfig(tuning.GemvLaunch(4, 2), tuning.GemvLaunch(1, 2, True, splits=2)).label
+    assert label == "gemv1 4x2 gemv2 1x2+ahead/2 programs"
+
+
+@pytest.mark.parametrize(("name", "tokens", "sms", "splits"), [
+    ("gpt-oss-120b", 1, 132, 2), ("minimax-m2", 1, 132, 2), ("gpt-oss-120b", 2, 132, 1), ("deepseek-v3", 1, 132, 1),
+    ("qwen3-next-80b-a3b", 1, 132, 1), ("gpt-oss-120b", 1, 66, 1)])
+def test_gemv2_splits_only_a_grid_too_small_for_the_gpu(name, tokens, sms, splits):
+    """gpt-oss-120b's GEMV2 at T = 1 has 180 programs (16 rows each) for 132 SMs: below GEMV2_SPLIT_BELOW an SM, so
+    each row block's K is split over two programs of half the K slices, loading ahead where the 360 fit at once. Not
+    split: twice the tokens, a larger H, a GEMV2 of one K slice (nothing to share: Qwen3-Next's 16 slot warps), or
+    half the SMs."""
+    from backends.triton_moe.tuning import heuristics
+
+    problem = _problem(name, tokens)
+    decode = tuning.decode_kernels(sms, problem)
+    try:
+        heuristics.GEMV2_SPLIT_BELOW = 0
+        unsplit = tuning.decode_kernels(sms, problem)
+    finally:
+        heuristics.GEMV2_SPLIT_BELOW = 2
+    assert decode.gemv2.splits == splits and decode.gemv1 == unsplit.gemv1
+    assert decode.gemv2.k_slices * splits == unsplit.gemv2.k_slices
+    assert decode.gemv2.row_groups == unsplit.gemv2.row_groups
+    programs = problem.tokens * problem.hidden_size // (16 * decode.gemv2.row_groups)
+    assert (programs < heuristics.GEMV2_SPLIT_BELOW * sms and unsplit.gemv2.k_slices > 1) == (splits > 1)
 
 
 @pytest.mark.parametrize(("name", "ahead"), [("gpt-oss-120b", True), ("glm-4.5", True), ("deepseek-v3", False),
@@ -105,6 +132,8 @@ def test_select_config_adds_decode_kernels_up_to_their_token_limit(use_tables):
     (tuning.DecodeConfig(tuning.GemvLaunch(1, 3), tuning.GemvLaunch(1, 1)), "k_slices one of"),
     (tuning.DecodeConfig(tuning.GemvLaunch(8, 8), tuning.GemvLaunch(1, 1)), "64 warps per program"),
     (tuning.DecodeConfig(tuning.GemvLaunch(1, 1), tuning.GemvLaunch(4, 4)), "64 warps per program .top_k=4"),
+    (tuning.DecodeConfig(tuning.GemvLaunch(4, 2, splits=2), tuning.GemvLaunch(1, 1)), "gemv1.splits must be 1"),
+    (tuning.DecodeConfig(tuning.GemvLaunch(4, 2), tuning.GemvLaunch(1, 1, splits=3)), r"gemv2.splits one of \(1, 2, 4\)"),
 ])
 def test_bad_decode_config_is_one_clear_error(decode, message):
     """Checked before anything runs (also before the CPU-without-interpreter error), naming the field and limit."""

@@ -62,6 +62,12 @@ CASES = {
     "mxfp4-silu-top1-decode": ("mxfp4", 6, 1, 64, 192, "silu", True, 1, "contiguous", "softmax_topk", "decode-sliced"),
     "nvfp4-swigluoai-one-expert-decode": ("nvfp4", 16, 5, 320, 64, "swigluoai", True, 2, "interleaved", "one_expert",
                                           "decode-wide"),
+    # GEMV2 split over programs (GemvLaunch.splits): biases added by the last program, K = 320 in 4 slices (one
+    # empty), GEMV1 loading ahead over an odd number of steps; 4 splits of a one-step K (three empty) with a dead slot
+    "mxfp4-swigluoai-bias-decode-split": ("mxfp4", 8, 2, 128, 320, "swigluoai", True, 2, "interleaved", "logits",
+                                          "decode-split"),
+    "nvfp4-silu-k-tail-decode-split4": ("nvfp4", 8, 3, 192, 128, "silu", False, 1, "contiguous", "logits",
+                                        "decode-split4"),
 }
 
 
@@ -108,6 +114,10 @@ def _run_case(name: str, spec) -> dict:
                    tuning.GemvLaunch(8, 1), tuning.GemvLaunch(4, 1))),
                "decode-sliced": tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
                    tuning.GemvLaunch(1, 4), tuning.GemvLaunch(1, 2))),
+               "decode-split": tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
+                   tuning.GemvLaunch(4, 2, True), tuning.GemvLaunch(1, 2, True, splits=2))),
+               "decode-split4": tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
+                   tuning.GemvLaunch(1, 4), tuning.GemvLaunch(1, 1, splits=4))),
                None: None}
     shape = Shape(name, fmt, e, k, h, i, act, biases)
     gen = torch.Generator().manual_seed(len(name))

@@ -10,12 +10,14 @@ fixed data, so the decoded registers are the MMA's operands as they are:
     (GEMV1: the gate and the up row of output column g; GEMV2: output rows g and g + 8) for each 128-wide K
     step: the step's 16-byte run t (layout backends.layouts.triton_moe: run t holds K values 64(t//2) + 16(t%2)
     + 0..15 in its low nibbles, + 32 in its high ones, word j of the run K 2j, 2j+1, 2j+8, 2j+9).
-    One inline-PTX routine per word pair (j) decodes both words (the tile kernels' E2M1 -> bf16 bit trick with
-    the block scale) and runs two m16n8k16 MMAs: A = rows (A_g, B_g) x the 16 K values of the low / high
-    nibbles, B = the activation pairs of run t, which every lane of the same t loads alike, so all 8 MMA columns
-    hold the same sums and every lane ends with its two rows' totals (c0 = A_g, c2 = B_g).
+    One inline-PTX routine per two words (j, j + 1) of both rows decodes them (the tile kernels' E2M1 -> bf16 bit
+    trick with the block scale) and runs four m16n8k16 MMAs, A = rows (A_g, B_g), B = the activation pairs of run
+    t, which every lane of the same t loads alike, so all 8 MMA columns hold the same sums and every lane ends with
+    its two rows' totals (c0 = A_g, c2 = B_g). Pairing words j and j + 1 makes each MMA's B operand two adjacent
+    words of one 16-byte activation load (K 2j.. and 2j + 2..), used where they were loaded: pairing each word's own
+    K 2j.. and 2j + 8.. took a register move for every activation word.
 
-About 23 instructions per weight word (sm_90 SASS), no shared memory in the K loop, one LDG.128 per 16 weight
+About 20 instructions per weight word (sm_90 SASS), no shared memory in the K loop, one LDG.128 per 16 weight
 bytes. A program's warps are (row group, [k slot,] K slice); the K slices and (GEMV2) the k slots are summed across
 warps once, at the end, in a fixed order (no atomics: the same bits every run). The CPU interpreter computes the same
 products in fp32 (exact) and sums them per lane, then over the four lanes of a row (_lanes_total), in place of
@@ -46,23 +48,29 @@ _TILE_ROWS: tl.constexpr = tl.constexpr(_layout.TILE_ROWS)
 _TILE_BYTES: tl.constexpr = tl.constexpr(_layout.TILE_BYTES)
 
 
-def _pair_mma_ptx(folded: bool) -> str:
-    """Decode word $4 (row A) and $5 (row B) with their (low, high) scales $6, $7 / $8, $9, then acc += two
-    m16n8k16 bf16 MMAs: the low nibbles with activation pairs $10, $11, the high ones with $12, $13; acc in
-    $14..$17, out $0..$3 (A fragment order: row A K 2t.., row B K 2t.., row A K 2t+8.., row B K 2t+8..)."""
-    regs = ".reg .b32 ga, gb, gc, gd, ua, ub, uc, ud, t, u, nz, sgl, sgh, sul, suh" + ("" if folded else ", k126")
-    head = (f"{regs};\nmov.b32 nz, 0x80008000;\n" + ("" if folded else "mov.b32 k126, 0x7E807E80;\n")
-            + "mov.b32 sgl, {$6, $6}; mov.b32 sgh, {$7, $7}; mov.b32 sul, {$8, $8}; mov.b32 suh, {$9, $9};\n")
+def _quad_mma_ptx(folded: bool) -> str:
+    """Decode words j and j + 1 of row A ($4, $6) and of row B ($5, $7) with their (low, high) scales $8, $9 / $10,
+    $11, then acc += four m16n8k16 bf16 MMAs, one per decoded part (a, b: low nibbles; c, d: high ones) of both
+    words, each with the activation words of that part for j and j + 1 as B: ($12, $13) low K 2j.., ($14, $15) low
+    K 2j+8.., ($16, $17) high, ($18, $19) high + 8; acc in $20..$23, out $0..$3 (A fragment order: row A word j,
+    row B word j, row A word j + 1, row B word j + 1)."""
+    parts = [f"{row}{part}{i}" for i in (0, 1) for row in "gu" for part in "abcd"]
+    regs = ".reg .b32 " + ", ".join(parts) + ", t, u, nz, sgl, sgh, sul, suh" + ("" if folded else ", k126")
+    text = (f"{{\n{regs};\nmov.b32 nz, 0x80008000;\n" + ("" if folded else "mov.b32 k126, 0x7E807E80;\n")
+            + "mov.b32 sgl, {$8, $8}; mov.b32 sgh, {$9, $9}; mov.b32 sul, {$10, $10}; mov.b32 suh, {$11, $11};\n")
+    for word, row, i, scale_lo, scale_hi in (("$4", "g", 0, "sgl", "sgh"), ("$5", "u", 0, "sul", "suh"),
+                                             ("$6", "g", 1, "sgl", "sgh"), ("$7", "u", 1, "sul", "suh")):
+        text += _e2m1_decode_ptx(word, tuple(f"{row}{part}{i}" for part in "abcd"), scale_lo, scale_hi, folded)
     mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-    return ("{\n" + head
-            + _e2m1_decode_ptx("$4", ("ga", "gb", "gc", "gd"), "sgl", "sgh", folded)
-            + _e2m1_decode_ptx("$5", ("ua", "ub", "uc", "ud"), "sul", "suh", folded)
-            + f"{mma} {{$0, $1, $2, $3}}, {{ga, ua, gb, ub}}, {{$10, $11}}, {{$14, $15, $16, $17}};\n"
-            + f"{mma} {{$0, $1, $2, $3}}, {{gc, uc, gd, ud}}, {{$12, $13}}, {{$0, $1, $2, $3}};\n}}")
+    acc = "{$20, $21, $22, $23}"
+    for part, b in zip("abcd", ("$12, $13", "$14, $15", "$16, $17", "$18, $19"), strict=True):
+        text += f"{mma} {{$0, $1, $2, $3}}, {{g{part}0, u{part}0, g{part}1, u{part}1}}, {{{b}}}, {acc};\n"
+        acc = "{$0, $1, $2, $3}"
+    return text + "}"
 
 
-_PAIR_MMA_FOLDED: tl.constexpr = tl.constexpr(_pair_mma_ptx(True))
-_PAIR_MMA_UNFOLDED: tl.constexpr = tl.constexpr(_pair_mma_ptx(False))
+_QUAD_MMA_FOLDED: tl.constexpr = tl.constexpr(_quad_mma_ptx(True))
+_QUAD_MMA_UNFOLDED: tl.constexpr = tl.constexpr(_quad_mma_ptx(False))
 
 
 @triton.jit
@@ -88,22 +96,25 @@ def _dot8(word, s_lo, s_hi, xa, xb, xc, xd, FOLDED: tl.constexpr):
 
 
 @triton.jit
-def _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, FOLDED: tl.constexpr,
-              USE_ASM: tl.constexpr):
-    """(acc_a, acc_b) += rows A and B of word j times the activations: on the GPU the MMA over the row's 4 lanes
-    (every lane gets the sum), in the interpreter this lane's own products (summed over lanes by _lanes_total)."""
+def _quad_mma(acc_a, acc_a1, acc_b, acc_b1, wa0, wb0, wa1, wb1, sal, sah, sbl, sbh, xa0, xa1, xb0, xb1, xc0, xc1,
+              xd0, xd1, FOLDED: tl.constexpr, USE_ASM: tl.constexpr):
+    """(acc_a, acc_b) += rows A and B of words j and j + 1 (wa0, wb0 / wa1, wb1) times their activations (xa0 and
+    xa1 the x_lo words j and j + 1, ...): on the GPU the MMAs over the row's 4 lanes (every lane gets the sum), in
+    the interpreter this lane's own products, word j first (summed over lanes by _lanes_total)."""
     if USE_ASM:
         if FOLDED:
-            asm: tl.constexpr = _PAIR_MMA_FOLDED
+            asm: tl.constexpr = _QUAD_MMA_FOLDED
         else:
-            asm: tl.constexpr = _PAIR_MMA_UNFOLDED
+            asm: tl.constexpr = _QUAD_MMA_UNFOLDED
         c0, c1, c2, c3 = tl.inline_asm_elementwise(
-            asm, "=f,=f,=f,=f,r,r,h,h,h,h,r,r,r,r,f,f,f,f",
-            [wa, wb, sal, sah, sbl, sbh, xa, xb, xc, xd, acc_a, acc_a1, acc_b, acc_b1],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+            asm, "=f,=f,=f,=f,r,r,r,r,h,h,h,h,r,r,r,r,r,r,r,r,f,f,f,f",
+            [wa0, wb0, wa1, wb1, sal, sah, sbl, sbh, xa0, xa1, xb0, xb1, xc0, xc1, xd0, xd1, acc_a, acc_a1, acc_b,
+             acc_b1], dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     else:
-        c0 = acc_a + _dot8(wa, sal, sah, xa, xb, xc, xd, FOLDED)
-        c2 = acc_b + _dot8(wb, sbl, sbh, xa, xb, xc, xd, FOLDED)
+        c0 = acc_a + _dot8(wa0, sal, sah, xa0, xb0, xc0, xd0, FOLDED)
+        c0 = c0 + _dot8(wa1, sal, sah, xa1, xb1, xc1, xd1, FOLDED)
+        c2 = acc_b + _dot8(wb0, sbl, sbh, xa0, xb0, xc0, xd0, FOLDED)
+        c2 = c2 + _dot8(wb1, sbl, sbh, xa1, xb1, xc1, xd1, FOLDED)
         c1 = c0
         c3 = c2
     return c0, c1, c2, c3
@@ -122,24 +133,27 @@ def _split4(v):
 @triton.jit
 def _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0, k_stop, t, stride_sc, K: tl.constexpr,
                 SCALE_BLOCK: tl.constexpr):
-    """A lane's loads of the K step at k0 (zeros past K): rows A and B's run t ([THREADS, 4] int32 words each, by
-    the layout's tiles: TILE_ROWS x TILE_BYTES, a row group's tiles in K order; *_row point at the row's first tile
-    and its chunk-0 scale word), their scale words, and the activation pairs of the run: low nibbles' K 0..15
-    (pairs 0-3, 4-7), high nibbles' K 32..47, each pair (2i, 2i+1) one int32 word. Steps from k_stop on (the
-    next K slice's) load nothing."""
+    """A lane's loads of the K step at k0: rows A and B's run t ([THREADS, 4] int32 words each, by the layout's
+    tiles: TILE_ROWS x TILE_BYTES, a row group's tiles in K order; *_row point at the row's first tile and its
+    chunk-0 scale word), their scale words, and the activation pairs of the run: low nibbles' K 0..15 (pairs 0-3,
+    4-7), high nibbles' K 32..47, each pair (2i, 2i+1) one int32 word. Past K, and from k_stop on (the next K
+    slice's steps), the weight words are zeros and not read; the scales and activations are read at the last run
+    within K instead, finite values that the zero weights cancel exactly. Only the weights masked: masking all
+    26 registers cost 13 register-zeroing instructions a step (1.5 a weight word)."""
     ok = (k0 + 64 * (t // 2) < K) & (k0 < k_stop)
     run = (k0 // 64 + t // 2) * (_TILE_ROWS * _TILE_BYTES) + (t % 2) * 16
     words = tl.arange(0, 4)[None, :]
     wa = tl.load((wa_row + run).to(tl.pointer_type(tl.int32))[:, None] + words, mask=ok[:, None], other=0)
     wb = tl.load((wb_row + run).to(tl.pointer_type(tl.int32))[:, None] + words, mask=ok[:, None], other=0)
-    chunk = (k0 + 64 * (t // 2) + 16 * (t % 2)) // SCALE_BLOCK // 4
-    sa = tl.load(sa_row + chunk * stride_sc, mask=ok, other=0)
-    sb = tl.load(sb_row + chunk * stride_sc, mask=ok, other=0)
-    first = (a_row + k0 + 64 * (t // 2) + 16 * (t % 2)).to(tl.pointer_type(tl.int32))[:, None] + words
-    x_lo = tl.load(first, mask=ok[:, None], other=0)
-    x_lo8 = tl.load(first + 4, mask=ok[:, None], other=0)
-    x_hi = tl.load(first + 16, mask=ok[:, None], other=0)
-    x_hi8 = tl.load(first + 20, mask=ok[:, None], other=0)
+    k_run = tl.minimum(k0 + 64 * (t // 2) + 16 * (t % 2), K - 48)  # K % 64 == 0: the run's last pair is K - 1
+    chunk = k_run // SCALE_BLOCK // 4
+    sa = tl.load(sa_row + chunk * stride_sc)
+    sb = tl.load(sb_row + chunk * stride_sc)
+    first = (a_row + k_run).to(tl.pointer_type(tl.int32))[:, None] + words
+    x_lo = tl.load(first)
+    x_lo8 = tl.load(first + 4)
+    x_hi = tl.load(first + 16)
+    x_hi8 = tl.load(first + 20)
     return wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8
 
 
@@ -156,14 +170,10 @@ def _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8, 
     xb0, xb1, xb2, xb3 = _split4(x_lo8)
     xc0, xc1, xc2, xc3 = _split4(x_hi)
     xd0, xd1, xd2, xd3 = _split4(x_hi8)
-    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa0, wb0,
-                                             sal, sah, sbl, sbh, xa0, xb0, xc0, xd0, FOLDED, USE_ASM)
-    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa1, wb1,
-                                             sal, sah, sbl, sbh, xa1, xb1, xc1, xd1, FOLDED, USE_ASM)
-    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa2, wb2,
-                                             sal, sah, sbl, sbh, xa2, xb2, xc2, xd2, FOLDED, USE_ASM)
-    acc_a, acc_a1, acc_b, acc_b1 = _pair_mma(acc_a, acc_a1, acc_b, acc_b1, wa3, wb3,
-                                             sal, sah, sbl, sbh, xa3, xb3, xc3, xd3, FOLDED, USE_ASM)
+    acc_a, acc_a1, acc_b, acc_b1 = _quad_mma(acc_a, acc_a1, acc_b, acc_b1, wa0, wb0, wa1, wb1, sal, sah, sbl, sbh,
+                                             xa0, xa1, xb0, xb1, xc0, xc1, xd0, xd1, FOLDED, USE_ASM)
+    acc_a, acc_a1, acc_b, acc_b1 = _quad_mma(acc_a, acc_a1, acc_b, acc_b1, wa2, wb2, wa3, wb3, sal, sah, sbl, sbh,
+                                             xa2, xa3, xb2, xb3, xc2, xc3, xd2, xd3, FOLDED, USE_ASM)
     return acc_a, acc_a1, acc_b, acc_b1
 
 
@@ -178,27 +188,38 @@ def _k_slice(acc_a, acc_b, wa_row, sa_row, wb_row, sb_row, a_row, k_first, t, ST
     fits one wave at that register count (tuning.decode_kernels decides): 1-4.5% faster there at T = 1-2, 3-14%
     slower where it does not. Loading only the weights and scales ahead is slower: each step then waits on its
     activations (ncu stall samples); so is a prefetch of the activations into L1. Without LOADS_AHEAD, one step of
-    loads is in flight per warp.
-    Other ways to keep more in flight were slower too (docs/kernels.md lists the records): Triton's cp.async
+    loads is in flight per warp. The loop takes two steps an iteration, each step's loads landing in the registers
+    the step before last has finished with: one step a loop iteration took a move for each of the 26 (3 a weight
+    word); with the MMAs' adjacent operands (_quad_mma) and only the weights masked (_step_loads), gpt-oss-120b's
+    GEMV1 issues 20 instructions a weight word instead of 24 (benchmarks/count_decode_sass.py).
+    Other ways to keep more in flight were slower (docs/kernels.md lists the records): Triton's cp.async
     pipelining (5-7x), L2 prefetches 1-4 steps ahead (0-10%), bulk L2 prefetches of the program's rows (10-25%), two
     row pairs per lane (3-14%); as were one launch for both GEMVs (1-23%) and GEMV2 launched early (PDL) with its
     weights loaded before it waits for h (up to 35%). The decode and MMAs cost issue time: without them gpt-oss-120b's
-    layer takes 27.6 µs instead of 32.1 (benchmarks/probe_decode_bisect.py)."""
+    layer took 27.6 µs instead of 32.1 (benchmarks/probe_decode_bisect.py)."""
     k_stop = k_first + STEPS * 128
     acc_a1 = acc_a  # the MMAs' c1 / c3 (the same sums as c0 / c2), carried so that each MMA reads its own output
     acc_b1 = acc_b
     if LOADS_AHEAD:
         wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k_first, k_stop,
                                                                t, stride_sc, K, SCALE_BLOCK)
-        for step in range(STEPS):
+        for step in range(0, STEPS - 1, 2):
             k0 = k_first + step * 128
-            # the next step's loads (past the slice: none) before this step's work
+            # each step's loads (past the slice: no weights) before the step before it is worked on
             n_wa, n_wb, n_sa, n_sb, n_lo, n_lo8, n_hi, n_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row,
                                                                            k0 + 128, k_stop, t, stride_sc, K,
                                                                            SCALE_BLOCK)
             acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0, t, wa, wb, sa, sb, x_lo, x_lo8,
                                                      x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM)
-            wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = n_wa, n_wb, n_sa, n_sb, n_lo, n_lo8, n_hi, n_hi8
+            wa, wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8 = _step_loads(wa_row, sa_row, wb_row, sb_row, a_row, k0 + 256,
+                                                                   k_stop, t, stride_sc, K, SCALE_BLOCK)
+            acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k0 + 128, t, n_wa, n_wb, n_sa,
+                                                     n_sb, n_lo, n_lo8, n_hi, n_hi8, SCALE_BLOCK, NVFP4, FOLDED,
+                                                     USE_ASM)
+        if STEPS % 2 == 1:  # the last step, loaded by the loop's last iteration (or before it)
+            acc_a, acc_a1, acc_b, acc_b1 = _step_mma(acc_a, acc_a1, acc_b, acc_b1, k_first + (STEPS - 1) * 128, t, wa,
+                                                     wb, sa, sb, x_lo, x_lo8, x_hi, x_hi8, SCALE_BLOCK, NVFP4, FOLDED,
+                                                     USE_ASM)
     else:
         for step in range(STEPS):
             k0 = k_first + step * 128
@@ -238,12 +259,13 @@ def gemv1_act_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, logits_ptr, ids_ptr, route_w_ptr,
     K: tl.constexpr, N: tl.constexpr, stride_xm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
     stride_hm,
-    stride_lt, alpha, beta, limit, qscale_ptr,
+    stride_lt, alpha, beta, limit, qscale_ptr, ticket_ptr, tickets,
     TOP_K: tl.constexpr, ROUTE: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
     RENORMALIZE: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     NVFP4: tl.constexpr, FOLDED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """h[p, n] = act(x[t] W13[e]^T + b13[e]) for pair p = program_id(0) = t * TOP_K + j, columns n of program_id(1)
     (8 per row group). ROUTE: the token's top-k of its router logits, picked by each of its programs as
@@ -251,7 +273,10 @@ def gemv1_act_kernel(
     stores ids and weights for GEMV2; else ids_ptr holds the pairs' experts (any integer dtype). ACT_QUANT 3 (W4A8
     static FP8, x the E4M3 values of x / a1): _act_store's mode 3 with qscale_ptr's [a1, 1/a1, a2, 1/a2]; ACT_QUANT 4
     (W4A8 MXFP8, x its MXFP8 values): h stored as its MXFP8 values, a block of 32 columns per 4 row groups
-    (ROW_GROUPS 4 or 8)."""
+    (ROW_GROUPS 4 or 8). One program zeroes GEMV2's `tickets` int32 at ticket_ptr (a split GEMV2's; 0: none).
+    PDL (sm_90): GEMV2, launched as this kernel's programmatic dependent, may start at once (see gemv2_sum_kernel)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pair = tl.program_id(0)
     token = pair // TOP_K
     if ROUTE:
@@ -299,21 +324,39 @@ def gemv1_act_kernel(
                pair + tl.arange(0, 1), offs_n, offs_n < N, first_lane[None, :], gs_ptr, bias_ptr, h_ptr, N,
                stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, INTERPRETED, ACT_QUANT=ACT_QUANT,
                loaded=loaded, act_scales=act_scales, MX_ENTRIES=4 * 32)  # a row's 4 lanes: 4 entries per column
+    if (pair == 0) & (tl.program_id(1) == 0):  # GEMV2's `tickets` split tickets (gemv2_sum_kernel), zero before it
+        for first in range(0, tickets, THREADS):
+            tl.store(ticket_ptr + first + i, 0, mask=first + i < tickets)
 
 
 @triton.jit
 def gemv2_sum_kernel(
     h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, ids_ptr, route_w_ptr, y_ptr,
     K: tl.constexpr, N: tl.constexpr, stride_hm, stride_we, stride_wn: tl.constexpr, stride_se, stride_sc, stride_be,
-    stride_ym, qscale_ptr,
+    stride_ym, qscale_ptr, part_ptr, ticket_ptr,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, ROW_GROUPS: tl.constexpr, K_SLICES: tl.constexpr,
-    SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
+    SPLITS: tl.constexpr, SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr,
+    ACT_QUANT: tl.constexpr, PDL: tl.constexpr,
 ):
     """y[t, n] = sum_j route_w[t, j] * (h[t * TOP_K + j] W2[e_j]^T + b2[e_j])[n], bf16, for token program_id(0) and
     16 columns per row group of program_id(1). The warps are (row group, slot j < SLOTS = TOP_K rounded up to a
     power of two, K slice); slots past TOP_K load nothing and add 0. ACT_QUANT 3 (W4A8 static FP8, h the E4M3
-    values of h / a2): the sums times a2 (qscale_ptr[2]) before the bias."""
+    values of h / a2): the sums times a2 (qscale_ptr[2]) before the bias.
+
+    SPLITS > 1: program_id(2) of SPLITS programs per (token, row block) takes its share of the K slices and stores
+    sum_j route_w[t, j] * its sums in part_ptr (fp32 [SPLITS, T, N]); the one that draws the last of the block's
+    tickets (int32 [T, N / (16 ROW_GROUPS)], zero at launch: GEMV1 zeroes them) adds the SPLITS partial sums in
+    split order, then sum_j route_w[t, j] * b2[e_j], and stores y: the same bits whichever program finishes last. It
+    doubles the programs of a grid too small for the GPU: gpt-oss-120b's 180 at T = 1 on 132 SMs, 2 an SM on some
+    and 1 on the others (tuning.decode_kernels decides).
+
+    PDL (sm_90, launched with launch_pdl): the programs take the SMs that GEMV1's leave as soon as GEMV1 lets them
+    and wait for GEMV1's completion and memory (griddepcontrol.wait) before any read, so the launch gap between the
+    kernels is hidden: 0-2.4% faster on the matrix layers of an H100, the same bits
+    (benchmarks/results/decode-quad-mma-h100-2026-11-27/)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     THREADS: tl.constexpr = 32 * ROW_GROUPS * SLOTS * K_SLICES
     i = tl.arange(0, THREADS)
@@ -326,8 +369,11 @@ def gemv2_sum_kernel(
     live = slot < TOP_K
     expert = tl.load(ids_ptr + token * TOP_K + slot, mask=live, other=0).to(tl.int64)
     row = tl.program_id(1) * (16 * ROW_GROUPS) + group * 16 + g
-    STEPS: tl.constexpr = ((K + 127) // 128 + K_SLICES - 1) // K_SLICES
-    k_first = tl.where(live, (warp % K_SLICES) * (STEPS * 128), K)  # dead slots start past K: every load masked
+    STEPS: tl.constexpr = ((K + 127) // 128 + K_SLICES * SPLITS - 1) // (K_SLICES * SPLITS)
+    k_slice = warp % K_SLICES
+    if SPLITS > 1:  # (unsplit, the K range is known at compile time: a slice within K loads unmasked)
+        k_slice += tl.program_id(2) * K_SLICES
+    k_first = tl.where(live, k_slice * (STEPS * 128), K)  # dead slots start past K: no weights loaded
     w_expert = w_ptr + expert * stride_we
     s_expert = s_ptr + expert * stride_se
     # The epilogue's operands (router weights, global scales, biases, static FP8's a2) before the K loop, as in GEMV1.
@@ -346,9 +392,9 @@ def gemv2_sum_kernel(
     acc_a = tl.zeros((THREADS,), tl.float32)
     acc_b = tl.zeros((THREADS,), tl.float32)
     row_a = _row_pointer(w_expert, row, stride_wn)  # row + 8 shares row's tile (g < 8): a fixed offset, as in GEMV1
-    acc_a, acc_b = _k_slice(acc_a, acc_b, row_a, s_expert + row, row_a + 8 * _TILE_BYTES, s_expert + row + 8,
-                            h_ptr + (token * TOP_K + slot) * stride_hm, k_first, t, STEPS, K, stride_sc,
-                            SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
+    h_row = h_ptr + (token * TOP_K + tl.where(live, slot, 0)) * stride_hm  # a dead slot reads slot 0's (no weights)
+    acc_a, acc_b = _k_slice(acc_a, acc_b, row_a, s_expert + row, row_a + 8 * _TILE_BYTES, s_expert + row + 8, h_row,
+                            k_first, t, STEPS, K, stride_sc, SCALE_BLOCK, NVFP4, FOLDED, USE_ASM, LOADS_AHEAD)
     SHAPE: tl.constexpr = (ROW_GROUPS, SLOTS, K_SLICES, 32)
     acc_a, acc_b = tl.reduce((tl.reshape(_lanes_total(acc_a, THREADS, USE_ASM), SHAPE),  # -> [groups, slots, 32]
                               tl.reshape(_lanes_total(acc_b, THREADS, USE_ASM), SHAPE)), 2, _add_pairs)
@@ -358,12 +404,38 @@ def gemv2_sum_kernel(
     if ACT_QUANT == 3:
         acc_a = acc_a * a2
         acc_b = acc_b * a2
-    if HAS_BIAS:
-        acc_a += bias_a
-        acc_b += bias_b
-    y_a, y_b = tl.reduce((tl.where(slot_ok, acc_a * route_w, 0.0), tl.where(slot_ok, acc_b * route_w, 0.0)), 1,
-                         _add_pairs)  # [groups, 32]
     store = (tl.arange(0, 32)[None, :] % 4) == 0
     y_row = y_ptr + token * stride_ym
-    tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)
-    tl.store(y_row + n + 8, _round_bf16(y_b, INTERPRETED), mask=store)
+    if SPLITS == 1:
+        if HAS_BIAS:
+            acc_a += bias_a
+            acc_b += bias_b
+        y_a, y_b = tl.reduce((tl.where(slot_ok, acc_a * route_w, 0.0), tl.where(slot_ok, acc_b * route_w, 0.0)), 1,
+                             _add_pairs)  # [groups, 32]
+        tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)
+        tl.store(y_row + n + 8, _round_bf16(y_b, INTERPRETED), mask=store)
+    else:
+        part_a, part_b = tl.reduce((tl.where(slot_ok, acc_a * route_w, 0.0), tl.where(slot_ok, acc_b * route_w, 0.0)),
+                                   1, _add_pairs)
+        tokens = tl.num_programs(0)
+        part_row = part_ptr + token * N + n
+        tl.store(part_row + tl.program_id(2) * tokens * N, part_a, mask=store)
+        tl.store(part_row + tl.program_id(2) * tokens * N + 8, part_b, mask=store)
+        # every thread's sums are stored (CTA barrier) before the block's ticket is drawn (release at GPU scope); the
+        # program that draws SPLITS - 1 comes after the others' releases (acquire) and reads their sums past L1
+        tl.debug_barrier()
+        drawn = tl.atomic_add(ticket_ptr + token * tl.num_programs(1) + tl.program_id(1), 1, sem="acq_rel",
+                              scope="gpu")
+        if drawn == SPLITS - 1:
+            y_a = tl.zeros((ROW_GROUPS, 32), tl.float32)
+            y_b = tl.zeros((ROW_GROUPS, 32), tl.float32)
+            for split in tl.static_range(SPLITS):
+                y_a += tl.load(part_row + split * tokens * N, mask=store, other=0.0, cache_modifier=".cg")
+                y_b += tl.load(part_row + split * tokens * N + 8, mask=store, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                bias_wa, bias_wb = tl.reduce((tl.where(slot_ok, bias_a * route_w, 0.0),
+                                              tl.where(slot_ok, bias_b * route_w, 0.0)), 1, _add_pairs)
+                y_a += bias_wa
+                y_b += bias_wb
+            tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)
+            tl.store(y_row + n + 8, _round_bf16(y_b, INTERPRETED), mask=store)

@@ -25,6 +25,7 @@ every run gives the same bits (`deterministic=True` is therefore always honoured
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from importlib.metadata import version
@@ -525,8 +526,12 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
 
 
 def _check_decode(decode: tuning.DecodeConfig, top_k: int) -> None:
-    """The decode config's warps fit the kernels (row groups divide 64 columns, at most GEMV_MAX_WARPS per program)."""
+    """The decode config's warps fit the kernels (row groups divide 64 columns, at most GEMV_MAX_WARPS per program)
+    and only GEMV2 splits its row blocks' K over programs."""
     g1, g2 = decode.gemv1, decode.gemv2
+    if g1.splits != 1 or g2.splits not in tuning.GEMV2_SPLITS:
+        _fail(ValueError, f"config.decode={decode}: gemv1.splits must be 1 and gemv2.splits one of "
+              f"{tuning.GEMV2_SPLITS}")
     for name, g, groups, warps in (("gemv1", g1, tuning.GEMV1_ROW_GROUPS, g1.warps()),
                                    ("gemv2", g2, tuning.GEMV2_ROW_GROUPS, g2.warps(tuning.gemv2_slots(top_k)))):
         if g.row_groups not in groups or g.k_slices not in tuning.GEMV_K_SLICES:
@@ -593,6 +598,12 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     h = torch.empty(tokens * k, inter, dtype=torch.bfloat16, device=x.device)
     shared = dict(top_k=k, nvfp4=nvfp4, folded=folded, interpreted=kernels.INTERPRETED)
     g1, g2 = decode.gemv1, decode.gemv2
+    shared["pdl"] = not kernels.INTERPRETED and _programmatic_launch(x.device)
+    row_blocks = hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups)
+    part, tickets = unused, unused  # a split GEMV2's partial sums and tickets (GEMV1 zeroes them)
+    if g2.splits > 1:
+        part = torch.empty(g2.splits, tokens, hidden, dtype=torch.float32, device=x.device)
+        tickets = torch.empty(tokens * row_blocks, dtype=torch.int32, device=x.device)
     constexprs, options = gemv_constexprs(
         1, g1, **shared, has_bias=weights.w13_bias is not None, route=router_logits is not None, experts=experts,
         renormalize=renormalize, act=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
@@ -600,34 +611,50 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     gemv.gemv1_act_kernel[(tokens * k, inter // (tuning.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
         x, w13, s13, gs13, b13, h, logits, ids, route_w,
         hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0),
-        h.stride(0), logits.stride(0), *swiglu, qscale, **constexprs, **options)
+        h.stride(0), logits.stride(0), *swiglu, qscale, tickets, tickets.numel() if g2.splits > 1 else 0,
+        **constexprs, **options)
     constexprs, options = gemv_constexprs(2, g2, **shared, has_bias=weights.w2_bias is not None, act_quant=act_quant)
-    gemv.gemv2_sum_kernel[(tokens, hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups))](
+    gemv.gemv2_sum_kernel[(tokens, row_blocks, g2.splits)](
         h, w2, s2, gs2, b2, ids, route_w, out,
         inter, hidden, h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0),
-        out.stride(0), qscale, **constexprs, **options)
+        out.stride(0), qscale, part, tickets, **constexprs, **options)
 
 
 def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: bool, folded: bool,
                     interpreted: bool, has_bias: bool, route: bool = False, experts: int = 0,
-                    renormalize: bool = False, act: int = 0, act_quant: str | None = None) -> tuple[dict, dict]:
+                    renormalize: bool = False, act: int = 0, act_quant: str | None = None,
+                    pdl: bool = False) -> tuple[dict, dict]:
     """(compile-time arguments, launch options) of GEMV1 (gemv=1: routing from `experts` router logits when route,
     activation id act) or GEMV2 (gemv=2) with warps `launch`, K and N aside: _launch_decode launches with them and
     benchmarks/count_decode_sass.py compiles the same set. act_quant (W4A8): the tiles' bf16-dot ACT_QUANT of that
-    GEMV (_BF16_ACT_QUANT_IDS: static FP8's scales on the sums, GEMV1 writing h's FP8 values)."""
+    GEMV (_BF16_ACT_QUANT_IDS: static FP8's scales on the sums, GEMV1 writing h's FP8 values). pdl: GEMV2 launched
+    as GEMV1's programmatic dependent (_programmatic_launch)."""
     constexprs = dict(TOP_K=top_k, ROW_GROUPS=launch.row_groups, K_SLICES=launch.k_slices, HAS_BIAS=has_bias,
                       ACT_QUANT=_BF16_ACT_QUANT_IDS[act_quant][gemv - 1],
                       LOADS_AHEAD=launch.loads_ahead, SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"],
-                      NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted)
+                      NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted, PDL=pdl)
     if gemv == 1:
         constexprs.update(ROUTE=route, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(top_k),
                           RENORMALIZE=bool(renormalize), ACTIVATION=act)
         warps = launch.warps()
     else:
-        constexprs["SLOTS"] = tuning.gemv2_slots(top_k)
+        constexprs.update(SLOTS=tuning.gemv2_slots(top_k), SPLITS=launch.splits)
         warps = launch.warps(constexprs["SLOTS"])
-    return constexprs, dict(num_warps=warps,
-                            maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
+    options = dict(num_warps=warps, maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
+    if pdl and gemv == 2:
+        options["launch_pdl"] = True
+    return constexprs, options
+
+
+@functools.lru_cache(maxsize=None)
+def _programmatic_launch(device) -> bool:
+    """Whether GEMV2 launches as GEMV1's programmatic dependent (PDL): griddepcontrol needs sm_90, and Triton's gdc
+    ops (triton.language.extra.cuda) must be there."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    import triton.language as tl
+
+    return hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
 
 
 def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interpreted, values_bf16=False):

@@ -22,6 +22,7 @@ from backends.triton_moe.tuning.configs import (
     GEMV1_ROW_GROUPS,
     GEMV2_COLUMNS_PER_WARP,
     GEMV2_ROW_GROUPS,
+    GEMV2_SPLITS,
     GEMV_K_SLICES,
     GEMV_MAX_WARPS,
     MIN_HALF_ROWS_BLOCK_M,
@@ -58,8 +59,8 @@ from backends.triton_moe.tuning.tables import (
 )
 
 __all__ = ["ArchFacts", "DECODE_AHEAD_MAXNREG", "DECODE_KERNEL_TOKENS", "DecodeConfig", "GEMM1_ONLY_FIELDS",
-           "GEMV1_COLUMNS_PER_WARP", "GEMV1_ROW_GROUPS", "GEMV2_COLUMNS_PER_WARP", "GEMV2_ROW_GROUPS", "GEMV_K_SLICES",
-           "GEMV_MAX_WARPS", "GemvLaunch", "Gpu",
+           "GEMV1_COLUMNS_PER_WARP", "GEMV1_ROW_GROUPS", "GEMV2_COLUMNS_PER_WARP", "GEMV2_ROW_GROUPS", "GEMV2_SPLITS",
+           "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu",
            "LaunchConfig", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
            "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
            "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "mx_epilogue_config", "read_table",

@@ -41,11 +41,14 @@ def launch_dict(config: LaunchConfig) -> dict:
 class GemvLaunch:
     """One decode kernel's warps (backends.triton_moe._gemv_kernels): row_groups of output columns (8 per group in
     GEMV1, 16 in GEMV2) times k_slices of K per program; GEMV2 adds one warp per top-k slot (a power of two).
-    loads_ahead: each warp loads its next K step before working on this one, at DECODE_AHEAD_MAXNREG registers."""
+    loads_ahead: each warp loads its next K step before working on this one, at DECODE_AHEAD_MAXNREG registers.
+    splits (GEMV2 only): programs per row block, each with k_slices of the splits * k_slices slices of K; the last
+    to finish adds the others' partial sums."""
 
     row_groups: int
     k_slices: int
     loads_ahead: bool = False
+    splits: int = 1
 
     def warps(self, slots: int = 1) -> int:
         """Warps of one program: row groups x K slices (x GEMV2's top-k slots)."""
@@ -71,6 +74,7 @@ def gemv2_slots(top_k: int) -> int:
 GEMV1_ROW_GROUPS = (1, 2, 4, 8)
 GEMV2_ROW_GROUPS = (1, 2, 4)
 GEMV_K_SLICES = (1, 2, 4, 8, 16)
+GEMV2_SPLITS = (1, 2, 4)
 #: Warps a program may hold (1024 threads).
 GEMV_MAX_WARPS = 32
 
@@ -85,8 +89,10 @@ class DecodeConfig:
 
     @property
     def label(self) -> str:
-        """How benchmarks name it: gemv1 <row groups>x<K slices>[+ahead] gemv2 <row groups>x<K slices>[+ahead]."""
+        """How benchmarks name it: gemv1 <row groups>x<K slices>[+ahead] gemv2 <row groups>x<K slices>[+ahead][/<splits>
+        programs]."""
         return " ".join(f"{name} {g.row_groups}x{g.k_slices}" + ("+ahead" if g.loads_ahead else "")
+                        + (f"/{g.splits} programs" if g.splits > 1 else "")
                         for name, g in (("gemv1", self.gemv1), ("gemv2", self.gemv2)))
 
 

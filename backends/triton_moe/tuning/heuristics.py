@@ -65,6 +65,10 @@ DECODE_WARPS_PER_SM = 16
 DECODE_MIN_STEPS = 4
 #: Warps of one decode program (GEMV1: row groups x K slices).
 DECODE_PROGRAM_WARPS = 8
+#: GEMV2 programs an SM below which each row block's K is split over two programs. At fewer, the block scheduler gives
+#: some SMs two programs and others one: gpt-oss-120b's 180 at T = 1 on an H100's 132 SMs. Split, its 360 programs of
+#: half the warps load ahead, 2-3 an SM: the layer 1.7% faster (benchmarks/results/decode-quad-mma-h100-2026-11-27/).
+GEMV2_SPLIT_BELOW = 2
 #: 32-bit registers of one SM (every NVIDIA GPU since Kepler): what bounds the decode kernels' resident warps.
 REGISTERS_PER_SM = 65536
 
@@ -144,7 +148,8 @@ def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     """Warps of the decode kernels: K slices until the GPU holds DECODE_WARPS_PER_SM warps per SM, row groups up to
     DECODE_PROGRAM_WARPS warps a program (GEMV2 also has one warp per top-k slot, a power of two), each loading its
     next K step ahead where its grid allows (_one_wave_ahead); None when the top-k slots alone pass GEMV_MAX_WARPS
-    (the tile kernels serve such a layer)."""
+    (the tile kernels serve such a layer). A GEMV2 grid of fewer than GEMV2_SPLIT_BELOW programs an SM, with K
+    slices to share, splits each row block's K over two programs (GemvLaunch.splits)."""
     pairs = problem.tokens * problem.top_k
     slots = gemv2_slots(problem.top_k)
     if slots > GEMV_MAX_WARPS:
@@ -158,8 +163,12 @@ def decode_kernels(sm_count: int, problem: Problem) -> DecodeConfig | None:
     # the programs of forward._launch_decode's grids
     programs1 = pairs * problem.intermediate_size // (GEMV1_COLUMNS_PER_WARP * groups1)
     programs2 = problem.tokens * problem.hidden_size // (GEMV2_COLUMNS_PER_WARP * groups2)
+    splits2 = 2 if programs2 < GEMV2_SPLIT_BELOW * sm_count and slices2 > 1 else 1
+    slices2 //= splits2
+    programs2 *= splits2
     return DecodeConfig(GemvLaunch(groups1, slices1, _one_wave_ahead(programs1, groups1 * slices1, sm_count)),
-                        GemvLaunch(groups2, slices2, _one_wave_ahead(programs2, groups2 * slices2 * slots, sm_count)))
+                        GemvLaunch(groups2, slices2, _one_wave_ahead(programs2, groups2 * slices2 * slots, sm_count),
+                                   splits2))
 
 
 def _one_wave_ahead(programs: int, warps: int, sm_count: int) -> bool:
