@@ -265,7 +265,7 @@ def gemv1_act_kernel(
     SCALE_BLOCK: tl.constexpr,
     NVFP4: tl.constexpr, FOLDED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     LOADS_AHEAD: tl.constexpr, USE_ASM: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):
     """h[p, n] = act(x[t] W13[e]^T + b13[e]) for pair p = program_id(0) = t * TOP_K + j, columns n of program_id(1)
     (8 per row group). ROUTE: the token's top-k of its router logits, picked by each of its programs as
@@ -274,7 +274,9 @@ def gemv1_act_kernel(
     static FP8, x the E4M3 values of x / a1): _act_store's mode 3 with qscale_ptr's [a1, 1/a1, a2, 1/a2]; ACT_QUANT 4
     (W4A8 MXFP8, x its MXFP8 values): h stored as its MXFP8 values, a block of 32 columns per 4 row groups
     (ROW_GROUPS 4 or 8). One program zeroes GEMV2's `tickets` int32 at ticket_ptr (a split GEMV2's; 0: none).
-    PDL (sm_90): GEMV2, launched as this kernel's programmatic dependent, may start at once (see gemv2_sum_kernel)."""
+    PDL (sm_90): GEMV2, launched as this kernel's programmatic dependent, may start at once (see gemv2_sum_kernel).
+    PDL_WAIT (W4A8, launched as the programmatic dependent of x's quantization): the routing and the epilogue's
+    operands come first, then griddepcontrol.wait for x and its scales, so the quantization launch overlaps them."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pair = tl.program_id(0)
@@ -306,6 +308,8 @@ def gemv1_act_kernel(
     # The epilogue's bias and global scale are loaded before the K loop: after it they cost a memory latency at
     # the end of every program (gpt-oss-120b at T = 1: 0.8 µs of 33 on an H100).
     loaded = _act_operands(expert, offs_n, offs_n < N, gs_ptr, bias_ptr, N, stride_be, NVFP4, HAS_BIAS)
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
     act_scales = _static_act_scales(qscale_ptr, ACT_QUANT)  # before the K loop too
     acc_g = tl.zeros((THREADS,), tl.float32)
     acc_u = tl.zeros((THREADS,), tl.float32)

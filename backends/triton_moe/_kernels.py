@@ -1075,7 +1075,7 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om
 @triton.jit
 def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, a1_ptr, a2_ptr, qscale_ptr, rows, padded_total_ptr, K: tl.constexpr,
                      stride_src, stride_dst, SCHEME: tl.constexpr, PADDED_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                     INTERPRETED: tl.constexpr, VALUES_BF16: tl.constexpr = False):
+                     INTERPRETED: tl.constexpr, VALUES_BF16: tl.constexpr = False, PDL: tl.constexpr = False):
     """A W4A8 GEMM input row as E4M3 codes, once per row rather than once per column tile of the GEMM that reads it
     (one program per row, the whole row in registers: BLOCK_K >= K): SCHEME 1 e4m3(clamp(v * (1 / a1), +-448))
     (GEMM1's static per-tensor FP8 input, a1 at a1_ptr; program 0 also writes qscale [a1, 1/a1, a2, 1/a2], the scales
@@ -1084,7 +1084,10 @@ def act_quant_kernel(src_ptr, dst_ptr, exp_ptr, a1_ptr, a2_ptr, qscale_ptr, rows
     rounded to nearest, as torch's (formats.quantize_fp8_per_tensor). PADDED_ROWS (h, rows in GEMM1's padded row
     blocks): rows past the alignment's padded_total_ptr[0] are skipped. VALUES_BF16: for bf16 dots, the operand's
     values to a bf16 dst instead (an E4M3 value times a power of two is a bf16 value): SCHEME 1 its codes' values,
-    SCHEME 2 plain MXFP8 (_mx_values), with no row rebase, which only FP8 dots need."""
+    SCHEME 2 plain MXFP8 (_mx_values), with no row rebase, which only FP8 dots need. PDL (sm_90): the next kernel,
+    launched as this one's programmatic dependent (the decode path's GEMV1), may start at once."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     if PADDED_ROWS:
         rows = tl.minimum(rows, tl.load(padded_total_ptr))

@@ -575,9 +575,6 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     from backends.triton_moe import _gemv_kernels as gemv
 
     static = act_quant == "fp8_per_tensor_static"
-    qscale = None
-    if act_quant is not None:
-        x, qscale = _operand_values(kernels, x, act_quant, static_scales)
     tokens, hidden = x.shape
     inter, experts = weights.intermediate_size, weights.num_experts
     nvfp4 = weights.format == "nvfp4"
@@ -588,6 +585,11 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     else:
         logits = route_w  # any tensor: never read without routing
         ids, route_w = ids.contiguous(), route_w.contiguous()
+    # x's quantization is the last launch before GEMV1, which (pdl) reads the routing inputs above before it waits
+    pdl = not kernels.INTERPRETED and _programmatic_launch(x.device)
+    qscale = None
+    if act_quant is not None:
+        x, qscale = _operand_values(kernels, x, act_quant, static_scales, pdl=pdl)
     unused = route_w
     qscale = qscale if static else unused  # [a1, 1/a1, a2, 1/a2], written by x's quantization
     gs13 = weights.w13_global_scale if nvfp4 else unused
@@ -598,7 +600,7 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
     h = torch.empty(tokens * k, inter, dtype=torch.bfloat16, device=x.device)
     shared = dict(top_k=k, nvfp4=nvfp4, folded=folded, interpreted=kernels.INTERPRETED)
     g1, g2 = decode.gemv1, decode.gemv2
-    shared["pdl"] = not kernels.INTERPRETED and _programmatic_launch(x.device)
+    shared["pdl"] = pdl
     row_blocks = hidden // (tuning.GEMV2_COLUMNS_PER_WARP * g2.row_groups)
     part, tickets = unused, unused  # a split GEMV2's partial sums and tickets (GEMV1 zeroes them)
     if g2.splits > 1:
@@ -628,20 +630,20 @@ def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: 
     activation id act) or GEMV2 (gemv=2) with warps `launch`, K and N aside: _launch_decode launches with them and
     benchmarks/count_decode_sass.py compiles the same set. act_quant (W4A8): the tiles' bf16-dot ACT_QUANT of that
     GEMV (_BF16_ACT_QUANT_IDS: static FP8's scales on the sums, GEMV1 writing h's FP8 values). pdl: GEMV2 launched
-    as GEMV1's programmatic dependent (_programmatic_launch)."""
+    as GEMV1's programmatic dependent (_programmatic_launch), and with act_quant GEMV1 as that of x's quantization."""
     constexprs = dict(TOP_K=top_k, ROW_GROUPS=launch.row_groups, K_SLICES=launch.k_slices, HAS_BIAS=has_bias,
                       ACT_QUANT=_BF16_ACT_QUANT_IDS[act_quant][gemv - 1],
                       LOADS_AHEAD=launch.loads_ahead, SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"],
                       NVFP4=nvfp4, FOLDED=folded, USE_ASM=not interpreted, INTERPRETED=interpreted, PDL=pdl)
     if gemv == 1:
         constexprs.update(ROUTE=route, E=experts, E_BLOCK=_routing._pow2(experts), K_BLOCK=_routing._pow2(top_k),
-                          RENORMALIZE=bool(renormalize), ACTIVATION=act)
+                          RENORMALIZE=bool(renormalize), ACTIVATION=act, PDL_WAIT=pdl and act_quant is not None)
         warps = launch.warps()
     else:
         constexprs.update(SLOTS=tuning.gemv2_slots(top_k), SPLITS=launch.splits)
         warps = launch.warps(constexprs["SLOTS"])
     options = dict(num_warps=warps, maxnreg=tuning.DECODE_AHEAD_MAXNREG if launch.loads_ahead else DECODE_MAXNREG)
-    if pdl and gemv == 2:
+    if pdl and (gemv == 2 or act_quant is not None):
         options["launch_pdl"] = True
     return constexprs, options
 
@@ -657,7 +659,7 @@ def _programmatic_launch(device) -> bool:
     return hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
 
 
-def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interpreted, values_bf16=False):
+def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interpreted, values_bf16=False, pdl=False):
     """(E4M3 codes [R, K] of src, their int32 exponents ra [R] for 'mxfp8', the fp32 [a1, 1/a1, a2, 1/a2] for static
     FP8 or None) of act_quant_kernel's scheme (_ACT_QUANT_IDS): static FP8 (GEMM1's input) times 1 / a1 of
     static_scales (a1, a2), or MXFP8 rebased per row; with padded_total (h) only the alignment's padded rows.
@@ -671,16 +673,16 @@ def _quantize_rows(kernels, src, scheme, static_scales, padded_total, interprete
         src, dst, exps, a1, a2, exps if qscale is None else qscale, src.shape[0],
         exps if padded_total is None else padded_total, src.shape[1], src.stride(0), dst.stride(0), SCHEME=scheme,
         PADDED_ROWS=padded_total is not None, BLOCK_K=block_k, INTERPRETED=interpreted, VALUES_BF16=values_bf16,
-        num_warps=4 if block_k <= 4096 else 8)
+        PDL=pdl, num_warps=4 if block_k <= 4096 else 8)
     return dst, exps, qscale
 
 
-def _operand_values(kernels, src, act_quant, static_scales):
+def _operand_values(kernels, src, act_quant, static_scales, pdl=False):
     """(src [R, K] as the bf16 values of the W4A8 GEMM input, which the W4A16 kernels multiply; static FP8's
     [a1, 1/a1, a2, 1/a2] or None), one launch: 'mxfp8' its MXFP8 values (formats.qdq_activation 'fp8'), static FP8
-    the E4M3 values of src / a1 (its scale goes on the sums)."""
+    the E4M3 values of src / a1 (its scale goes on the sums). pdl: the next kernel is its programmatic dependent."""
     values, _, qscale = _quantize_rows(kernels, src, _ACT_QUANT_IDS[act_quant], static_scales, None,
-                                       kernels.INTERPRETED, values_bf16=True)
+                                       kernels.INTERPRETED, values_bf16=True, pdl=pdl)
     return values, qscale
 
 
