@@ -63,7 +63,7 @@ def test_decode_config_label_names_both_kernels_warps():
 @pytest.mark.parametrize(("name", "tokens", "sms", "splits"), [
     ("gpt-oss-120b", 1, 132, 2), ("minimax-m2", 1, 132, 2), ("gpt-oss-120b", 2, 132, 1), ("deepseek-v3", 1, 132, 1),
     ("qwen3-next-80b-a3b", 1, 132, 1), ("gpt-oss-120b", 1, 66, 1)])
-def test_gemv2_splits_only_a_grid_too_small_for_the_gpu(name, tokens, sms, splits):
+def test_gemv2_splits_only_a_grid_too_small_for_the_gpu(name, tokens, sms, splits, monkeypatch):
     """gpt-oss-120b's GEMV2 at T = 1 has 180 programs (16 rows each) for 132 SMs: below GEMV2_SPLIT_BELOW an SM, so
     each row block's K is split over two programs of half the K slices, loading ahead where the 360 fit at once. Not
     split: twice the tokens, a larger H, a GEMV2 of one K slice (nothing to share: Qwen3-Next's 16 slot warps), or
@@ -72,16 +72,14 @@ def test_gemv2_splits_only_a_grid_too_small_for_the_gpu(name, tokens, sms, split
 
     problem = _problem(name, tokens)
     decode = tuning.decode_kernels(sms, problem)
-    try:
-        heuristics.GEMV2_SPLIT_BELOW = 0
-        unsplit = tuning.decode_kernels(sms, problem)
-    finally:
-        heuristics.GEMV2_SPLIT_BELOW = 2
+    below = heuristics.GEMV2_SPLIT_BELOW
+    monkeypatch.setattr(heuristics, "GEMV2_SPLIT_BELOW", 0)
+    unsplit = tuning.decode_kernels(sms, problem)
     assert decode.gemv2.splits == splits and decode.gemv1 == unsplit.gemv1
     assert decode.gemv2.k_slices * splits == unsplit.gemv2.k_slices
     assert decode.gemv2.row_groups == unsplit.gemv2.row_groups
     programs = problem.tokens * problem.hidden_size // (16 * decode.gemv2.row_groups)
-    assert (programs < heuristics.GEMV2_SPLIT_BELOW * sms and unsplit.gemv2.k_slices > 1) == (splits > 1)
+    assert (programs < below * sms and unsplit.gemv2.k_slices > 1) == (splits > 1)
 
 
 @pytest.mark.parametrize(("name", "ahead"), [("gpt-oss-120b", True), ("glm-4.5", True), ("deepseek-v3", False),

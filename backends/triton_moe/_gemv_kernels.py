@@ -248,6 +248,13 @@ def _add_pairs(a0, b0, a1, b1):
 
 
 @triton.jit
+def _weighted_slot_sums(a, b, route_w, slot_ok):
+    """GEMV2's [groups, slots, 32] a and b times the router weights, summed over the top-k slots in one pass (slots
+    past TOP_K add 0) -> [groups, 32] each."""
+    return tl.reduce((tl.where(slot_ok, a * route_w, 0.0), tl.where(slot_ok, b * route_w, 0.0)), 1, _add_pairs)
+
+
+@triton.jit
 def _row_pointer(w_expert, n, stride_wn):
     """Byte pointer to row n's first tile (stride_wn = K/2 bytes per row)."""
     n = n.to(tl.int64)
@@ -414,13 +421,11 @@ def gemv2_sum_kernel(
         if HAS_BIAS:
             acc_a += bias_a
             acc_b += bias_b
-        y_a, y_b = tl.reduce((tl.where(slot_ok, acc_a * route_w, 0.0), tl.where(slot_ok, acc_b * route_w, 0.0)), 1,
-                             _add_pairs)  # [groups, 32]
+        y_a, y_b = _weighted_slot_sums(acc_a, acc_b, route_w, slot_ok)
         tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)
         tl.store(y_row + n + 8, _round_bf16(y_b, INTERPRETED), mask=store)
     else:
-        part_a, part_b = tl.reduce((tl.where(slot_ok, acc_a * route_w, 0.0), tl.where(slot_ok, acc_b * route_w, 0.0)),
-                                   1, _add_pairs)
+        part_a, part_b = _weighted_slot_sums(acc_a, acc_b, route_w, slot_ok)
         tokens = tl.num_programs(0)
         part_row = part_ptr + token * N + n
         tl.store(part_row + tl.program_id(2) * tokens * N, part_a, mask=store)
@@ -437,8 +442,7 @@ def gemv2_sum_kernel(
                 y_a += tl.load(part_row + split * tokens * N, mask=store, other=0.0, cache_modifier=".cg")
                 y_b += tl.load(part_row + split * tokens * N + 8, mask=store, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
-                bias_wa, bias_wb = tl.reduce((tl.where(slot_ok, bias_a * route_w, 0.0),
-                                              tl.where(slot_ok, bias_b * route_w, 0.0)), 1, _add_pairs)
+                bias_wa, bias_wb = _weighted_slot_sums(bias_a, bias_b, route_w, slot_ok)
                 y_a += bias_wa
                 y_b += bias_wb
             tl.store(y_row + n, _round_bf16(y_a, INTERPRETED), mask=store)

@@ -650,8 +650,8 @@ def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: 
 
 @functools.lru_cache(maxsize=None)
 def _programmatic_launch(device) -> bool:
-    """Whether GEMV2 launches as GEMV1's programmatic dependent (PDL): griddepcontrol needs sm_90, and Triton's gdc
-    ops (triton.language.extra.cuda) must be there."""
+    """Whether the decode launches chain as programmatic dependents (PDL: GEMV2 of GEMV1, GEMV1 of W4A8's x
+    quantization): griddepcontrol needs sm_90, and Triton's gdc ops (triton.language.extra.cuda) must be there."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
         return False
     import triton.language as tl
