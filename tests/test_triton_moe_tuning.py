@@ -149,6 +149,67 @@ def test_half_rows_change_no_bits_on_cuda(name):
         assert torch.equal(moe_forward(x, weights, **run, config=half), moe_forward(x, weights, **run, config=full))
 
 
+@pytest.mark.parametrize(("gemm", "edit", "message"), [
+    ("gemm2", {"tail_rows": 48}, r"tail_rows=48 must be a power of two from 16 to block_m / 2 = 64"),
+    ("gemm2", {"tail_rows": 128}, r"tail_rows=128 must be a power of two from 16 to block_m / 2 = 64"),
+    ("gemm2", {"tail_rows": 32, "split_k": 2}, r"tail_rows needs split_k 1 \(got 2\)"),
+    ("gemm1", {"tail_rows": 32, "stack_gate_up": False}, r"gemm1.tail_rows needs stack_gate_up"),
+])
+def test_tail_rows_outside_what_the_kernels_run_is_refused(gemm, edit, message):
+    table = _default_table()
+    entry = table["entries"][-1]
+    for g in ("gemm1", "gemm2"):
+        entry[g].update(block_m=128, split_k=1, tail_rows=32)
+    entry["gemm1"]["stack_gate_up"] = True
+    tuning.validate_table(table, "x.yaml")
+    entry[gemm].update(edit)
+    with pytest.raises(ValueError, match=rf"x.yaml: entries/\d+: {gemm}: {message}"):
+        tuning.validate_table(table, "x.yaml")
+
+
+def test_moe_forward_refuses_a_tail_it_cannot_run():
+    from backends.triton_moe.testing import Shape
+
+    shape = Shape("t", "mxfp4", 4, 2, 64, 64, "silu", False)
+    weights = to_kernel_layout(**random_checkpoint(shape))
+    tile = tuning.LaunchConfig(32, 32, 64, 1, True, 4, 2, tail_rows=16)
+    with pytest.raises(ValueError, match=r"config: gemm1: gemm1.tail_rows needs stack_gate_up"):
+        moe_forward(torch.zeros(3, 64, dtype=torch.bfloat16), weights, router_logits=torch.zeros(3, 4), top_k=2,
+                    config=tuning.MoEConfig(tile, tile, "test"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
+def test_tail_rows_change_no_bits_on_cuda(name):
+    """A run's short last block multiplied by the program of the block before it gets the same sums (a second dot on
+    the same weight tile, the same K order), with and without half_rows, on both tensor-core paths of W4A8 too."""
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    weights = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    gemm1 = tuning.LaunchConfig(128, 64, 64, 8, True, 4, 3, stack_gate_up=True, half_rows=True)
+    gemm2 = tuning.LaunchConfig(128, 128, 64, 8, True, 4, 3, half_rows=True)
+    tokens = 128 * shape.experts // shape.top_k  # about 128 pairs an expert: half the runs end in a short block
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+    logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
+    counts = torch.bincount(torch.topk(logits, shape.top_k, dim=-1).indices.flatten(), minlength=shape.experts)
+    assert ((counts % 128 > 0) & (counts % 128 <= 32) & (counts > 128)).sum() >= 8  # the case has tails to absorb
+    run = {"router_logits": logits, "top_k": shape.top_k, **activation_kwargs(shape)}
+    for tail in (16, 32):
+        absorbed = tuning.MoEConfig(dataclasses.replace(gemm1, tail_rows=tail), dataclasses.replace(gemm2,
+                                                                                                    tail_rows=tail),
+                                    "tail")
+        assert torch.equal(moe_forward(x, weights, **run, config=absorbed),
+                           moe_forward(x, weights, **run, config=tuning.MoEConfig(gemm1, gemm2, "blocks"))), tail
+    for act_quant in ("mxfp8",):
+        for mma in ("bf16", "fp8"):
+            plain = tuning.MoEConfig(gemm1, gemm2, "blocks")
+            absorbed = tuning.MoEConfig(dataclasses.replace(gemm1, tail_rows=32),
+                                        dataclasses.replace(gemm2, tail_rows=32), "tail")
+            quant = {"act_quant": act_quant, "w4a8_mma": mma}
+            assert torch.equal(moe_forward(x, weights, **run, **quant, config=absorbed),
+                               moe_forward(x, weights, **run, **quant, config=plain)), mma
+
+
 @requires_cuda
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v3"])
 def test_stacking_gate_and_up_changes_no_bits_on_cuda(name):

@@ -616,19 +616,32 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
                   NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr,
                   STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
                   USE_ASM: tl.constexpr, FP8: tl.constexpr = False, lut_ptr=None,
-                  FP8_PROMOTE: tl.constexpr = False):
-    """fp32 [BLOCK_M, ROWS]: the activation rows times ROWS weight rows over this program's K slice, one weight tile
-    per step (GEMM2, and GEMM1 with its gate and up rows stacked)."""
+                  FP8_PROMOTE: tl.constexpr = False, tail_rows=None, tail_ok=None, TAIL: tl.constexpr = 0):
+    """(fp32 [BLOCK_M, ROWS], fp32 [TAIL, ROWS] or 0.0): the activation rows, and the TAIL rows of tail_rows (the next
+    block's short run, TAIL_ROWS), times ROWS weight rows over this program's K slice, one weight tile per step
+    decoded once for both (GEMM2, and GEMM1 with its gate and up rows stacked)."""
     acc = _zero_acc(BLOCK_M, ROWS, SWAP_AB)
+    acc_t = 0.0
+    if TAIL > 0:
+        acc_t = _zero_acc(TAIL, ROWS, SWAP_AB)
     for k_step in range(0, K_SPLIT, BLOCK_K):
         a_lo, a_hi, w_lo, w_hi = _step_operands(a_rows, row_ok, w_rows, s_ptrs, lut_ptr, w_ok, stride_sc,
                                                 k_base + k_step, K, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K,
                                                 STORED_K_ORDER, RETIRE_WGMMA, USE_ASM, FP8)
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32, FP8_PROMOTE), a_hi, w_hi, SWAP_AB, DOT_FP32,
                    FP8_PROMOTE)
+        if TAIL > 0:
+            if FP8:
+                t_lo, t_hi = _act_fp8(tail_rows, k_base + k_step, tail_ok, K, BLOCK_K, EVEN_K)
+            else:
+                t_lo, t_hi = _act_halves(tail_rows, k_base + k_step, tail_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+            acc_t = _mma(_mma(acc_t, t_lo, w_lo, SWAP_AB, DOT_FP32, FP8_PROMOTE), t_hi, w_hi, SWAP_AB, DOT_FP32,
+                         FP8_PROMOTE)
     if SWAP_AB:
         acc = tl.trans(acc)
-    return acc
+        if TAIL > 0:
+            acc_t = tl.trans(acc_t)
+    return acc, acc_t
 
 
 @triton.jit
@@ -752,6 +765,59 @@ def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexp
 
 
 @triton.jit
+def _gate_up(acc, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(gate, up) [ROWS, BLOCK_N] of a stacked gate/up tile's sums [ROWS, 2 * BLOCK_N]."""
+    return tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
+
+
+@triton.jit
+def _x_row_exps(acc_g, acc_u, ra_ptr, pair, row_ok, TOP_K: tl.constexpr, ACT_QUANT: tl.constexpr):
+    """ACT_QUANT 2: the sums times their x rows' 2^ra (act_quant_kernel), exact, before any split-K slice is stored."""
+    if ACT_QUANT == 2:
+        ra = _pow2_from_m127(tl.load(ra_ptr + pair // TOP_K, mask=row_ok, other=0))
+        acc_g = acc_g * ra[:, None]
+        acc_u = acc_u * ra[:, None]
+    return acc_g, acc_u
+
+
+@triton.jit
+def _tail_rows(pid_m, sorted_pair_ptr, num_pairs, BLOCK_M: tl.constexpr, TAIL: tl.constexpr):
+    """(rows, pairs, real-row mask) of the first TAIL rows of block pid_m + 1, which a TAIL_ROWS program multiplies
+    with its own block."""
+    offs_t = (pid_m + 1) * BLOCK_M + tl.arange(0, TAIL)
+    pair_t = tl.load(sorted_pair_ptr + offs_t)
+    return offs_t, pair_t, pair_t < num_pairs
+
+
+@triton.jit
+def _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs, BLOCK_M: tl.constexpr,
+              HALF_ROWS: tl.constexpr, TAIL_ROWS: tl.constexpr):
+    """(absorbed, half, tail) of row block pid_m, what its program multiplies.
+
+    half (HALF_ROWS): its expert run fills at most half of it, so it multiplies only that half. TAIL_ROWS: an expert
+    run's last block that holds at most TAIL_ROWS real rows (a short tail, whose weight decode would otherwise cost a
+    whole block's) is absorbed: the program of the run's block before it (tail) multiplies those rows too, with the
+    weight tiles it decodes anyway, and the absorbed block's program does nothing. A run fills its blocks from the
+    first row, so a block is short when its row TAIL_ROWS is padding, and a block followed by the same expert's is
+    full."""
+    half = False
+    if HALF_ROWS:
+        real = tl.sum((tl.load(sorted_pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) < num_pairs).to(tl.int32))
+        half = real <= BLOCK_M // 2
+    absorbed = False
+    tail = False
+    if TAIL_ROWS > 0:
+        expert = tl.load(block_expert_ptr + pid_m)
+        short = tl.load(sorted_pair_ptr + pid_m * BLOCK_M + TAIL_ROWS) >= num_pairs
+        absorbed = short & (pid_m > 0) & (tl.load(block_expert_ptr + tl.maximum(pid_m - 1, 0)) == expert)
+        has_next = (pid_m + 1) * BLOCK_M < padded_total
+        next_expert = tl.load(block_expert_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_short = tl.load(sorted_pair_ptr + (pid_m + 1) * BLOCK_M + TAIL_ROWS, mask=has_next, other=0) >= num_pairs
+        tail = has_next & (next_expert == expert) & next_short
+    return absorbed, half, tail
+
+
+@triton.jit
 def _gemm1_tile(
     pid_m, pid_n, ROWS: tl.constexpr,
     x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
@@ -765,11 +831,17 @@ def _gemm1_tile(
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
     ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE: tl.constexpr,
+    TAIL: tl.constexpr = 0,
 ):
-    """gemm1_act_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
+    """gemm1_act_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it) and, TAIL > 0
+    (stacked gate/up, one K slice), the first TAIL rows of block pid_m + 1 as well (TAIL_ROWS)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
+    offs_t, pair_t, ok_t, x_rows_t = offs_m, pair, row_ok, x_rows  # the tail's rows where TAIL > 0 (else unused)
+    if TAIL > 0:
+        offs_t, pair_t, ok_t = _tail_rows(pid_m, sorted_pair_ptr, num_pairs, BLOCK_M, TAIL)
+        x_rows_t = x_ptr + (pair_t // TOP_K).to(tl.int64) * stride_xm
     FP8: tl.constexpr = (ACT_QUANT == 1) | (ACT_QUANT == 2)  # E4M3 dots (3: bf16 dots of E4M3 values)
     act_scales = _static_act_scales(qscale_ptr, ACT_QUANT)
     if STACK_GATE_UP:
@@ -779,10 +851,10 @@ def _gemm1_tile(
         w_row = w_col + (r // BLOCK_N) * N
         w_rows = _weight_rows(w_ptr + expert * stride_we, w_row, stride_wn)
         s_ptrs = s_ptr + expert * stride_se + w_row
-        acc = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, ROWS,
-                            2 * BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER,
-                            RETIRE_WGMMA, DOT_FP32, USE_ASM, FP8, lut_ptr, FP8_PROMOTE)
-        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
+        acc, acc_t = _accumulate_k(x_rows, row_ok, w_rows, s_ptrs, w_col < N, stride_sc, k_base, K, K_SPLIT, ROWS,
+                                   2 * BLOCK_N, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER,
+                                   RETIRE_WGMMA, DOT_FP32, USE_ASM, FP8, lut_ptr, FP8_PROMOTE, x_rows_t, ok_t, TAIL)
+        acc_g, acc_u = _gate_up(acc, ROWS, BLOCK_N)
     else:
         wg_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
         wu_rows = _weight_rows(w_ptr + expert * stride_we, offs_n + N, stride_wn)
@@ -808,14 +880,17 @@ def _gemm1_tile(
         if SWAP_AB:
             acc_g = tl.trans(acc_g)
             acc_u = tl.trans(acc_u)
-    if ACT_QUANT == 2:  # the x rows' 2^ra (act_quant_kernel), exact, before any split-K slice is stored
-        ra = tl.load(ra_ptr + pair // TOP_K, mask=row_ok, other=0)
-        acc_g = acc_g * _pow2_from_m127(ra)[:, None]
-        acc_u = acc_u * _pow2_from_m127(ra)[:, None]
+    acc_g, acc_u = _x_row_exps(acc_g, acc_u, ra_ptr, pair, row_ok, TOP_K, ACT_QUANT)
     if SPLIT_K == 1:
         _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
                    stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
                    rexp_ptr, stride_re, qscale_ptr, act_scales=act_scales)
+        if TAIL > 0:
+            tail_g, tail_u = _gate_up(acc_t, TAIL, BLOCK_N)
+            tail_g, tail_u = _x_row_exps(tail_g, tail_u, ra_ptr, pair_t, ok_t, TOP_K, ACT_QUANT)
+            _act_store(tail_g, tail_u, expert, offs_t, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
+                       stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
+                       rexp_ptr, stride_re, qscale_ptr, act_scales=act_scales)
     else:
         p_ptrs = (part_ptr + tl.program_id(1) * stride_ps + offs_m.to(tl.int64)[:, None] * stride_pm
                   + offs_n[None, :])
@@ -847,8 +922,11 @@ def gemm1_act_kernel(
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
     HALF_ROWS: tl.constexpr, ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False,
+    TAIL_ROWS: tl.constexpr = 0,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
+
+    HALF_ROWS, TAIL_ROWS (stacked gate/up, SPLIT_K 1): what each row block's program multiplies (_row_plan).
 
     SPLIT_K > 1: program (tile, s) sums K slice s only and stores raw fp32 gate/up sums of its real rows
     to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ... or, with
@@ -862,13 +940,21 @@ def gemm1_act_kernel(
     on x holding the E4M3 values of x / a1, qscale_ptr's scales in the epilogue (_act_store's mode 3).
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
+    padded_total = tl.load(padded_total_ptr)
+    if pid_m * BLOCK_M >= padded_total:
         return
-    half = False  # a block whose expert run fills at most half of it multiplies only that half (HALF_ROWS)
-    if HALF_ROWS:
-        real = tl.sum((tl.load(sorted_pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) < num_pairs).to(tl.int32))
-        half = real <= BLOCK_M // 2
-    if half:
+    absorbed, half, tail = _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs, BLOCK_M,
+                                     HALF_ROWS, TAIL_ROWS)
+    if absorbed:
+        return
+    if tail:
+        _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
+            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
+            stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
+            K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
+            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, TAIL_ROWS)
+    elif half:
         _gemm1_tile(pid_m, pid_n, BLOCK_M // 2, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
@@ -939,26 +1025,53 @@ def _gemm2_tile(
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr, ACT_QUANT: tl.constexpr, rexp_ptr,
-    stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE: tl.constexpr,
+    stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE: tl.constexpr, TAIL: tl.constexpr = 0,
 ):
-    """gemm2_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it)."""
+    """gemm2_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it) and, TAIL > 0 (one
+    K slice), the first TAIL rows of block pid_m + 1 as well (TAIL_ROWS)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
     a_rows = h_ptr + offs_m.to(tl.int64) * stride_hm
+    offs_t, pair_t, ok_t, a_rows_t = offs_m, pair, row_ok, a_rows  # the tail's rows where TAIL > 0 (else unused)
+    if TAIL > 0:
+        offs_t, pair_t, ok_t = _tail_rows(pid_m, sorted_pair_ptr, num_pairs, BLOCK_M, TAIL)
+        a_rows_t = h_ptr + offs_t.to(tl.int64) * stride_hm
     w_rows = _weight_rows(w_ptr + expert * stride_we, offs_n, stride_wn)
     s_ptrs = s_ptr + expert * stride_se + offs_n
     FP8: tl.constexpr = (ACT_QUANT == 1) | (ACT_QUANT == 2)  # E4M3 dots (3: bf16 dots of E4M3 values)
+    a2 = 1.0
     if ACT_QUANT == 3:  # before the K loop: after it a load costs a memory latency at every program's end
         a2 = tl.load(qscale_ptr + 2)
-    acc = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, ROWS, BLOCK_N,
-                        BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32,
-                        USE_ASM, FP8, lut_ptr, FP8_PROMOTE)
+    acc, acc_t = _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, col_ok, stride_sc, k_base, K, K_SPLIT, ROWS, BLOCK_N,
+                               BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA,
+                               DOT_FP32, USE_ASM, FP8, lut_ptr, FP8_PROMOTE, a_rows_t, ok_t, TAIL)
+    _gemm2_rows_out(acc, expert, offs_m, pair, row_ok, offs_n, col_ok, pid_n, a2, gs_ptr, bias_ptr, route_w_ptr,
+                    out_ptr, ticket_ptr, y_ptr, rexp_ptr, qscale_ptr, ra_ptr, N, stride_be, stride_om, stride_os,
+                    stride_ym, stride_re, SPLIT_K, BLOCK_N, NVFP4, HAS_BIAS, DOT_FP32, LAST_PAIR_SUMS, TOP_K,
+                    ACT_QUANT, ROWS)
+    if TAIL > 0:
+        _gemm2_rows_out(acc_t, expert, offs_t, pair_t, ok_t, offs_n, col_ok, pid_n, a2, gs_ptr, bias_ptr,
+                        route_w_ptr, out_ptr, ticket_ptr, y_ptr, rexp_ptr, qscale_ptr, ra_ptr, N, stride_be,
+                        stride_om, stride_os, stride_ym, stride_re, SPLIT_K, BLOCK_N, NVFP4, HAS_BIAS, DOT_FP32,
+                        LAST_PAIR_SUMS, TOP_K, ACT_QUANT, TAIL)
+
+
+@triton.jit
+def _gemm2_rows_out(acc, expert, offs_m, pair, row_ok, offs_n, col_ok, pid_n, a2, gs_ptr, bias_ptr, route_w_ptr,
+                    out_ptr, ticket_ptr, y_ptr, rexp_ptr, qscale_ptr, ra_ptr, N: tl.constexpr, stride_be, stride_om,
+                    stride_os, stride_ym, stride_re, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                    NVFP4: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr,
+                    TOP_K: tl.constexpr, ACT_QUANT: tl.constexpr, ROWS: tl.constexpr):
+    """GEMM2's epilogue on the sums [ROWS, BLOCK_N] of rows offs_m: scales, bias, router weight, the store of each
+    pair's row (or K slice's share), and with LAST_PAIR_SUMS the top-k sums this program completes. a2: static FP8's
+    GEMM2 input scale for ACT_QUANT 3 (loaded before the K loop)."""
+    FP8: tl.constexpr = (ACT_QUANT == 1) | (ACT_QUANT == 2)
     if FP8:  # the FP8 dots' sums times 2^r of each weight row, the input scale (a2 = qscale[2], or the h rows' 2^ra
         # from act_quant_kernel), the global scale
-        a2 = 1.0
+        a2_fp8 = 1.0
         if ACT_QUANT == 1:
-            a2 = tl.load(qscale_ptr + 2)
-        acc = acc * (_pow2(tl.load(rexp_ptr + expert * stride_re + offs_n, mask=col_ok, other=0)) * a2)[None, :]
+            a2_fp8 = tl.load(qscale_ptr + 2)
+        acc = acc * (_pow2(tl.load(rexp_ptr + expert * stride_re + offs_n, mask=col_ok, other=0)) * a2_fp8)[None, :]
         if ACT_QUANT == 2:
             acc = acc * _pow2_from_m127(tl.load(ra_ptr + offs_m, mask=row_ok, other=0))[:, None]
         if NVFP4:
@@ -1021,9 +1134,11 @@ def gemm2_kernel(
     SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
-    ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False,
+    ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False, TAIL_ROWS: tl.constexpr = 0,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
+
+    HALF_ROWS, TAIL_ROWS (SPLIT_K 1): what each row block's program multiplies (_row_plan).
 
     SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] (bias in slice 0 only); the
     top-k sum kernel adds the slices in fixed order. LAST_PAIR_SUMS: the program whose row draws the last of a
@@ -1035,13 +1150,21 @@ def gemm2_kernel(
     E4M3 values of h / a2, the sums times a2 before the bias.
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(padded_total_ptr):
+    padded_total = tl.load(padded_total_ptr)
+    if pid_m * BLOCK_M >= padded_total:
         return
-    half = False  # a block whose expert run fills at most half of it multiplies only that half (HALF_ROWS)
-    if HALF_ROWS:
-        real = tl.sum((tl.load(sorted_pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) < num_pairs).to(tl.int32))
-        half = real <= BLOCK_M // 2
-    if half:
+    absorbed, half, tail = _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs, BLOCK_M,
+                                     HALF_ROWS, TAIL_ROWS)
+    if absorbed:
+        return
+    if tail:
+        _gemm2_tile(pid_m, pid_n, BLOCK_M, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
+            ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
+            stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
+            K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
+            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K, ACT_QUANT, rexp_ptr, stride_re,
+            qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, TAIL_ROWS)
+    elif half:
         _gemm2_tile(pid_m, pid_n, BLOCK_M // 2, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
             ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
             stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,

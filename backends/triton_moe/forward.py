@@ -269,6 +269,10 @@ def moe_forward(
             and config.gemm1.block_m < tuning.MIN_HALF_ROWS_BLOCK_M:
         _fail(ValueError, f"config: half_rows needs block_m >= {tuning.MIN_HALF_ROWS_BLOCK_M} (got "
               f"{config.gemm1.block_m}): half a block must still be a 16-row MMA tile")
+    for gemm, launch in ((1, config.gemm1), (2, config.gemm2)) if config is not None else ():
+        problem = tuning.tail_rows_problem(launch, gemm)
+        if problem:
+            _fail(ValueError, f"config: gemm{gemm}: {problem}")
     ids, route_w, k = _routing_inputs(x, weights, router_logits, topk_ids, topk_weights, top_k, renormalize)
     tokens, hidden = x.shape
     inter, experts = weights.intermediate_size, weights.num_experts
@@ -696,7 +700,7 @@ def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, inte
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"], NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=has_bias,
         SWAP_AB=c.swap_ab, STORED_K_ORDER=not wgmma, RETIRE_WGMMA=wgmma and c.swap_ab, DOT_FP32=interpreted,
-        USE_ASM=not interpreted, HALF_ROWS=bool(c.half_rows))
+        USE_ASM=not interpreted, HALF_ROWS=bool(c.half_rows), TAIL_ROWS=c.tail_rows or 0)
     if gemm == 1:
         constexprs["STACK_GATE_UP"] = bool(c.stack_gate_up)
     return constexprs

@@ -35,6 +35,7 @@ from backends.triton_moe.tuning.configs import (
     Problem,
     gemv2_slots,
     launch_dict,
+    tail_rows_problem,
 )
 from backends.triton_moe.tuning.heuristics import (
     DECODE_KERNEL_TOKENS,
@@ -64,8 +65,8 @@ __all__ = ["ArchFacts", "DECODE_AHEAD_MAXNREG", "DECODE_KERNEL_TOKENS", "DecodeC
            "LaunchConfig", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
            "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
            "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "mx_epilogue_config", "read_table",
-           "reload_user_tables", "select_config", "shipped_entries", "shipped_table", "table_config", "user_table_dir",
-           "validate_table", "w4a8_config"]
+           "reload_user_tables", "select_config", "shipped_entries", "shipped_table", "table_config",
+           "tail_rows_problem", "user_table_dir", "validate_table", "w4a8_config"]
 
 
 def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tables: bool = True) -> MoEConfig:

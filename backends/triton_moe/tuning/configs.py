@@ -30,6 +30,24 @@ class LaunchConfig:
     split_epilogue: str | None = None  # gemm1, split_k > 1: "fused" (last slice program) or "launch" (the default)
     stack_gate_up: bool | None = None  # gemm1: gate and up rows as one weight tile, one dot per step (default: two)
     half_rows: bool | None = None  # blocks whose expert run fills at most half of BLOCK_M multiply only that half
+    tail_rows: int | None = None  # a run's last block of at most this many rows is multiplied by the block before it
+
+
+def tail_rows_problem(config: LaunchConfig, gemm: int) -> str | None:
+    """Why config cannot take its tail_rows (None where it can, or sets none): the tail is a second dot on the same
+    weight tile, so it needs one K slice, GEMM1's gate and up stacked into one tile, and 16 <= tail_rows <= half a
+    block, a power of two (an MMA tile of whole 16-row groups, and a block's tail past half of it is a half block)."""
+    rows = config.tail_rows
+    if rows is None:
+        return None
+    if rows < 16 or rows > config.block_m // 2 or rows & (rows - 1):
+        return (f"tail_rows={rows} must be a power of two from 16 to block_m / 2 = {config.block_m // 2}; "
+                f"drop it or pick one in that range")
+    if config.split_k != 1:
+        return f"tail_rows needs split_k 1 (got {config.split_k}): the tail shares the block's one K loop"
+    if gemm == 1 and not config.stack_gate_up:
+        return "gemm1.tail_rows needs stack_gate_up: the tail's rows share the stacked gate/up weight tile"
+    return None
 
 
 def launch_dict(config: LaunchConfig) -> dict:

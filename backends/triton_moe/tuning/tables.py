@@ -23,6 +23,7 @@ from backends.triton_moe.tuning.configs import (
     LaunchConfig,
     MoEConfig,
     Problem,
+    tail_rows_problem,
 )
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
@@ -86,6 +87,9 @@ def validate_table(table, origin: str) -> None:
             if entry[gemm].get("half_rows") and entry[gemm]["block_m"] < MIN_HALF_ROWS_BLOCK_M:
                 raise TuningTableError(f"{place}: {gemm}.half_rows needs block_m >= {MIN_HALF_ROWS_BLOCK_M} (half a "
                                        f"block must still be a 16-row MMA tile); drop it or raise block_m")
+            problem = tail_rows_problem(LaunchConfig(**entry[gemm]), 1 if gemm == "gemm1" else 2)
+            if problem:
+                raise TuningTableError(f"{place}: {gemm}: {problem}")
         for field in GEMM1_ONLY_FIELDS:
             if field in entry["gemm2"]:
                 raise TuningTableError(f"{place}: gemm2.{field} is a GEMM1 setting (GEMM2 has no split epilogue and "

@@ -1,0 +1,182 @@
+"""A/B of the tile kernels' launch configs (W4A16 or W4A8 on bf16 dots) against the tables' choice, one GPU.
+
+Per layer (backends/model_shapes.py) and T: the layer with the config moe_forward would choose ("tuned"), then with
+each --variant, a named edit of that config, all in one process, each timed as bench_matrix times a layer (the whole
+layer with routing as a CUDA graph, L2 flushed before each replay, median of --iters). A variant is
+`NAME:FIELD=VALUE[,FIELD=VALUE...]`, LaunchConfig fields set on both GEMMs, or on one with a `g1.` / `g2.` prefix
+(`tail32:tail_rows=32`, `w8:g1.num_warps=8,g1.tail_rows=64`); `none` clears an optional field. Each row gives µs,
+TFLOP/s (6·T·k·H·I), the fraction of this run's bf16 8192³ matmul rate, the relative L2 against the tuned row's
+output and whether its bits are the tuned row's (a variant that only regroups rows keeps them).
+
+    python benchmarks/ab_prefill_configs.py --out DIR [--layers gpt-oss-120b,deepseek-v3] [--tokens 4096,16384]
+        [--act-quant mxfp8|fp8_per_tensor_static] [--iters 10] --variant tail32:tail_rows=32 [--variant ...]
+
+Writes DIR/ab.csv (appended row by row: a cut-off run keeps what it measured) and DIR/environment.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+from backends.model_shapes import SHAPES  # noqa: E402
+from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig  # noqa: E402
+
+COLUMNS = ("run_id", "gpu", "commit", "shape", "tokens", "act_quant", "variant", "config", "us", "tflops", "of_bf16",
+           "rel_l2_vs_tuned", "bits_as_tuned", "note")
+_FIELDS = {f.name: f.type for f in dataclasses.fields(LaunchConfig)}
+
+
+def parse_variant(text: str) -> tuple[str, dict, dict]:
+    """(name, GEMM1 edits, GEMM2 edits) of `NAME:FIELD=VALUE,...`; ValueError naming the bad part."""
+    name, sep, body = text.partition(":")
+    if not sep or not name or not body:
+        raise ValueError(f"--variant {text!r}: write NAME:FIELD=VALUE[,FIELD=VALUE...]")
+    edits: tuple[dict, dict] = ({}, {})
+    for part in body.split(","):
+        key, eq, value = part.partition("=")
+        gemms = (0, 1)
+        if key.startswith(("g1.", "g2.")):
+            gemms, key = (int(key[1]) - 1,), key[3:]
+        if not eq or key not in _FIELDS:
+            raise ValueError(f"--variant {text!r}: {part!r} is not FIELD=VALUE with FIELD one of {', '.join(_FIELDS)}")
+        edits_value = _value(value, text, part)
+        for g in gemms:
+            edits[g][key] = edits_value
+    return name, edits[0], edits[1]
+
+
+def _value(value: str, text: str, part: str):
+    if value in ("true", "false"):
+        return value == "true"
+    if value == "none":
+        return None
+    if value in ("fused", "launch"):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"--variant {text!r}: {part!r}: the value is not a whole number, true, false or none") \
+            from None
+
+
+def edited(config: MoEConfig, name: str, g1: dict, g2: dict) -> MoEConfig:
+    return MoEConfig(dataclasses.replace(config.gemm1, **g1), dataclasses.replace(config.gemm2, **g2),
+                     f"variant {name}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", default="gpt-oss-120b,deepseek-v3")
+    p.add_argument("--tokens", default="4096,16384")
+    p.add_argument("--act-quant", default=None, choices=("mxfp8", "fp8_per_tensor_static"))
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--variant", action="append", default=[])
+    p.add_argument("--commit", default=os.environ.get("MOE_ORACLE_COMMIT", "unknown"))
+    args = p.parse_args(argv)
+    args.layers = args.layers.split(",")
+    for layer in args.layers:
+        if layer not in SHAPES:
+            p.error(f"--layers: {layer!r} is not one of {', '.join(SHAPES)}")
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",")]
+        args.variant = [parse_variant(v) for v in args.variant]
+    except ValueError as exc:
+        p.error(str(exc) if "--variant" in str(exc) else f"--tokens: {args.tokens!r} is not a list of whole numbers")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    from bench_matrix import describe, rel_l2
+
+    from backends.gpu_timing import Flusher, measure_ceilings, time_graph_output
+    from backends.layouts.triton_moe import to_kernel_layout
+    from backends.triton_moe import moe_forward, tuning
+    from backends.triton_moe.testing import activation_kwargs, random_checkpoint
+
+    os.makedirs(args.out, exist_ok=True)
+    gpu = torch.cuda.get_device_name()
+    bandwidth, _, _, matmul = measure_ceilings()
+    stamp = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}"
+    run_id = f"{gpu.split()[1] if len(gpu.split()) > 1 else gpu}-{stamp}"
+    env = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "bandwidth_gbs": bandwidth, "matmul_tflops": matmul,
+           "variants": {name: {"gemm1": g1, "gemm2": g2} for name, g1, g2 in args.variant}, "triton": _version()}
+    Path(args.out, "environment.json").write_text(json.dumps(env, indent=1) + "\n")
+    print(f"{gpu}: bf16 matmul {matmul:.0f} TFLOP/s", flush=True)
+    flush = Flusher()
+    arch, gpu_info = tuning.device_gpu(torch.device("cuda"))
+    path = Path(args.out, "ab.csv")
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, COLUMNS)
+        if handle.tell() == 0:
+            writer.writeheader()
+        for layer in args.layers:
+            shape = SHAPES[layer]
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            ckpt = random_checkpoint(shape, device="cuda", generator=gen)
+            weights = to_kernel_layout(**ckpt)
+            act = activation_kwargs(shape)
+            quant = {}
+            if args.act_quant == "fp8_per_tensor_static":
+                one = torch.full((1,), 0.05, device="cuda")
+                quant = {"act_quant": args.act_quant, "a1_scale": one, "a2_scale": one}
+            elif args.act_quant:
+                quant = {"act_quant": args.act_quant}
+            for tokens in args.tokens:
+                x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+                logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
+                problem = tuning.Problem(tokens=tokens, **shape.fields())
+                tuned = tuning.select_config(arch, gpu_info, problem)
+                if args.act_quant:
+                    tuned = tuning.w4a8_config(arch, tuned, args.act_quant, "bf16")
+                flop = 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
+                base_out = None
+                for name, g1, g2 in [("tuned", {}, {})] + args.variant:
+                    row = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "shape": layer, "tokens": tokens,
+                           "act_quant": args.act_quant or "", "variant": name}
+                    try:
+                        config = tuned if name == "tuned" else edited(tuned, name, g1, g2)
+                        row["config"] = describe(config, False) + f" | {config.gemm1} | {config.gemm2}"
+                        call = functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k,
+                                                 config=config, **act, **quant)
+                        us, out = time_graph_output(call, flush, args.iters)
+                    except Exception as exc:  # noqa: BLE001  one failing variant is a result
+                        writer.writerow({**row, "note": f"failed: {type(exc).__name__}: {exc}"[:300]})
+                        handle.flush()
+                        print(f"{layer} T={tokens} {name}: failed {exc}"[:300], flush=True)
+                        continue
+                    out = out.clone()
+                    if base_out is None:
+                        base_out = out
+                    tflops = flop / us / 1e6
+                    row.update(us=f"{us:.1f}", tflops=f"{tflops:.1f}", of_bf16=f"{tflops / matmul:.3f}",
+                               rel_l2_vs_tuned=f"{rel_l2(out, base_out):.1e}",
+                               bits_as_tuned=torch.equal(out.view(torch.int16), base_out.view(torch.int16)))
+                    writer.writerow(row)
+                    handle.flush()
+                    print(f"{layer} T={tokens} {name}: {us:.1f} us, {tflops / matmul:.3f} of bf16, "
+                          f"bits as tuned {row['bits_as_tuned']}", flush=True)
+    return 0
+
+
+def _version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
