@@ -4,12 +4,14 @@ Per layer (backends/model_shapes.py) and T: the layer with the config moe_forwar
 each --variant, a named edit of that config, all in one process, each timed as bench_matrix times a layer (the whole
 layer with routing as a CUDA graph, L2 flushed before each replay, median of --iters). A variant is
 `NAME:FIELD=VALUE[,FIELD=VALUE...]`, LaunchConfig fields set on both GEMMs, or on one with a `g1.` / `g2.` prefix
-(`tail32:tail_rows=32`, `w8:g1.num_warps=8,g1.tail_rows=64`); `none` clears an optional field. Each row gives µs,
+(`tail32:tail_rows=32`, `w8:g1.num_warps=8,g1.tail_rows=64`); `none` clears an optional field; `topk_sum=fused`
+(or `launch`) is moe_forward's own argument. Each row gives µs,
 TFLOP/s (6·T·k·H·I), the fraction of this run's bf16 8192³ matmul rate, the relative L2 against the tuned row's
-output and whether its bits are the tuned row's (a variant that only regroups rows keeps them).
+output and whether its bits are the tuned row's (a variant that only regroups rows keeps them). --kernels adds each
+row's kernels (torch.profiler, eager, L2 flushed: mean µs per call) to DIR/kernels.csv.
 
     python benchmarks/ab_prefill_configs.py --out DIR [--layers gpt-oss-120b,deepseek-v3] [--tokens 4096,16384]
-        [--act-quant mxfp8|fp8_per_tensor_static] [--iters 10] --variant tail32:tail_rows=32 [--variant ...]
+        [--act-quant mxfp8|fp8_per_tensor_static] [--iters 10] [--kernels] --variant tail32:tail_rows=32 [...]
 
 Writes DIR/ab.csv (appended row by row: a cut-off run keeps what it measured) and DIR/environment.json.
 """
@@ -37,23 +39,33 @@ COLUMNS = ("run_id", "gpu", "commit", "shape", "tokens", "act_quant", "variant",
 _FIELDS = {f.name: f.type for f in dataclasses.fields(LaunchConfig)}
 
 
-def parse_variant(text: str) -> tuple[str, dict, dict]:
-    """(name, GEMM1 edits, GEMM2 edits) of `NAME:FIELD=VALUE,...`; ValueError naming the bad part."""
+#: --variant keys that are moe_forward arguments rather than LaunchConfig fields
+CALL_KEYS = ("topk_sum",)
+
+
+def parse_variant(text: str) -> tuple[str, dict, dict, dict]:
+    """(name, GEMM1 edits, GEMM2 edits, moe_forward arguments) of `NAME:FIELD=VALUE,...`; ValueError naming the bad
+    part."""
     name, sep, body = text.partition(":")
     if not sep or not name or not body:
         raise ValueError(f"--variant {text!r}: write NAME:FIELD=VALUE[,FIELD=VALUE...]")
     edits: tuple[dict, dict] = ({}, {})
+    call = {}
     for part in body.split(","):
         key, eq, value = part.partition("=")
+        if key in CALL_KEYS and eq:
+            call[key] = value
+            continue
         gemms = (0, 1)
         if key.startswith(("g1.", "g2.")):
             gemms, key = (int(key[1]) - 1,), key[3:]
         if not eq or key not in _FIELDS:
-            raise ValueError(f"--variant {text!r}: {part!r} is not FIELD=VALUE with FIELD one of {', '.join(_FIELDS)}")
+            raise ValueError(f"--variant {text!r}: {part!r} is not FIELD=VALUE with FIELD one of "
+                             f"{', '.join((*_FIELDS, *CALL_KEYS))}")
         edits_value = _value(value, text, part)
         for g in gemms:
             edits[g][key] = edits_value
-    return name, edits[0], edits[1]
+    return name, edits[0], edits[1], call
 
 
 def _value(value: str, text: str, part: str):
@@ -83,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--act-quant", default=None, choices=("mxfp8", "fp8_per_tensor_static"))
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--variant", action="append", default=[])
+    p.add_argument("--kernels", action="store_true", help="also each row's kernels' µs (torch.profiler)")
     p.add_argument("--commit", default=os.environ.get("MOE_ORACLE_COMMIT", "unknown"))
     args = p.parse_args(argv)
     args.layers = args.layers.split(",")
@@ -102,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from bench_matrix import describe, rel_l2
 
-    from backends.gpu_timing import Flusher, measure_ceilings, time_graph_output
+    from backends.gpu_timing import Flusher, measure_ceilings, profile_kernels, time_graph_output
     from backends.layouts.triton_moe import to_kernel_layout
     from backends.triton_moe import moe_forward, tuning
     from backends.triton_moe.testing import activation_kwargs, random_checkpoint
@@ -113,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}"
     run_id = f"{gpu.split()[1] if len(gpu.split()) > 1 else gpu}-{stamp}"
     env = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "bandwidth_gbs": bandwidth, "matmul_tflops": matmul,
-           "variants": {name: {"gemm1": g1, "gemm2": g2} for name, g1, g2 in args.variant}, "triton": _version()}
+           "variants": {name: {"gemm1": g1, "gemm2": g2, **call} for name, g1, g2, call in args.variant},
+           "triton": _version()}
     Path(args.out, "environment.json").write_text(json.dumps(env, indent=1) + "\n")
     print(f"{gpu}: bf16 matmul {matmul:.0f} TFLOP/s", flush=True)
     flush = Flusher()
@@ -144,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
                     tuned = tuning.w4a8_config(arch, tuned, args.act_quant, "bf16")
                 flop = 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
                 base_out = None
-                for name, g1, g2 in [("tuned", {}, {})] + args.variant:
+                for name, g1, g2, extra in [("tuned", {}, {}, {})] + args.variant:
                     row = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "shape": layer, "tokens": tokens,
                            "act_quant": args.act_quant or "", "variant": name}
                     try:
                         config = tuned if name == "tuned" else edited(tuned, name, g1, g2)
                         row["config"] = describe(config, False) + f" | {config.gemm1} | {config.gemm2}"
                         call = functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k,
-                                                 config=config, **act, **quant)
+                                                 config=config, **act, **quant, **extra)
                         us, out = time_graph_output(call, flush, args.iters)
                     except Exception as exc:  # noqa: BLE001  one failing variant is a result
                         writer.writerow({**row, "note": f"failed: {type(exc).__name__}: {exc}"[:300]})
@@ -167,9 +181,22 @@ def main(argv: list[str] | None = None) -> int:
                                bits_as_tuned=torch.equal(out.view(torch.int16), base_out.view(torch.int16)))
                     writer.writerow(row)
                     handle.flush()
+                    if args.kernels:
+                        _write_kernels(Path(args.out, "kernels.csv"), row, profile_kernels(call, flush))
                     print(f"{layer} T={tokens} {name}: {us:.1f} us, {tflops / matmul:.3f} of bf16, "
                           f"bits as tuned {row['bits_as_tuned']}", flush=True)
     return 0
+
+
+def _write_kernels(path: Path, row: dict, kernels: list) -> None:
+    """One kernels.csv row per kernel of the timed call (the flush's own reduction included, under its name)."""
+    fresh = not path.exists()
+    with path.open("a", newline="") as handle:
+        writer = csv.writer(handle)
+        if fresh:
+            writer.writerow(["shape", "tokens", "act_quant", "variant", "kernel", "us"])
+        for name, us in kernels:
+            writer.writerow([row["shape"], row["tokens"], row["act_quant"], row["variant"], name[:120], f"{us:.1f}"])
 
 
 def _version() -> str:

@@ -88,6 +88,18 @@ def test_half_rows_while_a_run_may_fill_half_a_block():
     assert not tuning.heuristic_config(arch, 132, _problem("deepseek-v3", 16384)).gemm2.half_rows
 
 
+def test_128_row_tiles_absorb_short_tails_and_64_row_tiles_do_not():
+    """A run longer than one 128-row block ends in a short one about as often as not; 64-row tiles serve runs that
+    mostly fit one block."""
+    arch = tuning.facts_by_name("sm90")
+    for name, tokens in (("deepseek-v3", 4096), ("gpt-oss-120b", 16384)):
+        config = tuning.heuristic_config(arch, 132, _problem(name, tokens))
+        assert (config.gemm1.block_m, config.gemm1.tail_rows, config.gemm2.tail_rows) == (128, 16, 16)
+        assert tuning.tail_rows_problem(config.gemm1, 1) is None and tuning.tail_rows_problem(config.gemm2, 2) is None
+    mid = tuning.heuristic_config(arch, 132, _problem("deepseek-v3", 1024))
+    assert mid.gemm1.block_m == 64 and mid.gemm1.tail_rows is None and mid.gemm2.tail_rows is None
+
+
 def test_sm80_heuristics_use_no_wgmma_only_tiles():
     arch = tuning.facts_by_name("sm80")
     assert not arch.runs_wgmma(4) and tuning.facts_by_name("sm90").runs_wgmma(4)

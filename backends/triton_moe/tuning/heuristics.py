@@ -11,7 +11,9 @@ k=4) and a DeepSeek-V3 NVFP4 layer (E=256, k=8), re-expressed in those terms so 
   with split-K, so that the few experts' tiles still give every SM several programs;
 * tens of rows per expert: 64-row tiles that multiply only the half a short run fills (half_rows), gate and up
   rows stacked into one weight tile (stack_gate_up: the dequantized weights stay in registers);
-* hundreds: 128-row tiles, half_rows while a run may still fill only half of one.
+* hundreds: 128-row tiles, half_rows while a run may still fill only half of one, and, where runs often end in a
+  block of at most TAIL_ROWS pairs, that block multiplied by the block before it (tail_rows), which decodes its
+  weights anyway.
 
 Pure functions of (arch facts, SM count, problem): testable on CPU, no measurement at serving time.
 """
@@ -50,6 +52,14 @@ DECODE_ROWS = 16
 #: keep half_rows (a run that fills at most half a block then multiplies only that half).
 MID_ROWS = 64
 HALF_ROWS_UP_TO = 256
+#: The 128-row tiles' tail_rows: an H100 A/B at T = 4096 / 16384 (benchmarks/results/w4a16-tail-rows-h100-2026-11-28/):
+#: 16 rows 1.10-1.14x faster at 4096 on gpt-oss-120b and DeepSeek-V3, where half the runs end in a short block; 32
+#: within 2% of 16; 64 spills (255 registers and a stack).
+TAIL_ROWS = 16
+#: Share of runs ending in a block of at most TAIL_ROWS pairs (_short_tail_share) from which tail_rows pays: where
+#: runs rarely do, its larger kernel and longer prologue cost up to 7% (Kimi-K2 and Qwen3-Next at T = 4096, no such
+#: run: 0.93x); gpt-oss-20b at T = 16384 (0.14 of its runs): 1.08x; where a quarter to 0.4 do, 1.00-1.21x (same A/B).
+TAIL_SHARE_MIN = 0.1
 #: GEMM1 K (= H) from which a decode GEMM1 splits K in two regardless of occupancy: its K loop is the longest
 #: of the layer (DeepSeek H = 7168 kept split-K 2 at every decode T in the sweeps; gpt-oss H = 2880 did not).
 LONG_K = 6144
@@ -88,6 +98,19 @@ def _rows_high(problem: Problem) -> float:
     return mean + 2.0 * math.sqrt(mean)
 
 
+def _short_tail_share(problem: Problem, block_m: int, tail_rows: int) -> float:
+    """Share of the touched experts whose run is longer than one block and ends in one of at most tail_rows pairs
+    (the run's pairs about normal around its mean, binomial routing)."""
+    mean = problem.rows_per_touched_expert
+    sd = max(math.sqrt(mean), 1e-9)
+
+    def below(rows: float) -> float:
+        return 0.5 * (1.0 + math.erf((rows - mean) / (sd * math.sqrt(2.0))))
+
+    blocks = range(1, int((mean + 6 * sd) // block_m) + 2)
+    return sum(below(n * block_m + tail_rows + 0.5) - below(n * block_m + 0.5) for n in blocks)
+
+
 def heuristic_config(arch: ArchFacts, sm_count: int, problem: Problem) -> MoEConfig:
     """The launch config for `problem` from the rows per expert, N, K, the format and the SM count (no table)."""
     mean_rows = problem.rows_per_expert
@@ -100,8 +123,9 @@ def heuristic_config(arch: ArchFacts, sm_count: int, problem: Problem) -> MoECon
         gemm2 = LaunchConfig(64, 128, 64, 8, True, wgmma_warps, 4, half_rows=True)
         return MoEConfig(gemm1, gemm2, "heuristic:mid")
     half = True if mean_rows <= HALF_ROWS_UP_TO else None
-    gemm1 = LaunchConfig(128, 64, 64, 8, True, wgmma_warps, 3, stack_gate_up=True, half_rows=half)
-    gemm2 = LaunchConfig(128, 128, 64, 8, True, wgmma_warps, 3, half_rows=half)
+    tail = TAIL_ROWS if _short_tail_share(problem, 128, TAIL_ROWS) >= TAIL_SHARE_MIN else None
+    gemm1 = LaunchConfig(128, 64, 64, 8, True, wgmma_warps, 3, stack_gate_up=True, half_rows=half, tail_rows=tail)
+    gemm2 = LaunchConfig(128, 128, 64, 8, True, wgmma_warps, 3, half_rows=half, tail_rows=tail)
     return MoEConfig(gemm1, gemm2, "heuristic:prefill")
 
 
