@@ -33,6 +33,8 @@ FP8_MATMUL = "fp8 matmul bound"
 #: issue 32's speed conditions: at T >= 4096 W4A8 >= 1.6x W4A16 and >= 0.55 of the FP8 torch._scaled_mm rate; at
 #: T <= 256 no slower than W4A16
 W4A8_SPEEDUP, W4A8_SCALED_MM, W4A8_PREFILL_T, W4A8_DECODE_T = 1.6, 0.55, 4096, 256
+#: issue 32's W4A16 prefill condition: at T >= W4A8_PREFILL_T on these layers, >= 0.70 of the run's bf16 matmul rate
+W4A16_OF_BF16, W4A16_PREFILL_LAYERS = 0.70, ("gpt-oss-120b", "deepseek-v3")
 #: Done-when thresholds of the matrix (issue 26): peers within 3% count as parity where they run at >= 90% of the
 #: floor; the heuristic within 10% of the tuned table; T = 1 at >= 0.60 of the floor on the two named layers.
 PARITY, PARITY_FLOOR, HEURISTIC_SLACK, T1_FLOOR, T1_LAYERS = 0.03, 0.90, 0.10, 0.60, ("gpt-oss-120b", "deepseek-v3")
@@ -167,6 +169,12 @@ def markdown(kind: str, data: dict) -> str:
     return "\n".join(lines + w4a8_markdown(kind, data))
 
 
+def _of_bf16(cell: dict) -> float | None:
+    """W4A16's µs as a fraction of the same run's bf16 matmul rate: the bound's µs over the layer's."""
+    ours, bound = _us(cell.get(OURS)), _us(cell.get(MATMUL))
+    return bound / ours if ours and bound else None
+
+
 def w4a8_markdown(kind: str, data: dict) -> list[str]:
     """W4A16 vs W4A8 per layer, each cell from one run of benchmarks/bench_w4a8.py, and issue 32's speed
     conditions over the cells measured."""
@@ -175,7 +183,8 @@ def w4a8_markdown(kind: str, data: dict) -> list[str]:
         return []
     lines = ["## W4A8 (FP8 activations) beside W4A16", "",
              "From `benchmarks/bench_w4a8.py`: W4A16 and both W4A8 schemes timed in the same run. Cells: µs "
-             "(W4A16 µs ÷ W4A8 µs; fraction of the run's FP8 8192³ `torch._scaled_mm` rate).", ""]
+             "(W4A16 µs ÷ W4A8 µs; fraction of the run's FP8 8192³ `torch._scaled_mm` rate); W4A16's row as a "
+             "fraction of the run's bf16 8192³ matmul rate below it.", ""]
     held = defaultdict(lambda: [0, 0])
     for shape in _ordered(cells):
         tokens = sorted(t for s, t in cells if s == shape)
@@ -183,6 +192,13 @@ def w4a8_markdown(kind: str, data: dict) -> list[str]:
         lines.append("| this project W4A16 µs | " + " | ".join(
             f"{_us(cells[(shape, t)].get(OURS)):.1f}" if _us(cells[(shape, t)].get(OURS)) else "-" for t in tokens)
             + " |")
+        lines.append("| W4A16 ÷ bf16 matmul rate | " + " | ".join(
+            f"{f:.3f}" if (f := _of_bf16(cells[(shape, t)])) else "-" for t in tokens) + " |")
+        for t in tokens:
+            fraction = _of_bf16(cells[(shape, t)])
+            if fraction and t >= W4A8_PREFILL_T and shape in W4A16_PREFILL_LAYERS:
+                held["w4a16_of_bf16"][0] += fraction >= W4A16_OF_BF16
+                held["w4a16_of_bf16"][1] += 1
         for impl in W4A8:
             row = []
             for t in tokens:
@@ -207,6 +223,8 @@ def w4a8_markdown(kind: str, data: dict) -> list[str]:
             lines.append(f"| {impl} | " + " | ".join(row) + " |")
         lines.append("")
     lines += ["| condition (issue 32) | cells that hold / cells judged |", "|---|---|",
+              f"| T ≥ {W4A8_PREFILL_T}: W4A16 ≥ {W4A16_OF_BF16} of the bf16 matmul ({', '.join(W4A16_PREFILL_LAYERS)})"
+              f" | {held['w4a16_of_bf16'][0]} / {held['w4a16_of_bf16'][1]} |",
               f"| T ≥ {W4A8_PREFILL_T}: W4A8 ≥ {W4A8_SPEEDUP}x W4A16 | {held['prefill_speedup'][0]} / "
               f"{held['prefill_speedup'][1]} |",
               f"| T ≥ {W4A8_PREFILL_T}: W4A8 ≥ {W4A8_SCALED_MM} of FP8 scaled_mm | {held['prefill_scaled_mm'][0]} / "

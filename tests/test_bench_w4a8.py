@@ -137,7 +137,8 @@ def test_w4a8_verdicts_follow_the_numbers(tmp_path):
                                         '"commit": "abcdef12", "bandwidth_gbs": 3000.0, "matmul_tflops": 750.0}')
     rows = [(4096, report.OURS, "1000"), (4096, report.W4A8[0], "500"), (4096, report.W4A8[1], "700"),
             (4096, report.FP8_MATMUL, "300"), (16, report.OURS, "100"), (16, report.W4A8[0], "120"),
-            (16, report.W4A8[1], "90"), (16, report.FP8_MATMUL, "1")]
+            (16, report.W4A8[1], "90"), (16, report.FP8_MATMUL, "1"), (4096, report.MATMUL, "690"),
+            (16384, report.OURS, "1000"), (16384, report.MATMUL, "710"), (16384, report.W4A8[0], "400")]
     with open(d / "matrix.csv", "w", newline="") as f:
         w = csv.DictWriter(f, ("run_id", "date", "gpu", "commit", "shape", "format", "experts", "top_k",
                                "hidden_size", "intermediate_size", "tokens", "implementation", "config", "us",
@@ -148,7 +149,10 @@ def test_w4a8_verdicts_follow_the_numbers(tmp_path):
                         "shape": "gpt-oss-120b", "format": "mxfp4", "experts": 128, "top_k": 4, "hidden_size": 2880,
                         "intermediate_size": 2880, "tokens": tokens, "implementation": impl, "us": us})
     text = report.markdown("H100", report.load(tmp_path))
-    assert "| T ≥ 4096: W4A8 ≥ 1.6x W4A16 | 1 / 2 |" in text  # 2.00x holds, 1.43x does not
+    assert "| T ≥ 4096: W4A8 ≥ 1.6x W4A16 | 2 / 3 |" in text  # 2.00x and 2.50x hold, 1.43x does not
     assert "| T ≥ 4096: W4A8 ≥ 0.55 of FP8 scaled_mm | 1 / 2 |" in text  # 0.60 holds, 0.43 does not
     assert "| T ≤ 256: W4A8 no slower than W4A16 | 1 / 2 |" in text
     assert "500.0 (2.00x; 0.60)" in text
+    # W4A16 at 0.69 and 0.71 of the bf16 matmul at T >= 4096: one of two holds; T = 16 has no bound row
+    assert "| T ≥ 4096: W4A16 ≥ 0.7 of the bf16 matmul (gpt-oss-120b, deepseek-v3) | 1 / 2 |" in text
+    assert "| W4A16 ÷ bf16 matmul rate | - | 0.690 | 0.710 |" in text
