@@ -54,11 +54,11 @@ CASES = {
                                        "half-rows"),
     "nvfp4-silu-k-tail-half-rows-split-k": ("nvfp4", 8, 3, 192, 64, "silu", False, 40, "contiguous", "logits",
                                             "half-rows-split"),
-    # tail_rows: 32-row blocks, 150 tokens (about 37 pairs an expert): a run's last block of at most 16 pairs is
+    # tail_rows: 32-row blocks, 76 tokens (about 38 pairs an expert): a run's last block of at most 16 pairs is
     # multiplied by the block before it, a longer one on its own (half_rows too)
-    "mxfp4-swigluoai-bias-tail-rows": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 150, "interleaved", "logits",
+    "mxfp4-swigluoai-bias-tail-rows": ("mxfp4", 4, 2, 128, 64, "swigluoai", True, 76, "interleaved", "logits",
                                        "tail-rows"),
-    "nvfp4-silu-k-tail-tail-rows": ("nvfp4", 8, 2, 192, 64, "silu", False, 150, "contiguous", "logits", "tail-rows"),
+    "nvfp4-silu-k-tail-tail-rows": ("nvfp4", 4, 2, 192, 64, "silu", False, 76, "contiguous", "logits", "tail-rows"),
     # the decode kernels (_gemv_kernels, T = 1-2): routing in GEMV1 (both routings) or given ids, K tails (192 = 128 +
     # 64) and empty K slices (K = 64 in 4 slices), top-k not a power of two (dead slot warps), 1-8 row groups
     "mxfp4-swigluoai-bias-decode": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 1, "interleaved", "logits",
