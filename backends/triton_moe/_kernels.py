@@ -2,7 +2,7 @@
 
     x [T, H] bf16 ──gather rows by sorted pair──> GEMM1 (gate and up tiles, FP4 dequantized in
     registers) ──bias, activation──> h [padded pairs, I] bf16 ──> GEMM2 (FP4 in registers) ──bias,
-    router weight──> per-pair rows [T*k, H] fp32 ──fixed-order sum over k──> y [T, H]
+    router weight──> per-pair rows [T*k, H] bf16 ──fixed-order fp32 sum over k──> y [T, H]
 
 Every program works on one (row block, column block) tile of one expert; row blocks come from
 `_routing.align` (pairs sorted by expert, padded to BLOCK_M), so no host sync is needed and the
@@ -22,7 +22,8 @@ weights tile by tile as int32 words (a warp's 16-byte copies read 512 contiguous
 values: 1 to 4 integer ops per value pair build the bit pattern, one bf16x2 FMA applies the block scale,
 which carries the 2^126 of the bit trick; the CPU interpreter computes the same values in fp32. Products
 FP4 x block scale are exact in bf16; the fp32 accumulator is divided by the NVFP4 per-expert global
-multiplier, so nothing is rounded that the format did not round.
+multiplier, so nothing is rounded that the format did not round until GEMM2's rows, which are stored in bf16 (as
+vLLM's intermediate cache: half the bytes for the top-k sum) and summed in fp32.
 """
 
 from __future__ import annotations
@@ -1088,10 +1089,11 @@ def _gemm2_rows_out(acc, expert, offs_m, pair, row_ok, offs_n, col_ok, pid_n, a2
     route_w = tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)
     acc = acc * route_w[:, None]
     out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    if SPLIT_K > 1:
-        out_ptrs += tl.program_id(1) * stride_os
     ok = row_ok[:, None] & col_ok[None, :]
-    tl.store(out_ptrs, acc, mask=ok)
+    if SPLIT_K > 1:  # a K slice's partial sums stay fp32 until the top-k sum adds them
+        tl.store(out_ptrs + tl.program_id(1) * stride_os, acc, mask=ok)
+    else:  # a pair's row in bf16, as vLLM's intermediate cache: half the bytes for GEMM2 to write and the sum to read
+        tl.store(out_ptrs, _round_bf16(acc, DOT_FP32), mask=ok)
     if LAST_PAIR_SUMS:
         # every thread's rows are stored (CTA barrier) before each row draws its token's column-tile ticket (release
         # at GPU scope); a row that draws TOP_K * SPLIT_K - 1 comes after all of that token's other slices of this
@@ -1119,7 +1121,7 @@ def _topk_sum_store(pair_out_ptr, y_ptr, token, offs_n, ok, stride_pm, stride_ps
     for j in tl.static_range(TOP_K):
         for s in tl.static_range(SPLIT_K):
             acc += tl.load(pair_out_ptr + s * stride_ps + (first + j)[:, None] * stride_pm + offs_n[None, :], mask=ok,
-                           other=0.0, cache_modifier=".cg")
+                           other=0.0, cache_modifier=".cg").to(tl.float32)
     tl.store(y_ptr + token.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], _round_bf16(acc, INTERPRETED), mask=ok)
 
 
@@ -1136,11 +1138,12 @@ def gemm2_kernel(
     USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
     ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False, TAIL_ROWS: tl.constexpr = 0,
 ):
-    """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order.
+    """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order, in
+    bf16 (the fp32 sums rounded to nearest even).
 
     HALF_ROWS, TAIL_ROWS (SPLIT_K 1): what each row block's program multiplies (_row_plan).
 
-    SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] (bias in slice 0 only); the
+    SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] in fp32 (bias in slice 0 only); the
     top-k sum kernel adds the slices in fixed order. LAST_PAIR_SUMS: the program whose row draws the last of a
     (token, column tile)'s TOP_K * SPLIT_K tickets (int32 [T * ceil(N / BLOCK_N)], zero at launch: the alignment
     zeroes them) writes y[token] for that tile itself (_topk_sum_store), and no top-k sum launch follows.
@@ -1183,7 +1186,7 @@ def gemm2_kernel(
 @triton.jit
 def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om, stride_ps,
                     TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
-    """y[t] = sum_j sum_s pair_out[s, t*k + j] in fixed order (j outer, split s inner; deterministic), bf16."""
+    """y[t] = sum_j sum_s pair_out[s, t*k + j] in fp32 in fixed order (j outer, split s inner; deterministic), bf16."""
     token = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = offs_n < N
@@ -1191,7 +1194,7 @@ def topk_sum_kernel(pair_out_ptr, out_ptr, N: tl.constexpr, stride_pm, stride_om
     for j in tl.static_range(TOP_K):
         for s in tl.static_range(SPLIT_K):
             acc += tl.load(pair_out_ptr + s * stride_ps + (token * TOP_K + j) * stride_pm + offs_n, mask=ok,
-                           other=0.0)
+                           other=0.0).to(tl.float32)
     tl.store(out_ptr + token * stride_om + offs_n, _round_bf16(acc, INTERPRETED), mask=ok)
 
 

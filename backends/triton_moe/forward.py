@@ -69,7 +69,8 @@ DEFAULT_SPLIT_EPILOGUE = "launch"
 #: A/B baseline). moe_forward's topk_sum= wins over this environment variable, which wins over DEFAULT_TOPK_SUM:
 #: "launch", because on an H100 at T = 1 the fused sum measured no faster on gpt-oss-120b (47.2 vs 47.5 µs) and
 #: slower on DeepSeek-V3 (101.8 vs 97.6 µs): the saved launch (~2 µs) goes into GEMM2's per-row ticket atomics and
-#: the summing program's dependent L2 loads (benchmarks/results/t1-h100-2026-11-26/).
+#: the summing program's dependent L2 loads (benchmarks/results/t1-h100-2026-11-26/); at T >= 4096 it is 1.07-1.36x
+#: slower (benchmarks/results/w4a16-tail-rows-h100-2026-11-28/run3).
 TOPK_SUMS = ("fused", "launch")
 TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 DEFAULT_TOPK_SUM = "launch"
@@ -504,7 +505,9 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         )
     if act_quant == "mxfp8" and fp8 is not None:  # rebased per h row, which spans GEMM1's column tiles
         h, h_exp, _ = _quantize_rows(kernels, h, act_quant_id, None, al.padded_total, interpreted)
-    pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.float32, device=x.device)
+    # a pair's rows in bf16 (GEMM2's store, _gemm2_rows_out), a split GEMM2's K slices' partial sums in fp32
+    pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.bfloat16 if c2.split_k == 1 else torch.float32,
+                           device=x.device)
     last_pair_sums = sum_tickets > 0
     kernels.gemm2_kernel[(al.num_blocks * _cdiv(hidden, c2.block_n), c2.split_k)](
         h, w2, s2, gs2, b2, route_w, pair_out,
