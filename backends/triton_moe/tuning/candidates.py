@@ -36,14 +36,18 @@ def _mid() -> list:
 
 
 def _prefill(problem: Problem) -> list:
+    """128-row tiles with and without half_rows and, where runs may fill more than a block, with tail_rows (the
+    H100 winners at T >= 4096: 16 rows on 4-warp tiles, 32 on the 8-warp GEMM1)."""
     out = []
+    tails = (None, 16, 32) if problem.rows_per_touched_expert > 64 else (None,)
     for half in (True, None):
-        out += [(L(128, 64, 64, 8, True, 4, 3, stack_gate_up=True, half_rows=half),
-                 L(128, 128, 64, 8, True, 4, 3, half_rows=half)),
-                (L(128, 128, 64, 8, True, 8, 3, stack_gate_up=True, half_rows=half),
-                 L(128, 128, 64, 8, True, 4, 3, half_rows=half)),
-                (L(128, 64, 64, 8, True, 4, 4, stack_gate_up=True, half_rows=half),
-                 L(128, 64, 64, 8, True, 4, 4, half_rows=half))]
+        for tail in tails:
+            out += [(L(128, 64, 64, 8, True, 4, 3, stack_gate_up=True, half_rows=half, tail_rows=tail),
+                     L(128, 128, 64, 8, True, 4, 3, half_rows=half, tail_rows=tail)),
+                    (L(128, 128, 64, 8, True, 8, 3, stack_gate_up=True, half_rows=half, tail_rows=tail),
+                     L(128, 128, 64, 8, True, 4, 3, half_rows=half, tail_rows=tail))]
+        out.append((L(128, 64, 64, 8, True, 4, 4, stack_gate_up=True, half_rows=half),
+                    L(128, 64, 64, 8, True, 4, 4, half_rows=half)))
     out.append((L(64, 128, 64, 8, True, 4, 5, stack_gate_up=True), L(64, 128, 64, 8, True, 4, 5)))
     return out
 
