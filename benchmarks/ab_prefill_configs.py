@@ -113,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
+    import triton
     from bench_matrix import describe, rel_l2
 
     from backends.gpu_timing import Flusher, measure_ceilings, profile_kernels, time_graph_output
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = f"{gpu.split()[1] if len(gpu.split()) > 1 else gpu}-{stamp}"
     env = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "bandwidth_gbs": bandwidth, "matmul_tflops": matmul,
            "variants": {name: {"gemm1": g1, "gemm2": g2, **call} for name, g1, g2, call in args.variant},
-           "triton": _version()}
+           "triton": triton.__version__}
     Path(args.out, "environment.json").write_text(json.dumps(env, indent=1) + "\n")
     print(f"{gpu}: bf16 matmul {matmul:.0f} TFLOP/s", flush=True)
     flush = Flusher()
@@ -197,12 +198,6 @@ def _write_kernels(path: Path, row: dict, kernels: list) -> None:
             writer.writerow(["shape", "tokens", "act_quant", "variant", "kernel", "us"])
         for name, us in kernels:
             writer.writerow([row["shape"], row["tokens"], row["act_quant"], row["variant"], name[:120], f"{us:.1f}"])
-
-
-def _version() -> str:
-    import triton
-
-    return triton.__version__
 
 
 if __name__ == "__main__":

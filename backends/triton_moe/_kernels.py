@@ -594,18 +594,28 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr, FP8_PROMOTE: 
 
 
 @triton.jit
+def _act_step(a_rows, row_ok, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+              STORED_K_ORDER: tl.constexpr, FP8: tl.constexpr):
+    """One K step's activation operands, two K halves: bf16 (_act_halves) or, FP8, E4M3 (_act_fp8)."""
+    if FP8:
+        a_lo, a_hi = _act_fp8(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
+    else:
+        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+    return a_lo, a_hi
+
+
+@triton.jit
 def _step_operands(a_rows, row_ok, w_rows, s_ptrs, lut_ptr, w_ok, stride_sc, k0, K: tl.constexpr, BLOCK_K: tl.constexpr,
                    SCALE_BLOCK: tl.constexpr, NVFP4: tl.constexpr, FOLDED: tl.constexpr, EVEN_K: tl.constexpr,
                    STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, USE_ASM: tl.constexpr, FP8: tl.constexpr):
     """One K step's (activation, weight) operand pairs, two K halves: bf16 (_act_halves, _weight_tile) or, FP8
     (W4A8: E4M3 activations quantized before the GEMM, s_ptrs the weights' code words), E4M3 (_act_fp8,
     _weight_tile_fp8)."""
+    a_lo, a_hi = _act_step(a_rows, row_ok, k0, K, BLOCK_K, EVEN_K, STORED_K_ORDER, FP8)
     if FP8:
-        a_lo, a_hi = _act_fp8(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K)
         w_lo, w_hi = _weight_tile_fp8(w_rows, s_ptrs, lut_ptr, stride_sc, k0, w_ok, K, BLOCK_K, NVFP4, EVEN_K,
                                       RETIRE_WGMMA, USE_ASM)
     else:
-        a_lo, a_hi = _act_halves(a_rows, k0, row_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
         w_lo, w_hi = _weight_tile(w_rows, s_ptrs, stride_sc, k0, w_ok, K, BLOCK_K, SCALE_BLOCK, NVFP4, FOLDED, EVEN_K,
                                   STORED_K_ORDER, RETIRE_WGMMA, USE_ASM)
     return a_lo, a_hi, w_lo, w_hi
@@ -632,10 +642,7 @@ def _accumulate_k(a_rows, row_ok, w_rows, s_ptrs, w_ok, stride_sc, k_base, K: tl
         acc = _mma(_mma(acc, a_lo, w_lo, SWAP_AB, DOT_FP32, FP8_PROMOTE), a_hi, w_hi, SWAP_AB, DOT_FP32,
                    FP8_PROMOTE)
         if TAIL > 0:
-            if FP8:
-                t_lo, t_hi = _act_fp8(tail_rows, k_base + k_step, tail_ok, K, BLOCK_K, EVEN_K)
-            else:
-                t_lo, t_hi = _act_halves(tail_rows, k_base + k_step, tail_ok, K, BLOCK_K, EVEN_K, STORED_K_ORDER)
+            t_lo, t_hi = _act_step(tail_rows, tail_ok, k_base + k_step, K, BLOCK_K, EVEN_K, STORED_K_ORDER, FP8)
             acc_t = _mma(_mma(acc_t, t_lo, w_lo, SWAP_AB, DOT_FP32, FP8_PROMOTE), t_hi, w_hi, SWAP_AB, DOT_FP32,
                          FP8_PROMOTE)
     if SWAP_AB:

@@ -122,10 +122,12 @@ def heuristic_config(arch: ArchFacts, sm_count: int, problem: Problem) -> MoECon
                              stack_gate_up=True, half_rows=True)
         gemm2 = LaunchConfig(64, 128, 64, 8, True, wgmma_warps, 4, half_rows=True)
         return MoEConfig(gemm1, gemm2, "heuristic:mid")
+    block_m = 128
     half = True if mean_rows <= HALF_ROWS_UP_TO else None
-    tail = TAIL_ROWS if _short_tail_share(problem, 128, TAIL_ROWS) >= TAIL_SHARE_MIN else None
-    gemm1 = LaunchConfig(128, 64, 64, 8, True, wgmma_warps, 3, stack_gate_up=True, half_rows=half, tail_rows=tail)
-    gemm2 = LaunchConfig(128, 128, 64, 8, True, wgmma_warps, 3, half_rows=half, tail_rows=tail)
+    tail = TAIL_ROWS if _short_tail_share(problem, block_m, TAIL_ROWS) >= TAIL_SHARE_MIN else None
+    gemm1 = LaunchConfig(block_m, 64, 64, 8, True, wgmma_warps, 3, stack_gate_up=True, half_rows=half,
+                         tail_rows=tail)
+    gemm2 = LaunchConfig(block_m, 128, 64, 8, True, wgmma_warps, 3, half_rows=half, tail_rows=tail)
     return MoEConfig(gemm1, gemm2, "heuristic:prefill")
 
 

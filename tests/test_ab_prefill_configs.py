@@ -1,0 +1,35 @@
+"""benchmarks/ab_prefill_configs.py's --variant grammar: the edits it makes, and one clear error for a bad one."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.triton_moe import tuning
+
+from conftest import load_benchmark
+
+ab = load_benchmark("ab_prefill_configs")
+
+
+def test_a_variant_edits_both_gemms_one_gemm_or_the_call():
+    name, g1, g2, call = ab.parse_variant("t:tail_rows=16,g1.num_warps=8,g2.half_rows=none,topk_sum=fused")
+    assert name == "t" and call == {"topk_sum": "fused"}
+    assert g1 == {"tail_rows": 16, "num_warps": 8} and g2 == {"tail_rows": 16, "half_rows": None}
+    base = tuning.MoEConfig(tuning.LaunchConfig(128, 64, 64, 8, True, 4, 3, half_rows=True),
+                            tuning.LaunchConfig(128, 128, 64, 8, True, 4, 3, half_rows=True), "tables")
+    edited = ab.edited(base, name, g1, g2)
+    assert (edited.gemm1.num_warps, edited.gemm1.half_rows, edited.gemm2.num_warps, edited.gemm2.half_rows) == \
+        (8, True, 4, None)
+    assert edited.source == "variant t"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tail16", r"write NAME:FIELD=VALUE"),
+    ("t:warps=8", r"'warps=8' is not FIELD=VALUE with FIELD one of block_m, .*tail_rows, topk_sum"),
+    ("t:tail_rows=many", r"'tail_rows=many': the value is not a whole number, true, false or none"),
+])
+def test_a_bad_variant_is_one_message_naming_it(text, message):
+    with pytest.raises(ValueError, match=message):
+        ab.parse_variant(text)
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--out", "x", "--variant", text])
