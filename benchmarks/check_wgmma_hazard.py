@@ -53,7 +53,9 @@ def compile_gemm(gemm: int, shape, c: tuning.LaunchConfig, retire: bool, act_qua
         consts.update(LAST_SLICE_ACTIVATES=False, TOP_K=shape.top_k, ACTIVATION=int(not nvfp4))
     else:
         consts.update(LAST_PAIR_SUMS=False, TOP_K=shape.top_k)
-    pointers = {**POINTERS, "x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv"} if fp8 else POINTERS
+    pointers = {**POINTERS, "x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv"} if fp8 else dict(POINTERS)
+    if c.split_k == 1:  # GEMM2's pair rows are bf16 then (forward._launch's pair_out)
+        pointers["out_ptr"] = "*bf16"
     options = {"num_warps": c.num_warps, "num_stages": c.num_stages}
     if c.maxnreg:
         options["maxnreg"] = c.maxnreg

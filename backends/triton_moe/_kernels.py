@@ -1096,11 +1096,12 @@ def _gemm2_rows_out(acc, expert, offs_m, pair, row_ok, offs_n, col_ok, pid_n, a2
     route_w = tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)
     acc = acc * route_w[:, None]
     out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    if SPLIT_K > 1:
+        out_ptrs += tl.program_id(1) * stride_os
     ok = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K > 1:  # a K slice's partial sums stay fp32 until the top-k sum adds them
-        tl.store(out_ptrs + tl.program_id(1) * stride_os, acc, mask=ok)
-    else:  # a pair's row in bf16, as vLLM's intermediate cache: half the bytes for GEMM2 to write and the sum to read
-        tl.store(out_ptrs, _round_bf16(acc, DOT_FP32), mask=ok)
+    if out_ptr.dtype.element_ty == tl.bfloat16:  # forward._launch's pair_out: rows in bf16 unless split-K
+        acc = _round_bf16(acc, DOT_FP32)
+    tl.store(out_ptrs, acc, mask=ok)
     if LAST_PAIR_SUMS:
         # every thread's rows are stored (CTA barrier) before each row draws its token's column-tile ticket (release
         # at GPU scope); a row that draws TOP_K * SPLIT_K - 1 comes after all of that token's other slices of this

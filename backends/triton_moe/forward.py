@@ -505,7 +505,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         )
     if act_quant == "mxfp8" and fp8 is not None:  # rebased per h row, which spans GEMM1's column tiles
         h, h_exp, _ = _quantize_rows(kernels, h, act_quant_id, None, al.padded_total, interpreted)
-    # a pair's rows in bf16 (GEMM2's store, _gemm2_rows_out), a split GEMM2's K slices' partial sums in fp32
+    # a pair's rows in bf16, as vLLM's intermediate cache (half the bytes for GEMM2 to write and the top-k sum to
+    # read); a split GEMM2's K slices' partial sums stay fp32 until that sum adds them. GEMM2 rounds to this dtype.
     pair_out = torch.empty(c2.split_k, num_pairs, hidden, dtype=torch.bfloat16 if c2.split_k == 1 else torch.float32,
                            device=x.device)
     last_pair_sums = sum_tickets > 0
