@@ -19,8 +19,13 @@ rows padded to whole BLOCK_M blocks or, with tails, to BLOCK_M / 4, the last row
 FP8 runs the same with E4M3 activations and the decoded weights rounded to E4M3 into an FP8 wgmma: W4A8, whose issue 32
 item 4 asks 1.6x of W4A16 and 0.55 of the FP8 `_scaled_mm` rate.
 
-    python benchmarks/probe_gluon_w4a16.py                      # no GPU: compile for sm_90, check the SASS
-    python benchmarks/probe_gluon_w4a16.py --run --out DIR      # Hopper GPU: correctness and speed
+The smem-decode form (`--kernel smem`, SMEM_DECODE_CONFIGS) moves the decode out of the MMA warps instead: a decoder
+partition decodes each packed tile with the layer kernels' word routine into a second ring in shared memory, and
+one MMA warpgroup issues wgmmas with both operands there (benchmarks/results/gluon-smem-decode-h100-2026-11-28/:
+slower, the decoded tile's round trip through shared memory costs the bandwidth the wgmmas need).
+
+    python benchmarks/probe_gluon_w4a16.py [--kernel smem]                  # no GPU: compile for sm_90, check SASS
+    python benchmarks/probe_gluon_w4a16.py --run --out DIR [--kernel smem]  # Hopper GPU: correctness and speed
 
 Without a GPU it prints, per launch config and form, what the compiled kernel does (wgmma count, shared-memory
 stores, warp shuffles, register reallocation, spills, wgmmas in flight and writes of their operand registers) and
@@ -61,10 +66,13 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
+from backends.triton_moe._kernels import _E2M1_WORD_ASM as _WORD_ASM  # noqa: E402
 
 #: TMA load and store: `async_load` / `async_store` from triton 3.7 on, `async_copy_*` before (the GPU machines: 3.6).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+#: A barrier of the calling partition's warps: `gl.thread_barrier` in triton 3.6, `gl.barrier` from 3.9 on.
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 #: (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, STAGES, NUM_WARPS: one warpgroup per 64 weight rows); the ring and
 #: the output tile fit sm_90's 227 KiB of shared memory.
@@ -85,6 +93,25 @@ def moe_gemms(layer: str) -> list[tuple[str, int, int, int, int]]:
 #: Registers per consumer thread (ptxas caps the kernel at this: 12 warps x 32 x 168 fit the 64 Ki register file);
 #: the loader warp hands all but 40 back to the consumers.
 MAXNREG = 168
+#: Smem-decode form (configs of 7: ..., DECODE_WARPS, DSTAGES): registers of a decoder thread (its 64-128 decoded
+#: values and their codes); the MMA warpgroup takes what the loader and the decoders leave.
+DECODER_REGS = gl.constexpr(128)
+SMEM_DECODE_CONFIGS = [(128, 128, 64, 4, 4, 4, 3), (128, 128, 64, 4, 8, 4, 3), (128, 64, 128, 4, 4, 4, 2),
+                       (128, 128, 128, 3, 4, 4, 2)]
+
+
+def kernel_of(config):
+    """The probe's kernel for a config: 5 entries the register-decode form, 7 the smem-decode form."""
+    return w4a16_smem_decode_kernel if len(config) == 7 else w4a16_ws_kernel
+
+
+def maxnreg_of(config) -> int:
+    """ptxas' register cap: every warp of the kernel at the cap must fit the 64 Ki register file (the launch
+    counts each worker partition in whole warpgroups: the loader warp as four)."""
+    if len(config) == 5:
+        return MAXNREG
+    warps = config[4] + 4 + config[5]
+    return min(256, 65536 // (32 * warps) // 8 * 8)
 
 
 @gluon.jit
@@ -96,7 +123,7 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles,
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
         mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         _tma_load(x_desc, [off_m, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
-        _tma_load(w_desc, [w_row, i * (BLOCK_K // 2)], ready.index(slot), w_bufs.index(slot))
+        _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
 
 
 @gluon.jit
@@ -193,33 +220,163 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
     ], [1], [40])
 
 
-def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool):
-    """Shared layouts of the X tile, the packed W tile and the bf16 output tile."""
+@gluon.jit
+def _decoder(w_bufs, wd_bufs, ready, empty, decoded, decoded_free, s_ptr, stride_sn, K, w_row, k_tiles,
+             BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, DECODE_WARPS: gl.constexpr, FP8: gl.constexpr):
+    """Smem-decode form: each packed K tile from the ring (32-bit words of 8 codes in the layer's word order,
+    `smem_decode_words`), decoded by the layer kernels' word routine (`_kernels._E2M1_WORD_ASM`, about 18
+    instructions a word, the E8M0 block scale folded into its bf16x2 FMAs; W4A8: then rounded to E4M3) into the
+    decoded ring in shared memory, so that the MMA warpgroup only issues wgmmas. The packed slot is released
+    with the decoded one: by then every decoder thread has read it (the barrier before the arrivals, which one
+    thread makes)."""
+    STAGES: gl.constexpr = w_bufs.type.shape[0]
+    DSTAGES: gl.constexpr = wd_bufs.type.shape[0]
+    WORDS: gl.constexpr = BLOCK_K // 8
+    words: gl.constexpr = gl.BlockedLayout([1, 2], [64 // WORDS, WORDS // 2], [DECODE_WARPS, 1], [1, 0])
+    rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, words))
+    word = gl.arange(0, WORDS, layout=gl.SliceLayout(0, words))
+    scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (word // 4)[None, :]  # E8M0 per 32 K = 4 words
+    for i in range(k_tiles):
+        slot = i % STAGES
+        dslot = i % DSTAGES
+        block = i * (BLOCK_K // 32) + word // 4
+        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
+        folded = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        e0, e1, e2, e3, e4, e5, e6, e7 = gl.inline_asm_elementwise(
+            _WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w_bufs.index(slot).load(words), folded, folded],
+            dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        # the routine's outputs are K offsets 0, 1, 2, 3 (low halves) and 4, 5, 6, 7 (high halves) of the word
+        w = gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))
+        w = gl.reshape(w, [BLOCK_N, BLOCK_K])
+        if FP8:
+            w = w.to(gl.float8e4nv)
+        mbarrier.wait(decoded_free.index(dslot), ((i // DSTAGES) & 1) ^ 1)
+        wd_bufs.index(dslot).store(w)
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.arrive(decoded.index(dslot), count=1)
+        mbarrier.arrive(empty.index(slot), count=1)
+
+
+@gluon.jit
+def _smem_mma(x_bufs, wd_bufs, y_smem, ready, empty, decoded, decoded_free, y_desc, off_m, off_n, k_tiles,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, FP8: gl.constexpr):
+    """Smem-decode form's MMA warpgroup: W (decoded, shared memory) x X^T (shared memory) into Y^T, one wgmma in
+    flight; a step's slots are released when its wgmma has retired (the next step's wait)."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
+    DSTAGES: gl.constexpr = wd_bufs.type.shape[0]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                 instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
+    for i in range(k_tiles):
+        slot = i % STAGES
+        dslot = i % DSTAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        mbarrier.wait(decoded.index(dslot), (i // DSTAGES) & 1)
+        acc = warpgroup_mma(wd_bufs.index(dslot), x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+        mbarrier.arrive(decoded_free.index((i + DSTAGES - 1) % DSTAGES), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))
+    fence_async_shared()
+    _tma_store(y_desc, [off_m, off_n], y_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def w4a16_smem_decode_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K,
+                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                             STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr,
+                             FP8: gl.constexpr, DECODE_WARPS: gl.constexpr, DSTAGES: gl.constexpr):
+    """w4a16_ws_kernel's product with the decode in a partition of its own: loader warp (TMA) -> decoder warps
+    (packed -> decoded ring in shared memory) -> one MMA warpgroup (both wgmma operands from shared memory). The
+    decode overlaps the wgmmas instead of preceding them in the same warps; shared-memory traffic per K tile is
+    the decoded tile's store and the wgmma's reads of it."""
+    off_n = gl.program_id(0) * BLOCK_N
+    off_m = gl.program_id(1) * BLOCK_M
+    w_row = off_n
+    if GROUPED:
+        off_m = gl.load(block_row_ptr + gl.program_id(1))
+        w_row = gl.load(block_expert_ptr + gl.program_id(1)) * N + off_n
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    wd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K],
+                                                                  gl.float8e4nv if FP8 else gl.bfloat16)
+    wd_bufs = gl.allocate_shared_memory(gl.float8e4nv if FP8 else gl.bfloat16, [DSTAGES, BLOCK_N, BLOCK_K], wd_layout)
+    y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    decoded = gl.allocate_shared_memory(gl.int64, [DSTAGES, 1], mbarrier.MBarrierLayout())
+    decoded_free = gl.allocate_shared_memory(gl.int64, [DSTAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # the decoder (packed tile read) and the MMA warpgroup (X tile read)
+    for i in gl.static_range(DSTAGES):
+        mbarrier.init(decoded.index(i), count=1)
+        mbarrier.init(decoded_free.index(i), count=1)
+    gl.warp_specialize([
+        (_smem_mma, (x_bufs, wd_bufs, y_smem, ready, empty, decoded, decoded_free, y_desc, off_m, off_n, k_tiles,
+                     BLOCK_M, BLOCK_N, NUM_WARPS, FP8)),
+        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
+        (_decoder, (w_bufs, wd_bufs, ready, empty, decoded, decoded_free, s_ptr, stride_sn, K, w_row, k_tiles,
+                    BLOCK_N, BLOCK_K, DECODE_WARPS, FP8)),
+    ], [1, DECODE_WARPS], [40, DECODER_REGS])
+
+
+def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool, words: bool = False):
+    """Shared layouts of the X tile, the packed W tile (bytes, or with `words` int32 words of 8 codes) and the
+    bf16 output tile."""
+    packed = [block_n, block_k // 8] if words else [block_n, block_k // 2]
     return (gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.float8e4nv if fp8 else gl.bfloat16),
-            gl.NVMMASharedLayout.get_default_for([block_n, block_k // 2], gl.uint8),
+            gl.NVMMASharedLayout.get_default_for(packed, gl.int32 if words else gl.uint8),
             gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16))
 
 
-def _constexprs(config: tuple[int, int, int, int, int], grouped: bool, fp8: bool) -> dict:
-    block_m, block_n, block_k, stages, warps = config
+def smem_decode_words(packed, chunk_rows: int = 16384):
+    """The smem-decode form's weights: MXFP4 bytes [rows, K/2] (element 2j in byte j's low nibble) as int32 words
+    [rows, K/8] whose 8 codes sit where the word routine (`_E2M1_WORD_ASM`) yields K offsets 0..7 in order: codes
+    k and k + 4 of each 8 share a byte (low, high nibble), then the layer's bit order (`_encode_words`). Converted
+    chunk_rows rows at a time (`_encode_words` widens to int64)."""
+    import torch
+
+    from backends.layouts.triton_moe import _encode_words
+
+    out = torch.empty_like(packed)
+    for first in range(0, packed.shape[0], chunk_rows):
+        part = packed[first:first + chunk_rows]
+        codes = torch.stack([part & 15, part >> 4], dim=-1).reshape(*part.shape[:-1], -1, 2, 4)  # [.., word, hi, b]
+        out[first:first + chunk_rows] = _encode_words((codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(part.shape))
+    return out.view(torch.int32)
+
+
+def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool) -> dict:
+    block_m, block_n, block_k, stages, warps = config[:5]
+    extra = dict(DECODE_WARPS=config[5], DSTAGES=config[6]) if len(config) == 7 else {}
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                GROUPED=grouped, FP8=fp8)
+                GROUPED=grouped, FP8=fp8) | extra
 
 
-def compile_for_sm90(config: tuple[int, int, int, int, int], grouped: bool = False, fp8: bool = False):
+def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool = False):
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
-    block_m, block_n, block_k, stages, warps = config
-    x_layout, w_layout, y_layout = _layouts(block_m, block_n, block_k, fp8)
+    block_m, block_n, block_k, stages, warps = config[:5]
+    kernel = kernel_of(config)
+    words = len(config) == 7
+    x_layout, w_layout, y_layout = _layouts(block_m, block_n, block_k, fp8, words)
     constexprs = _constexprs(config, grouped, fp8)
+    packed = f"i32[{block_n},{block_k // 8}]" if words else f"u8[{block_n},{block_k // 2}]"
     signature = {"x_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{block_m},{block_k}],{x_layout!r}>",
-                 "w_desc": f"tensordesc<u8[{block_n},{block_k // 2}],{w_layout!r}>",
+                 "w_desc": f"tensordesc<{packed},{w_layout!r}>",
                  "y_desc": f"tensordesc<bf16[{block_m},{block_n}],{y_layout!r}>",
                  "s_ptr": "*u8", "stride_sn": "i32", "block_expert_ptr": "*i32", "block_row_ptr": "*i32",
                  "N": "i32", "K": "i32"} | {name: "constexpr" for name in constexprs}
-    names = w4a16_ws_kernel.arg_names
-    source = GluonASTSource(fn=w4a16_ws_kernel, signature=signature,
+    names = kernel.arg_names
+    source = GluonASTSource(fn=kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": MAXNREG})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "maxnreg": maxnreg_of(config)})
 
 
 def sass_stats(compiled) -> dict:
@@ -229,7 +386,8 @@ def sass_stats(compiled) -> dict:
     local_store ops (one is expected: the output tile on its way to the TMA store)."""
     sass = cubin_tool(compiled, "nvdisasm", "-c")
     ttgir = compiled.asm["ttgir"]
-    in_flight, rewrites = in_flight_operand_writes(k_loop(sass))
+    register_operand = re.search(r"\b[HQ]GMMA\.\S+ R\d+, R\d+,", sass)  # smem-decode: both operands in shared memory
+    in_flight, rewrites = in_flight_operand_writes(k_loop(sass)) if register_operand else (0, [])
     return {"in_flight": in_flight, "operand_rewrites": len(rewrites),
             "wgmma": len(re.findall(r"\b[HQ]GMMA\b", sass)), "shared_stores": len(re.findall(r"\bSTS\b", sass)),
             "shuffles": len(re.findall(r"\bSHFL\b", sass)), "setmaxnreg": len(re.findall(r"USETMAXREG", sass)),
@@ -243,6 +401,13 @@ def weights_stay_in_registers(stats: dict) -> bool:
     never rewrites the operand of a wgmma in flight, and nothing spills."""
     return (stats["wgmma"] > 0 and stats["shuffles"] == 0 and stats["local_stores"] <= 1
             and stats["operand_rewrites"] == 0 and stats["spills"] == 0 and stats["warp_specialize"] > 0)
+
+
+def decode_feeds_shared_memory(stats: dict) -> bool:
+    """Smem-decode form: warp-specialized, wgmmas on shared operands, no shuffles (the decoded words go to shared
+    memory as they are), two local stores (the decoded tile and the output tile) and nothing spills."""
+    return (stats["wgmma"] > 0 and stats["shuffles"] == 0 and stats["local_stores"] == 2 and stats["spills"] == 0
+            and stats["warp_specialize"] > 0)
 
 
 def expert_blocks(counts, block_m: int, tails: bool = True):
@@ -286,20 +451,26 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
         return [((size,) + tuple(config[1:]), expert[rows == size], first[rows == size], int((rows == size).sum()))
                 for size in (config[0], config[0] // 2, config[0] // 4) if bool((rows == size).any())]
 
+    converted = {}
+
     def launch(x, packed, scales, n, config, launches=None):
         """Y = X W^T, or with launches (`size_launches`) the grouped GEMM over their blocks."""
         block_n, block_k = config[1:3]
+        words = len(config) == 7
+        if words and converted.get("bytes") is not packed:  # once per weight tensor, outside the timed launches
+            converted.update(bytes=packed, words=smem_decode_words(packed))
         fp8 = x.dtype == torch.float8_e4m3fn
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
         dense = [(config, scales, scales, triton.cdiv(x.shape[0], config[0]))]  # the pointers are not read
         for sub_config, expert, first, count in launches or dense:
-            x_layout, w_layout, y_layout = _layouts(sub_config[0], block_n, block_k, fp8)
-            w4a16_ws_kernel[(triton.cdiv(n, block_n), count)](
+            x_layout, w_layout, y_layout = _layouts(sub_config[0], block_n, block_k, fp8, words)
+            kernel_of(config)[(triton.cdiv(n, block_n), count)](
                 TensorDescriptor.from_tensor(x, [sub_config[0], block_k], x_layout),
-                TensorDescriptor.from_tensor(packed, [block_n, block_k // 2], w_layout),
+                TensorDescriptor.from_tensor(converted["words"] if words else packed,
+                                             [block_n, block_k // (8 if words else 2)], w_layout),
                 TensorDescriptor.from_tensor(y, [sub_config[0], block_n], y_layout),
                 scales, scales.stride(0), expert, first, n, x.shape[1],
-                **_constexprs(sub_config, launches is not None, fp8), num_warps=config[4], maxnreg=MAXNREG)
+                **_constexprs(sub_config, launches is not None, fp8), num_warps=config[4], maxnreg=maxnreg_of(config))
         return y
 
     def grouped_error(x, y, packed, scales, n, blocks, checked):
@@ -399,16 +570,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="store_true", help="run and time on this machine's Hopper GPU")
     parser.add_argument("--out", help="with --run: the results directory (benchmarks/results/<run>)")
+    parser.add_argument("--kernel", choices=("register", "smem"), default="register",
+                        help="register: the decode feeds the wgmma's register operand (CONFIGS); smem: a decoder "
+                             "partition writes the decoded tile to shared memory (SMEM_DECODE_CONFIGS)")
     parser.add_argument("--smoke", metavar="CONFIG", help=argparse.SUPPRESS)  # one config's check, for --run
     args = parser.parse_args(argv)
+    configs = SMEM_DECODE_CONFIGS if args.kernel == "smem" else CONFIGS
     if args.smoke:
-        _run(None, [next(c for c in CONFIGS if _config_name(c) == args.smoke)], smoke=True)
+        _run(None, [next(c for c in CONFIGS + SMEM_DECODE_CONFIGS if _config_name(c) == args.smoke)], smoke=True)
         return 0
     if args.run:
         if not args.out:
             parser.error("--run needs --out DIR")
         passing = []
-        for config in CONFIGS:
+        for config in configs:
             try:
                 check = subprocess.run([sys.executable, __file__, "--smoke", _config_name(config)], timeout=180,
                                        capture_output=True, text=True)
@@ -420,9 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         _run(args.out, passing)
         return 0
     ok = True
-    for config, grouped, fp8 in itertools.product(CONFIGS, (False, True), (False, True)):
+    for config, grouped, fp8 in itertools.product(configs, (False, True), (False, True)):
         stats = sass_stats(compile_for_sm90(config, grouped, fp8))
-        ok &= weights_stay_in_registers(stats)
+        ok &= weights_stay_in_registers(stats) if len(config) == 5 else decode_feeds_shared_memory(stats)
         print(f"triton {triton.__version__}, sm_90, {config}, {'grouped' if grouped else 'dense'}, "
               f"{'W4A8' if fp8 else 'W4A16'}: {stats}")
     return 0 if ok else 1

@@ -62,3 +62,45 @@ def test_the_gemms_are_the_layers_shapes():
     assert probe.moe_gemms("gpt-oss-120b") == [("gpt-oss-120b gemm1", 128, 4, 5760, 2880),
                                                ("gpt-oss-120b gemm2", 128, 4, 2880, 2880)]
     assert all(probe.SHAPES[layer].format == "mxfp4" for layer in probe.LAYERS)  # the probe decodes MXFP4
+
+
+@pytest.mark.parametrize(("config", "fp8"), [(probe.SMEM_DECODE_CONFIGS[0], False), (probe.SMEM_DECODE_CONFIGS[3], True)])
+def test_smem_decode_form_compiles_for_sm90_with_both_operands_in_shared_memory(config, fp8):
+    block_n, block_k = config[1:3]
+    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, fp8=fp8))
+    assert stats["warp_specialize"] == 1, stats  # the MMA warpgroup, the loader warp and the decoder warps
+    assert stats["wgmma"] == (block_n // 64) * block_k // (32 if fp8 else 16), stats  # one K loop, not unrolled
+    assert stats["local_stores"] == 2, stats  # the decoded tile and the output tile
+    assert probe.decode_feeds_shared_memory(stats), stats
+    assert stats["shared_bytes"] <= 227 * 1024, stats
+
+
+def test_the_smem_check_refuses_a_kernel_that_shuffles_or_spills():
+    good = {"wgmma": 8, "shuffles": 0, "local_stores": 2, "spills": 0, "warp_specialize": 1}
+    assert probe.decode_feeds_shared_memory(good)
+    for key, value in (("shuffles", 64), ("local_stores", 3), ("spills", 8), ("warp_specialize", 0), ("wgmma", 0)):
+        assert not probe.decode_feeds_shared_memory(good | {key: value}), key
+
+
+def test_smem_decode_words_give_the_word_routine_its_codes_in_k_order():
+    torch = pytest.importorskip("torch")
+    from backends.layouts.triton_moe import WORD_SLOTS
+
+    packed = torch.randint(0, 256, (6, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    words = probe.smem_decode_words(packed, chunk_rows=4).to(torch.int64) & 0xFFFFFFFF  # two chunks
+    assert words.shape == (6, 16)
+
+    def output(j):  # the routine's j-th output: word byte j % 4, low half for j < 4 (WORD_SLOTS' bits)
+        sign, mag = WORD_SLOTS[(j % 4, j // 4)]
+        return (((words >> sign) & 1) << 3) | ((words >> mag) & 7)
+
+    decoded = torch.stack([output(j) for j in range(8)], dim=-1).reshape(6, 128)
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(6, 128).to(torch.int64)
+    assert torch.equal(decoded, codes)
+
+
+def test_the_register_cap_fits_every_warp_in_the_register_file():
+    assert probe.maxnreg_of(probe.CONFIGS[0]) == probe.MAXNREG
+    assert probe.maxnreg_of((128, 128, 64, 4, 4, 4, 3)) == 168  # 4 + 4 (the loader warp's warpgroup) + 4 warps
+    assert probe.maxnreg_of((128, 128, 64, 4, 8, 4, 3)) == 128
+    assert all(probe.maxnreg_of(c) * 32 * (c[4] + 4 + c[5]) <= 65536 for c in probe.SMEM_DECODE_CONFIGS)
