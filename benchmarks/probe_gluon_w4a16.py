@@ -19,13 +19,17 @@ rows padded to whole BLOCK_M blocks or, with tails, to BLOCK_M / 4, the last row
 FP8 runs the same with E4M3 activations and the decoded weights rounded to E4M3 into an FP8 wgmma: W4A8, whose issue 32
 item 4 asks 1.6x of W4A16 and 0.55 of the FP8 `_scaled_mm` rate.
 
-The smem-decode form (`--kernel smem`, SMEM_DECODE_CONFIGS) moves the decode out of the MMA warps instead: a decoder
-partition decodes each packed tile with the layer kernels' word routine into a second ring in shared memory, and
-one MMA warpgroup issues wgmmas with both operands there (benchmarks/results/gluon-smem-decode-h100-2026-11-28/:
-slower, the decoded tile's round trip through shared memory costs the bandwidth the wgmmas need).
+The words form (`--kernel words`, W4A16) decodes with the layer kernels' word routine instead of fp4_to_fp: the
+weights are packed as int32 words holding the 8 codes one thread's A registers take (`pack_words`, WORD_ORDERS),
+loaded in a layout derived from the operand's (`operand_words_layout`), so the routine's bf16 pairs are the operand
+(benchmarks/results/gluon-word-decode-h100-2026-11-28/: 1.01-1.35x the register form). The smem-decode form
+(`--kernel smem`, SMEM_DECODE_CONFIGS) moves the decode out of the MMA warps: a decoder partition decodes each
+packed tile with the word routine into a second ring in shared memory, and one MMA warpgroup issues wgmmas with both
+operands there (benchmarks/results/gluon-smem-decode-h100-2026-11-28/: slower, the decoded tile's round trip through
+shared memory costs the bandwidth the wgmmas need).
 
-    python benchmarks/probe_gluon_w4a16.py [--kernel smem]                  # no GPU: compile for sm_90, check SASS
-    python benchmarks/probe_gluon_w4a16.py --run --out DIR [--kernel smem]  # Hopper GPU: correctness and speed
+    python benchmarks/probe_gluon_w4a16.py [--kernel words|smem]                  # no GPU: compile, check the SASS
+    python benchmarks/probe_gluon_w4a16.py --run --out DIR [--kernel words|smem]  # Hopper GPU: correctness, speed
 
 Without a GPU it prints, per launch config and form, what the compiled kernel does (wgmma count, shared-memory
 stores, warp shuffles, register reallocation, spills, wgmmas in flight and writes of their operand registers) and
@@ -100,15 +104,20 @@ SMEM_DECODE_CONFIGS = [(128, 128, 64, 4, 4, 4, 3), (128, 128, 64, 4, 8, 4, 3), (
                        (128, 128, 128, 3, 4, 4, 2)]
 
 
-def kernel_of(config):
-    """The probe's kernel for a config: 5 entries the register-decode form, 7 the smem-decode form."""
-    return w4a16_smem_decode_kernel if len(config) == 7 else w4a16_ws_kernel
+#: The forms (`--kernel`) and their configs: "register" decodes MXFP4 bytes with fp4_to_fp into the wgmma's
+#: register operand, "words" the same with the layer kernels' word routine from `pack_words` (W4A16 only),
+#: "smem" in a decoder partition into shared memory.
+FORMS = {"register": CONFIGS, "words": CONFIGS, "smem": SMEM_DECODE_CONFIGS}
 
 
-def maxnreg_of(config) -> int:
+def kernel_of(form: str):
+    return w4a16_smem_decode_kernel if form == "smem" else w4a16_ws_kernel
+
+
+def maxnreg_of(config, form: str = "register") -> int:
     """ptxas' register cap: every warp of the kernel at the cap must fit the 64 Ki register file (the launch
     counts each worker partition in whole warpgroups: the loader warp as four)."""
-    if len(config) == 5:
+    if form != "smem":
         return MAXNREG
     warps = config[4] + 4 + config[5]
     return min(256, 65536 // (32 * warps) // 8 * 8)
@@ -126,22 +135,59 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles,
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
 
 
+@gluon.constexpr_function
+def operand_words_layout(linear, shape):
+    """The layout of the packed tile's int32 words [BLOCK_N, BLOCK_K / 8] (`pack_words`' "words" order) that puts
+    each word in the thread whose wgmma A registers take its 8 values: the operand's linear layout (`linear`, over
+    `shape` [BLOCK_N, BLOCK_K]) with its K bases 1, 8 and 16 (a word's values) dropped, K 2 and 4 (the thread in
+    its quad) as words 1 and 2, and K 32, 64 (the 32-wide scale block) as words 4 and 8."""
+
+    def bases(of):
+        return [[row, {2: 1, 4: 2}.get(k, 4 * k // 32)] for row, k in of if k not in (1, 8, 16)]
+
+    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
+                                      warp_bases=bases(linear.warp_bases), block_bases=[],
+                                      shape=[shape[0], shape[1] // 8])
+
+
+@gluon.jit
+def _operand_from_words(words, scale, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Words form: the packed words decoded by the layer kernels' word routine (about 18 instructions a word, the
+    folded E8M0 scale in its bf16x2 FMAs) into the [BLOCK_N, BLOCK_K] tile the wgmma's A registers hold already
+    (the caller's conversion to the operand layout moves nothing): output j of word 4 h + t of a row is
+    K = 32 h + 16 (j >> 2) + 8 ((j >> 1) & 1) + 2 t + (j & 1) (WORD_ORDERS["words"])."""
+    folded = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
+    e0, e1, e2, e3, e4, e5, e6, e7 = gl.inline_asm_elementwise(
+        _WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, folded, folded], dtype=(gl.bfloat16,) * 8, is_pure=True,
+        pack=1)
+    w = gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))  # [.., x, y, z]
+    w = gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 4, 2, 2, 2])  # [row, h, t, x, y, z]
+    return gl.reshape(gl.permute(w, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K])  # K = 32 h + 16 x + 8 y + 2 t + z
+
+
 @gluon.jit
 def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N: gl.constexpr,
-          BLOCK_K: gl.constexpr, FP8: gl.constexpr):
+          BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr):
     """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, then release a slot.
     W4A16 leaves this wgmma in flight while the next tile is decoded: the wait retires the previous one, whose operand
     w_keep stays alive until then, so the two operands never share registers (the caller alternates them).
     W4A8 waits for this one (triton 3.6 cannot keep an 8-bit operand alive across a wait)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
-    block = i * (BLOCK_K // 32) + pairs // 16  # past K (the last tile of K = 2880): TMA reads zeros there
-    scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
-    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-    w = gl.fp4_to_fp(w_bufs.index(slot).load(pairs.type.layout.parent), gl.bfloat16, 1)
-    s16 = (scale.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # 2^(s - 127), exact for 1 <= s <= 254
-    s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BLOCK_N, BLOCK_K]), w.type.layout)  # same registers
-    w = w * s16
+    if WORDS:  # pairs: the word indices; scale_ptrs: each word's block scale
+        block = i * (BLOCK_K // 32) + pairs // 4
+        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(pairs.type.layout.parent), scale, BLOCK_N,
+                                                  BLOCK_K), w_keep.type.layout, assert_trivial=True)
+    else:
+        block = i * (BLOCK_K // 32) + pairs // 16  # past K (the last tile of K = 2880): TMA reads zeros there
+        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        w = gl.fp4_to_fp(w_bufs.index(slot).load(pairs.type.layout.parent), gl.bfloat16, 1)
+        s16 = (scale.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # 2^(s - 127), exact for 1 <= s <= 254
+        s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BLOCK_N, BLOCK_K]), w.type.layout)  # same registers
+        w = w * s16
     if FP8:
         w = w.to(gl.float8e4nv)
     w = gl.convert_layout(w, w_keep.type.layout)  # fp4_to_fp's result is this layout already: no data moves
@@ -158,7 +204,7 @@ def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BL
 @gluon.jit
 def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr,
-              FP8: gl.constexpr):
+              FP8: gl.constexpr, WORDS: gl.constexpr):
     """W (decoded into registers) x X^T (shared memory) into Y^T's tile, stored through shared memory by TMA.
     The K loop is unrolled by two so that consecutive tiles' operands alternate between two register sets with no
     copies: a single loop-carried operand would be copied into the register the wgmma in flight reads. (Kept alive
@@ -170,19 +216,25 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
     packed: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2 if FP8 else 1)
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4 if FP8 else 2)
-    rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
-    pairs = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, packed))
-    scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 16)[None, :]  # E8M0 per 32 K = 16 bytes
+    if WORDS:  # the words form: "pairs" are word indices, 4 words a 32-wide scale block
+        words: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]), [BLOCK_N, BLOCK_K])
+        rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, words))
+        pairs = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, words))
+        scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 4)[None, :]
+    else:
+        rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
+        pairs = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, packed))
+        scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 16)[None, :]  # E8M0 per 32 K = 16 B
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     for j in range(k_tiles // 2):
         acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                            BLOCK_K, FP8)
+                            BLOCK_K, FP8, WORDS)
         acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                           BLOCK_K, FP8)
+                           BLOCK_K, FP8, WORDS)
     if k_tiles % 2:
         acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                           BLOCK_K, FP8)
+                           BLOCK_K, FP8, WORDS)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))  # Y's [BLOCK_M, BLOCK_N] tile; TMA clips rows past M
     fence_async_shared()
@@ -193,7 +245,7 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
 @gluon.jit
 def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr):
+                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr):
     """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m).
     GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and program m multiplies
     rows block_row[m] .. + BLOCK_M by expert block_expert[m]'s weights (one launch per block size:
@@ -215,7 +267,7 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
         (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
-                     BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8)),
+                     BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS)),
         (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
     ], [1], [40])
 
@@ -224,17 +276,17 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
 def _decoder(w_bufs, wd_bufs, ready, empty, decoded, decoded_free, s_ptr, stride_sn, K, w_row, k_tiles,
              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, DECODE_WARPS: gl.constexpr, FP8: gl.constexpr):
     """Smem-decode form: each packed K tile from the ring (32-bit words of 8 codes in the layer's word order,
-    `smem_decode_words`), decoded by the layer kernels' word routine (`_kernels._E2M1_WORD_ASM`, about 18
+    `pack_words`), decoded by the layer kernels' word routine (`_kernels._E2M1_WORD_ASM`, about 18
     instructions a word, the E8M0 block scale folded into its bf16x2 FMAs; W4A8: then rounded to E4M3) into the
     decoded ring in shared memory, so that the MMA warpgroup only issues wgmmas. The packed slot is released
     with the decoded one: by then every decoder thread has read it (the barrier before the arrivals, which one
     thread makes)."""
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     DSTAGES: gl.constexpr = wd_bufs.type.shape[0]
-    WORDS: gl.constexpr = BLOCK_K // 8
-    words: gl.constexpr = gl.BlockedLayout([1, 2], [64 // WORDS, WORDS // 2], [DECODE_WARPS, 1], [1, 0])
+    WORD_COUNT: gl.constexpr = BLOCK_K // 8
+    words: gl.constexpr = gl.BlockedLayout([1, 2], [64 // WORD_COUNT, WORD_COUNT // 2], [DECODE_WARPS, 1], [1, 0])
     rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, words))
-    word = gl.arange(0, WORDS, layout=gl.SliceLayout(0, words))
+    word = gl.arange(0, WORD_COUNT, layout=gl.SliceLayout(0, words))
     scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (word // 4)[None, :]  # E8M0 per 32 K = 4 words
     for i in range(k_tiles):
         slot = i % STAGES
@@ -335,37 +387,46 @@ def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool, words: bool = 
             gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16))
 
 
-def smem_decode_words(packed, chunk_rows: int = 16384):
-    """The smem-decode form's weights: MXFP4 bytes [rows, K/2] (element 2j in byte j's low nibble) as int32 words
-    [rows, K/8] whose 8 codes sit where the word routine (`_E2M1_WORD_ASM`) yields K offsets 0..7 in order: codes
-    k and k + 4 of each 8 share a byte (low, high nibble), then the layer's bit order (`_encode_words`). Converted
+#: Per 32-wide K block, the K offset of output j (0..7) of word t (0..3) in each form's packed words: "smem" K order
+#: (word t: offsets 8t..8t+7); "words" the wgmma A registers' order (word t: the thread of its quad that holds
+#: offsets 2t + {0, 1, 8, 9, 16, 17, 24, 25}).
+WORD_ORDERS = {"smem": [[8 * t + j for j in range(8)] for t in range(4)],
+               "words": [[16 * (j >> 2) + 8 * ((j >> 1) & 1) + 2 * t + (j & 1) for j in range(8)] for t in range(4)]}
+
+
+def pack_words(packed, form: str, chunk_rows: int = 16384):
+    """MXFP4 bytes [rows, K/2] (element 2j in byte j's low nibble) as the int32 words [rows, K/8] a form decodes:
+    output j of a word is the code at WORD_ORDERS[form]'s offset, placed where the word routine (`_E2M1_WORD_ASM`)
+    yields output j (byte j % 4, low nibble for j < 4), in the layer's bit order (`_encode_words`). Converted
     chunk_rows rows at a time (`_encode_words` widens to int64)."""
     import torch
 
     from backends.layouts.triton_moe import _encode_words
 
+    offsets = torch.tensor(WORD_ORDERS[form], device=packed.device)  # [word t, output j]
     out = torch.empty_like(packed)
     for first in range(0, packed.shape[0], chunk_rows):
         part = packed[first:first + chunk_rows]
-        codes = torch.stack([part & 15, part >> 4], dim=-1).reshape(*part.shape[:-1], -1, 2, 4)  # [.., word, hi, b]
-        out[first:first + chunk_rows] = _encode_words((codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(part.shape))
+        codes = torch.stack([part & 15, part >> 4], dim=-1).reshape(*part.shape[:-1], -1, 32)  # [.., block, offset]
+        words = codes[..., offsets]  # [.., block, t, j]
+        out[first:first + chunk_rows] = _encode_words((words[..., :4] | (words[..., 4:] << 4)).reshape(part.shape))
     return out.view(torch.int32)
 
 
-def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool) -> dict:
+def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool, form: str = "register") -> dict:
     block_m, block_n, block_k, stages, warps = config[:5]
-    extra = dict(DECODE_WARPS=config[5], DSTAGES=config[6]) if len(config) == 7 else {}
+    extra = dict(DECODE_WARPS=config[5], DSTAGES=config[6]) if form == "smem" else dict(WORDS=form == "words")
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 GROUPED=grouped, FP8=fp8) | extra
 
 
-def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool = False):
+def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool = False, form: str = "register"):
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
     block_m, block_n, block_k, stages, warps = config[:5]
-    kernel = kernel_of(config)
-    words = len(config) == 7
+    kernel = kernel_of(form)
+    words = form != "register"
     x_layout, w_layout, y_layout = _layouts(block_m, block_n, block_k, fp8, words)
-    constexprs = _constexprs(config, grouped, fp8)
+    constexprs = _constexprs(config, grouped, fp8, form)
     packed = f"i32[{block_n},{block_k // 8}]" if words else f"u8[{block_n},{block_k // 2}]"
     signature = {"x_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<{packed},{w_layout!r}>",
@@ -376,7 +437,7 @@ def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool =
     source = GluonASTSource(fn=kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "maxnreg": maxnreg_of(config)})
+                          options={"num_warps": warps, "maxnreg": maxnreg_of(config, form)})
 
 
 def sass_stats(compiled) -> dict:
@@ -431,11 +492,16 @@ def expert_blocks(counts, block_m: int, tails: bool = True):
     return table[0], table[1], table[2]
 
 
+def activation_schemes(form: str) -> tuple[bool, ...]:
+    """FP8 flags a form runs: W4A16 and W4A8, the words form W4A16 only (its routine yields bf16 pairs)."""
+    return (False,) if form == "words" else (False, True)
+
+
 def _config_name(config) -> str:
     return "x".join(map(str, config))
 
 
-def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
+def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = False) -> None:
     """Time configs on the GPU into out_dir; smoke: one small dense and grouped product per config and form, an
     AssertionError if any is wrong (the --run driver runs this first, in a process of its own per config, so that a
     config that hangs or faults costs a timeout, not the run)."""
@@ -456,21 +522,22 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
     def launch(x, packed, scales, n, config, launches=None):
         """Y = X W^T, or with launches (`size_launches`) the grouped GEMM over their blocks."""
         block_n, block_k = config[1:3]
-        words = len(config) == 7
+        words = form != "register"
         if words and converted.get("bytes") is not packed:  # once per weight tensor, outside the timed launches
-            converted.update(bytes=packed, words=smem_decode_words(packed))
+            converted.update(bytes=packed, words=pack_words(packed, form))
         fp8 = x.dtype == torch.float8_e4m3fn
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
         dense = [(config, scales, scales, triton.cdiv(x.shape[0], config[0]))]  # the pointers are not read
         for sub_config, expert, first, count in launches or dense:
             x_layout, w_layout, y_layout = _layouts(sub_config[0], block_n, block_k, fp8, words)
-            kernel_of(config)[(triton.cdiv(n, block_n), count)](
+            kernel_of(form)[(triton.cdiv(n, block_n), count)](
                 TensorDescriptor.from_tensor(x, [sub_config[0], block_k], x_layout),
                 TensorDescriptor.from_tensor(converted["words"] if words else packed,
                                              [block_n, block_k // (8 if words else 2)], w_layout),
                 TensorDescriptor.from_tensor(y, [sub_config[0], block_n], y_layout),
                 scales, scales.stride(0), expert, first, n, x.shape[1],
-                **_constexprs(sub_config, launches is not None, fp8), num_warps=config[4], maxnreg=maxnreg_of(config))
+                **_constexprs(sub_config, launches is not None, fp8, form), num_warps=config[4],
+                maxnreg=maxnreg_of(config, form))
         return y
 
     def grouped_error(x, y, packed, scales, n, blocks, checked):
@@ -505,7 +572,7 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     if smoke:
-        for config, fp8 in itertools.product(configs, (False, True)):
+        for config, fp8 in itertools.product(configs, activation_schemes(form)):
             block_m, block_n = config[:2]
             x, (packed, scales) = activations(2 * block_m, 640, fp8), weights(3 * block_n, 640)
             y = launch(x, packed, scales, 3 * block_n, config).float()
@@ -541,7 +608,7 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
                   f"{us:.0f} µs, {tflops:.0f} TFLOP/s, {tflops / bound[fp8]:.2f} of the bound", flush=True)
 
         gemms = [gemm for layer in LAYERS for gemm in moe_gemms(layer)]
-        for (_, _, _, n, k), m, fp8 in itertools.product(gemms, ROWS, (False, True)):  # dense: the ceiling
+        for (_, _, _, n, k), m, fp8 in itertools.product(gemms, ROWS, activation_schemes(form)):  # dense: the ceiling
             x = activations(m, k, fp8)
             packed, scales = weights(n, k)
             ref = x.float() @ dequant(packed, scales).T  # exact products (E4M3 holds these weights too), fp32 sums
@@ -550,7 +617,7 @@ def _run(out_dir: str | None, configs, smoke: bool = False) -> None:
                 rel = ((y.float() - ref).norm() / ref.norm()).item()
                 us = ms(functools.partial(launch, x, packed, scales, n, config)) * 1e3
                 record("dense", fp8, m, m, n, k, config, rel, us, 2 * m * n * k)
-        for (name, experts, top_k, n, k), tokens, fp8 in itertools.product(gemms, ROWS, (False, True)):  # grouped
+        for (name, experts, top_k, n, k), tokens, fp8 in itertools.product(gemms, ROWS, activation_schemes(form)):
             counts = torch.bincount(torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), top_k)
                                     .indices.flatten(), minlength=experts)
             packed, scales = weights(experts * n, k)
@@ -570,14 +637,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="store_true", help="run and time on this machine's Hopper GPU")
     parser.add_argument("--out", help="with --run: the results directory (benchmarks/results/<run>)")
-    parser.add_argument("--kernel", choices=("register", "smem"), default="register",
-                        help="register: the decode feeds the wgmma's register operand (CONFIGS); smem: a decoder "
-                             "partition writes the decoded tile to shared memory (SMEM_DECODE_CONFIGS)")
+    parser.add_argument("--kernel", choices=tuple(FORMS), default="register",
+                        help="register: fp4_to_fp into the wgmma's register operand; words: the layer kernels' word "
+                             "routine into it (W4A16); smem: a decoder partition writes the decoded tile to shared "
+                             "memory (FORMS has each form's configs)")
     parser.add_argument("--smoke", metavar="CONFIG", help=argparse.SUPPRESS)  # one config's check, for --run
     args = parser.parse_args(argv)
-    configs = SMEM_DECODE_CONFIGS if args.kernel == "smem" else CONFIGS
+    configs = FORMS[args.kernel]
     if args.smoke:
-        _run(None, [next(c for c in CONFIGS + SMEM_DECODE_CONFIGS if _config_name(c) == args.smoke)], smoke=True)
+        _run(None, [next(c for c in configs if _config_name(c) == args.smoke)], args.kernel, smoke=True)
         return 0
     if args.run:
         if not args.out:
@@ -585,20 +653,20 @@ def main(argv: list[str] | None = None) -> int:
         passing = []
         for config in configs:
             try:
-                check = subprocess.run([sys.executable, __file__, "--smoke", _config_name(config)], timeout=180,
-                                       capture_output=True, text=True)
+                check = subprocess.run([sys.executable, __file__, "--kernel", args.kernel, "--smoke",
+                                        _config_name(config)], timeout=180, capture_output=True, text=True)
                 verdict = "ok" if check.returncode == 0 else check.stderr.strip().splitlines()[-1]
             except subprocess.TimeoutExpired:
                 verdict = "hung (killed after 180 s)"
             print(f"{_config_name(config)}: {verdict}", flush=True)
             passing += [config] if verdict == "ok" else []
-        _run(args.out, passing)
+        _run(args.out, passing, args.kernel)
         return 0
     ok = True
-    for config, grouped, fp8 in itertools.product(configs, (False, True), (False, True)):
-        stats = sass_stats(compile_for_sm90(config, grouped, fp8))
-        ok &= weights_stay_in_registers(stats) if len(config) == 5 else decode_feeds_shared_memory(stats)
-        print(f"triton {triton.__version__}, sm_90, {config}, {'grouped' if grouped else 'dense'}, "
+    for config, grouped, fp8 in itertools.product(configs, (False, True), activation_schemes(args.kernel)):
+        stats = sass_stats(compile_for_sm90(config, grouped, fp8, args.kernel))
+        ok &= decode_feeds_shared_memory(stats) if args.kernel == "smem" else weights_stay_in_registers(stats)
+        print(f"triton {triton.__version__}, sm_90, {args.kernel} {config}, {'grouped' if grouped else 'dense'}, "
               f"{'W4A8' if fp8 else 'W4A16'}: {stats}")
     return 0 if ok else 1
 

@@ -67,7 +67,7 @@ def test_the_gemms_are_the_layers_shapes():
 @pytest.mark.parametrize(("config", "fp8"), [(probe.SMEM_DECODE_CONFIGS[0], False), (probe.SMEM_DECODE_CONFIGS[3], True)])
 def test_smem_decode_form_compiles_for_sm90_with_both_operands_in_shared_memory(config, fp8):
     block_n, block_k = config[1:3]
-    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, fp8=fp8))
+    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, fp8=fp8, form="smem"))
     assert stats["warp_specialize"] == 1, stats  # the MMA warpgroup, the loader warp and the decoder warps
     assert stats["wgmma"] == (block_n // 64) * block_k // (32 if fp8 else 16), stats  # one K loop, not unrolled
     assert stats["local_stores"] == 2, stats  # the decoded tile and the output tile
@@ -82,25 +82,40 @@ def test_the_smem_check_refuses_a_kernel_that_shuffles_or_spills():
         assert not probe.decode_feeds_shared_memory(good | {key: value}), key
 
 
-def test_smem_decode_words_give_the_word_routine_its_codes_in_k_order():
+@pytest.mark.parametrize("form", ["smem", "words"])
+def test_packed_words_give_the_word_routine_the_codes_of_their_form_order(form):
     torch = pytest.importorskip("torch")
     from backends.layouts.triton_moe import WORD_SLOTS
 
     packed = torch.randint(0, 256, (6, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    words = probe.smem_decode_words(packed, chunk_rows=4).to(torch.int64) & 0xFFFFFFFF  # two chunks
+    words = probe.pack_words(packed, form, chunk_rows=4).to(torch.int64) & 0xFFFFFFFF  # two chunks
     assert words.shape == (6, 16)
-
-    def output(j):  # the routine's j-th output: word byte j % 4, low half for j < 4 (WORD_SLOTS' bits)
-        sign, mag = WORD_SLOTS[(j % 4, j // 4)]
-        return (((words >> sign) & 1) << 3) | ((words >> mag) & 7)
-
-    decoded = torch.stack([output(j) for j in range(8)], dim=-1).reshape(6, 128)
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(6, 128).to(torch.int64)
-    assert torch.equal(decoded, codes)
+    for word in range(16):
+        block, t = divmod(word, 4)
+        for j in range(8):  # the routine's output j: word byte j % 4, its low half for j < 4 (WORD_SLOTS' bits)
+            sign, mag = WORD_SLOTS[(j % 4, j // 4)]
+            output = (((words[:, word] >> sign) & 1) << 3) | ((words[:, word] >> mag) & 7)
+            assert torch.equal(output, codes[:, 32 * block + probe.WORD_ORDERS[form][t][j]]), (word, j)
+
+
+def test_word_orders_cover_each_block_once():
+    for form, order in probe.WORD_ORDERS.items():
+        assert sorted(k for word in order for k in word) == list(range(32)), form
+    # the words form: a word holds the K offsets of one thread of a wgmma quad (pairs 2t, 2t + 1, every 8)
+    assert probe.WORD_ORDERS["words"][1] == [2, 3, 10, 11, 18, 19, 26, 27]
+
+
+def test_words_form_compiles_for_sm90_with_the_decode_in_the_operand_registers():
+    config = probe.CONFIGS[3]
+    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, form="words"))
+    assert stats["wgmma"] == 3 * config[2] // 16, stats  # the unrolled pair and the tail step, as the register form
+    assert stats["in_flight"] > 0 and stats["operand_rewrites"] == 0, stats
+    assert probe.weights_stay_in_registers(stats), stats  # no shuffles: the words' layout is the operand's
 
 
 def test_the_register_cap_fits_every_warp_in_the_register_file():
     assert probe.maxnreg_of(probe.CONFIGS[0]) == probe.MAXNREG
-    assert probe.maxnreg_of((128, 128, 64, 4, 4, 4, 3)) == 168  # 4 + 4 (the loader warp's warpgroup) + 4 warps
-    assert probe.maxnreg_of((128, 128, 64, 4, 8, 4, 3)) == 128
-    assert all(probe.maxnreg_of(c) * 32 * (c[4] + 4 + c[5]) <= 65536 for c in probe.SMEM_DECODE_CONFIGS)
+    assert probe.maxnreg_of((128, 128, 64, 4, 4, 4, 3), "smem") == 168  # 4 + 4 (the loader's warpgroup) + 4 warps
+    assert probe.maxnreg_of((128, 128, 64, 4, 8, 4, 3), "smem") == 128
+    assert all(probe.maxnreg_of(c, "smem") * 32 * (c[4] + 4 + c[5]) <= 65536 for c in probe.SMEM_DECODE_CONFIGS)
