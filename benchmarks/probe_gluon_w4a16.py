@@ -22,7 +22,9 @@ item 4 asks 1.6x of W4A16 and 0.55 of the FP8 `_scaled_mm` rate.
 The words form (`--kernel words`, W4A16) decodes with the layer kernels' word routine instead of fp4_to_fp: the
 weights are packed as int32 words holding the 8 codes one thread's A registers take (`pack_words`, WORD_ORDERS),
 loaded in a layout derived from the operand's (`operand_words_layout`), so the routine's bf16 pairs are the operand
-(benchmarks/results/gluon-word-decode-h100-2026-11-28/: 1.01-1.35x the register form). The smem-decode form
+(benchmarks/results/gluon-word-decode-h100-2026-11-28/: 1.01-1.35x the register form); it alone also runs NVFP4
+weights (`--format nvfp4`, NVFP4_LAYERS: a word's two E4M3 block scales feed the routine's two scale operands). The
+smem-decode form
 (`--kernel smem`, SMEM_DECODE_CONFIGS) moves the decode out of the MMA warps: a decoder partition decodes each
 packed tile with the word routine into a second ring in shared memory, and one MMA warpgroup issues wgmmas with both
 operands there (benchmarks/results/gluon-smem-decode-h100-2026-11-28/: slower, the decoded tile's round trip through
@@ -30,6 +32,7 @@ shared memory costs the bandwidth the wgmmas need).
 
     python benchmarks/probe_gluon_w4a16.py [--kernel words|smem]                  # no GPU: compile, check the SASS
     python benchmarks/probe_gluon_w4a16.py --run --out DIR [--kernel words|smem]  # Hopper GPU: correctness, speed
+    python benchmarks/probe_gluon_w4a16.py --run --out DIR --kernel words --format nvfp4
 
 Without a GPU it prints, per launch config and form, what the compiled kernel does (wgmma count, shared-memory
 stores, warp shuffles, register reallocation, spills, wgmmas in flight and writes of their operand registers) and
@@ -71,6 +74,7 @@ from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
 from backends.triton_moe._kernels import _E2M1_WORD_ASM as _WORD_ASM  # noqa: E402
+from backends.triton_moe._kernels import _E4M3_PAIR_BF16X2_ASM as _E4M3_PAIR_ASM  # noqa: E402
 
 #: TMA load and store: `async_load` / `async_store` from triton 3.7 on, `async_copy_*` before (the GPU machines: 3.6).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -85,6 +89,8 @@ ROWS = [4096, 16384]
 #: The MoE layers whose GEMMs are timed: each GEMM dense (M = 4096 / 16384 rows, the ceiling) and grouped (the
 #: experts' rows of T = 4096 / 16384 tokens sorted by expert, padded to BLOCK_M, each block on its expert's weights).
 LAYERS = ["gpt-oss-120b", "deepseek-v3-mxfp4"]
+#: With --format nvfp4 (words form): issue 32's NVFP4 layer.
+NVFP4_LAYERS = ["deepseek-v3"]
 
 
 def moe_gemms(layer: str) -> list[tuple[str, int, int, int, int]]:
@@ -104,10 +110,11 @@ SMEM_DECODE_CONFIGS = [(128, 128, 64, 4, 4, 4, 3), (128, 128, 64, 4, 8, 4, 3), (
                        (128, 128, 128, 3, 4, 4, 2)]
 
 
-#: The forms (`--kernel`) and their configs: "register" decodes MXFP4 bytes with fp4_to_fp into the wgmma's
+#: The forms (`--kernel`) and their configs (the register-operand forms' may name a sixth entry, CTAs an SM: the
+#: register cap fits them): "register" decodes MXFP4 bytes with fp4_to_fp into the wgmma's
 #: register operand, "words" the same with the layer kernels' word routine from `pack_words` (W4A16 only),
 #: "smem" in a decoder partition into shared memory.
-FORMS = {"register": CONFIGS, "words": CONFIGS, "smem": SMEM_DECODE_CONFIGS}
+FORMS = {"register": CONFIGS, "words": CONFIGS + [(128, 64, 64, 3, 4, 2)], "smem": SMEM_DECODE_CONFIGS}
 
 
 def kernel_of(form: str):
@@ -118,7 +125,8 @@ def maxnreg_of(config, form: str = "register") -> int:
     """ptxas' register cap: every warp of the kernel at the cap must fit the 64 Ki register file (the launch
     counts each worker partition in whole warpgroups: the loader warp as four)."""
     if form != "smem":
-        return MAXNREG
+        ctas = config[5] if len(config) == 6 else 1
+        return min(MAXNREG, 65536 // (32 * (config[4] + 4) * ctas) // 8 * 8)
     warps = config[4] + 4 + config[5]
     return min(256, 65536 // (32 * warps) // 8 * 8)
 
@@ -151,35 +159,55 @@ def operand_words_layout(linear, shape):
 
 
 @gluon.jit
-def _operand_from_words(words, scale, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+def _operand_from_words(words, scale_lo, scale_hi, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
     """Words form: the packed words decoded by the layer kernels' word routine (about 18 instructions a word, the
-    folded E8M0 scale in its bf16x2 FMAs) into the [BLOCK_N, BLOCK_K] tile the wgmma's A registers hold already
+    folded block scales in its bf16x2 FMAs: scale_lo for outputs 0-3, scale_hi for 4-7, one 16-wide block each)
+    into the [BLOCK_N, BLOCK_K] tile the wgmma's A registers hold already
     (the caller's conversion to the operand layout moves nothing): output j of word 4 h + t of a row is
     K = 32 h + 16 (j >> 2) + 8 ((j >> 1) & 1) + 2 t + (j & 1) (WORD_ORDERS["words"])."""
-    folded = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
     e0, e1, e2, e3, e4, e5, e6, e7 = gl.inline_asm_elementwise(
-        _WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, folded, folded], dtype=(gl.bfloat16,) * 8, is_pure=True,
-        pack=1)
+        _WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, scale_lo, scale_hi], dtype=(gl.bfloat16,) * 8,
+        is_pure=True, pack=1)
     w = gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))  # [.., x, y, z]
     w = gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 4, 2, 2, 2])  # [row, h, t, x, y, z]
     return gl.reshape(gl.permute(w, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K])  # K = 32 h + 16 x + 8 y + 2 t + z
 
 
 @gluon.jit
+def _nvfp4_folded(pair):
+    """A word's two E4M3 scales (int16: the first 16-wide block's in the low byte) as the word routine's folded bf16
+    scales s * 2^126 * 2^-16, exact, by the layer kernels' pair routine (`_E4M3_PAIR_BF16X2_ASM`, bytes 0 and 2);
+    the epilogue multiplies the sums by 2^16."""
+    v = pair.to(gl.int32)
+    folded = gl.inline_asm_elementwise(_E4M3_PAIR_ASM, "=r,r", [(v & 0xFF) | ((v & 0xFF00) << 8)], dtype=gl.int32,
+                                       is_pure=True, pack=1)
+    return ((folded & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
+            (folded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
 def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N: gl.constexpr,
-          BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr):
+          BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr):
     """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, then release a slot.
     W4A16 leaves this wgmma in flight while the next tile is decoded: the wait retires the previous one, whose operand
     w_keep stays alive until then, so the two operands never share registers (the caller alternates them).
     W4A8 waits for this one (triton 3.6 cannot keep an 8-bit operand alive across a wait)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
-    if WORDS:  # pairs: the word indices; scale_ptrs: each word's block scale
+    if WORDS and NVFP4:  # pairs: the word indices; scale_ptrs: each word's pair of E4M3 scales (int16)
+        block = i * (BLOCK_K // 32) + pairs // 4
+        pair = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=0)
+        scale_lo, scale_hi = _nvfp4_folded(pair)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(pairs.type.layout.parent), scale_lo,
+                                                  scale_hi, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
+    elif WORDS:  # MXFP4: one E8M0 scale a word
         block = i * (BLOCK_K // 32) + pairs // 4
         scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
+        folded = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(pairs.type.layout.parent), scale, BLOCK_N,
-                                                  BLOCK_K), w_keep.type.layout, assert_trivial=True)
+        w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(pairs.type.layout.parent), folded, folded,
+                                                  BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     else:
         block = i * (BLOCK_K // 32) + pairs // 16  # past K (the last tile of K = 2880): TMA reads zeros there
         scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
@@ -204,7 +232,7 @@ def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BL
 @gluon.jit
 def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr,
-              FP8: gl.constexpr, WORDS: gl.constexpr):
+              FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr):
     """W (decoded into registers) x X^T (shared memory) into Y^T's tile, stored through shared memory by TMA.
     The K loop is unrolled by two so that consecutive tiles' operands alternate between two register sets with no
     copies: a single loop-carried operand would be copied into the register the wgmma in flight reads. (Kept alive
@@ -220,6 +248,7 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
         words: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]), [BLOCK_N, BLOCK_K])
         rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, words))
         pairs = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, words))
+        # a word's scales: MXFP4's E8M0 byte, or NVFP4's two E4M3 bytes as one int16 (s_ptr is *i16 then)
         scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 4)[None, :]
     else:
         rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, packed))
@@ -229,13 +258,15 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     for j in range(k_tiles // 2):
         acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                            BLOCK_K, FP8, WORDS)
+                            BLOCK_K, FP8, WORDS, NVFP4)
         acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                           BLOCK_K, FP8, WORDS)
+                           BLOCK_K, FP8, WORDS, NVFP4)
     if k_tiles % 2:
         acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                           BLOCK_K, FP8, WORDS)
+                           BLOCK_K, FP8, WORDS, NVFP4)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    if NVFP4:
+        acc = acc * 65536.0  # the folded scales' 2^-16
     y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))  # Y's [BLOCK_M, BLOCK_N] tile; TMA clips rows past M
     fence_async_shared()
     _tma_store(y_desc, [off_m, off_n], y_smem)
@@ -245,8 +276,10 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
 @gluon.jit
 def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr):
-    """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]); program (n, m).
+                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr,
+                    NVFP4: gl.constexpr):
+    """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]; NVFP4, words form
+    only: E4M3 scales [N, K/16], the global scale left to the caller); program (n, m).
     GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and program m multiplies
     rows block_row[m] .. + BLOCK_M by expert block_expert[m]'s weights (one launch per block size:
     `expert_blocks`). FP8: X is E4M3 and the weights are rounded to E4M3 (W4A8)."""
@@ -267,7 +300,7 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
         (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
-                     BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS)),
+                     BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4)),
         (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
     ], [1], [40])
 
@@ -413,26 +446,29 @@ def pack_words(packed, form: str, chunk_rows: int = 16384):
     return out.view(torch.int32)
 
 
-def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool, form: str = "register") -> dict:
+def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool, form: str = "register", nvfp4: bool = False) -> dict:
     block_m, block_n, block_k, stages, warps = config[:5]
-    extra = dict(DECODE_WARPS=config[5], DSTAGES=config[6]) if form == "smem" else dict(WORDS=form == "words")
+    assert not nvfp4 or form == "words", "NVFP4 weights run in the words form only"
+    extra = (dict(DECODE_WARPS=config[5], DSTAGES=config[6]) if form == "smem"
+             else dict(WORDS=form == "words", NVFP4=nvfp4))
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 GROUPED=grouped, FP8=fp8) | extra
 
 
-def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool = False, form: str = "register"):
+def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool = False, form: str = "register",
+                     nvfp4: bool = False):
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
     block_m, block_n, block_k, stages, warps = config[:5]
     kernel = kernel_of(form)
     words = form != "register"
     x_layout, w_layout, y_layout = _layouts(block_m, block_n, block_k, fp8, words)
-    constexprs = _constexprs(config, grouped, fp8, form)
+    constexprs = _constexprs(config, grouped, fp8, form, nvfp4)
     packed = f"i32[{block_n},{block_k // 8}]" if words else f"u8[{block_n},{block_k // 2}]"
     signature = {"x_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<{packed},{w_layout!r}>",
                  "y_desc": f"tensordesc<bf16[{block_m},{block_n}],{y_layout!r}>",
-                 "s_ptr": "*u8", "stride_sn": "i32", "block_expert_ptr": "*i32", "block_row_ptr": "*i32",
-                 "N": "i32", "K": "i32"} | {name: "constexpr" for name in constexprs}
+                 "s_ptr": "*i16" if nvfp4 else "*u8", "stride_sn": "i32", "block_expert_ptr": "*i32",
+                 "block_row_ptr": "*i32", "N": "i32", "K": "i32"} | {name: "constexpr" for name in constexprs}
     names = kernel.arg_names
     source = GluonASTSource(fn=kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
@@ -501,14 +537,20 @@ def _config_name(config) -> str:
     return "x".join(map(str, config))
 
 
-def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = False) -> None:
+def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = False, nvfp4: bool = False) -> None:
     """Time configs on the GPU into out_dir; smoke: one small dense and grouped product per config and form, an
     AssertionError if any is wrong (the --run driver runs this first, in a process of its own per config, so that a
     config that hangs or faults costs a timeout, not the run)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from backends.formats import dequantize_mxfp4 as dequant  # the project's MXFP4: element 2j in the low nibble
+    from backends.formats import dequantize_mxfp4, dequantize_nvfp4  # element 2j in the low nibble
+
+    def dequant(packed, scales):
+        """The weights the kernel multiplies: NVFP4 without its global scale (the probe has no epilogue for it)."""
+        if nvfp4:
+            return dequantize_nvfp4(packed, scales.view(torch.float8_e4m3fn), 1.0)
+        return dequantize_mxfp4(packed, scales)
 
     def size_launches(config, blocks):
         """(config, expert, first row, programs) per block size of `expert_blocks`' blocks: one launch each, the
@@ -527,6 +569,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
             converted.update(bytes=packed, words=pack_words(packed, form))
         fp8 = x.dtype == torch.float8_e4m3fn
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+        kernel_scales = scales.view(torch.int16) if nvfp4 else scales  # NVFP4: a word's two blocks as one load
         dense = [(config, scales, scales, triton.cdiv(x.shape[0], config[0]))]  # the pointers are not read
         for sub_config, expert, first, count in launches or dense:
             x_layout, w_layout, y_layout = _layouts(sub_config[0], block_n, block_k, fp8, words)
@@ -535,8 +578,8 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
                 TensorDescriptor.from_tensor(converted["words"] if words else packed,
                                              [block_n, block_k // (8 if words else 2)], w_layout),
                 TensorDescriptor.from_tensor(y, [sub_config[0], block_n], y_layout),
-                scales, scales.stride(0), expert, first, n, x.shape[1],
-                **_constexprs(sub_config, launches is not None, fp8, form), num_warps=config[4],
+                kernel_scales, kernel_scales.stride(0), expert, first, n, x.shape[1],
+                **_constexprs(sub_config, launches is not None, fp8, form, nvfp4), num_warps=config[4],
                 maxnreg=maxnreg_of(config, form))
         return y
 
@@ -563,8 +606,10 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
         return start.elapsed_time(end) / iters
 
     def weights(rows, k):
+        """Random codes and scales: E8M0 2^-7..1 per 32, or E4M3 0.25..3.75 (bytes 0x28..0x47) per 16."""
         packed = torch.randint(0, 256, (rows, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
-        return packed, torch.randint(120, 128, (rows, k // 32), device="cuda", generator=gen, dtype=torch.uint8)
+        low, high, block = (0x28, 0x48, 16) if nvfp4 else (120, 128, 32)
+        return packed, torch.randint(low, high, (rows, k // block), device="cuda", generator=gen, dtype=torch.uint8)
 
     def activations(rows, k, fp8):
         x = torch.randn(rows, k, device="cuda", generator=gen)
@@ -594,12 +639,13 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
                                                        out_dtype=torch.bfloat16)) * 1e9)}
     with open(os.path.join(out_dir, "gluon_w4a16.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["gpu", "triton", "gemm", "activations", "tokens", "M", "N", "K", "config", "rel_l2", "us",
-                         "tflops", "bound", "bound_tflops", "fraction_of_bound"])
+        writer.writerow(["gpu", "triton", "gemm", "weights", "activations", "tokens", "M", "N", "K", "config", "rel_l2",
+                         "us", "tflops", "bound", "bound_tflops", "fraction_of_bound"])
 
         def record(gemm, fp8, tokens, m, n, k, config, rel, us, flops):
             tflops = flops / (us * 1e6)
-            writer.writerow([torch.cuda.get_device_name(), triton.__version__, gemm, "fp8" if fp8 else "bf16", tokens,
+            writer.writerow([torch.cuda.get_device_name(), triton.__version__, gemm, "nvfp4" if nvfp4 else "mxfp4",
+                             "fp8" if fp8 else "bf16", tokens,
                              m, n, k, _config_name(config), f"{rel:.2e}", f"{us:.1f}", f"{tflops:.0f}",
                              "fp8 _scaled_mm 8192^3" if fp8 else "bf16 matmul 8192^3", f"{bound[fp8]:.0f}",
                              f"{tflops / bound[fp8]:.3f}"])
@@ -607,7 +653,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
             print(f"{gemm} {'W4A8' if fp8 else 'W4A16'} T={tokens} M={m} N={n} K={k} {config}: rel L2 {rel:.1e}, "
                   f"{us:.0f} µs, {tflops:.0f} TFLOP/s, {tflops / bound[fp8]:.2f} of the bound", flush=True)
 
-        gemms = [gemm for layer in LAYERS for gemm in moe_gemms(layer)]
+        gemms = [gemm for layer in (NVFP4_LAYERS if nvfp4 else LAYERS) for gemm in moe_gemms(layer)]
         for (_, _, _, n, k), m, fp8 in itertools.product(gemms, ROWS, activation_schemes(form)):  # dense: the ceiling
             x = activations(m, k, fp8)
             packed, scales = weights(n, k)
@@ -641,11 +687,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="register: fp4_to_fp into the wgmma's register operand; words: the layer kernels' word "
                              "routine into it (W4A16); smem: a decoder partition writes the decoded tile to shared "
                              "memory (FORMS has each form's configs)")
+    parser.add_argument("--format", choices=("mxfp4", "nvfp4"), default="mxfp4",
+                        help="the weights' format (nvfp4: the words form only, on NVFP4_LAYERS)")
     parser.add_argument("--smoke", metavar="CONFIG", help=argparse.SUPPRESS)  # one config's check, for --run
     args = parser.parse_args(argv)
     configs = FORMS[args.kernel]
+    nvfp4 = args.format == "nvfp4"
+    if nvfp4 and args.kernel != "words":
+        parser.error("--format nvfp4 runs in the words form only: add --kernel words")
     if args.smoke:
-        _run(None, [next(c for c in configs if _config_name(c) == args.smoke)], args.kernel, smoke=True)
+        _run(None, [next(c for c in configs if _config_name(c) == args.smoke)], args.kernel, smoke=True, nvfp4=nvfp4)
         return 0
     if args.run:
         if not args.out:
@@ -653,20 +704,21 @@ def main(argv: list[str] | None = None) -> int:
         passing = []
         for config in configs:
             try:
-                check = subprocess.run([sys.executable, __file__, "--kernel", args.kernel, "--smoke",
-                                        _config_name(config)], timeout=180, capture_output=True, text=True)
+                check = subprocess.run([sys.executable, __file__, "--kernel", args.kernel, "--format", args.format,
+                                        "--smoke", _config_name(config)], timeout=180, capture_output=True, text=True)
                 verdict = "ok" if check.returncode == 0 else check.stderr.strip().splitlines()[-1]
             except subprocess.TimeoutExpired:
                 verdict = "hung (killed after 180 s)"
             print(f"{_config_name(config)}: {verdict}", flush=True)
             passing += [config] if verdict == "ok" else []
-        _run(args.out, passing, args.kernel)
+        _run(args.out, passing, args.kernel, nvfp4=nvfp4)
         return 0
     ok = True
     for config, grouped, fp8 in itertools.product(configs, (False, True), activation_schemes(args.kernel)):
-        stats = sass_stats(compile_for_sm90(config, grouped, fp8, args.kernel))
+        stats = sass_stats(compile_for_sm90(config, grouped, fp8, args.kernel, nvfp4))
         ok &= decode_feeds_shared_memory(stats) if args.kernel == "smem" else weights_stay_in_registers(stats)
-        print(f"triton {triton.__version__}, sm_90, {args.kernel} {config}, {'grouped' if grouped else 'dense'}, "
+        print(f"triton {triton.__version__}, sm_90, {args.kernel} {args.format} {config}, "
+              f"{'grouped' if grouped else 'dense'}, "
               f"{'W4A8' if fp8 else 'W4A16'}: {stats}")
     return 0 if ok else 1
 

@@ -119,3 +119,24 @@ def test_the_register_cap_fits_every_warp_in_the_register_file():
     assert probe.maxnreg_of((128, 128, 64, 4, 4, 4, 3), "smem") == 168  # 4 + 4 (the loader's warpgroup) + 4 warps
     assert probe.maxnreg_of((128, 128, 64, 4, 8, 4, 3), "smem") == 128
     assert all(probe.maxnreg_of(c, "smem") * 32 * (c[4] + 4 + c[5]) <= 65536 for c in probe.SMEM_DECODE_CONFIGS)
+
+
+def test_words_form_compiles_nvfp4_weights_and_only_there():
+    config = probe.FORMS["words"][3]
+    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, form="words", nvfp4=True))
+    assert stats["operand_rewrites"] == 0 and probe.weights_stay_in_registers(stats), stats
+    with pytest.raises(AssertionError, match="words form only"):
+        probe.compile_for_sm90(config, form="register", nvfp4=True)
+
+
+def test_nvfp4_needs_the_words_form(capsys):
+    with pytest.raises(SystemExit) as exc:
+        probe.main(["--format", "nvfp4"])
+    assert exc.value.code == 2
+    assert "--kernel words" in capsys.readouterr().err
+
+
+def test_two_ctas_an_sm_cap_the_registers_for_both():
+    two = (128, 64, 64, 3, 4, 2)
+    assert probe.maxnreg_of(two, "words") == 128  # 2 CTAs x (4 consumer + 4 loader warps) x 32 x 128 = 64 Ki
+    assert probe.maxnreg_of(two[:5], "words") == probe.MAXNREG
