@@ -24,14 +24,15 @@ weights are packed as int32 words holding the 8 codes one thread's A registers t
 loaded in a layout derived from the operand's (`operand_words_layout`), so the routine's bf16 pairs are the operand
 (benchmarks/results/gluon-word-decode-h100-2026-11-28/: 1.01-1.35x the register form); it alone also runs NVFP4
 weights (`--format nvfp4`, NVFP4_LAYERS: a word's two E4M3 block scales feed the routine's two scale operands). The
-smem-decode form
+flat form (`--kernel flat`) is the words form without the loader partition: its 4 warps issue the TMA loads, and two
+CTAs share an SM. The smem-decode form
 (`--kernel smem`, SMEM_DECODE_CONFIGS) moves the decode out of the MMA warps: a decoder partition decodes each
 packed tile with the word routine into a second ring in shared memory, and one MMA warpgroup issues wgmmas with both
 operands there (benchmarks/results/gluon-smem-decode-h100-2026-11-28/: slower, the decoded tile's round trip through
 shared memory costs the bandwidth the wgmmas need).
 
-    python benchmarks/probe_gluon_w4a16.py [--kernel words|smem]                  # no GPU: compile, check the SASS
-    python benchmarks/probe_gluon_w4a16.py --run --out DIR [--kernel words|smem]  # Hopper GPU: correctness, speed
+    python benchmarks/probe_gluon_w4a16.py [--kernel words|flat|smem]                  # no GPU: compile, check SASS
+    python benchmarks/probe_gluon_w4a16.py --run --out DIR [--kernel words|flat|smem]  # Hopper GPU: error, speed
     python benchmarks/probe_gluon_w4a16.py --run --out DIR --kernel words --format nvfp4
 
 Without a GPU it prints, per launch config and form, what the compiled kernel does (wgmma count, shared-memory
@@ -112,9 +113,11 @@ SMEM_DECODE_CONFIGS = [(128, 128, 64, 4, 4, 4, 3), (128, 128, 64, 4, 8, 4, 3), (
 
 #: The forms (`--kernel`) and their configs (the register-operand forms' may name a sixth entry, CTAs an SM: the
 #: register cap fits them): "register" decodes MXFP4 bytes with fp4_to_fp into the wgmma's
-#: register operand, "words" the same with the layer kernels' word routine from `pack_words` (W4A16 only),
+#: register operand, "words" the same with the layer kernels' word routine from `pack_words` (W4A16 only), "flat"
+#: the words form without warp specialization (its 4 warps issue the TMA loads; two CTAs an SM),
 #: "smem" in a decoder partition into shared memory.
-FORMS = {"register": CONFIGS, "words": CONFIGS + [(128, 64, 64, 3, 4, 2)], "smem": SMEM_DECODE_CONFIGS}
+FORMS = {"register": CONFIGS, "words": CONFIGS + [(128, 64, 64, 3, 4, 2)], "smem": SMEM_DECODE_CONFIGS,
+         "flat": [(128, 128, 64, 3, 4), (128, 128, 64, 4, 4), (128, 64, 64, 4, 4)]}
 
 
 def kernel_of(form: str):
@@ -124,6 +127,8 @@ def kernel_of(form: str):
 def maxnreg_of(config, form: str = "register") -> int:
     """ptxas' register cap: every warp of the kernel at the cap must fit the 64 Ki register file (the launch
     counts each worker partition in whole warpgroups: the loader warp as four)."""
+    if form == "flat":  # 4 warps, no loader: ptxas' own cap, and two CTAs an SM still fit
+        return 255
     if form != "smem":
         ctas = config[5] if len(config) == 6 else 1
         return min(MAXNREG, 65536 // (32 * (config[4] + 4) * ctas) // 8 * 8)
@@ -136,11 +141,17 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles,
     """TMA of each K tile's X and packed W into the ring; waits until the consumer has released the slot."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     for i in range(k_tiles):
-        slot = i % STAGES
-        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
-        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        _tma_load(x_desc, [off_m, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
-        _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
+        mbarrier.wait(empty.index(i % STAGES), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
+        _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, BLOCK_K)
+
+
+@gluon.jit
+def _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, BLOCK_K: gl.constexpr, pred=True):
+    """TMA of K tile i's X and packed W into ring slot i % STAGES, signalled on its ready barrier."""
+    slot = i % x_bufs.type.shape[0]
+    mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+    _tma_load(x_desc, [off_m, i * BLOCK_K], ready.index(slot), x_bufs.index(slot), pred=pred)
+    _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot), pred=pred)
 
 
 @gluon.constexpr_function
@@ -186,9 +197,11 @@ def _nvfp4_folded(pair):
 
 
 @gluon.jit
-def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N: gl.constexpr,
-          BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr):
-    """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, then release a slot.
+def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads, BLOCK_N: gl.constexpr,
+          BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr, FLAT: gl.constexpr):
+    """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, then release a slot: to the
+    loader partition, or FLAT (no loader; `loads` = the descriptors, tile origin and K tiles) by loading K tile
+    i + STAGES - 1 into it.
     W4A16 leaves this wgmma in flight while the next tile is decoded: the wait retires the previous one, whose operand
     w_keep stays alive until then, so the two operands never share registers (the caller alternates them).
     W4A8 waits for this one (triton 3.6 cannot keep an 8-bit operand alive across a wait)."""
@@ -225,14 +238,19 @@ def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BL
         mbarrier.arrive(empty.index(slot), count=1)
     else:
         acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)  # tile i - 1's is done
+        if FLAT:  # tile i - 1's wgmma is done: its slot takes tile i + STAGES - 1
+            x_desc, w_desc, off_m, w_row, k_tiles = loads
+            _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i + STAGES - 1, off_m, w_row, BLOCK_K,
+                       pred=i + STAGES - 1 < k_tiles)
+        else:
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)  # tile i - 1's is done
     return acc, w
 
 
 @gluon.jit
 def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr,
-              FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr):
+              FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr, loads, FLAT: gl.constexpr):
     """W (decoded into registers) x X^T (shared memory) into Y^T's tile, stored through shared memory by TMA.
     The K loop is unrolled by two so that consecutive tiles' operands alternate between two register sets with no
     copies: a single loop-carried operand would be copied into the register the wgmma in flight reads. (Kept alive
@@ -257,13 +275,13 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     for j in range(k_tiles // 2):
-        acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                            BLOCK_K, FP8, WORDS, NVFP4)
-        acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                           BLOCK_K, FP8, WORDS, NVFP4)
+        acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
+                            BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT)
+        acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
+                           BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT)
     if k_tiles % 2:
-        acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, BLOCK_N,
-                           BLOCK_K, FP8, WORDS, NVFP4)
+        acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
+                           BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     if NVFP4:
         acc = acc * 65536.0  # the folded scales' 2^-16
@@ -277,7 +295,7 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
 def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                     NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr,
-                    NVFP4: gl.constexpr):
+                    NVFP4: gl.constexpr, FLAT: gl.constexpr):
     """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]; NVFP4, words form
     only: E4M3 scales [N, K/16], the global scale left to the caller); program (n, m).
     GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and program m multiplies
@@ -298,11 +316,18 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
-                     BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4)),
-        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
-    ], [1], [40])
+    loads = (x_desc, w_desc, off_m, w_row, k_tiles)
+    if FLAT:  # no loader partition: the first STAGES - 1 tiles now, each step then loads one (two CTAs an SM fit)
+        for s in gl.static_range(STAGES - 1):
+            _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, s, off_m, w_row, BLOCK_K, pred=s < k_tiles)
+        _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
+                  BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT)
+    else:
+        gl.warp_specialize([
+            (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row,
+                         k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT)),
+            (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
+        ], [1], [40])
 
 
 @gluon.jit
@@ -448,9 +473,9 @@ def pack_words(packed, form: str, chunk_rows: int = 16384):
 
 def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool, form: str = "register", nvfp4: bool = False) -> dict:
     block_m, block_n, block_k, stages, warps = config[:5]
-    assert not nvfp4 or form == "words", "NVFP4 weights run in the words form only"
+    assert not nvfp4 or form in ("words", "flat"), "NVFP4 weights run in the words and flat forms only"
     extra = (dict(DECODE_WARPS=config[5], DSTAGES=config[6]) if form == "smem"
-             else dict(WORDS=form == "words", NVFP4=nvfp4))
+             else dict(WORDS=form in ("words", "flat"), NVFP4=nvfp4, FLAT=form == "flat"))
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 GROUPED=grouped, FP8=fp8) | extra
 
@@ -493,11 +518,13 @@ def sass_stats(compiled) -> dict:
             "shared_bytes": compiled.metadata.shared}
 
 
-def weights_stay_in_registers(stats: dict) -> bool:
+def weights_stay_in_registers(stats: dict, specialized: bool = True) -> bool:
     """The decode feeds the wgmma without a layout conversion (no shuffles, no local_store but the output tile's),
-    never rewrites the operand of a wgmma in flight, and nothing spills."""
+    never rewrites the operand of a wgmma in flight, nothing spills, and the kernel is warp-specialized unless
+    `specialized` is False (the flat form)."""
     return (stats["wgmma"] > 0 and stats["shuffles"] == 0 and stats["local_stores"] <= 1
-            and stats["operand_rewrites"] == 0 and stats["spills"] == 0 and stats["warp_specialize"] > 0)
+            and stats["operand_rewrites"] == 0 and stats["spills"] == 0
+            and (stats["warp_specialize"] > 0) == specialized)
 
 
 def decode_feeds_shared_memory(stats: dict) -> bool:
@@ -529,8 +556,8 @@ def expert_blocks(counts, block_m: int, tails: bool = True):
 
 
 def activation_schemes(form: str) -> tuple[bool, ...]:
-    """FP8 flags a form runs: W4A16 and W4A8, the words form W4A16 only (its routine yields bf16 pairs)."""
-    return (False,) if form == "words" else (False, True)
+    """FP8 flags a form runs: W4A16 and W4A8; the words and flat forms W4A16 only (the routine yields bf16 pairs)."""
+    return (False,) if form in ("words", "flat") else (False, True)
 
 
 def _config_name(config) -> str:
@@ -566,7 +593,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
         block_n, block_k = config[1:3]
         words = form != "register"
         if words and converted.get("bytes") is not packed:  # once per weight tensor, outside the timed launches
-            converted.update(bytes=packed, words=pack_words(packed, form))
+            converted.update(bytes=packed, words=pack_words(packed, "smem" if form == "smem" else "words"))
         fp8 = x.dtype == torch.float8_e4m3fn
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
         kernel_scales = scales.view(torch.int16) if nvfp4 else scales  # NVFP4: a word's two blocks as one load
@@ -693,8 +720,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configs = FORMS[args.kernel]
     nvfp4 = args.format == "nvfp4"
-    if nvfp4 and args.kernel != "words":
-        parser.error("--format nvfp4 runs in the words form only: add --kernel words")
+    if nvfp4 and args.kernel not in ("words", "flat"):
+        parser.error("--format nvfp4 runs in the words and flat forms only: add --kernel words or --kernel flat")
     if args.smoke:
         _run(None, [next(c for c in configs if _config_name(c) == args.smoke)], args.kernel, smoke=True, nvfp4=nvfp4)
         return 0
@@ -716,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for config, grouped, fp8 in itertools.product(configs, (False, True), activation_schemes(args.kernel)):
         stats = sass_stats(compile_for_sm90(config, grouped, fp8, args.kernel, nvfp4))
-        ok &= decode_feeds_shared_memory(stats) if args.kernel == "smem" else weights_stay_in_registers(stats)
+        ok &= (decode_feeds_shared_memory(stats) if args.kernel == "smem"
+               else weights_stay_in_registers(stats, specialized=args.kernel != "flat"))
         print(f"triton {triton.__version__}, sm_90, {args.kernel} {args.format} {config}, "
               f"{'grouped' if grouped else 'dense'}, "
               f"{'W4A8' if fp8 else 'W4A16'}: {stats}")

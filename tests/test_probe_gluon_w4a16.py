@@ -121,11 +121,11 @@ def test_the_register_cap_fits_every_warp_in_the_register_file():
     assert all(probe.maxnreg_of(c, "smem") * 32 * (c[4] + 4 + c[5]) <= 65536 for c in probe.SMEM_DECODE_CONFIGS)
 
 
-def test_words_form_compiles_nvfp4_weights_and_only_there():
+def test_nvfp4_weights_compile_in_the_words_form_and_only_the_word_forms():
     config = probe.FORMS["words"][3]
     stats = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, form="words", nvfp4=True))
     assert stats["operand_rewrites"] == 0 and probe.weights_stay_in_registers(stats), stats
-    with pytest.raises(AssertionError, match="words form only"):
+    with pytest.raises(AssertionError, match="words and flat forms only"):
         probe.compile_for_sm90(config, form="register", nvfp4=True)
 
 
@@ -133,10 +133,19 @@ def test_nvfp4_needs_the_words_form(capsys):
     with pytest.raises(SystemExit) as exc:
         probe.main(["--format", "nvfp4"])
     assert exc.value.code == 2
-    assert "--kernel words" in capsys.readouterr().err
+    assert "--kernel words or --kernel flat" in capsys.readouterr().err
 
 
 def test_two_ctas_an_sm_cap_the_registers_for_both():
     two = (128, 64, 64, 3, 4, 2)
     assert probe.maxnreg_of(two, "words") == 128  # 2 CTAs x (4 consumer + 4 loader warps) x 32 x 128 = 64 Ki
     assert probe.maxnreg_of(two[:5], "words") == probe.MAXNREG
+
+
+def test_flat_form_loads_from_its_own_warps_and_keeps_the_wgmma_in_flight():
+    config = probe.FORMS["flat"][0]
+    stats = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, form="flat"))
+    assert stats["warp_specialize"] == 0 and stats["setmaxnreg"] == 0, stats  # no loader partition
+    assert stats["in_flight"] > 0 and probe.weights_stay_in_registers(stats, specialized=False), stats
+    assert not probe.weights_stay_in_registers(stats), stats  # the check tells the two kinds apart
+    assert 2 * stats["shared_bytes"] <= 227 * 1024, stats  # two CTAs an SM
