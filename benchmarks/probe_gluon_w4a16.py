@@ -25,7 +25,9 @@ loaded in a layout derived from the operand's (`operand_words_layout`), so the r
 (benchmarks/results/gluon-word-decode-h100-2026-11-28/: 1.01-1.35x the register form); it alone also runs NVFP4
 weights (`--format nvfp4`, NVFP4_LAYERS: a word's two E4M3 block scales feed the routine's two scale operands). The
 flat form (`--kernel flat`) is the words form without the loader partition: its 4 warps issue the TMA loads, and two
-CTAs share an SM. The smem-decode form
+CTAs share an SM. Both also run grouped GEMMs with absorbed tails (rows `<gemm> absorb`: an expert's last rows
+multiplied by the program of its last whole block, a second wgmma on the weights it decodes, as the tile kernels'
+`tail_rows`; benchmarks/results/gluon-absorbed-tails-h100-2026-11-28/). The smem-decode form
 (`--kernel smem`, SMEM_DECODE_CONFIGS) moves the decode out of the MMA warps: a decoder partition decodes each
 packed tile with the word routine into a second ring in shared memory, and one MMA warpgroup issues wgmmas with both
 operands there (benchmarks/results/gluon-smem-decode-h100-2026-11-28/: slower, the decoded tile's round trip through
@@ -39,7 +41,8 @@ Without a GPU it prints, per launch config and form, what the compiled kernel do
 stores, warp shuffles, register reallocation, spills, wgmmas in flight and writes of their operand registers) and
 exits 1 if the weights would pass through shared memory, an in-flight operand be rewritten or registers spill.
 With --run it writes DIR/gluon_w4a16.csv: for both GEMMs of gpt-oss-120b and DeepSeek-V3 (MXFP4) at T = 4096 and
-16384, dense and grouped (whole blocks, and with tails: `<gemm> tails`), W4A16 and W4A8, each config's relative L2
+16384, dense and grouped (whole blocks, with tails: `<gemm> tails`, absorbed: `<gemm> absorb`), W4A16 and W4A8
+(the words and flat forms: W4A16; `--format nvfp4`: the NVFP4 layer), each config's relative L2
 error against the fp32 product of the dequantized weights (backends.formats), µs, TFLOP/s of the useful products
 (T * top-k * N * K * 2 when grouped) and their fraction of the same run's bf16 8192^3 matmul (W4A16) or FP8
 `_scaled_mm` (W4A8), issue 32's measures.
@@ -137,21 +140,29 @@ def maxnreg_of(config, form: str = "register") -> int:
 
 
 @gluon.jit
-def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K: gl.constexpr):
+def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, tail_in, BLOCK_K: gl.constexpr,
+            BLOCK_M: gl.constexpr, TAIL: gl.constexpr):
     """TMA of each K tile's X and packed W into the ring; waits until the consumer has released the slot."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     for i in range(k_tiles):
         mbarrier.wait(empty.index(i % STAGES), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
-        _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, BLOCK_K)
+        _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, tail_in, BLOCK_K, BLOCK_M, TAIL)
 
 
 @gluon.jit
-def _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, BLOCK_K: gl.constexpr, pred=True):
-    """TMA of K tile i's X and packed W into ring slot i % STAGES, signalled on its ready barrier."""
+def _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, tail_in, BLOCK_K: gl.constexpr,
+               BLOCK_M: gl.constexpr, TAIL: gl.constexpr, pred=True):
+    """TMA of K tile i's X and packed W into ring slot i % STAGES, signalled on its ready barrier; with TAIL, also
+    the TAIL rows after the block (`tail_in`: their descriptor and ring), which the block's program multiplies too."""
     slot = i % x_bufs.type.shape[0]
-    mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+    xt_desc, xt_bufs = tail_in
+    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + (xt_desc.block_type.nbytes if TAIL
+                                                                                  else 0)
+    mbarrier.expect(ready.index(slot), nbytes, pred=pred)
     _tma_load(x_desc, [off_m, i * BLOCK_K], ready.index(slot), x_bufs.index(slot), pred=pred)
     _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot), pred=pred)
+    if TAIL:
+        _tma_load(xt_desc, [off_m + BLOCK_M, i * BLOCK_K], ready.index(slot), xt_bufs.index(slot), pred=pred)
 
 
 @gluon.constexpr_function
@@ -197,11 +208,12 @@ def _nvfp4_folded(pair):
 
 
 @gluon.jit
-def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads, BLOCK_N: gl.constexpr,
-          BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr, FLAT: gl.constexpr):
+def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads, tail_in,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr,
+          NVFP4: gl.constexpr, FLAT: gl.constexpr, TAIL: gl.constexpr):
     """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, then release a slot: to the
     loader partition, or FLAT (no loader; `loads` = the descriptors, tile origin and K tiles) by loading K tile
-    i + STAGES - 1 into it.
+    i + STAGES - 1 into it. TAIL: a second wgmma multiplies the same decoded weights with the tail rows into acc_t.
     W4A16 leaves this wgmma in flight while the next tile is decoded: the wait retires the previous one, whose operand
     w_keep stays alive until then, so the two operands never share registers (the caller alternates them).
     W4A8 waits for this one (triton 3.6 cannot keep an 8-bit operand alive across a wait)."""
@@ -237,20 +249,25 @@ def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, lo
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index(slot), count=1)
     else:
-        acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
+        if TAIL:  # two wgmma groups a step: waiting down to 2 retires tile i - 1's pair
+            acc_t = warpgroup_mma(w, tail_in[1].index(slot).permute((1, 0)), acc_t, is_async=True)
+            acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
+        else:
+            acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
         if FLAT:  # tile i - 1's wgmma is done: its slot takes tile i + STAGES - 1
             x_desc, w_desc, off_m, w_row, k_tiles = loads
-            _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i + STAGES - 1, off_m, w_row, BLOCK_K,
-                       pred=i + STAGES - 1 < k_tiles)
+            _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i + STAGES - 1, off_m, w_row, tail_in, BLOCK_K,
+                       BLOCK_M, TAIL, pred=i + STAGES - 1 < k_tiles)
         else:
             mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)  # tile i - 1's is done
-    return acc, w
+    return acc, acc_t, w
 
 
 @gluon.jit
 def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr,
-              FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr, loads, FLAT: gl.constexpr):
+              FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr, loads, FLAT: gl.constexpr, tail_in,
+              yt_desc, TAIL: gl.constexpr):
     """W (decoded into registers) x X^T (shared memory) into Y^T's tile, stored through shared memory by TMA.
     The K loop is unrolled by two so that consecutive tiles' operands alternate between two register sets with no
     copies: a single loop-carried operand would be copied into the register the wgmma in flight reads. (Kept alive
@@ -273,34 +290,49 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
         pairs = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, packed))
         scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 16)[None, :]  # E8M0 per 32 K = 16 B
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
+    TAIL_ROWS: gl.constexpr = tail_in[1].type.shape[1]  # TAIL, or the unused ring's 8 rows
+    acc_t = gl.zeros([BLOCK_N, TAIL_ROWS], gl.float32,
+                     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                               instr_shape=[16, TAIL_ROWS, 32 if FP8 else 16]))
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     for j in range(k_tiles // 2):
-        acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
-                            BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT)
-        acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
-                           BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT)
+        acc, acc_t, w_even = _step(2 * j, acc, acc_t, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
+                                   tail_in, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
+        acc, acc_t, w_odd = _step(2 * j + 1, acc, acc_t, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K,
+                                  loads, tail_in, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
     if k_tiles % 2:
-        acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
-                           BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        acc, acc_t, w_odd = _step(k_tiles - 1, acc, acc_t, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K,
+                                  loads, tail_in, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
+    acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
+    _store_tile(acc, y_smem, y_desc, off_m, off_n, NVFP4)
+    if TAIL:  # through the output tile's first rows, free again after its store
+        _store_tile(acc_t, y_smem.slice(0, TAIL), yt_desc, off_m + BLOCK_M, off_n, NVFP4)
+
+
+@gluon.jit
+def _store_tile(acc, y_smem, y_desc, off_m, off_n, NVFP4: gl.constexpr):
+    """Y^T's accumulator out as Y's [rows, BLOCK_N] tile, through shared memory by TMA (which clips rows past M)."""
     if NVFP4:
         acc = acc * 65536.0  # the folded scales' 2^-16
-    y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))  # Y's [BLOCK_M, BLOCK_N] tile; TMA clips rows past M
+    y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))
     fence_async_shared()
     _tma_store(y_desc, [off_m, off_n], y_smem)
     tma.store_wait(0)
 
 
 @gluon.jit
-def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr,
-                    NVFP4: gl.constexpr, FLAT: gl.constexpr):
+def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K, xt_desc,
+                    yt_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr,
+                    WORDS: gl.constexpr, NVFP4: gl.constexpr, FLAT: gl.constexpr, TAIL: gl.constexpr):
     """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]; NVFP4, words form
     only: E4M3 scales [N, K/16], the global scale left to the caller); program (n, m).
     GROUPED (a MoE GEMM over expert-sorted rows): W holds E experts' rows [E * N, K/2], and program m multiplies
     rows block_row[m] .. + BLOCK_M by expert block_expert[m]'s weights (one launch per block size:
-    `expert_blocks`). FP8: X is E4M3 and the weights are rounded to E4M3 (W4A8)."""
+    `expert_blocks`). FP8: X is E4M3 and the weights are rounded to E4M3 (W4A8). TAIL (W4A16): the program also
+    multiplies the TAIL rows after its block (an expert's last rows, absorbed: `expert_blocks(mode="absorb")`) with
+    the weights it decodes anyway, through xt_desc / yt_desc (blocks [TAIL, BLOCK_K] / [TAIL, BLOCK_N]; with TAIL 0
+    they are 8-row placeholders, never read)."""
     off_n = gl.program_id(0) * BLOCK_N
     off_m = gl.program_id(1) * BLOCK_M
     w_row = off_n
@@ -311,6 +343,7 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+    tail_in = (xt_desc, gl.allocate_shared_memory(xt_desc.dtype, [STAGES] + xt_desc.block_type.shape, xt_desc.layout))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -319,14 +352,17 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
     loads = (x_desc, w_desc, off_m, w_row, k_tiles)
     if FLAT:  # no loader partition: the first STAGES - 1 tiles now, each step then loads one (two CTAs an SM fit)
         for s in gl.static_range(STAGES - 1):
-            _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, s, off_m, w_row, BLOCK_K, pred=s < k_tiles)
+            _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, s, off_m, w_row, tail_in, BLOCK_K, BLOCK_M, TAIL,
+                       pred=s < k_tiles)
         _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
-                  BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT)
+                  BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT, tail_in, yt_desc, TAIL)
     else:
         gl.warp_specialize([
             (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row,
-                         k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT)),
-            (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
+                         k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT, tail_in,
+                         yt_desc, TAIL)),
+            (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, tail_in, BLOCK_K, BLOCK_M,
+                       TAIL)),
         ], [1], [40])
 
 
@@ -430,7 +466,8 @@ def w4a16_smem_decode_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_exp
     gl.warp_specialize([
         (_smem_mma, (x_bufs, wd_bufs, y_smem, ready, empty, decoded, decoded_free, y_desc, off_m, off_n, k_tiles,
                      BLOCK_M, BLOCK_N, NUM_WARPS, FP8)),
-        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, BLOCK_K)),
+        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, (x_desc, x_bufs), BLOCK_K,
+                   BLOCK_M, 0)),  # no tail: (x_desc, x_bufs) only fills the tail slot
         (_decoder, (w_bufs, wd_bufs, ready, empty, decoded, decoded_free, s_ptr, stride_sn, K, w_row, k_tiles,
                     BLOCK_N, BLOCK_K, DECODE_WARPS, FP8)),
     ], [1, DECODE_WARPS], [40, DECODER_REGS])
@@ -438,11 +475,16 @@ def w4a16_smem_decode_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_exp
 
 def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool, words: bool = False):
     """Shared layouts of the X tile, the packed W tile (bytes, or with `words` int32 words of 8 codes) and the
-    bf16 output tile."""
+    bf16 output tile (for a tail's tiles: block_m its rows)."""
     packed = [block_n, block_k // 8] if words else [block_n, block_k // 2]
     return (gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.float8e4nv if fp8 else gl.bfloat16),
             gl.NVMMASharedLayout.get_default_for(packed, gl.int32 if words else gl.uint8),
             gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16))
+
+
+def tail_rows_of(tail: int) -> int:
+    """Rows of the tail tiles a kernel declares: TAIL, or 8 (the smallest wgmma N) for unused placeholders."""
+    return tail or 8
 
 
 #: Per 32-wide K block, the K offset of output j (0..7) of word t (0..3) in each form's packed words: "smem" K order
@@ -471,29 +513,36 @@ def pack_words(packed, form: str, chunk_rows: int = 16384):
     return out.view(torch.int32)
 
 
-def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool, form: str = "register", nvfp4: bool = False) -> dict:
+def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool, form: str = "register", nvfp4: bool = False,
+                tail: int = 0) -> dict:
     block_m, block_n, block_k, stages, warps = config[:5]
     assert not nvfp4 or form in ("words", "flat"), "NVFP4 weights run in the words and flat forms only"
+    assert not tail or (form in ("words", "flat") and not fp8), "absorbed tails run in W4A16's words and flat forms"
     extra = (dict(DECODE_WARPS=config[5], DSTAGES=config[6]) if form == "smem"
-             else dict(WORDS=form in ("words", "flat"), NVFP4=nvfp4, FLAT=form == "flat"))
+             else dict(WORDS=form in ("words", "flat"), NVFP4=nvfp4, FLAT=form == "flat", TAIL=tail))
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 GROUPED=grouped, FP8=fp8) | extra
 
 
 def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool = False, form: str = "register",
-                     nvfp4: bool = False):
+                     nvfp4: bool = False, tail: int = 0):
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
     block_m, block_n, block_k, stages, warps = config[:5]
     kernel = kernel_of(form)
     words = form != "register"
     x_layout, w_layout, y_layout = _layouts(block_m, block_n, block_k, fp8, words)
-    constexprs = _constexprs(config, grouped, fp8, form, nvfp4)
+    constexprs = _constexprs(config, grouped, fp8, form, nvfp4, tail)
     packed = f"i32[{block_n},{block_k // 8}]" if words else f"u8[{block_n},{block_k // 2}]"
     signature = {"x_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<{packed},{w_layout!r}>",
                  "y_desc": f"tensordesc<bf16[{block_m},{block_n}],{y_layout!r}>",
                  "s_ptr": "*i16" if nvfp4 else "*u8", "stride_sn": "i32", "block_expert_ptr": "*i32",
                  "block_row_ptr": "*i32", "N": "i32", "K": "i32"} | {name: "constexpr" for name in constexprs}
+    if form != "smem":
+        rows = tail_rows_of(tail)
+        xt_layout, _, yt_layout = _layouts(rows, block_n, block_k, fp8, words)
+        signature |= {"xt_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{rows},{block_k}],{xt_layout!r}>",
+                      "yt_desc": f"tensordesc<bf16[{rows},{block_n}],{yt_layout!r}>"}
     names = kernel.arg_names
     source = GluonASTSource(fn=kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
@@ -518,11 +567,11 @@ def sass_stats(compiled) -> dict:
             "shared_bytes": compiled.metadata.shared}
 
 
-def weights_stay_in_registers(stats: dict, specialized: bool = True) -> bool:
-    """The decode feeds the wgmma without a layout conversion (no shuffles, no local_store but the output tile's),
-    never rewrites the operand of a wgmma in flight, nothing spills, and the kernel is warp-specialized unless
-    `specialized` is False (the flat form)."""
-    return (stats["wgmma"] > 0 and stats["shuffles"] == 0 and stats["local_stores"] <= 1
+def weights_stay_in_registers(stats: dict, specialized: bool = True, output_tiles: int = 1) -> bool:
+    """The decode feeds the wgmma without a layout conversion (no shuffles, no local_store but the output tiles':
+    two with an absorbed tail), never rewrites the operand of a wgmma in flight, nothing spills, and the kernel is
+    warp-specialized unless `specialized` is False (the flat form)."""
+    return (stats["wgmma"] > 0 and stats["shuffles"] == 0 and stats["local_stores"] <= output_tiles
             and stats["operand_rewrites"] == 0 and stats["spills"] == 0
             and (stats["warp_specialize"] > 0) == specialized)
 
@@ -534,18 +583,24 @@ def decode_feeds_shared_memory(stats: dict) -> bool:
             and stats["warp_specialize"] > 0)
 
 
-def expert_blocks(counts, block_m: int, tails: bool = True):
+def expert_blocks(counts, block_m: int, tails: bool = True, mode: str | None = None):
     """The row blocks of expert-sorted rows (what the layer's alignment gives its GEMMs): int32 (expert, first row,
-    rows) per block. Each expert's rows are padded to whole BLOCK_M blocks, or with tails to a multiple of
-    BLOCK_M / 4 and split into BLOCK_M blocks and one or two smaller ones (BLOCK_M / 2 and / or BLOCK_M / 4)."""
+    rows) per block. mode "whole" (tails False): each expert's rows padded to whole BLOCK_M blocks; "tails" (the
+    default): to a multiple of BLOCK_M / 4, split into BLOCK_M blocks and one or two smaller ones (BLOCK_M / 2 and /
+    or BLOCK_M / 4); "absorb": as "tails", but a remainder of at most BLOCK_M / 4 after a whole block joins that
+    block, which becomes BLOCK_M + BLOCK_M / 4 rows (run as a BLOCK_M block with a TAIL, `size_launches`)."""
     import torch
 
+    mode = mode or ("tails" if tails else "whole")
     quarter = block_m // 4
-    padded = ((counts + quarter - 1) // quarter * quarter) if tails else ((counts + block_m - 1) // block_m * block_m)
+    granule = block_m if mode == "whole" else quarter
+    padded = (counts + granule - 1) // granule * granule
     experts, firsts, sizes = [], [], []
     first = 0
     for expert, rows in enumerate(padded.tolist()):
         parts = [block_m] * (rows // block_m) + [size for size in (block_m // 2, quarter) if rows % block_m & size]
+        if mode == "absorb" and rows > block_m and rows % block_m == quarter:
+            parts = parts[:-2] + [block_m + quarter]
         for size in parts:
             experts.append(expert)
             firsts.append(first)
@@ -553,6 +608,23 @@ def expert_blocks(counts, block_m: int, tails: bool = True):
             first += size
     table = torch.tensor([experts, firsts, sizes], dtype=torch.int32, device=counts.device)
     return table[0], table[1], table[2]
+
+
+def grouped_modes(form: str, fp8: bool, config=None) -> tuple[str, ...]:
+    """`expert_blocks` modes a form's grouped GEMMs run: absorbed tails where the kernel has TAIL (W4A16, words and
+    flat forms) and the config's rings with the tail rows' still fit shared memory (`absorb_fits`)."""
+    absorb = form in ("words", "flat") and not fp8 and (config is None or absorb_fits(config, form))
+    return ("whole", "tails", "absorb") if absorb else ("whole", "tails")
+
+
+def absorb_fits(config, form: str) -> bool:
+    """Whether a config's shared memory with a BLOCK_M / 4 tail (each stage's X, packed W and tail X tiles, and the
+    output tile) fits its CTAs an SM: one, or two for the flat form and a two-CTA config (the 227 KiB an SM, 1 KiB
+    of it reserved a CTA)."""
+    block_m, block_n, block_k, stages = config[:4]
+    stage = block_m * block_k * 2 + block_n * block_k // 2 + block_m // 4 * block_k * 2
+    ctas = 2 if form == "flat" or len(config) == 6 else 1
+    return ctas * (stages * stage + block_m * block_n * 2 + 1024) <= 227 * 1024
 
 
 def activation_schemes(form: str) -> tuple[bool, ...]:
@@ -580,11 +652,14 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
         return dequantize_mxfp4(packed, scales)
 
     def size_launches(config, blocks):
-        """(config, expert, first row, programs) per block size of `expert_blocks`' blocks: one launch each, the
-        config's BLOCK_M replaced by that size (two block sizes in one kernel crash triton 3.6's lowering)."""
+        """(config, tail, expert, first row, programs) per block size of `expert_blocks`' blocks: one launch each, the
+        config's BLOCK_M replaced by that size (two block sizes in one kernel crash triton 3.6's lowering), or for a
+        block of BLOCK_M + BLOCK_M / 4 rows the config with a TAIL of BLOCK_M / 4."""
         expert, first, rows = blocks
-        return [((size,) + tuple(config[1:]), expert[rows == size], first[rows == size], int((rows == size).sum()))
-                for size in (config[0], config[0] // 2, config[0] // 4) if bool((rows == size).any())]
+        block_m = config[0]
+        sizes = (block_m + block_m // 4, block_m, block_m // 2, block_m // 4)
+        return [(((min(size, block_m),) + tuple(config[1:])), max(size - block_m, 0), expert[rows == size],
+                 first[rows == size], int((rows == size).sum())) for size in sizes if bool((rows == size).any())]
 
     converted = {}
 
@@ -597,16 +672,21 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
         fp8 = x.dtype == torch.float8_e4m3fn
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
         kernel_scales = scales.view(torch.int16) if nvfp4 else scales  # NVFP4: a word's two blocks as one load
-        dense = [(config, scales, scales, triton.cdiv(x.shape[0], config[0]))]  # the pointers are not read
-        for sub_config, expert, first, count in launches or dense:
+        dense = [(config, 0, scales, scales, triton.cdiv(x.shape[0], config[0]))]  # the pointers are not read
+        for sub_config, tail, expert, first, count in launches or dense:
             x_layout, w_layout, y_layout = _layouts(sub_config[0], block_n, block_k, fp8, words)
+            tail_descs = ()
+            if form != "smem":
+                xt_layout, _, yt_layout = _layouts(tail_rows_of(tail), block_n, block_k, fp8, words)
+                tail_descs = (TensorDescriptor.from_tensor(x, [tail_rows_of(tail), block_k], xt_layout),
+                              TensorDescriptor.from_tensor(y, [tail_rows_of(tail), block_n], yt_layout))
             kernel_of(form)[(triton.cdiv(n, block_n), count)](
                 TensorDescriptor.from_tensor(x, [sub_config[0], block_k], x_layout),
                 TensorDescriptor.from_tensor(converted["words"] if words else packed,
                                              [block_n, block_k // (8 if words else 2)], w_layout),
                 TensorDescriptor.from_tensor(y, [sub_config[0], block_n], y_layout),
-                kernel_scales, kernel_scales.stride(0), expert, first, n, x.shape[1],
-                **_constexprs(sub_config, launches is not None, fp8, form, nvfp4), num_warps=config[4],
+                kernel_scales, kernel_scales.stride(0), expert, first, n, x.shape[1], *tail_descs,
+                **_constexprs(sub_config, launches is not None, fp8, form, nvfp4, tail), num_warps=config[4],
                 maxnreg=maxnreg_of(config, form))
         return y
 
@@ -657,6 +737,12 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
             y = launch(x, packed, scales, block_n, config, size_launches(config, blocks))
             rel = grouped_error(x, y, packed, scales, block_n, blocks, range(blocks[0].numel()))
             assert rel < 1e-2, f"{config} fp8={fp8} grouped: rel L2 {rel:.2e}"
+            if "absorb" in grouped_modes(form, fp8, config):  # expert 0's last 5 rows ride with its first block
+                blocks = expert_blocks(torch.tensor([block_m + 5, 3], device="cuda"), block_m, mode="absorb")
+                x = activations(int(blocks[1][-1] + blocks[2][-1]), 640, fp8)
+                y = launch(x, packed, scales, block_n, config, size_launches(config, blocks))
+                rel = grouped_error(x, y, packed, scales, block_n, blocks, range(blocks[0].numel()))
+                assert rel < 1e-2, f"{config} fp8={fp8} grouped, absorbed tail: rel L2 {rel:.2e}"
         return
     os.makedirs(out_dir, exist_ok=True)
     square = torch.randn(8192, 8192, device="cuda", generator=gen).bfloat16()
@@ -694,16 +780,16 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
             counts = torch.bincount(torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), top_k)
                                     .indices.flatten(), minlength=experts)
             packed, scales = weights(experts * n, k)
-            for config, tails in itertools.product(configs, (False, True)):
-                blocks = expert_blocks(counts, config[0], tails)
+            for config, mode in ((c, m) for c in configs for m in grouped_modes(form, fp8, c)):
+                blocks = expert_blocks(counts, config[0], mode=mode)
                 launches = size_launches(config, blocks)
                 x = activations(int(blocks[1][-1] + blocks[2][-1]), k, fp8)
                 y = launch(x, packed, scales, n, config, launches)
                 checked = torch.randperm(blocks[0].numel(), device="cuda", generator=gen)[:4].tolist()
                 rel = grouped_error(x, y, packed, scales, n, blocks, checked)
                 us = ms(functools.partial(launch, x, packed, scales, n, config, launches)) * 1e3
-                record(f"{name}{' tails' if tails else ''}", fp8, tokens, x.shape[0], n, k, config, rel, us,
-                       2 * tokens * top_k * n * k)
+                record(f"{name}{'' if mode == 'whole' else ' ' + mode}", fp8, tokens, x.shape[0], n, k, config, rel,
+                       us, 2 * tokens * top_k * n * k)
 
 
 def main(argv: list[str] | None = None) -> int:

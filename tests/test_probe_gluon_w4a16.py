@@ -149,3 +149,36 @@ def test_flat_form_loads_from_its_own_warps_and_keeps_the_wgmma_in_flight():
     assert stats["in_flight"] > 0 and probe.weights_stay_in_registers(stats, specialized=False), stats
     assert not probe.weights_stay_in_registers(stats), stats  # the check tells the two kinds apart
     assert 2 * stats["shared_bytes"] <= 227 * 1024, stats  # two CTAs an SM
+
+
+def test_absorbed_tails_join_the_last_whole_block_of_their_expert():
+    torch = pytest.importorskip("torch")
+    counts = torch.tensor([128 + 5, 128 + 40, 20, 256 + 32])
+    expert, first, rows = probe.expert_blocks(counts, 128, mode="absorb")
+    # 5 rows (padded to 32) ride with expert 0's block; 40 (padded to 64) do not fit a 32-row tail: a half block;
+    # an expert with no whole block keeps its own small block; 32 rows after two blocks join the second
+    assert expert.tolist() == [0, 1, 1, 2, 3, 3]
+    assert rows.tolist() == [160, 128, 64, 32, 128, 160]
+    assert first.tolist() == [0, 160, 288, 352, 384, 512]
+    assert probe.expert_blocks(counts, 128, tails=False)[2].tolist() == [128] * 2 + [128] * 2 + [128] + [128] * 3
+
+
+def test_absorbing_needs_the_tail_rings_to_fit_shared_memory():
+    assert probe.absorb_fits((128, 128, 64, 6, 8), "words")
+    assert not probe.absorb_fits((256, 128, 64, 4, 8), "words")  # 256-row blocks: no room for the tail's rings
+    assert probe.absorb_fits((128, 128, 64, 3, 4), "flat") and not probe.absorb_fits((128, 128, 64, 4, 4), "flat")
+    assert probe.grouped_modes("words", False, (128, 128, 64, 6, 8)) == ("whole", "tails", "absorb")
+    assert probe.grouped_modes("words", True) == ("whole", "tails")  # W4A8 has no tail wgmma
+    assert probe.grouped_modes("register", False) == ("whole", "tails")
+
+
+def test_a_tail_compiles_as_a_second_wgmma_on_the_same_decoded_weights():
+    config = probe.FORMS["words"][1]
+    plain = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, form="words"))
+    tail = probe.sass_stats(probe.compile_for_sm90(config, grouped=True, form="words", tail=config[0] // 4))
+    assert tail["wgmma"] == 2 * plain["wgmma"], (plain, tail)  # each step's wgmmas again, for the 32 tail rows
+    assert tail["local_stores"] == 2 and tail["operand_rewrites"] == 0, tail  # the output tile and the tail's
+    assert probe.weights_stay_in_registers(tail, output_tiles=2), tail
+    assert not probe.weights_stay_in_registers(tail), tail  # one output tile more than a plain kernel's
+    with pytest.raises(AssertionError, match="absorbed tails"):
+        probe.compile_for_sm90(config, fp8=True, form="words", tail=32)
