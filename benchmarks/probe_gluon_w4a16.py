@@ -321,6 +321,19 @@ def _store_tile(acc, y_smem, y_desc, off_m, off_n, NVFP4: gl.constexpr):
 
 
 @gluon.jit
+def _tile_origin(block_expert_ptr, block_row_ptr, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 GROUPED: gl.constexpr):
+    """Program (n, m)'s first X row, first output column and first weight row (GROUPED: its block's expert's)."""
+    off_n = gl.program_id(0) * BLOCK_N
+    off_m = gl.program_id(1) * BLOCK_M
+    w_row = off_n
+    if GROUPED:
+        off_m = gl.load(block_row_ptr + gl.program_id(1))
+        w_row = gl.load(block_expert_ptr + gl.program_id(1)) * N + off_n
+    return off_m, off_n, w_row
+
+
+@gluon.jit
 def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K, xt_desc,
                     yt_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                     STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr,
@@ -333,12 +346,7 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
     multiplies the TAIL rows after its block (an expert's last rows, absorbed: `expert_blocks(mode="absorb")`) with
     the weights it decodes anyway, through xt_desc / yt_desc (blocks [TAIL, BLOCK_K] / [TAIL, BLOCK_N]; with TAIL 0
     they are 8-row placeholders, never read)."""
-    off_n = gl.program_id(0) * BLOCK_N
-    off_m = gl.program_id(1) * BLOCK_M
-    w_row = off_n
-    if GROUPED:
-        off_m = gl.load(block_row_ptr + gl.program_id(1))
-        w_row = gl.load(block_expert_ptr + gl.program_id(1)) * N + off_n
+    off_m, off_n, w_row = _tile_origin(block_expert_ptr, block_row_ptr, N, BLOCK_M, BLOCK_N, GROUPED)
     k_tiles = gl.cdiv(K, BLOCK_K)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
@@ -440,12 +448,7 @@ def w4a16_smem_decode_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_exp
     (packed -> decoded ring in shared memory) -> one MMA warpgroup (both wgmma operands from shared memory). The
     decode overlaps the wgmmas instead of preceding them in the same warps; shared-memory traffic per K tile is
     the decoded tile's store and the wgmma's reads of it."""
-    off_n = gl.program_id(0) * BLOCK_N
-    off_m = gl.program_id(1) * BLOCK_M
-    w_row = off_n
-    if GROUPED:
-        off_m = gl.load(block_row_ptr + gl.program_id(1))
-        w_row = gl.load(block_expert_ptr + gl.program_id(1)) * N + off_n
+    off_m, off_n, w_row = _tile_origin(block_expert_ptr, block_row_ptr, N, BLOCK_M, BLOCK_N, GROUPED)
     k_tiles = gl.cdiv(K, BLOCK_K)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
