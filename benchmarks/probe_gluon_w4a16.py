@@ -219,20 +219,18 @@ def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs
     W4A8 waits for this one (triton 3.6 cannot keep an 8-bit operand alive across a wait)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
-    if WORDS and NVFP4:  # pairs: the word indices; scale_ptrs: each word's pair of E4M3 scales (int16)
+    if WORDS:  # pairs: the word indices; scale_ptrs: each word's scales
         block = i * (BLOCK_K // 32) + pairs // 4
-        pair = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=0)
-        scale_lo, scale_hi = _nvfp4_folded(pair)
+        if NVFP4:  # two E4M3 scales as one int16
+            pair = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=0)
+            scale_lo, scale_hi = _nvfp4_folded(pair)
+        else:  # one E8M0 scale
+            scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
+            scale_lo = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
+            scale_hi = scale_lo
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(pairs.type.layout.parent), scale_lo,
                                                   scale_hi, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
-    elif WORDS:  # MXFP4: one E8M0 scale a word
-        block = i * (BLOCK_K // 32) + pairs // 4
-        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
-        folded = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(pairs.type.layout.parent), folded, folded,
-                                                  BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     else:
         block = i * (BLOCK_K // 32) + pairs // 16  # past K (the last tile of K = 2880): TMA reads zeros there
         scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
