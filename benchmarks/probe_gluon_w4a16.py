@@ -187,12 +187,24 @@ def _operand_from_words(words, scale_lo, scale_hi, BLOCK_N: gl.constexpr, BLOCK_
     into the [BLOCK_N, BLOCK_K] tile the wgmma's A registers hold already
     (the caller's conversion to the operand layout moves nothing): output j of word 4 h + t of a row is
     K = 32 h + 16 (j >> 2) + 8 ((j >> 1) & 1) + 2 t + (j & 1) (WORD_ORDERS["words"])."""
-    e0, e1, e2, e3, e4, e5, e6, e7 = gl.inline_asm_elementwise(
-        _WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, scale_lo, scale_hi], dtype=(gl.bfloat16,) * 8,
-        is_pure=True, pack=1)
+    e0, e1, e2, e3, e4, e5, e6, e7 = _word_routine(words, scale_lo, scale_hi)
     w = gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))  # [.., x, y, z]
     w = gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 4, 2, 2, 2])  # [row, h, t, x, y, z]
     return gl.reshape(gl.permute(w, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K])  # K = 32 h + 16 x + 8 y + 2 t + z
+
+
+@gluon.jit
+def _word_routine(words, scale_lo, scale_hi):
+    """The layer kernels' word routine (`_E2M1_WORD_ASM`) on int32 words: 8 bf16 tensors, outputs 0-3 (the word
+    bytes' low halves, times scale_lo) then 4-7 (the high halves, times scale_hi)."""
+    return gl.inline_asm_elementwise(_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, scale_lo, scale_hi],
+                                     dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _mxfp4_folded(scale):
+    """An E8M0 scale byte as the word routine's folded bf16 scale 2^126 * 2^(s - 127), exact for s <= 128."""
+    return ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)
 
 
 @gluon.jit
@@ -225,8 +237,8 @@ def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs
             pair = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=0)
             scale_lo, scale_hi = _nvfp4_folded(pair)
         else:  # one E8M0 scale
-            scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
-            scale_lo = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
+            scale_lo = _mxfp4_folded(gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :],
+                                             other=127))
             scale_hi = scale_lo
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(pairs.type.layout.parent), scale_lo,
@@ -392,12 +404,9 @@ def _decoder(w_bufs, wd_bufs, ready, empty, decoded, decoded_free, s_ptr, stride
         slot = i % STAGES
         dslot = i % DSTAGES
         block = i * (BLOCK_K // 32) + word // 4
-        scale = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127)
-        folded = ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)  # 2^126 * 2^(s - 127)
+        folded = _mxfp4_folded(gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=127))
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        e0, e1, e2, e3, e4, e5, e6, e7 = gl.inline_asm_elementwise(
-            _WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w_bufs.index(slot).load(words), folded, folded],
-            dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        e0, e1, e2, e3, e4, e5, e6, e7 = _word_routine(w_bufs.index(slot).load(words), folded, folded)
         # the routine's outputs are K offsets 0, 1, 2, 3 (low halves) and 4, 5, 6, 7 (high halves) of the word
         w = gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))
         w = gl.reshape(w, [BLOCK_N, BLOCK_K])
@@ -431,10 +440,7 @@ def _smem_mma(x_bufs, wd_bufs, y_smem, ready, empty, decoded, decoded_free, y_de
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
         mbarrier.arrive(decoded_free.index((i + DSTAGES - 1) % DSTAGES), count=1, pred=i > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))
-    fence_async_shared()
-    _tma_store(y_desc, [off_m, off_n], y_smem)
-    tma.store_wait(0)
+    _store_tile(acc, y_smem, y_desc, off_m, off_n, False)
 
 
 @gluon.jit
