@@ -5,7 +5,7 @@ each --variant, a named edit of that config, all in one process, each timed as b
 layer with routing as a CUDA graph, L2 flushed before each replay, median of --iters). A variant is
 `NAME:FIELD=VALUE[,FIELD=VALUE...]`, LaunchConfig fields set on both GEMMs, or on one with a `g1.` / `g2.` prefix
 (`tail32:tail_rows=32`, `w8:g1.num_warps=8,g1.tail_rows=64`); `none` clears an optional field; `topk_sum=fused`
-(or `launch`) is moe_forward's own argument. Each row gives µs,
+(or `launch`) and `prefill_kernel=warp-specialized` are moe_forward's own arguments. Each row gives µs,
 TFLOP/s (6·T·k·H·I), the fraction of this run's bf16 8192³ matmul rate, the relative L2 against the tuned row's
 output and whether its bits are the tuned row's (a variant that only regroups rows keeps them). --kernels adds each
 row's kernels (torch.profiler, eager, L2 flushed: mean µs per call) to DIR/kernels.csv.
@@ -40,7 +40,7 @@ _FIELDS = {f.name: f.type for f in dataclasses.fields(LaunchConfig)}
 
 
 #: --variant keys that are moe_forward arguments rather than LaunchConfig fields
-CALL_KEYS = ("topk_sum",)
+CALL_KEYS = ("topk_sum", "prefill_kernel")
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict, dict]:

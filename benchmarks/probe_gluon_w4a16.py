@@ -77,14 +77,17 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
-from backends.triton_moe._kernels import _E2M1_WORD_ASM as _WORD_ASM  # noqa: E402
-from backends.triton_moe._kernels import _E4M3_PAIR_BF16X2_ASM as _E4M3_PAIR_ASM  # noqa: E402
-
-#: TMA load and store: `async_load` / `async_store` from triton 3.7 on, `async_copy_*` before (the GPU machines: 3.6).
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-#: A barrier of the calling partition's warps: `gl.thread_barrier` in triton 3.6, `gl.barrier` from 3.9 on.
-_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+from backends.triton_moe._ws_kernels import (  # noqa: E402  the word decode the layer's Gluon kernels use too
+    _mxfp4_folded,
+    _nvfp4_folded,
+    _operand_from_words,
+    _partition_barrier,
+    _tma_load,
+    _tma_store,
+    _word_routine,
+    operand_words_layout,
+    pack_words,
+)
 
 #: (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, STAGES, NUM_WARPS: one warpgroup per 64 weight rows); the ring and
 #: the output tile fit sm_90's 227 KiB of shared memory.
@@ -163,60 +166,6 @@ def _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, tail_in, 
     _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot), pred=pred)
     if TAIL:
         _tma_load(xt_desc, [off_m + BLOCK_M, i * BLOCK_K], ready.index(slot), xt_bufs.index(slot), pred=pred)
-
-
-@gluon.constexpr_function
-def operand_words_layout(linear, shape):
-    """The layout of the packed tile's int32 words [BLOCK_N, BLOCK_K / 8] (`pack_words`' "words" order) that puts
-    each word in the thread whose wgmma A registers take its 8 values: the operand's linear layout (`linear`, over
-    `shape` [BLOCK_N, BLOCK_K]) with its K bases 1, 8 and 16 (a word's values) dropped, K 2 and 4 (the thread in
-    its quad) as words 1 and 2, and K 32, 64 (the 32-wide scale block) as words 4 and 8."""
-
-    def bases(of):
-        return [[row, {2: 1, 4: 2}.get(k, 4 * k // 32)] for row, k in of if k not in (1, 8, 16)]
-
-    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
-                                      warp_bases=bases(linear.warp_bases), block_bases=[],
-                                      shape=[shape[0], shape[1] // 8])
-
-
-@gluon.jit
-def _operand_from_words(words, scale_lo, scale_hi, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """Words form: the packed words decoded by the layer kernels' word routine (about 18 instructions a word, the
-    folded block scales in its bf16x2 FMAs: scale_lo for outputs 0-3, scale_hi for 4-7, one 16-wide block each)
-    into the [BLOCK_N, BLOCK_K] tile the wgmma's A registers hold already
-    (the caller's conversion to the operand layout moves nothing): output j of word 4 h + t of a row is
-    K = 32 h + 16 (j >> 2) + 8 ((j >> 1) & 1) + 2 t + (j & 1) (WORD_ORDERS["words"])."""
-    e0, e1, e2, e3, e4, e5, e6, e7 = _word_routine(words, scale_lo, scale_hi)
-    w = gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))  # [.., x, y, z]
-    w = gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 4, 2, 2, 2])  # [row, h, t, x, y, z]
-    return gl.reshape(gl.permute(w, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K])  # K = 32 h + 16 x + 8 y + 2 t + z
-
-
-@gluon.jit
-def _word_routine(words, scale_lo, scale_hi):
-    """The layer kernels' word routine (`_E2M1_WORD_ASM`) on int32 words: 8 bf16 tensors, outputs 0-3 (the word
-    bytes' low halves, times scale_lo) then 4-7 (the high halves, times scale_hi)."""
-    return gl.inline_asm_elementwise(_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, scale_lo, scale_hi],
-                                     dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _mxfp4_folded(scale):
-    """An E8M0 scale byte as the word routine's folded bf16 scale 2^126 * 2^(s - 127), exact for s <= 128."""
-    return ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)
-
-
-@gluon.jit
-def _nvfp4_folded(pair):
-    """A word's two E4M3 scales (int16: the first 16-wide block's in the low byte) as the word routine's folded bf16
-    scales s * 2^126 * 2^-16, exact, by the layer kernels' pair routine (`_E4M3_PAIR_BF16X2_ASM`, bytes 0 and 2);
-    the epilogue multiplies the sums by 2^16."""
-    v = pair.to(gl.int32)
-    folded = gl.inline_asm_elementwise(_E4M3_PAIR_ASM, "=r,r", [(v & 0xFF) | ((v & 0xFF00) << 8)], dtype=gl.int32,
-                                       is_pure=True, pack=1)
-    return ((folded & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
-            (folded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
 
 
 @gluon.jit
@@ -492,32 +441,6 @@ def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool, words: bool = 
 def tail_rows_of(tail: int) -> int:
     """Rows of the tail tiles a kernel declares: TAIL, or 8 (the smallest wgmma N) for unused placeholders."""
     return tail or 8
-
-
-#: Per 32-wide K block, the K offset of output j (0..7) of word t (0..3) in each form's packed words: "smem" K order
-#: (word t: offsets 8t..8t+7); "words" the wgmma A registers' order (word t: the thread of its quad that holds
-#: offsets 2t + {0, 1, 8, 9, 16, 17, 24, 25}).
-WORD_ORDERS = {"smem": [[8 * t + j for j in range(8)] for t in range(4)],
-               "words": [[16 * (j >> 2) + 8 * ((j >> 1) & 1) + 2 * t + (j & 1) for j in range(8)] for t in range(4)]}
-
-
-def pack_words(packed, form: str, chunk_rows: int = 16384):
-    """MXFP4 bytes [rows, K/2] (element 2j in byte j's low nibble) as the int32 words [rows, K/8] a form decodes:
-    output j of a word is the code at WORD_ORDERS[form]'s offset, placed where the word routine (`_E2M1_WORD_ASM`)
-    yields output j (byte j % 4, low nibble for j < 4), in the layer's bit order (`_encode_words`). Converted
-    chunk_rows rows at a time (`_encode_words` widens to int64)."""
-    import torch
-
-    from backends.layouts.triton_moe import _encode_words
-
-    offsets = torch.tensor(WORD_ORDERS[form], device=packed.device)  # [word t, output j]
-    out = torch.empty_like(packed)
-    for first in range(0, packed.shape[0], chunk_rows):
-        part = packed[first:first + chunk_rows]
-        codes = torch.stack([part & 15, part >> 4], dim=-1).reshape(*part.shape[:-1], -1, 32)  # [.., block, offset]
-        words = codes[..., offsets]  # [.., block, t, j]
-        out[first:first + chunk_rows] = _encode_words((words[..., :4] | (words[..., 4:] << 4)).reshape(part.shape))
-    return out.view(torch.int32)
 
 
 def _constexprs(config: tuple[int, ...], grouped: bool, fp8: bool, form: str = "register", nvfp4: bool = False,

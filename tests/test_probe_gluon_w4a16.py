@@ -13,6 +13,8 @@ from conftest import load_benchmark
 
 probe = load_benchmark("probe_gluon_w4a16")
 
+from backends.triton_moe._ws_kernels import WORD_ORDERS, pack_words  # noqa: E402
+
 
 @pytest.mark.parametrize(("config", "grouped", "fp8"), [(probe.CONFIGS[0], False, False), (probe.CONFIGS[3], True, False),
                                                        (probe.CONFIGS[1], True, True)])
@@ -88,7 +90,7 @@ def test_packed_words_give_the_word_routine_the_codes_of_their_form_order(form):
     from backends.layouts.triton_moe import WORD_SLOTS
 
     packed = torch.randint(0, 256, (6, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    words = probe.pack_words(packed, form, chunk_rows=4).to(torch.int64) & 0xFFFFFFFF  # two chunks
+    words = pack_words(packed, form, chunk_rows=4).to(torch.int64) & 0xFFFFFFFF  # two chunks
     assert words.shape == (6, 16)
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(6, 128).to(torch.int64)
     for word in range(16):
@@ -96,14 +98,14 @@ def test_packed_words_give_the_word_routine_the_codes_of_their_form_order(form):
         for j in range(8):  # the routine's output j: word byte j % 4, its low half for j < 4 (WORD_SLOTS' bits)
             sign, mag = WORD_SLOTS[(j % 4, j // 4)]
             output = (((words[:, word] >> sign) & 1) << 3) | ((words[:, word] >> mag) & 7)
-            assert torch.equal(output, codes[:, 32 * block + probe.WORD_ORDERS[form][t][j]]), (word, j)
+            assert torch.equal(output, codes[:, 32 * block + WORD_ORDERS[form][t][j]]), (word, j)
 
 
 def test_word_orders_cover_each_block_once():
-    for form, order in probe.WORD_ORDERS.items():
+    for form, order in WORD_ORDERS.items():
         assert sorted(k for word in order for k in word) == list(range(32)), form
     # the words form: a word holds the K offsets of one thread of a wgmma quad (pairs 2t, 2t + 1, every 8)
-    assert probe.WORD_ORDERS["words"][1] == [2, 3, 10, 11, 18, 19, 26, 27]
+    assert WORD_ORDERS["words"][1] == [2, 3, 10, 11, 18, 19, 26, 27]
 
 
 def test_words_form_compiles_for_sm90_with_the_decode_in_the_operand_registers():

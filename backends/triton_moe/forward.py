@@ -43,7 +43,7 @@ from backends.layouts.triton_moe import (
     w4a8_lut_table,
     w4a8_row_data,
 )
-from backends.triton_moe import _routing, tuning
+from backends.triton_moe import _routing, tuning, warp_specialized
 from backends.triton_moe._routing import align, route, route_and_align
 from backends.triton_moe.capabilities import ACTIVATIONS, require_triton_version
 from backends.weights import KernelWeights
@@ -74,6 +74,14 @@ DEFAULT_SPLIT_EPILOGUE = "launch"
 TOPK_SUMS = ("fused", "launch")
 TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 DEFAULT_TOPK_SUM = "launch"
+#: Which kernels run a W4A16 call's GEMMs outside the decode kernels: "tiles" - the Triton tile kernels (every
+#: GPU, every size); "warp-specialized" - the Gluon kernels of backends.triton_moe.warp_specialized (sm_90 only: a
+#: TMA loader partition and register-decoded wgmma operands), which convert the layer's weights to their own order
+#: once (held beside the tile layout's). moe_forward's prefill_kernel= wins over this environment variable, which
+#: wins over DEFAULT_PREFILL_KERNEL.
+PREFILL_KERNELS = ("tiles", "warp-specialized")
+PREFILL_KERNEL_ENV = "MOE_ORACLE_TRITON_PREFILL_KERNEL"
+DEFAULT_PREFILL_KERNEL = "tiles"
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
 #: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
@@ -232,6 +240,7 @@ def moe_forward(
     a1_scale: torch.Tensor | None = None,
     a2_scale: torch.Tensor | None = None,
     w4a8_mma: str | None = None,
+    prefill_kernel: str | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]); same contract as the emulation.
 
@@ -244,6 +253,8 @@ def moe_forward(
     tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 (compute capability
     >= 8.9) on the tensor cores w4a8_mma names: "bf16" or "fp8" (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA, else
     "bf16"; "fp8" reads the weights' per-row rebase, w4a8_row_data, given or computed once here).
+    prefill_kernel: "tiles" or "warp-specialized", the kernels of a W4A16 call that does not take the decode kernels
+    (PREFILL_KERNELS; None: $MOE_ORACLE_TRITON_PREFILL_KERNEL, else DEFAULT_PREFILL_KERNEL).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -257,6 +268,8 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     static_scales = _check_act_quant(x, act_quant, a1_scale, a2_scale)
+    prefill = _forced_choice("prefill_kernel", prefill_kernel, PREFILL_KERNELS, PREFILL_KERNEL_ENV,
+                             f"DEFAULT_PREFILL_KERNEL={DEFAULT_PREFILL_KERNEL!r}") or DEFAULT_PREFILL_KERNEL
     mma = resolve_w4a8_mma(act_quant, w4a8_mma)
     w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
     fp8_accumulate = DEFAULT_FP8_ACCUMULATE
@@ -289,11 +302,20 @@ def moe_forward(
         _check_decode(config.decode, k)
     if act_quant == "mxfp8" and mma == "bf16":
         _check_mx_epilogue(config, decode)
+    if prefill == "warp-specialized" and not decode:
+        _check_warp_specialized(x, weights, act_quant)
     kernels = _kernels_for(x.device)
     if decode:
         _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, config.decode,
                        activation, (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                        _scales_fold(weights), act_quant=act_quant, static_scales=static_scales)
+        return out
+    if prefill == "warp-specialized":
+        if ids is None:
+            ids, route_w = route(router_logits, k, renormalize, kernels)
+        warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out,
+                                kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
+                                (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), _ws_weights(weights))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -372,6 +394,34 @@ def _w4a8_data(w: TritonMoEWeights, given: dict | None) -> dict:
         return given
     return _once_per_tensor(_W4A8_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale), lambda: w4a8_row_data(w),
                             _w4a8_data_in_capture)
+
+
+#: id(w13) -> (weakref, versions, WSWeights) of _ws_weights.
+_WS_CACHE: dict = {}
+
+
+def _ws_weights(w: TritonMoEWeights):
+    """The warp-specialized kernels' weights (warp_specialized.ws_weights), converted once per weight tensor."""
+    return _once_per_tensor(_WS_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale),
+                            lambda: warp_specialized.ws_weights(w), _ws_weights_in_capture)
+
+
+def _ws_weights_in_capture():
+    _fail(RuntimeError, "the warp-specialized kernels' weights are not converted yet and cannot be inside CUDA graph "
+          "capture; run the layer once with prefill_kernel='warp-specialized' before capture")
+
+
+def _check_warp_specialized(x, w: TritonMoEWeights, act_quant) -> None:
+    """The warp-specialized path runs W4A16 on sm_90 with Gluon, for shapes whose tiles divide (ws_unsupported)."""
+    why = None
+    if act_quant is not None:
+        why = f"it runs W4A16 only (act_quant={act_quant!r})"
+    elif x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) != (9, 0):
+        why = f"it runs on sm_90 GPUs only (x is on {x.device})"
+    else:
+        why = warp_specialized.ws_unsupported(w)
+    if why:
+        _fail(ValueError, f"prefill_kernel='warp-specialized': {why}; use prefill_kernel='tiles'")
 
 
 def _w4a8_data_in_capture():

@@ -1,0 +1,327 @@
+"""The warp-specialized W4A16 prefill GEMMs (Gluon, sm_90), and the word decode they share with the Gluon probe.
+
+One kernel, `ws_moe_gemm_kernel`, runs both GEMMs of the layer over expert-sorted row blocks:
+
+    loader partition (LOADER_WARPS warps): each K step's packed weight tile by TMA into a STAGES-deep ring, and the
+        step's activation tile: GEMM1 gathers its x rows (token = pair // k of the block's sorted pairs) with cp.async,
+        GEMM2 loads h's rows by TMA; mbarrier-signalled, slots released by the consumer
+    default partition (NUM_WARPS, one warpgroup per 64 weight rows): the packed int32 words (`pack_words` "words"
+        order) straight into the wgmma's A registers through the layer kernels' word routine (`_E2M1_WORD_ASM`, the
+        block scales folded into its FMAs), an async wgmma of W x X^T into the accumulator, left in flight while
+        the next tile is decoded into the other of two register sets
+    epilogue: NVFP4's global scale, the bias, then GEMM1: the activation over gate/up rows that the weight order
+        puts in one thread (`ws_row_order`), h's tile out by TMA; GEMM2: the router weight, each pair's bf16 row
+        stored to its (token, slot) row for the top-k sum
+
+so the weights never pass through shared memory after the TMA (benchmarks/probe_gluon_w4a16.py measured the GEMMs
+alone at 0.70-0.83 of the bf16 matmul at T = 16384 on an H100, ahead of the Triton tile kernels there).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from backends.triton_moe._kernels import _E2M1_WORD_ASM, _E4M3_PAIR_BF16X2_ASM, ACT_SWIGLUOAI
+
+_SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
+#: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile;
+#: GEMM2's loader only issues TMA copies, and the consumers' epilogue takes what it leaves.
+GATHER_LOADER_REGS = gl.constexpr(96)
+TMA_LOADER_REGS = gl.constexpr(40)
+
+#: TMA load and store: `async_load` / `async_store` from triton 3.7 on, `async_copy_*` before (the GPU machines: 3.6).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+#: cp.async of a pointer tensor into shared memory: `async_load` from triton 3.9 on, `async_copy_global_to_shared`
+#: before.
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+#: A barrier of the calling partition's warps: `gl.thread_barrier` in triton 3.6, `gl.barrier` from 3.9 on.
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+#: Per 32-wide K block, the K offset of output j (0..7) of word t (0..3) in each packed-words order: "smem" K order
+#: (word t: offsets 8t..8t+7); "words" the wgmma A registers' order (word t: the thread of its quad that holds
+#: offsets 2t + {0, 1, 8, 9, 16, 17, 24, 25}).
+WORD_ORDERS = {"smem": [[8 * t + j for j in range(8)] for t in range(4)],
+               "words": [[16 * (j >> 2) + 8 * ((j >> 1) & 1) + 2 * t + (j & 1) for j in range(8)] for t in range(4)]}
+
+
+def pack_words(packed, form: str, chunk_rows: int = 16384):
+    """MXFP4 / NVFP4 code bytes [rows, K/2] (element 2j in byte j's low nibble) as the int32 words [rows, K/8] a
+    form decodes: output j of a word is the code at WORD_ORDERS[form]'s offset, placed where the word routine
+    (`_E2M1_WORD_ASM`) yields output j (byte j % 4, low nibble for j < 4), in the layer's bit order
+    (`_encode_words`). Converted chunk_rows rows at a time (`_encode_words` widens to int64)."""
+    import torch
+
+    from backends.layouts.triton_moe import _encode_words
+
+    offsets = torch.tensor(WORD_ORDERS[form], device=packed.device)  # [word t, output j]
+    out = torch.empty_like(packed)
+    for first in range(0, packed.shape[0], chunk_rows):
+        part = packed[first:first + chunk_rows]
+        codes = torch.stack([part & 15, part >> 4], dim=-1).reshape(*part.shape[:-1], -1, 32)  # [.., block, offset]
+        words = codes[..., offsets]  # [.., block, t, j]
+        out[first:first + chunk_rows] = _encode_words((words[..., :4] | (words[..., 4:] << 4)).reshape(part.shape))
+    return out.view(torch.int32)
+
+
+@gluon.constexpr_function
+def operand_words_layout(linear, shape):
+    """The layout of the packed tile's int32 words [BLOCK_N, BLOCK_K / 8] (`pack_words`' "words" order) that puts
+    each word in the thread whose wgmma A registers take its 8 values: the operand's linear layout (`linear`, over
+    `shape` [BLOCK_N, BLOCK_K]) with its K bases 1, 8 and 16 (a word's values) dropped, K 2 and 4 (the thread in
+    its quad) as words 1 and 2, and K 32, 64 (the 32-wide scale block) as words 4 and 8."""
+
+    def bases(of):
+        return [[row, {2: 1, 4: 2}.get(k, 4 * k // 32)] for row, k in of if k not in (1, 8, 16)]
+
+    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
+                                      warp_bases=bases(linear.warp_bases), block_bases=[],
+                                      shape=[shape[0], shape[1] // 8])
+
+
+@gluon.jit
+def _word_routine(words, scale_lo, scale_hi):
+    """The layer kernels' word routine (`_E2M1_WORD_ASM`) on int32 words: 8 bf16 tensors, outputs 0-3 (the word
+    bytes' low halves, times scale_lo) then 4-7 (the high halves, times scale_hi)."""
+    return gl.inline_asm_elementwise(_E2M1_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, scale_lo, scale_hi],
+                                     dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _operand_from_words(words, scale_lo, scale_hi, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """The packed words decoded by the word routine (about 18 instructions a word, the folded block scales in its
+    bf16x2 FMAs: scale_lo for outputs 0-3, scale_hi for 4-7, one 16-wide block each) into the [BLOCK_N, BLOCK_K]
+    tile the wgmma's A registers hold already (the caller's conversion to the operand layout moves nothing):
+    output j of word 4 h + t of a row is K = 32 h + 16 (j >> 2) + 8 ((j >> 1) & 1) + 2 t + (j & 1)
+    (WORD_ORDERS["words"])."""
+    e0, e1, e2, e3, e4, e5, e6, e7 = _word_routine(words, scale_lo, scale_hi)
+    w = gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))  # [.., x, y, z]
+    w = gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 4, 2, 2, 2])  # [row, h, t, x, y, z]
+    return gl.reshape(gl.permute(w, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K])  # K = 32 h + 16 x + 8 y + 2 t + z
+
+
+@gluon.jit
+def _mxfp4_folded(scale):
+    """An E8M0 scale byte as the word routine's folded bf16 scale 2^126 * 2^(s - 127), exact for s <= 128."""
+    return ((scale.to(gl.int16) + 126) << 7).to(gl.bfloat16, bitcast=True)
+
+
+@gluon.jit
+def _nvfp4_folded(pair):
+    """A word's two E4M3 scales (int16: the first 16-wide block's in the low byte) as the word routine's folded bf16
+    scales s * 2^126 * 2^-16, exact, by the layer kernels' pair routine (`_E4M3_PAIR_BF16X2_ASM`, bytes 0 and 2);
+    the epilogue multiplies the sums by 2^16."""
+    v = pair.to(gl.int32)
+    folded = gl.inline_asm_elementwise(_E4M3_PAIR_BF16X2_ASM, "=r,r", [(v & 0xFF) | ((v & 0xFF00) << 8)],
+                                       dtype=gl.int32, is_pure=True, pack=1)
+    return ((folded & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
+            (folded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
+def _word_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr):
+    """K tile i's folded scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two E4M3 bytes as one
+    int16; rows past the expert's N, row_ok False, read none): (for outputs 0-3, for outputs 4-7)."""
+    ok = row_ok[:, None] & (i * (BLOCK_K // 32) + words // 4 < K // 32)[None, :]
+    if NVFP4:
+        return _nvfp4_folded(gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=0))
+    folded = _mxfp4_folded(gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=127))
+    return folded, folded
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer's GEMMs
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, w_bufs, ready, empty, w_row,
+                   k_tiles, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
+                   LOADER_WARPS: gl.constexpr):
+    """GEMM1's loader: per K step the packed weight tile by TMA and the block's x rows by cp.async (sm_90's TMA
+    cannot gather rows), each thread's copies arriving on the slot's ready barrier as they land. A padding row reads
+    token 0's row: its sums are never stored."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
+    rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
+    pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows)))
+    token = gl.where(pair < num_pairs, pair // TOP_K, 0)
+    ptrs = (x_ptr + token.to(gl.int64)[:, None] * stride_xm
+            + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows))[None, :])
+    for i in range(k_tiles):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
+        mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
+        _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
+        _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K)
+        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _tma_loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_tiles, BLOCK_K: gl.constexpr):
+    """GEMM2's loader: per K step the packed weight tile and h's rows [first, first + BLOCK_M) by TMA."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
+    for i in range(k_tiles):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        _tma_load(x_desc, [first, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
+        _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
+
+
+@gluon.jit
+def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N: gl.constexpr,
+          BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr):
+    """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, wait for tile i - 1's (whose
+    operand w_keep stays alive until then, so the two operands never share registers) and release its slot.
+    GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
+    slot = i % STAGES
+    scale_lo, scale_hi = _word_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K, NVFP4)
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    if GATHERED:
+        fence_async_shared()
+    w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo, scale_hi,
+                                              BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
+    acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+    acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
+    mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+    return acc, w
+
+
+@gluon.jit
+def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
+              num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K, k_tiles, alpha,
+              beta, limit, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr):
+    """W (decoded into registers) x X^T (shared memory) into the [BLOCK_N weight rows, BLOCK_M rows] accumulator,
+    then the GEMM's epilogue. The K loop is unrolled by two so that consecutive tiles' operands alternate between
+    two register sets with no copies (a single loop-carried operand would be copied into the registers the wgmma
+    in flight reads)."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                 instr_shape=[16, BLOCK_M, 16])
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    word_layout: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]),
+                                                     [BLOCK_N, BLOCK_K])
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout))
+    row_ok = off_n + rows < N  # a last tile past N decodes the next expert's rows (or TMA's zeros): never stored
+    words = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, word_layout))
+    scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
+    w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.bfloat16, operand)
+    for j in range(k_tiles // 2):
+        acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
+                            BLOCK_K, NVFP4, GEMM == 1)
+        acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
+                           BLOCK_K, NVFP4, GEMM == 1)
+    if k_tiles % 2:
+        acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
+                           BLOCK_K, NVFP4, GEMM == 1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    if NVFP4:  # the folded scales' 2^-16 (exact), then the global scale, as the tile kernels' epilogues
+        acc = acc * 65536.0 / gl.load(gs_ptr + expert)
+    if HAS_BIAS:
+        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        acc += gl.load(bias_ptr + expert * stride_be + cols, mask=cols < N, other=0.0)[:, None]
+    if GEMM == 1:
+        _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, BLOCK_M, BLOCK_N, ACTIVATION)
+    else:
+        _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
+                         BLOCK_M, BLOCK_N, NUM_WARPS, mma)
+
+
+@gluon.jit
+def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, ACTIVATION: gl.constexpr):
+    """GEMM1's epilogue: weight rows 16 g .. 16 g + 7 are gate rows and the next 8 the same channels' up rows
+    (`ws_row_order`), which the wgmma accumulator keeps in one thread (rows r and r + 8); the activation of each
+    pair, h's [BLOCK_M, BLOCK_N / 2] tile in bf16 out by TMA at channel off_n / 2."""
+    t = gl.permute(gl.reshape(acc, [BLOCK_N // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1])
+    gate, up = gl.split(t)
+    gate = gl.reshape(gate, [BLOCK_N // 2, BLOCK_M])
+    up = gl.reshape(up, [BLOCK_N // 2, BLOCK_M])
+    if ACTIVATION == _SWIGLUOAI:  # gpt-oss swigluoai: clamp gate from above, up both ways, (up + beta) * glu
+        gate = gl.minimum(gate, limit)
+        up = gl.minimum(gl.maximum(up, -limit), limit)
+        h = (up + beta) * gate / (1.0 + gl.exp(-alpha * gate))
+    else:  # silu-and-mul
+        h = gate / (1.0 + gl.exp(-gate)) * up
+    y_smem.store(gl.permute(h.to(gl.bfloat16), (1, 0)))
+    fence_async_shared()
+    _tma_store(y_desc, [first, off_n // 2], y_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, mma: gl.constexpr):
+    """GEMM2's epilogue: the router weight of each row's pair, the tile rounded to bf16 (as the tile kernels' pair
+    rows), turned to [rows, columns] through shared memory and each real row stored whole to its pair's row."""
+    pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+    acc = acc * gl.load(route_w_ptr + pair, mask=pair < num_pairs, other=0.0)[None, :]
+    y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))
+    _partition_barrier()
+    rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_N // 8), BLOCK_N // 8], [NUM_WARPS, 1], [1, 0])
+    pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows)))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, rows))
+    gl.store(out_ptr + pair.to(gl.int64)[:, None] * stride_om + cols[None, :], y_smem.load(rows),
+             mask=(pair < num_pairs)[:, None] & (cols < N)[None, :])
+
+
+@gluon.jit
+def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_desc, out_ptr, stride_om,
+                       block_expert_ptr, block_first_ptr, block_count_ptr, pair_ptr, num_pairs, gs_ptr, bias_ptr,
+                       stride_be, route_w_ptr, N, K, alpha, beta, limit, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+                       LOADER_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       ACTIVATION: gl.constexpr, TOP_K: gl.constexpr):
+    """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
+    (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
+    of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's E4M3 pairs as
+    int16). Programs past the device's block count (block_count[0]) return at once: the grid is a static bound.
+    GEMM 1: X = x's rows gathered by pair (x_ptr), h out by TMA (y_desc, [BLOCK_M, BLOCK_N / 2] boxes); GEMM 2:
+    X = h's rows by TMA (x_desc), each pair's row of y_smem to out (pair rows [T * k, H], bf16)."""
+    b = gl.program_id(1)
+    if b >= gl.load(block_count_ptr):
+        return
+    expert = gl.load(block_expert_ptr + b)
+    first = gl.load(block_first_ptr + b)
+    off_n = gl.program_id(0) * BLOCK_N
+    w_row = expert * N + off_n
+    k_tiles = K // BLOCK_K
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.bfloat16)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        # GEMM1: the weight TMA's expect and every loader thread's cp.async arrival; GEMM2: the TMA's expect
+        mbarrier.init(ready.index(i), count=1 + (LOADER_WARPS * 32 if GEMM == 1 else 0))
+        mbarrier.init(empty.index(i), count=1)
+    if GEMM == 1:
+        gl.warp_specialize([
+            (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
+                         num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
+                         k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS,
+                         ACTIVATION)),
+            (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, w_bufs, ready, empty,
+                              w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS)),
+        ], [LOADER_WARPS], [GATHER_LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
+                         num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
+                         k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS,
+                         ACTIVATION)),
+            (_tma_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_tiles, BLOCK_K)),
+        ], [LOADER_WARPS], [TMA_LOADER_REGS])
+

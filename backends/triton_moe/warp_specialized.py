@@ -1,0 +1,224 @@
+"""The warp-specialized W4A16 prefill path (sm_90): the layer's two GEMMs on `_ws_kernels.ws_moe_gemm_kernel`.
+
+    route       as the tile path (forward._route_for_tiles)
+    align       pairs sorted by expert, each expert's run padded to BLOCK_M / 4 (_routing.align)
+    ws_blocks   each run cut into BLOCK_M blocks, then at most one BLOCK_M / 2 and one BLOCK_M / 4 block: a table per
+                size, on the device (no host sync; the grids are static bounds)
+    GEMM1       per block size: x rows gathered by cp.async, gate/up, bias, activation -> h [padded pairs, I] bf16
+    GEMM2       per block size: h rows by TMA, bias, router weight -> pair rows [T * k, H] bf16
+    top-k sum   the tile path's topk_sum_kernel
+
+The weights run in their own order (`ws_weights`: int32 words in the wgmma operand's order, GEMM1's gate and up
+rows interleaved by 8 so the activation pairs meet in one thread), converted once per layer from the tile layout
+and cached: a layer that takes this path holds its packed weights twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from backends.layouts.triton_moe import _KERNEL_TENSORS, TritonMoEWeights, from_kernel_layout
+
+#: The launch config of both GEMMs: (BLOCK_M rows, BLOCK_N weight rows, BLOCK_K, STAGES, NUM_WARPS: one warpgroup
+#: per 64 weight rows). The Gluon probe's best at T = 16384 on an H100 (benchmarks/probe_gluon_w4a16.py: 256 x 128,
+#: with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
+WS_CONFIG = (256, 128, 64, 4, 8)
+#: Loader warps: GEMM1's cp.async gather spreads its 16-byte copies over a warpgroup (the register file is counted
+#: per warpgroup anyway); GEMM2's loader only issues TMA copies.
+LOADER_WARPS = {1: 4, 2: 1}
+#: Register cap of every thread at launch (12 warps x 32 x 168 fit the 64 Ki register file); the warp_specialize
+#: hands the loader LOADER_REGS and the consumers the rest.
+WS_MAXNREG = 168
+
+
+@dataclass(frozen=True)
+class WSWeights:
+    """The layer's weights as `ws_moe_gemm_kernel` reads them: words [E * N, K / 8] int32, scales [E * N, K / 32]
+    (uint8 E8M0, or NVFP4's two E4M3 bytes a word as int16), biases fp32 [E, N] or None, NVFP4 global scales."""
+
+    format: str
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    w13_bias: torch.Tensor | None
+    w2_bias: torch.Tensor | None
+    w13_global_scale: torch.Tensor | None
+    w2_global_scale: torch.Tensor | None
+    experts: int
+    hidden: int
+    inter: int
+
+
+def ws_row_order(inter: int) -> torch.Tensor:
+    """GEMM1's weight rows in the warp-specialized order, as indices into [gate rows; up rows]: per group of 8
+    channels its 8 gate rows, then the same channels' 8 up rows (the wgmma accumulator holds rows r and r + 8 in
+    one thread, so each channel's gate and up sums meet there)."""
+    groups = torch.arange(inter // 8).repeat_interleave(8) * 8 + torch.arange(8).repeat(inter // 8)
+    return torch.stack([groups.view(-1, 8), groups.view(-1, 8) + inter], dim=1).reshape(-1)
+
+
+#: Packed bytes of w13 converted at a time by ws_weights: the tile layout's inverse (from_kernel_layout) widens each
+#: word to int64, so a whole large layer at once would need several times its size in temporaries.
+CONVERT_CHUNK_BYTES = 1 << 28
+
+
+def ws_weights(kw: TritonMoEWeights) -> WSWeights:
+    """The tile layout's weights (exact inverse: from_kernel_layout) in the warp-specialized order, a chunk of
+    experts at a time (CONVERT_CHUNK_BYTES)."""
+    from backends.triton_moe._ws_kernels import pack_words
+
+    experts, hidden, inter = kw.num_experts, kw.hidden_size, kw.intermediate_size
+    order = ws_row_order(inter).to(kw.device)
+    chunk = max(1, CONVERT_CHUNK_BYTES // (kw.w13[0].numel() + kw.w2[0].numel()))
+    parts: dict[str, list] = {name: [] for name in ("w13", "w13_scale", "w2", "w2_scale")}
+    for first in range(0, experts, chunk):
+        experts_in = slice(first, first + chunk)
+        sub = dataclasses.replace(kw, **{name: getattr(kw, name)[experts_in] for name in _KERNEL_TENSORS
+                                         if getattr(kw, name) is not None})
+        raw = from_kernel_layout(sub, gate_up_layout="stacked")
+        for name, rows in (("w13", raw["w13"][:, order]), ("w2", raw["w2"])):
+            parts[name].append(pack_words(rows.reshape(-1, rows.shape[-1]).contiguous(), "words"))
+        for name, scale in (("w13_scale", raw["w13_scale"][:, order]), ("w2_scale", raw["w2_scale"])):
+            scale = scale.reshape(-1, scale.shape[-1]).contiguous()  # [rows, K / 32] E8M0 or [rows, K / 16] E4M3
+            parts[name].append(scale.view(torch.int16) if kw.format == "nvfp4" else scale.view(torch.uint8))
+    return WSWeights(
+        format=kw.format, experts=experts, hidden=hidden, inter=inter,
+        **{name: torch.cat(tensors) for name, tensors in parts.items()},
+        w13_bias=None if kw.w13_bias is None else kw.w13_bias[:, order].contiguous(), w2_bias=kw.w2_bias,
+        w13_global_scale=kw.w13_global_scale, w2_global_scale=kw.w2_global_scale)
+
+
+def ws_unsupported(kw: TritonMoEWeights, block_k: int = WS_CONFIG[2], block_n: int = WS_CONFIG[1]) -> str | None:
+    """Why these weights cannot take the warp-specialized path (None: they can): the K loop has no tail, and every
+    GEMM1 tile holds whole gate/up channel groups that h's [BLOCK_M, BLOCK_N / 2] TMA boxes store (GEMM2's last
+    column tile may end past H: its store is masked)."""
+    hidden, inter = kw.hidden_size, kw.intermediate_size
+    if hidden % block_k or inter % block_k:
+        return f"H={hidden} and I={inter} must be multiples of BLOCK_K={block_k}"
+    if (2 * inter) % block_n:
+        return f"2I={2 * inter} must be a multiple of BLOCK_N={block_n}"
+    return None
+
+
+def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[int, torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor, int]]:
+    """The row blocks of the pairs sorted by expert with each run padded to BLOCK_M / 4 (_routing.align's order):
+    per block size (BLOCK_M, BLOCK_M / 2, BLOCK_M / 4) the tuple (size, expert [bound] int32, first row [bound]
+    int32, count [1] int32, bound). A run of P padded rows is P // BLOCK_M whole blocks, then a half and a quarter
+    block where P's bits say. Device ops of static sizes only: entries past count are never read."""
+    device = topk_ids.device
+    quarter = block_m // 4
+    counts = torch.zeros(experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, topk_ids.reshape(-1).long(), torch.ones(topk_ids.numel(), dtype=torch.int64, device=device))
+    padded = (counts + quarter - 1) // quarter * quarter
+    start = torch.cumsum(padded, 0) - padded
+    whole = padded // block_m
+    half = (padded // (block_m // 2)) % 2
+    tables = []
+    for size, per_expert, offset, bound in (
+            (block_m, whole, torch.zeros_like(start), (topk_ids.numel() + experts * (quarter - 1)) // block_m),
+            (block_m // 2, half, whole * block_m, experts),
+            (quarter, (padded // quarter) % 2, whole * block_m + half * (block_m // 2), experts)):
+        if bound == 0:
+            continue
+        ends = torch.cumsum(per_expert, 0)
+        index = torch.arange(bound, device=device)
+        expert = torch.searchsorted(ends, index, right=True).clamp_(max=experts - 1)
+        first = start[expert] + offset[expert] + (index - (ends[expert] - per_expert[expert])) * size
+        tables.append((size, expert.to(torch.int32), first.to(torch.int32), ends[-1:].to(torch.int32), bound))
+    return tables
+
+
+def _layouts(block_m: int, block_n: int, block_k: int):
+    """Shared layouts of the packed words' [BLOCK_N, BLOCK_K / 8] tile, X's [BLOCK_M, BLOCK_K] tile and the output
+    tiles: h's [BLOCK_M, BLOCK_N / 2] (GEMM1) and the pair rows' [BLOCK_M, BLOCK_N] (GEMM2)."""
+    from triton.experimental.gluon import language as gl
+
+    return (gl.NVMMASharedLayout.get_default_for([block_n, block_k // 8], gl.int32),
+            gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16),
+            {1: gl.NVMMASharedLayout.get_default_for([block_m, block_n // 2], gl.bfloat16),
+             2: gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16)})
+
+
+def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
+               config: tuple = WS_CONFIG) -> dict:
+    """The kernel's constexprs for one GEMM's launch over blocks of block_m rows."""
+    _, block_n, block_k, stages, warps = config
+    return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
+                LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k)
+
+
+def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
+           config: tuple = WS_CONFIG) -> None:
+    """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H], ids [T, k], route_w fp32
+    [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from backends.triton_moe._routing import align
+    from backends.triton_moe._ws_kernels import ws_moe_gemm_kernel
+
+    tokens, hidden = x.shape
+    k = ids.shape[1]
+    block_m, block_n, block_k = config[:3]
+    inter, num_pairs = ws.inter, tokens * k
+    al = align(ids, ws.experts, block_m // 4, kernels)
+    h = torch.empty(al.sorted_pairs.numel(), inter, dtype=torch.bfloat16, device=x.device)
+    pair_out = torch.empty(1, num_pairs, hidden, dtype=torch.bfloat16, device=x.device)
+    unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
+    tables = ws_blocks(ids, ws.experts, block_m)
+    for gemm, w, s, bias, gs, n, k_size in ((1, ws.w13, ws.w13_scale, ws.w13_bias, ws.w13_global_scale, 2 * inter,
+                                             hidden),
+                                            (2, ws.w2, ws.w2_scale, ws.w2_bias, ws.w2_global_scale, hidden, inter)):
+        for size, expert, first, count, bound in tables:
+            w_layout, x_layout, y_layouts = _layouts(size, block_n, block_k)
+            y_desc = (TensorDescriptor.from_tensor(h, [size, block_n // 2], y_layouts[1]) if gemm == 1
+                      else TensorDescriptor.from_tensor(pair_out[0], [size, block_n], y_layouts[2]))
+            ws_moe_gemm_kernel[(-(-n // block_n), bound)](
+                x, x.stride(0), TensorDescriptor.from_tensor(h, [size, block_k], x_layout),
+                TensorDescriptor.from_tensor(w, [block_n, block_k // 8], w_layout), s, s.stride(0), y_desc,
+                pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
+                unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
+                route_w, n, k_size, *swiglu,
+                **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
+                             activation=activation, top_k=k, config=config),
+                num_warps=config[4], maxnreg=WS_MAXNREG)
+    sum_block = 1024
+    kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
+        pair_out, out, hidden, pair_out.stride(1), out.stride(0), pair_out.stride(0), TOP_K=k, SPLIT_K=1,
+        BLOCK_N=sum_block, INTERPRETED=kernels.INTERPRETED)
+
+
+def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
+                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG):
+    """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
+    checks of what it compiles to."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from backends.triton_moe._ws_kernels import ws_moe_gemm_kernel
+
+    _, block_n, block_k = config[:3]
+    w_layout, x_layout, y_layouts = _layouts(block_m, block_n, block_k)
+    y_shape = [block_m, block_n // 2] if gemm == 1 else [block_m, block_n]
+    values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
+                        config=config)
+    signature = {"x_ptr": "*bf16", "stride_xm": "i32", "x_desc": f"tensordesc<bf16[{block_m},{block_k}],{x_layout!r}>",
+                 "w_desc": f"tensordesc<i32[{block_n},{block_k // 8}],{w_layout!r}>",
+                 "s_ptr": "*i16" if nvfp4 else "*u8", "stride_sn": "i32",
+                 "y_desc": f"tensordesc<bf16[{y_shape[0]},{y_shape[1]}],{y_layouts[gemm]!r}>", "out_ptr": "*bf16",
+                 "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
+                 "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
+                 "bias_ptr": "*fp32", "stride_be": "i32", "route_w_ptr": "*fp32", "N": "i32", "K": "i32",
+                 "alpha": "fp32", "beta": "fp32", "limit": "fp32"} | {name: "constexpr" for name in values}
+    names = ws_moe_gemm_kernel.arg_names
+    aligned = ("x_ptr", "stride_xm", "out_ptr", "stride_om", "N", "K")  # as launches specialize them (16 | value)
+    source = GluonASTSource(fn=ws_moe_gemm_kernel, signature=signature,
+                            constexprs={(names.index(name),): value for name, value in values.items()},
+                            attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": config[4], "maxnreg": WS_MAXNREG})

@@ -1,0 +1,150 @@
+"""The warp-specialized W4A16 prefill path (backends.triton_moe.warp_specialized): its weight order, block tables and
+sm_90 build on CPU; the layer against the emulation and the tile kernels on a Hopper GPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from tolerances import w4a16_vs_emulation
+
+pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
+
+from backends import emulation
+from backends.layouts.triton_moe import _decode_words, from_kernel_layout, to_kernel_layout
+from backends.triton_moe import moe_forward
+from backends.triton_moe._routing import align
+from backends.triton_moe._ws_kernels import WORD_ORDERS
+from backends.triton_moe.testing import SHAPES, Shape, activation_kwargs, random_checkpoint
+from backends.triton_moe.warp_specialized import WS_CONFIG, compile_sm90, ws_blocks, ws_row_order, ws_weights
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def unpack_words(words: torch.Tensor) -> torch.Tensor:
+    """The checkpoint's bytes [rows, K/2] (element 2j in byte j's low nibble) of pack_words' "words" order, undone
+    step by step: the bit slots (_decode_words), then each word's outputs j (low nibble of byte j) and j + 4 (high
+    nibble) back to their K offsets WORD_ORDERS["words"][t][j] in the 32-wide block."""
+    stored = _decode_words(words.view(torch.uint8))
+    rows = stored.shape[0]
+    by_word = stored.reshape(rows, -1, 4, 4)  # [row, block, word t, byte j]
+    outputs = torch.cat([by_word & 15, by_word >> 4], dim=-1).reshape(rows, -1, 32)  # [row, block, 8 t + j]
+    codes = torch.empty_like(outputs)
+    codes[..., torch.tensor(WORD_ORDERS["words"]).flatten()] = outputs
+    codes = codes.reshape(rows, -1)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def test_row_order_puts_each_channels_gate_and_up_rows_eight_apart():
+    inter = 64
+    order = ws_row_order(inter)
+    assert sorted(order.tolist()) == list(range(2 * inter))
+    for row in range(2 * inter):
+        if row % 16 < 8:  # a gate row; the wgmma accumulator's row + 8 must be the same channel's up row
+            assert int(order[row]) < inter and int(order[row + 8]) == int(order[row]) + inter, row
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_ws_weights_hold_the_checkpoints_codes_and_scales_in_the_kernels_order(fmt):
+    shape = Shape("small", fmt, 4, 2, 128, 64, "swigluoai", True)
+    kw = to_kernel_layout(**random_checkpoint(shape, generator=torch.Generator().manual_seed(1)))
+    raw = from_kernel_layout(kw, gate_up_layout="stacked")
+    ws = ws_weights(kw)
+    order = ws_row_order(shape.intermediate_size)
+    rows13 = raw["w13"][:, order].reshape(-1, shape.hidden_size // 2)
+    assert torch.equal(unpack_words(ws.w13), rows13)
+    assert torch.equal(unpack_words(ws.w2), raw["w2"].reshape(-1, shape.intermediate_size // 2))
+    scale13 = raw["w13_scale"][:, order].reshape(ws.w13_scale.shape[0], -1).contiguous()
+    assert torch.equal(ws.w13_scale.view(torch.uint8), scale13.view(torch.uint8))
+    assert torch.equal(ws.w13_bias, raw["w13_bias"][:, order])
+    assert ws.w13_scale.dtype == (torch.int16 if fmt == "nvfp4" else torch.uint8)
+
+
+@pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(37, 8, 2, 256), (500, 16, 4, 128), (1, 4, 1, 64),
+                                                                  (300, 3, 3, 256)])
+def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(tokens, experts, k, block_m):
+    ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:k] for t in range(tokens)])
+    al = align(ids, experts, block_m // 4)
+    sorted_pairs = al.sorted_pairs.tolist()
+    covered = {}
+    for size, expert, first, count, bound in ws_blocks(ids, experts, block_m):
+        assert int(count) <= bound
+        for b in range(int(count)):
+            e, row = int(expert[b]), int(first[b])
+            for r in range(row, row + size):
+                assert r not in covered, (size, b, r)
+                covered[r] = e
+    pairs_of = {e: sorted(p for p in range(tokens * k) if int(ids.view(-1)[p]) == e) for e in range(experts)}
+    for e in range(experts):
+        rows = sorted(r for r, owner in covered.items() if owner == e)
+        padded = -(-len(pairs_of[e]) // (block_m // 4)) * (block_m // 4)
+        assert len(rows) == padded and rows == list(range(rows[0], rows[0] + padded)) if padded else not rows
+        real = [sorted_pairs[r] for r in rows if sorted_pairs[r] < tokens * k]
+        assert sorted(real) == pairs_of[e], e
+    assert len(covered) == int(al.padded_total)
+
+
+@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "has_bias", "activation"), [
+    (1, 256, False, True, 1), (2, 256, False, True, 1), (1, 64, True, False, 0), (2, 128, True, False, 0)])
+def test_sm90_build_keeps_the_weights_in_registers_without_spills(gemm, block_m, nvfp4, has_bias, activation):
+    from probe_gluon_w4a16 import sass_stats, weights_stay_in_registers
+
+    stats = sass_stats(compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation))
+    assert weights_stay_in_registers(stats), stats  # wgmmas, no shuffles, no spills, no in-flight operand rewritten
+    assert stats["in_flight"] >= 1 and stats["shared_bytes"] <= 227 * 1024, stats
+
+
+def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
+    shape = Shape("small", "mxfp4", 4, 2, 128, 64, "swigluoai", True)
+    kw = to_kernel_layout(**random_checkpoint(shape))
+    x = torch.randn(300, 128).bfloat16()
+    with pytest.raises(ValueError, match=r"prefill_kernel='warp-specialized': it runs on sm_90 GPUs only .* "
+                                         r"use prefill_kernel='tiles'"):
+        moe_forward(x, kw, router_logits=torch.randn(300, 4), top_k=2, prefill_kernel="warp-specialized")
+    with pytest.raises(ValueError, match=r"prefill_kernel='sideways' must be one of"):
+        moe_forward(x, kw, router_logits=torch.randn(300, 4), top_k=2, prefill_kernel="sideways")
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize(("tokens", "routing"), [(64, "logits"), (700, "logits"), (4096, "logits"),
+                                                 (1000, "one_expert")])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-30b-a3b-nvfp4"])
+def test_cuda_warp_specialized_layer_matches_emulation(name, tokens, routing):
+    """Every block size (a whole block, the half and quarter tails; one_expert: expert 0 takes every token, the
+    others one slot each or none), GEMM2's column tile past H (gpt-oss: H = 2880), biases and both activations."""
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+    if routing == "logits":
+        route = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
+                 "top_k": shape.top_k}
+    else:
+        weights = torch.rand(tokens, shape.top_k, device="cuda", generator=gen)
+        route = {"topk_ids": torch.arange(shape.top_k, device="cuda").repeat(tokens, 1),
+                 "topk_weights": weights / weights.sum(-1, keepdim=True)}
+    act = activation_kwargs(shape)
+    ref = emulation.moe_forward(x, **ckpt, **route, **act)
+    kw = to_kernel_layout(**ckpt)
+    out = moe_forward(x, kw, **route, **act, prefill_kernel="warp-specialized")
+    stats = w4a16_vs_emulation(out, ref)
+    assert stats["shape_ok"] and stats["finite"], stats
+    assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats
+    again = moe_forward(x, kw, **route, **act, prefill_kernel="warp-specialized")
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))  # no atomics: the same bits every run
+
+
+def test_config_is_one_the_probe_measured():
+    from probe_gluon_w4a16 import FORMS
+
+    assert WS_CONFIG in FORMS["words"]
