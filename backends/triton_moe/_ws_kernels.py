@@ -35,7 +35,7 @@ from backends.triton_moe._kernels import _E2M1_WORD_ASM, _E4M3_PAIR_BF16X2_ASM, 
 _SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
 #: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile;
 #: GEMM2's loader only issues TMA copies, and the consumers' epilogue takes what it leaves.
-GATHER_LOADER_REGS = gl.constexpr(72)
+GATHER_LOADER_REGS = gl.constexpr(96)
 TMA_LOADER_REGS = gl.constexpr(40)
 
 #: TMA load and store: `async_load` / `async_store` from triton 3.7 on, `async_copy_*` before (the GPU machines: 3.6).
@@ -144,67 +144,45 @@ def _word_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, NVFP4: 
 
 
 @gluon.jit
-def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, t_bufs, w_bufs, ready, empty, w_row,
-                   k_tiles, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, TAIL: gl.constexpr,
+def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, w_bufs, ready, empty, w_row,
+                   k_tiles, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
                    LOADER_WARPS: gl.constexpr):
     """GEMM1's loader: per K step the packed weight tile by TMA and the block's x rows by cp.async (sm_90's TMA
-    cannot gather rows), with TAIL the TAIL rows after the block into t_bufs too, each thread's copies arriving on
-    the slot's ready barrier as they land. A padding row reads token 0's row: its sums are never stored."""
+    cannot gather rows), each thread's copies arriving on the slot's ready barrier as they land. A padding row reads
+    token 0's row: its sums are never stored."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
-    ptrs = _row_pointers(x_ptr, stride_xm, pair_ptr, num_pairs, first, BLOCK_M, BLOCK_K, TOP_K, rows)
-    tail_first = first  # without TAIL the placeholder ring's pointers stay inside the sorted pairs, never copied
-    if TAIL:
-        tail_first = first + BLOCK_M
-    tail_ptrs = _row_pointers(x_ptr, stride_xm, pair_ptr, num_pairs, tail_first, t_bufs.type.shape[1], BLOCK_K, TOP_K,
-                              rows)
+    pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows)))
+    token = gl.where(pair < num_pairs, pair // TOP_K, 0)
+    ptrs = (x_ptr + token.to(gl.int64)[:, None] * stride_xm
+            + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows))[None, :])
     for i in range(k_tiles):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
         mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
         _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K)
-        if TAIL:
-            _cp_async(t_bufs.index(slot), tail_ptrs + i * BLOCK_K)
         async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
 
 @gluon.jit
-def _row_pointers(x_ptr, stride_xm, pair_ptr, num_pairs, first, ROWS: gl.constexpr, BLOCK_K: gl.constexpr,
-                  TOP_K: gl.constexpr, layout: gl.constexpr):
-    """[ROWS, BLOCK_K] pointers to the first K tile of the x rows of sorted pairs first .. first + ROWS."""
-    pair = gl.load(pair_ptr + first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)))
-    token = gl.where(pair < num_pairs, pair // TOP_K, 0)
-    return (x_ptr + token.to(gl.int64)[:, None] * stride_xm
-            + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))[None, :])
-
-
-@gluon.jit
-def _tma_loader(x_desc, t_desc, w_desc, x_bufs, t_bufs, w_bufs, ready, empty, first, w_row, k_tiles,
-                BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, TAIL: gl.constexpr):
-    """GEMM2's loader: per K step the packed weight tile and h's rows [first, first + BLOCK_M) by TMA, with TAIL
-    also the TAIL rows after them (t_desc) into t_bufs."""
+def _tma_loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_tiles, BLOCK_K: gl.constexpr):
+    """GEMM2's loader: per K step the packed weight tile and h's rows [first, first + BLOCK_M) by TMA."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
-    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + (t_desc.block_type.nbytes if TAIL
-                                                                                  else 0)
     for i in range(k_tiles):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), nbytes)
+        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         _tma_load(x_desc, [first, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
-        if TAIL:
-            _tma_load(t_desc, [first + BLOCK_M, i * BLOCK_K], ready.index(slot), t_bufs.index(slot))
 
 
 @gluon.jit
-def _step(i, acc, acc_t, w_keep, x_bufs, t_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K,
-          BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr,
-          TAIL: gl.constexpr):
-    """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma (TAIL: and a second one on the
-    tail rows, into acc_t), wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands
-    never share registers) and release its slot. GATHERED: the X tiles were written by cp.async, which the wgmma's
-    async proxy sees only after a proxy fence."""
+def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N: gl.constexpr,
+          BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr):
+    """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, wait for tile i - 1's (whose
+    operand w_keep stays alive until then, so the two operands never share registers) and release its slot.
+    GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
     scale_lo, scale_hi = _word_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K, NVFP4)
@@ -214,30 +192,22 @@ def _step(i, acc, acc_t, w_keep, x_bufs, t_bufs, w_bufs, ready, empty, scale_ptr
     w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo, scale_hi,
                                               BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-    if TAIL:  # two wgmma groups a step: waiting down to 2 retires tile i - 1's pair
-        acc_t = warpgroup_mma(w, t_bufs.index(slot).permute((1, 0)), acc_t, is_async=True)
-        acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
-    else:
-        acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
+    acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-    return acc, acc_t, w
+    return acc, w
 
 
 @gluon.jit
-def _consumer(x_bufs, t_bufs, w_bufs, y_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om,
-              pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
-              k_tiles, alpha, beta, limit, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
-              ACTIVATION: gl.constexpr, TAIL: gl.constexpr):
-    """W (decoded into registers) x X^T (shared memory) into the [BLOCK_N weight rows, BLOCK_M rows] accumulator
-    (TAIL: the tail rows' into a second), then the GEMM's epilogue. The K loop is unrolled by two so that
-    consecutive tiles' operands alternate between two register sets with no copies (a single loop-carried operand
-    would be copied into the registers the wgmma in flight reads)."""
+def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
+              num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K, k_tiles, alpha,
+              beta, limit, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr):
+    """W (decoded into registers) x X^T (shared memory) into the [BLOCK_N weight rows, BLOCK_M rows] accumulator,
+    then the GEMM's epilogue. The K loop is unrolled by two so that consecutive tiles' operands alternate between
+    two register sets with no copies (a single loop-carried operand would be copied into the registers the wgmma
+    in flight reads)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 16])
-    TAIL_ROWS: gl.constexpr = t_bufs.type.shape[1]  # TAIL, or the unused ring's 8 rows
-    mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                   instr_shape=[16, TAIL_ROWS, 16])
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     word_layout: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]),
                                                      [BLOCK_N, BLOCK_K])
@@ -246,55 +216,38 @@ def _consumer(x_bufs, t_bufs, w_bufs, y_smem, ready, empty, y_desc, yt_desc, s_p
     words = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, word_layout))
     scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
-    acc_t = gl.zeros([BLOCK_N, TAIL_ROWS], gl.float32, mma_t)
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.bfloat16, operand)
     for j in range(k_tiles // 2):
-        acc, acc_t, w_even = _step(2 * j, acc, acc_t, w_odd, x_bufs, t_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                   words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, TAIL)
-        acc, acc_t, w_odd = _step(2 * j + 1, acc, acc_t, w_even, x_bufs, t_bufs, w_bufs, ready, empty, scale_ptrs,
-                                  row_ok, words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, TAIL)
+        acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
+                            BLOCK_K, NVFP4, GEMM == 1)
+        acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
+                           BLOCK_K, NVFP4, GEMM == 1)
     if k_tiles % 2:
-        acc, acc_t, w_odd = _step(k_tiles - 1, acc, acc_t, w_odd, x_bufs, t_bufs, w_bufs, ready, empty, scale_ptrs,
-                                  row_ok, words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, TAIL)
-    acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
-    if TAIL:  # first, through the output tile's first rows: the main epilogue then runs without acc_t alive
-        _epilogue(acc_t, y_smem.slice(0, TAIL), yt_desc, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr,
-                  stride_be, route_w_ptr, expert, first + BLOCK_M, off_n, N, alpha, beta, limit, GEMM, BLOCK_N,
-                  NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION)
-    _epilogue(acc, y_smem, y_desc, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr,
-              expert, first, off_n, N, alpha, beta, limit, GEMM, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION)
-
-
-@gluon.jit
-def _epilogue(acc, y_smem, y_desc, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr,
-              expert, first, off_n, N, alpha, beta, limit, GEMM: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr):
-    """The sums [BLOCK_N weight rows, rows first ..] out: NVFP4's global scale, the bias, then GEMM1's activation
-    and h store, or GEMM2's router weight and pair rows."""
-    layout: gl.constexpr = acc.type.layout
+        acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
+                           BLOCK_K, NVFP4, GEMM == 1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     if NVFP4:  # the folded scales' 2^-16 (exact), then the global scale, as the tile kernels' epilogues
         acc = acc * 65536.0 / gl.load(gs_ptr + expert)
     if HAS_BIAS:
-        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         acc += gl.load(bias_ptr + expert * stride_be + cols, mask=cols < N, other=0.0)[:, None]
     if GEMM == 1:
-        _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, ACTIVATION)
+        _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, BLOCK_M, BLOCK_N, ACTIVATION)
     else:
         _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
-                         NUM_WARPS)
+                         BLOCK_M, BLOCK_N, NUM_WARPS, mma)
 
 
 @gluon.jit
-def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, ACTIVATION: gl.constexpr):
+def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, ACTIVATION: gl.constexpr):
     """GEMM1's epilogue: weight rows 16 g .. 16 g + 7 are gate rows and the next 8 the same channels' up rows
     (`ws_row_order`), which the wgmma accumulator keeps in one thread (rows r and r + 8); the activation of each
-    pair, h's [rows, BLOCK_N / 2] tile in bf16 out by TMA at channel off_n / 2."""
-    BLOCK_N: gl.constexpr = acc.type.shape[0]
-    ROWS: gl.constexpr = acc.type.shape[1]
-    t = gl.permute(gl.reshape(acc, [BLOCK_N // 16, 2, 8, ROWS]), [0, 2, 3, 1])
+    pair, h's [BLOCK_M, BLOCK_N / 2] tile in bf16 out by TMA at channel off_n / 2."""
+    t = gl.permute(gl.reshape(acc, [BLOCK_N // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1])
     gate, up = gl.split(t)
-    gate = gl.reshape(gate, [BLOCK_N // 2, ROWS])
-    up = gl.reshape(up, [BLOCK_N // 2, ROWS])
+    gate = gl.reshape(gate, [BLOCK_N // 2, BLOCK_M])
+    up = gl.reshape(up, [BLOCK_N // 2, BLOCK_M])
     if ACTIVATION == _SWIGLUOAI:  # gpt-oss swigluoai: clamp gate from above, up both ways, (up + beta) * glu
         gate = gl.minimum(gate, limit)
         up = gl.minimum(gl.maximum(up, -limit), limit)
@@ -309,38 +262,31 @@ def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, ACTIV
 
 @gluon.jit
 def _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
-                     NUM_WARPS: gl.constexpr):
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, mma: gl.constexpr):
     """GEMM2's epilogue: the router weight of each row's pair, the tile rounded to bf16 (as the tile kernels' pair
-    rows), turned to [rows, columns] through shared memory and each real row stored to its pair's row (a last
-    column tile past N: its columns below N). The partition's barriers keep y_smem's writes after every read of
-    the tile before."""
-    BLOCK_N: gl.constexpr = acc.type.shape[0]
-    ROWS: gl.constexpr = acc.type.shape[1]
-    pair = gl.load(pair_ptr + first + gl.arange(0, ROWS, layout=gl.SliceLayout(0, acc.type.layout)))
+    rows), turned to [rows, columns] through shared memory and each real row stored whole to its pair's row."""
+    pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
     acc = acc * gl.load(route_w_ptr + pair, mask=pair < num_pairs, other=0.0)[None, :]
-    _partition_barrier()
     y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))
     _partition_barrier()
     rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_N // 8), BLOCK_N // 8], [NUM_WARPS, 1], [1, 0])
-    pair = gl.load(pair_ptr + first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows)))
+    pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows)))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, rows))
     gl.store(out_ptr + pair.to(gl.int64)[:, None] * stride_om + cols[None, :], y_smem.load(rows),
              mask=(pair < num_pairs)[:, None] & (cols < N)[None, :])
 
 
 @gluon.jit
-def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, t_desc, w_desc, s_ptr, stride_sn, y_desc, yt_desc, out_ptr,
-                       stride_om, block_expert_ptr, block_first_ptr, block_count_ptr, pair_ptr, num_pairs, gs_ptr,
-                       bias_ptr, stride_be, route_w_ptr, N, K, alpha, beta, limit, GEMM: gl.constexpr,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                       NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr, NVFP4: gl.constexpr,
-                       HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, TOP_K: gl.constexpr, TAIL: gl.constexpr):
+def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_desc, out_ptr, stride_om,
+                       block_expert_ptr, block_first_ptr, block_count_ptr, pair_ptr, num_pairs, gs_ptr, bias_ptr,
+                       stride_be, route_w_ptr, N, K, alpha, beta, limit, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+                       LOADER_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       ACTIVATION: gl.constexpr, TOP_K: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's E4M3 pairs as
-    int16). TAIL: also the TAIL rows after the block (an expert's last rows, absorbed: a second wgmma on the weights
-    it decodes anyway) through t_desc / yt_desc (blocks [TAIL, BLOCK_K] / [TAIL, ..]; 8-row placeholders without).
-    Programs past the device's block count (block_count[0]) return at once: the grid is a static bound.
+    int16). Programs past the device's block count (block_count[0]) return at once: the grid is a static bound.
     GEMM 1: X = x's rows gathered by pair (x_ptr), h out by TMA (y_desc, [BLOCK_M, BLOCK_N / 2] boxes); GEMM 2:
     X = h's rows by TMA (x_desc), each pair's row of y_smem to out (pair rows [T * k, H], bf16)."""
     b = gl.program_id(1)
@@ -351,8 +297,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, t_desc, w_desc, s_ptr, stride_s
     off_n = gl.program_id(0) * BLOCK_N
     w_row = expert * N + off_n
     k_tiles = K // BLOCK_K
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    t_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + t_desc.block_type.shape, t_desc.layout)
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.bfloat16)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -363,19 +309,19 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, t_desc, w_desc, s_ptr, stride_s
         mbarrier.init(empty.index(i), count=1)
     if GEMM == 1:
         gl.warp_specialize([
-            (_consumer, (x_bufs, t_bufs, w_bufs, y_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr,
-                         stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first,
-                         off_n, w_row, N, K, k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS,
-                         NVFP4, HAS_BIAS, ACTIVATION, TAIL)),
-            (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, t_bufs, w_bufs, ready,
-                              empty, w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, TAIL, LOADER_WARPS)),
+            (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
+                         num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
+                         k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS,
+                         ACTIVATION)),
+            (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, w_bufs, ready, empty,
+                              w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS)),
         ], [LOADER_WARPS], [GATHER_LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (x_bufs, t_bufs, w_bufs, y_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr,
-                         stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first,
-                         off_n, w_row, N, K, k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS,
-                         NVFP4, HAS_BIAS, ACTIVATION, TAIL)),
-            (_tma_loader, (x_desc, t_desc, w_desc, x_bufs, t_bufs, w_bufs, ready, empty, first, w_row, k_tiles,
-                           BLOCK_M, BLOCK_K, TAIL)),
+            (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
+                         num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
+                         k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS,
+                         ACTIVATION)),
+            (_tma_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_tiles, BLOCK_K)),
         ], [LOADER_WARPS], [TMA_LOADER_REGS])
+

@@ -16,7 +16,6 @@ and cached: a layer that takes this path holds its packed weights twice.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +29,6 @@ WS_CONFIG = (256, 128, 64, 4, 8)
 #: Loader warps: GEMM1's cp.async gather spreads its 16-byte copies over a warpgroup (the register file is counted
 #: per warpgroup anyway); GEMM2's loader only issues TMA copies.
 LOADER_WARPS = {1: 4, 2: 1}
-#: "0" in this environment variable turns absorbed tails off (ws_blocks' absorb): the A/B baseline.
-ABSORB_ENV = "MOE_ORACLE_TRITON_WS_ABSORB"
 #: Register cap of every thread at launch (12 warps x 32 x 168 fit the 64 Ki register file); the warp_specialize
 #: hands the loader LOADER_REGS and the consumers the rest.
 WS_MAXNREG = 168
@@ -107,13 +104,12 @@ def ws_unsupported(kw: TritonMoEWeights, block_k: int = WS_CONFIG[2], block_n: i
     return None
 
 
-def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int, absorb: bool = True) -> list[tuple]:
+def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[int, torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor, int]]:
     """The row blocks of the pairs sorted by expert with each run padded to BLOCK_M / 4 (_routing.align's order):
-    per launch the tuple (rows, tail, expert [bound] int32, first row [bound] int32, count [1] int32, bound). A run
-    of P padded rows is P // BLOCK_M whole blocks, then a half and a quarter block where P's bits say; with absorb,
-    a run whose quarter block follows a whole one has its last whole block take those rows too (rows BLOCK_M, tail
-    BLOCK_M / 4), so that no program decodes an expert's weights for its last few rows (as the tile kernels'
-    tail_rows). Device ops of static sizes only: entries past count are never read."""
+    per block size (BLOCK_M, BLOCK_M / 2, BLOCK_M / 4) the tuple (size, expert [bound] int32, first row [bound]
+    int32, count [1] int32, bound). A run of P padded rows is P // BLOCK_M whole blocks, then a half and a quarter
+    block where P's bits say. Device ops of static sizes only: entries past count are never read."""
     device = topk_ids.device
     quarter = block_m // 4
     counts = torch.zeros(experts, dtype=torch.int64, device=device)
@@ -122,29 +118,24 @@ def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int, absorb: bool =
     start = torch.cumsum(padded, 0) - padded
     whole = padded // block_m
     half = (padded // (block_m // 2)) % 2
-    quarters = (padded // quarter) % 2
-    absorbed = (whole > 0) & (padded % block_m == quarter) if absorb else torch.zeros_like(whole, dtype=torch.bool)
-    whole_bound = (topk_ids.numel() + experts * (quarter - 1)) // block_m
     tables = []
-    for rows, tail, per_expert, offset, bound in (
-            (block_m, quarter, absorbed.long(), (whole - 1) * block_m, min(experts, whole_bound)),
-            (block_m, 0, whole - absorbed.long(), torch.zeros_like(start), whole_bound),
-            (block_m // 2, 0, half, whole * block_m, experts),
-            (quarter, 0, quarters * (~absorbed).long(), whole * block_m + half * (block_m // 2), experts)):
-        if bound == 0 or (tail and not absorb):
+    for size, per_expert, offset, bound in (
+            (block_m, whole, torch.zeros_like(start), (topk_ids.numel() + experts * (quarter - 1)) // block_m),
+            (block_m // 2, half, whole * block_m, experts),
+            (quarter, (padded // quarter) % 2, whole * block_m + half * (block_m // 2), experts)):
+        if bound == 0:
             continue
         ends = torch.cumsum(per_expert, 0)
         index = torch.arange(bound, device=device)
         expert = torch.searchsorted(ends, index, right=True).clamp_(max=experts - 1)
-        first = start[expert] + offset[expert] + (index - (ends[expert] - per_expert[expert])) * rows
-        tables.append((rows, tail, expert.to(torch.int32), first.to(torch.int32), ends[-1:].to(torch.int32), bound))
+        first = start[expert] + offset[expert] + (index - (ends[expert] - per_expert[expert])) * size
+        tables.append((size, expert.to(torch.int32), first.to(torch.int32), ends[-1:].to(torch.int32), bound))
     return tables
 
 
 def _layouts(block_m: int, block_n: int, block_k: int):
     """Shared layouts of the packed words' [BLOCK_N, BLOCK_K / 8] tile, X's [BLOCK_M, BLOCK_K] tile and the output
-    tiles: h's [BLOCK_M, BLOCK_N / 2] (GEMM1) and the pair rows' [BLOCK_M, BLOCK_N] (GEMM2); block_m: a tail's rows
-    for its tiles."""
+    tiles: h's [BLOCK_M, BLOCK_N / 2] (GEMM1) and the pair rows' [BLOCK_M, BLOCK_N] (GEMM2)."""
     from triton.experimental.gluon import language as gl
 
     return (gl.NVMMASharedLayout.get_default_for([block_n, block_k // 8], gl.int32),
@@ -153,35 +144,18 @@ def _layouts(block_m: int, block_n: int, block_k: int):
              2: gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16)})
 
 
-def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int, tail: int = 0,
+def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
                config: tuple = WS_CONFIG) -> dict:
-    """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and a tail of that many)."""
-    _, block_n, block_k, _, warps = config
-    return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages_of(config, tail),
-                NUM_WARPS=warps, LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias,
-                ACTIVATION=activation, TOP_K=top_k, TAIL=tail)
+    """The kernel's constexprs for one GEMM's launch over blocks of block_m rows."""
+    _, block_n, block_k, stages, warps = config
+    return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
+                LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k)
 
 
-def stages_of(config: tuple, tail: int) -> int:
-    """The config's ring depth, one less for a tail where the tail's ring would not fit beside GEMM2's output tile
-    (sm_90's 227 KiB a CTA: each stage's X, tail X and packed W tiles, and the [BLOCK_M, BLOCK_N] bf16 tile)."""
-    block_m, block_n, block_k, stages = config[:4]
-    stage = (block_m + tail) * block_k * 2 + block_n * block_k // 2
-    fits = stages * stage + block_m * block_n * 2 + 1024 <= 227 * 1024
-    return stages if fits or not tail else stages - 1
-
-
-def tail_rows_of(tail: int) -> int:
-    """Rows of the tail tiles a launch declares: its tail, or 8 (the smallest wgmma N) for unused placeholders."""
-    return tail or 8
-
-
-def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights, config: tuple = WS_CONFIG,
-           absorb: bool | None = None) -> None:
+def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
+           config: tuple = WS_CONFIG) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H], ids [T, k], route_w fp32
-    [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit); absorb: an
-    expert's last quarter block rides with its last whole one (ws_blocks; None: unless $MOE_ORACLE_TRITON_WS_ABSORB
-    is "0")."""
+    [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.triton_moe._routing import align
@@ -190,31 +164,27 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     tokens, hidden = x.shape
     k = ids.shape[1]
     block_m, block_n, block_k = config[:3]
-    absorb = os.environ.get(ABSORB_ENV, "1") != "0" if absorb is None else absorb
     inter, num_pairs = ws.inter, tokens * k
     al = align(ids, ws.experts, block_m // 4, kernels)
     h = torch.empty(al.sorted_pairs.numel(), inter, dtype=torch.bfloat16, device=x.device)
     pair_out = torch.empty(1, num_pairs, hidden, dtype=torch.bfloat16, device=x.device)
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
+    tables = ws_blocks(ids, ws.experts, block_m)
     for gemm, w, s, bias, gs, n, k_size in ((1, ws.w13, ws.w13_scale, ws.w13_bias, ws.w13_global_scale, 2 * inter,
                                              hidden),
                                             (2, ws.w2, ws.w2_scale, ws.w2_bias, ws.w2_global_scale, hidden, inter)):
-        y = h if gemm == 1 else pair_out[0]
-        y_cols = block_n // 2 if gemm == 1 else block_n
-        for rows, tail, expert, first, count, bound in ws_blocks(ids, ws.experts, block_m, absorb):
-            w_layout, x_layout, y_layouts = _layouts(rows, block_n, block_k)
-            _, t_layout, t_y_layouts = _layouts(tail_rows_of(tail), block_n, block_k)
+        for size, expert, first, count, bound in tables:
+            w_layout, x_layout, y_layouts = _layouts(size, block_n, block_k)
+            y_desc = (TensorDescriptor.from_tensor(h, [size, block_n // 2], y_layouts[1]) if gemm == 1
+                      else TensorDescriptor.from_tensor(pair_out[0], [size, block_n], y_layouts[2]))
             ws_moe_gemm_kernel[(-(-n // block_n), bound)](
-                x, x.stride(0), TensorDescriptor.from_tensor(h, [rows, block_k], x_layout),
-                TensorDescriptor.from_tensor(h, [tail_rows_of(tail), block_k], t_layout),
-                TensorDescriptor.from_tensor(w, [block_n, block_k // 8], w_layout), s, s.stride(0),
-                TensorDescriptor.from_tensor(y, [rows, y_cols], y_layouts[gemm]),
-                TensorDescriptor.from_tensor(y, [tail_rows_of(tail), y_cols], t_y_layouts[gemm]),
+                x, x.stride(0), TensorDescriptor.from_tensor(h, [size, block_k], x_layout),
+                TensorDescriptor.from_tensor(w, [block_n, block_k // 8], w_layout), s, s.stride(0), y_desc,
                 pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
                 unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
                 route_w, n, k_size, *swiglu,
-                **constexprs(gemm, rows, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
-                             activation=activation, top_k=k, tail=tail, config=config),
+                **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
+                             activation=activation, top_k=k, config=config),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
@@ -223,7 +193,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
 
 
 def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
-                 activation: int = 0, top_k: int = 4, tail: int = 0, config: tuple = WS_CONFIG):
+                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG):
     """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
     checks of what it compiles to."""
     import triton
@@ -234,17 +204,13 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
 
     _, block_n, block_k = config[:3]
     w_layout, x_layout, y_layouts = _layouts(block_m, block_n, block_k)
-    _, t_layout, t_y_layouts = _layouts(tail_rows_of(tail), block_n, block_k)
-    y_cols = block_n // 2 if gemm == 1 else block_n
-    values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k, tail=tail,
+    y_shape = [block_m, block_n // 2] if gemm == 1 else [block_m, block_n]
+    values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
                         config=config)
     signature = {"x_ptr": "*bf16", "stride_xm": "i32", "x_desc": f"tensordesc<bf16[{block_m},{block_k}],{x_layout!r}>",
-                 "t_desc": f"tensordesc<bf16[{tail_rows_of(tail)},{block_k}],{t_layout!r}>",
                  "w_desc": f"tensordesc<i32[{block_n},{block_k // 8}],{w_layout!r}>",
                  "s_ptr": "*i16" if nvfp4 else "*u8", "stride_sn": "i32",
-                 "y_desc": f"tensordesc<bf16[{block_m},{y_cols}],{y_layouts[gemm]!r}>",
-                 "yt_desc": f"tensordesc<bf16[{tail_rows_of(tail)},{y_cols}],{t_y_layouts[gemm]!r}>",
-                 "out_ptr": "*bf16",
+                 "y_desc": f"tensordesc<bf16[{y_shape[0]},{y_shape[1]}],{y_layouts[gemm]!r}>", "out_ptr": "*bf16",
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
                  "bias_ptr": "*fp32", "stride_be": "i32", "route_w_ptr": "*fp32", "N": "i32", "K": "i32",
