@@ -83,8 +83,8 @@ def _value(value: str, text: str, part: str):
 
 
 def edited(config: MoEConfig, name: str, g1: dict, g2: dict) -> MoEConfig:
-    return MoEConfig(dataclasses.replace(config.gemm1, **g1), dataclasses.replace(config.gemm2, **g2),
-                     f"variant {name}")
+    return dataclasses.replace(config, gemm1=dataclasses.replace(config.gemm1, **g1),
+                               gemm2=dataclasses.replace(config.gemm2, **g2), source=f"variant {name}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

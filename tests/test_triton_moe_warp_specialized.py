@@ -148,3 +148,61 @@ def test_config_is_one_the_probe_measured():
     from probe_gluon_w4a16 import FORMS
 
     assert WS_CONFIG in FORMS["words"]
+
+
+def _one_entry_table(shape: dict, prefill_kernel: str) -> dict:
+    launch = {"block_m": 128, "block_n": 128, "block_k": 64, "group_m": 8, "swap_ab": True, "num_warps": 4,
+              "num_stages": 3}
+    return {"table": "triton-moe-tuning", "version": 1, "arch": "sm90", "gpu": "H200", "why": "test",
+            "entries": [{"shape": shape, "tokens": {"min": 16384}, "measured": {"tokens": 16384, "us": 1.0,
+                                                                               "run": "test"},
+                         "prefill_kernel": prefill_kernel, "gemm1": dict(launch), "gemm2": dict(launch)}]}
+
+
+def test_a_table_entry_names_the_prefill_kernels_and_selection_reads_it():
+    from backends.triton_moe import tuning
+    from backends.triton_moe.tuning.tables import config_of
+
+    table = _one_entry_table(SHAPES["deepseek-v3"].fields(), "warp-specialized")
+    tuning.validate_table(table, "x.yaml")
+    assert config_of(table["entries"][0], "x.yaml#0").prefill_kernel == "warp-specialized"
+    del table["entries"][0]["prefill_kernel"]
+    assert config_of(table["entries"][0], "x.yaml#0").prefill_kernel == "tiles"
+    with pytest.raises(ValueError, match=r"x.yaml: entries/0/prefill_kernel"):
+        tuning.validate_table(_one_entry_table(SHAPES["deepseek-v3"].fields(), "fast"), "x.yaml")
+    odd = SHAPES["deepseek-v3"].fields() | {"intermediate_size": 160}  # the K loop of GEMM2 has no tail
+    with pytest.raises(ValueError, match=r"x.yaml: entries/0: prefill_kernel warp-specialized: H=7168 and I=160 must "
+                                         r"be multiples of BLOCK_K=64; drop the field"):
+        tuning.validate_table(_one_entry_table(odd, "warp-specialized"), "x.yaml")
+
+
+def test_the_h200_table_takes_the_warp_specialized_kernels_only_where_it_measured_them_faster():
+    from backends.triton_moe import tuning
+    from backends.triton_moe.tuning.configs import Problem
+
+    arch, _ = tuning.device_gpu("cpu")
+    h200 = tuning.Gpu("NVIDIA H200", 132)
+
+    def kernels(name, tokens):
+        return tuning.select_config(arch, h200, Problem(tokens=tokens, **SHAPES[name].fields())).prefill_kernel
+
+    assert kernels("deepseek-v3", 16384) == kernels("deepseek-v3-mxfp4", 32768) == "warp-specialized"
+    assert kernels("deepseek-v3", 12288) == kernels("gpt-oss-120b", 16384) == kernels("qwen3-30b-a3b", 16384) == "tiles"
+
+
+def test_a_tables_warp_specialized_choice_serves_w4a16_on_sm90_cuda_only():
+    import dataclasses
+
+    from backends.triton_moe.forward import _config_prefill_kernel
+    from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig
+
+    tile = LaunchConfig(128, 128, 64, 8, True, 4, 3)
+    config = dataclasses.replace(MoEConfig(tile, tile, "test"), prefill_kernel="warp-specialized")
+    kw = to_kernel_layout(**random_checkpoint(Shape("small", "mxfp4", 4, 2, 128, 64, "swigluoai", True)))
+    x = torch.randn(4, 128).bfloat16()
+    assert _config_prefill_kernel(config, x, kw, None) == "tiles"  # on the CPU the interpreter runs the tiles
+    assert _config_prefill_kernel(config, x, kw, "mxfp8") == "tiles"
+    if _on_hopper():
+        assert _config_prefill_kernel(config, x.cuda(), dataclasses.replace(
+            kw, **{name: getattr(kw, name).cuda() for name in ("w13", "w13_scale", "w2", "w2_scale")}),
+            None) == "warp-specialized"

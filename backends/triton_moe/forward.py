@@ -78,10 +78,10 @@ DEFAULT_TOPK_SUM = "launch"
 #: GPU, every size); "warp-specialized" - the Gluon kernels of backends.triton_moe.warp_specialized (sm_90 only: a
 #: TMA loader partition and register-decoded wgmma operands), which convert the layer's weights to their own order
 #: once (held beside the tile layout's). moe_forward's prefill_kernel= wins over this environment variable, which
-#: wins over DEFAULT_PREFILL_KERNEL.
+#: wins over the config's prefill_kernel (a tuning-table entry names "warp-specialized" where it measured faster;
+#: a W4A16 call only, and tiles where warp_specialized.ws_unsupported says why not).
 PREFILL_KERNELS = ("tiles", "warp-specialized")
 PREFILL_KERNEL_ENV = "MOE_ORACLE_TRITON_PREFILL_KERNEL"
-DEFAULT_PREFILL_KERNEL = "tiles"
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
 #: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
@@ -254,7 +254,7 @@ def moe_forward(
     >= 8.9) on the tensor cores w4a8_mma names: "bf16" or "fp8" (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA, else
     "bf16"; "fp8" reads the weights' per-row rebase, w4a8_row_data, given or computed once here).
     prefill_kernel: "tiles" or "warp-specialized", the kernels of a W4A16 call that does not take the decode kernels
-    (PREFILL_KERNELS; None: $MOE_ORACLE_TRITON_PREFILL_KERNEL, else DEFAULT_PREFILL_KERNEL).
+    (PREFILL_KERNELS; None: $MOE_ORACLE_TRITON_PREFILL_KERNEL, else the config's prefill_kernel where it can run).
     """
     if isinstance(weights, KernelWeights):
         weights = triton_weights(weights)
@@ -268,8 +268,8 @@ def moe_forward(
     forced_topk_sum = _forced_choice("topk_sum", topk_sum, TOPK_SUMS, TOPK_SUM_ENV,
                                      f"DEFAULT_TOPK_SUM={DEFAULT_TOPK_SUM!r}")
     static_scales = _check_act_quant(x, act_quant, a1_scale, a2_scale)
-    prefill = _forced_choice("prefill_kernel", prefill_kernel, PREFILL_KERNELS, PREFILL_KERNEL_ENV,
-                             f"DEFAULT_PREFILL_KERNEL={DEFAULT_PREFILL_KERNEL!r}") or DEFAULT_PREFILL_KERNEL
+    forced_prefill = _forced_choice("prefill_kernel", prefill_kernel, PREFILL_KERNELS, PREFILL_KERNEL_ENV,
+                                    "the config's prefill_kernel")
     mma = resolve_w4a8_mma(act_quant, w4a8_mma)
     w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
     fp8_accumulate = DEFAULT_FP8_ACCUMULATE
@@ -302,7 +302,8 @@ def moe_forward(
         _check_decode(config.decode, k)
     if act_quant == "mxfp8" and mma == "bf16":
         _check_mx_epilogue(config, decode)
-    if prefill == "warp-specialized" and not decode:
+    prefill = forced_prefill or _config_prefill_kernel(config, x, weights, act_quant)
+    if forced_prefill == "warp-specialized" and not decode:
         _check_warp_specialized(x, weights, act_quant)
     kernels = _kernels_for(x.device)
     if decode:
@@ -409,6 +410,15 @@ def _ws_weights(w: TritonMoEWeights):
 def _ws_weights_in_capture():
     _fail(RuntimeError, "the warp-specialized kernels' weights are not converted yet and cannot be inside CUDA graph "
           "capture; run the layer once with prefill_kernel='warp-specialized' before capture")
+
+
+def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act_quant) -> str:
+    """The config's prefill kernels for this call: a table's "warp-specialized" serves W4A16 calls where those
+    kernels run (sm_90 CUDA, warp_specialized.ws_unsupported), the tile kernels every other call."""
+    if config.prefill_kernel != "warp-specialized" or act_quant is not None or x.device.type != "cuda":
+        return "tiles"
+    runs = torch.cuda.get_device_capability(x.device) == (9, 0) and warp_specialized.ws_unsupported(w) is None
+    return "warp-specialized" if runs else "tiles"
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant) -> None:

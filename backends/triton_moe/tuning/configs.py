@@ -121,6 +121,8 @@ class MoEConfig:
     source: str  # "table.yaml#entry-index" or "heuristic": shown in benchmarks and errors
     decode: DecodeConfig | None = None  # set: W4A16 calls and W4A8 ones on MXFP4 weights take the decode
     # kernels (forward.moe_forward); other W4A8 calls keep gemm1/gemm2
+    prefill_kernel: str = "tiles"  # W4A16 calls off the decode kernels: "tiles" (gemm1/gemm2) or "warp-specialized"
+    # (forward.PREFILL_KERNELS: where a table entry measured it faster)
 
 
 @dataclass(frozen=True)

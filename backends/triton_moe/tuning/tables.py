@@ -94,6 +94,13 @@ def validate_table(table, origin: str) -> None:
             if field in entry["gemm2"]:
                 raise TuningTableError(f"{place}: gemm2.{field} is a GEMM1 setting (GEMM2 has no split epilogue and "
                                        f"no gate/up halves); move it to gemm1 or drop it")
+        if entry.get("prefill_kernel") == "warp-specialized":
+            from backends.triton_moe.warp_specialized import ws_shape_problem
+
+            problem = ws_shape_problem(entry["shape"]["hidden_size"], entry["shape"]["intermediate_size"])
+            if problem:
+                raise TuningTableError(f"{place}: prefill_kernel warp-specialized: {problem}; drop the field (the "
+                                       f"tile kernels then run)")
         low, high = _token_range(entry)
         if high < low:
             raise TuningTableError(f"{place}: tokens.max {high} is below tokens.min {low}")
@@ -202,7 +209,8 @@ def entry_matches(entry: dict, problem: Problem) -> bool:
 
 
 def config_of(entry: dict, source: str) -> MoEConfig:
-    return MoEConfig(LaunchConfig(**entry["gemm1"]), LaunchConfig(**entry["gemm2"]), source)
+    return MoEConfig(LaunchConfig(**entry["gemm1"]), LaunchConfig(**entry["gemm2"]), source,
+                     prefill_kernel=entry.get("prefill_kernel", "tiles"))
 
 
 def table_config(device_name: str | None, arch: str, problem: Problem) -> MoEConfig | None:
