@@ -77,9 +77,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
+from backends.triton_moe._kernels import _E4M3_PAIR_BF16X2_ASM as _E4M3_PAIR_ASM  # noqa: E402
 from backends.triton_moe._ws_kernels import (  # noqa: E402  the word decode the layer's Gluon kernels use too
     _mxfp4_folded,
-    _nvfp4_folded,
     _operand_from_words,
     _partition_barrier,
     _tma_load,
@@ -166,6 +166,18 @@ def _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i, off_m, w_row, tail_in, 
     _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot), pred=pred)
     if TAIL:
         _tma_load(xt_desc, [off_m + BLOCK_M, i * BLOCK_K], ready.index(slot), xt_bufs.index(slot), pred=pred)
+
+
+@gluon.jit
+def _nvfp4_folded(pair):
+    """A word's two E4M3 scales (int16: the first 16-wide block's in the low byte) as the word routine's folded bf16
+    scales s * 2^126 * 2^-16, exact, by the layer kernels' pair routine (`_E4M3_PAIR_BF16X2_ASM`, bytes 0 and 2);
+    the epilogue multiplies the sums by 2^16. (The layer's kernels read the pair folded already: `ws_weights`.)"""
+    v = pair.to(gl.int32)
+    folded = gl.inline_asm_elementwise(_E4M3_PAIR_ASM, "=r,r", [(v & 0xFF) | ((v & 0xFF00) << 8)], dtype=gl.int32,
+                                       is_pure=True, pack=1)
+    return ((folded & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
+            (folded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
 
 
 @gluon.jit

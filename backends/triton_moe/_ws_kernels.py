@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from backends.triton_moe._kernels import _E2M1_WORD_ASM, _E4M3_PAIR_BF16X2_ASM, ACT_SWIGLUOAI
+from backends.triton_moe._kernels import _E2M1_WORD_ASM, ACT_SWIGLUOAI
 
 _SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
 #: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile;
@@ -116,24 +116,15 @@ def _mxfp4_folded(scale):
 
 
 @gluon.jit
-def _nvfp4_folded(pair):
-    """A word's two E4M3 scales (int16: the first 16-wide block's in the low byte) as the word routine's folded bf16
-    scales s * 2^126 * 2^-16, exact, by the layer kernels' pair routine (`_E4M3_PAIR_BF16X2_ASM`, bytes 0 and 2);
-    the epilogue multiplies the sums by 2^16."""
-    v = pair.to(gl.int32)
-    folded = gl.inline_asm_elementwise(_E4M3_PAIR_BF16X2_ASM, "=r,r", [(v & 0xFF) | ((v & 0xFF00) << 8)],
-                                       dtype=gl.int32, is_pure=True, pack=1)
-    return ((folded & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
-            (folded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
-
-
-@gluon.jit
 def _word_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr):
-    """K tile i's folded scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two E4M3 bytes as one
-    int16; rows past the expert's N, row_ok False, read none): (for outputs 0-3, for outputs 4-7)."""
+    """K tile i's folded scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two scales folded already,
+    `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32; rows past the expert's N,
+    row_ok False, read none): (for outputs 0-3, for outputs 4-7)."""
     ok = row_ok[:, None] & (i * (BLOCK_K // 32) + words // 4 < K // 32)[None, :]
     if NVFP4:
-        return _nvfp4_folded(gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=0))
+        pair = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=0)
+        return ((pair & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
+                (pair >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
     folded = _mxfp4_folded(gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=127))
     return folded, folded
 
@@ -226,7 +217,7 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, ou
         acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
                            BLOCK_K, NVFP4, GEMM == 1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    if NVFP4:  # the folded scales' 2^-16 (exact), then the global scale, as the tile kernels' epilogues
+    if NVFP4:  # the folded scales' 2^-16 (exact: 2^110 = 2^126 * 2^-16), then the global scale, as the tile kernels
         acc = acc * 65536.0 / gl.load(gs_ptr + expert)
     if HAS_BIAS:
         cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
@@ -285,8 +276,9 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
                        ACTIVATION: gl.constexpr, TOP_K: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
-    of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's E4M3 pairs as
-    int16). Programs past the device's block count (block_count[0]) return at once: the grid is a static bound.
+    of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
+    scale pairs as int32). Programs past the device's block count (block_count[0]) return at once: the grid is a
+    static bound.
     GEMM 1: X = x's rows gathered by pair (x_ptr), h out by TMA (y_desc, [BLOCK_M, BLOCK_N / 2] boxes); GEMM 2:
     X = h's rows by TMA (x_desc), each pair's row of y_smem to out (pair rows [T * k, H], bf16)."""
     b = gl.program_id(1)

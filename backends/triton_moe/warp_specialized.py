@@ -37,7 +37,8 @@ WS_MAXNREG = 168
 @dataclass(frozen=True)
 class WSWeights:
     """The layer's weights as `ws_moe_gemm_kernel` reads them: words [E * N, K / 8] int32, scales [E * N, K / 32]
-    (uint8 E8M0, or NVFP4's two E4M3 bytes a word as int16), biases fp32 [E, N] or None, NVFP4 global scales."""
+    (uint8 E8M0, or NVFP4's two scales of a word folded: `fold_nvfp4_scales`), biases fp32 [E, N] or None, NVFP4
+    global scales."""
 
     format: str
     w13: torch.Tensor
@@ -84,12 +85,20 @@ def ws_weights(kw: TritonMoEWeights) -> WSWeights:
             parts[name].append(pack_words(rows.reshape(-1, rows.shape[-1]).contiguous(), "words"))
         for name, scale in (("w13_scale", raw["w13_scale"][:, order]), ("w2_scale", raw["w2_scale"])):
             scale = scale.reshape(-1, scale.shape[-1]).contiguous()  # [rows, K / 32] E8M0 or [rows, K / 16] E4M3
-            parts[name].append(scale.view(torch.int16) if kw.format == "nvfp4" else scale.view(torch.uint8))
+            parts[name].append(fold_nvfp4_scales(scale) if kw.format == "nvfp4" else scale.view(torch.uint8))
     return WSWeights(
         format=kw.format, experts=experts, hidden=hidden, inter=inter,
         **{name: torch.cat(tensors) for name, tensors in parts.items()},
         w13_bias=None if kw.w13_bias is None else kw.w13_bias[:, order].contiguous(), w2_bias=kw.w2_bias,
         w13_global_scale=kw.w13_global_scale, w2_global_scale=kw.w2_global_scale)
+
+
+def fold_nvfp4_scales(scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4's E4M3 block scales [rows, K / 16] as the word routine takes them, folded once here instead of per word
+    in the K loop: bf16 s * 2^110 (its 2^126 bias times 2^-16, exact for every E4M3 value; the epilogue multiplies
+    the sums by 2^16), a word's two blocks as one int32 [rows, K / 32], the first block in the low half."""
+    folded = (scale.view(torch.float8_e4m3fn).float() * 2.0**110).to(torch.bfloat16)
+    return folded.view(torch.int32)
 
 
 #: The oldest triton whose Gluon builds these kernels as measured (the GPU machines' 3.6; CI compiles them with 3.9).
@@ -221,7 +230,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
                         config=config)
     signature = {"x_ptr": "*bf16", "stride_xm": "i32", "x_desc": f"tensordesc<bf16[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<i32[{block_n},{block_k // 8}],{w_layout!r}>",
-                 "s_ptr": "*i16" if nvfp4 else "*u8", "stride_sn": "i32",
+                 "s_ptr": "*i32" if nvfp4 else "*u8", "stride_sn": "i32",
                  "y_desc": f"tensordesc<bf16[{y_shape[0]},{y_shape[1]}],{y_layouts[gemm]!r}>", "out_ptr": "*bf16",
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
