@@ -116,16 +116,21 @@ def _mxfp4_folded(scale):
 
 
 @gluon.jit
-def _word_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr):
-    """K tile i's folded scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two scales folded already,
-    `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32; rows past the expert's N,
-    row_ok False, read none): (for outputs 0-3, for outputs 4-7)."""
+def _scale_load(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr):
+    """K tile i's block scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two scales folded already,
+    `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32); rows past the expert's N
+    (row_ok False) and tiles past K read nothing."""
     ok = row_ok[:, None] & (i * (BLOCK_K // 32) + words // 4 < K // 32)[None, :]
+    return gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=0 if NVFP4 else 127)
+
+
+@gluon.jit
+def _folded_scales(loaded, NVFP4: gl.constexpr):
+    """_scale_load's scales as the word routine's two folded bf16 operands (for outputs 0-3, for outputs 4-7)."""
     if NVFP4:
-        pair = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=0)
-        return ((pair & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
-                (pair >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
-    folded = _mxfp4_folded(gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=127))
+        return ((loaded & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
+                (loaded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
+    folded = _mxfp4_folded(loaded)
     return folded, folded
 
 
@@ -169,14 +174,16 @@ def _tma_loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_ti
 
 
 @gluon.jit
-def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N: gl.constexpr,
+def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N: gl.constexpr,
           BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr):
-    """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, wait for tile i - 1's (whose
-    operand w_keep stays alive until then, so the two operands never share registers) and release its slot.
+    """K tile i (its scales loaded a step ahead: `scales`): decode the packed tile into the wgmma's A registers,
+    issue the wgmma, wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
+    share registers) and release its slot; returns tile i + 1's scales, loaded while this tile is decoded.
     GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
-    scale_lo, scale_hi = _word_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K, NVFP4)
+    next_scales = _scale_load(scale_ptrs, row_ok, i + 1, words, K, BLOCK_K, NVFP4)
+    scale_lo, scale_hi = _folded_scales(scales, NVFP4)
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
     if GATHERED:
         fence_async_shared()
@@ -185,7 +192,7 @@ def _step(i, acc, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, word
     acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
     acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-    return acc, w
+    return acc, w, next_scales
 
 
 @gluon.jit
@@ -208,14 +215,15 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, ou
     scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.bfloat16, operand)
+    scales = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, NVFP4)
     for j in range(k_tiles // 2):
-        acc, w_even = _step(2 * j, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
-                            BLOCK_K, NVFP4, GEMM == 1)
-        acc, w_odd = _step(2 * j + 1, acc, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
-                           BLOCK_K, NVFP4, GEMM == 1)
+        acc, w_even, scales = _step(2 * j, acc, w_odd, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words,
+                                    K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
+        acc, w_odd, scales = _step(2 * j + 1, acc, w_even, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
+                                   words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
     if k_tiles % 2:
-        acc, w_odd = _step(k_tiles - 1, acc, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N,
-                           BLOCK_K, NVFP4, GEMM == 1)
+        acc, w_odd, scales = _step(k_tiles - 1, acc, w_odd, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
+                                   words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     if NVFP4:  # the folded scales' 2^-16 (exact: 2^110 = 2^126 * 2^-16), then the global scale, as the tile kernels
         acc = acc * 65536.0 / gl.load(gs_ptr + expert)
