@@ -147,6 +147,27 @@ def test_cuda_warp_specialized_layer_matches_emulation(name, tokens, routing):
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))  # no atomics: the same bits every run
 
 
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+def test_cuda_warp_specialized_takes_a_strided_or_misaligned_x():
+    """x as a column slice of a wider tensor (rows not 16-byte apart) or one element into its storage: the same
+    bits as the contiguous x (the gather's 16-byte copies run on a copy)."""
+    shape = SHAPES["gpt-oss-20b"]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    kw = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    wide = torch.randn(300, shape.hidden_size + 8, device="cuda", generator=gen).bfloat16()
+    route = {"router_logits": torch.randn(300, shape.experts, device="cuda", generator=gen), "top_k": shape.top_k}
+    act = activation_kwargs(shape)
+    want = moe_forward(wide[:, :shape.hidden_size].contiguous(), kw, **route, **act, prefill_kernel="warp-specialized")
+    got = moe_forward(wide[:, :shape.hidden_size], kw, **route, **act, prefill_kernel="warp-specialized")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    flat = wide.flatten()[1:1 + 300 * shape.hidden_size].view(300, shape.hidden_size)
+    got = moe_forward(flat, kw, **route, **act, prefill_kernel="warp-specialized")
+    want = moe_forward(flat.clone(), kw, **route, **act, prefill_kernel="warp-specialized")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 def test_config_is_one_the_probe_measured():
     from probe_gluon_w4a16 import FORMS
 

@@ -1,6 +1,6 @@
 """The warp-specialized W4A16 prefill path (sm_90): the layer's two GEMMs on `_ws_kernels.ws_moe_gemm_kernel`.
 
-    route       as the tile path (forward._route_for_tiles)
+    route       top-k (+ softmax) as the tile path (_routing.route), unless the caller gave the ids
     align       pairs sorted by expert, each expert's run padded to BLOCK_M / 4 (_routing.align)
     ws_blocks   each run cut into BLOCK_M blocks, then at most one BLOCK_M / 2 and one BLOCK_M / 4 block: a table per
                 size, on the device (no host sync; the grids are static bounds)
@@ -30,7 +30,7 @@ WS_CONFIG = (256, 128, 64, 4, 8)
 #: per warpgroup anyway); GEMM2's loader only issues TMA copies.
 LOADER_WARPS = {1: 4, 2: 1}
 #: Register cap of every thread at launch (12 warps x 32 x 168 fit the 64 Ki register file); the warp_specialize
-#: hands the loader LOADER_REGS and the consumers the rest.
+#: hands the loader its _ws_kernels.GATHER_LOADER_REGS / TMA_LOADER_REGS and the consumers the rest.
 WS_MAXNREG = 168
 
 
@@ -186,6 +186,8 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     k = ids.shape[1]
     block_m, block_n, block_k = config[:3]
     inter, num_pairs = ws.inter, tokens * k
+    if not x.is_contiguous() or x.data_ptr() % 16:  # the gather's 16-byte copies need aligned rows
+        x = x.clone(memory_format=torch.contiguous_format)
     al = align(ids, ws.experts, block_m // 4, kernels)
     h = torch.empty(al.sorted_pairs.numel(), inter, dtype=torch.bfloat16, device=x.device)
     pair_out = torch.empty(1, num_pairs, hidden, dtype=torch.bfloat16, device=x.device)
