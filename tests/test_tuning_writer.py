@@ -90,6 +90,31 @@ def test_the_tune_table_has_one_entry_per_tuned_t_with_both_times():
     assert tune.gpu_table_name("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3.yaml"
 
 
+def test_a_faster_warp_specialized_prefill_is_named_by_its_entry_and_selected():
+    from backends.triton_moe.tuning import tune
+    from backends.triton_moe.tuning.tables import config_of
+
+    shape = SHAPES["deepseek-v3"]
+    base = tuning.heuristic_config(tuning.facts_by_name("sm90"), 132, tuning.Problem(tokens=16384, **shape.fields()))
+    rows = [{"tokens": tokens, "heuristic": (base.gemm1, base.gemm2), "heuristic_us": 100.0,
+             "best": (base.gemm1, base.gemm2), "best_us": 90.0, "prefill_kernel": kernels, "failures": 0}
+            for tokens, kernels in ((4096, "tiles"), (16384, "warp-specialized"))]
+    table = tune.table_from_tuning(shape, {"gpu": "NVIDIA H200", "arch": "sm90", "rows": rows}, "run", None)
+    tuning.validate_table(table, "tuned")
+    assert ["prefill_kernel" in e for e in table["entries"]] == [False, True]  # the default stays unwritten
+    assert [config_of(e, "tuned").prefill_kernel for e in table["entries"]] == ["tiles", "warp-specialized"]
+
+
+@pytest.mark.parametrize(("arch", "tokens", "runs_here", "times"), [
+    ("sm90", 4096, True, True), ("sm90", 1024, True, False), ("sm90", 2, True, False), ("sm80", 4096, True, False),
+    ("sm90", 4096, False, False)])
+def test_tune_times_the_warp_specialized_kernels_on_sm90_prefill_only(arch, tokens, runs_here, times):
+    from backends.triton_moe.tuning import tune
+
+    problem = tuning.Problem(tokens=tokens, **SHAPES["deepseek-v3"].fields())  # 256 experts, top-8: T / 32 rows each
+    assert tune.times_warp_specialized(arch, problem, runs_here) is times
+
+
 @pytest.mark.parametrize("name", MATRIX)
 @pytest.mark.parametrize("tokens", [1, 16, 256, 1024, 16384])
 def test_every_candidate_is_a_valid_entry(name, tokens):

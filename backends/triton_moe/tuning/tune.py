@@ -1,8 +1,9 @@
 """`moe-oracle tune`: time the candidate configs of one layer shape at the T buckets on this GPU and write the
 fastest into the user's tuning table, which select_config reads before the shipped tables. CUDA only. The tables
-hold tile configs: up to DECODE_KERNEL_TOKENS tokens W4A16 calls (and W4A8 ones on MXFP4 weights) run the
-decode kernels whatever the table says (their warps come from tuning.decode_kernels), and the entries there serve the
-other W4A8 calls."""
+hold tile configs, and on sm_90 name the warp-specialized prefill kernels where those timed faster than the best
+tiles (times_warp_specialized; the entry keeps the tiles for W4A8 calls). Up to DECODE_KERNEL_TOKENS tokens W4A16
+calls (and W4A8 ones on MXFP4 weights) run the decode kernels whatever the table says (their warps come from
+tuning.decode_kernels), and the entries there serve the other W4A8 calls."""
 
 from __future__ import annotations
 
@@ -19,6 +20,17 @@ from backends.triton_moe.tuning.heuristics import DECODE_KERNEL_TOKENS
 
 #: The T buckets tune measures by default (each entry then serves up to the geometric middle of the next).
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+#: Rows per expert (T·k/E) from which tune also times the warp-specialized prefill kernels (their blocks are 64-256
+#: rows; on an H200 they won from about 512: benchmarks/results/ws-prefill-h200-2026-11-28/).
+WS_MIN_ROWS_PER_EXPERT = 128
+
+
+def times_warp_specialized(arch_name: str, problem: Problem, runs_here: bool) -> bool:
+    """Whether tune times the warp-specialized prefill kernels at this T beside the tiles: on sm_90, past the decode
+    kernels' T, from WS_MIN_ROWS_PER_EXPERT rows an expert, where they run this shape here (runs_here:
+    warp_specialized.ws_unsupported found nothing)."""
+    return (arch_name == "sm90" and runs_here and problem.tokens > DECODE_KERNEL_TOKENS
+            and problem.rows_per_expert >= WS_MIN_ROWS_PER_EXPERT)
 
 
 class Progress:
@@ -64,11 +76,13 @@ def tune_shape(shape, tokens_list=TOKENS, *, iters: int = 10, progress_stream=sy
     from backends.triton_moe import moe_forward
     from backends.triton_moe.testing import activation_kwargs, random_checkpoint
     from backends.triton_moe.tuning import device_gpu, heuristic_config
+    from backends.triton_moe.warp_specialized import ws_unsupported
 
     device = torch.device("cuda")
     arch, gpu = device_gpu(device)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     weights = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    ws_runs = torch.cuda.get_device_capability(device) == (9, 0) and ws_unsupported(weights) is None
     act = activation_kwargs(shape)
     flush = Flusher()
     plans = []
@@ -97,8 +111,22 @@ def tune_shape(shape, tokens_list=TOKENS, *, iters: int = 10, progress_stream=sy
             raise RuntimeError(f"tune: every candidate failed at T={tokens} on {gpu.name}")
         heuristic_us = next((us for us, g1, g2 in timed if (g1, g2) == (base.gemm1, base.gemm2)), None)
         best = min(timed, key=lambda t: t[0])
+        prefill_kernel, best_us = "tiles", best[0]
+        if times_warp_specialized(arch.name, Problem(tokens=tokens, **shape.fields()), ws_runs):
+            # the entry keeps the best tiles (W4A8 calls and other GPUs run them); a faster prefill names its kernels
+            config = MoEConfig(best[1], best[2], "candidate", prefill_kernel="warp-specialized")
+            try:
+                ws_us = time_layer(functools.partial(moe_forward, x, weights, router_logits=logits,
+                                                     top_k=shape.top_k, config=config, **act), flush, iters)
+            except Exception:  # noqa: BLE001  counted as the tile candidates' are (e.g. no memory for its weights)
+                failures += 1
+                torch.cuda.synchronize()
+                ws_us = float("inf")
+            if ws_us < best_us:
+                prefill_kernel, best_us = "warp-specialized", ws_us
         rows.append({"tokens": tokens, "heuristic": (base.gemm1, base.gemm2), "heuristic_us": heuristic_us,
-                     "best": (best[1], best[2]), "best_us": best[0], "failures": failures})
+                     "best": (best[1], best[2]), "best_us": best_us, "prefill_kernel": prefill_kernel,
+                     "failures": failures})
     progress.close()
     return {"gpu": gpu.name, "arch": arch.name, "rows": rows}
 
@@ -110,7 +138,7 @@ def table_from_tuning(shape, result: dict, run: str, existing: dict | None) -> d
     for (low, high), row in zip(writer.token_ranges(tokens), result["rows"], strict=True):
         gemm1, gemm2 = row["best"]
         new.append(writer.entry(shape.fields(), low, high, row["tokens"], row["best_us"], run, launch_dict(gemm1),
-                                launch_dict(gemm2), row["heuristic_us"]))
+                                launch_dict(gemm2), row["heuristic_us"], row.get("prefill_kernel", "tiles")))
     base = existing or {"table": tables.TABLE_KIND, "version": tables.TABLE_VERSION, "arch": result["arch"],
                         "gpu": table_gpu_word(result["gpu"]),
                         "why": f"Measured by `moe-oracle tune` on {result['gpu']}: the fastest candidate per T.",
@@ -136,7 +164,8 @@ def run_tune(shape, tokens_list=TOKENS, *, iters: int = 10, out_dir: Path | None
         g1 = row["best"][0]
         decode = "  (W4A16 runs the decode kernels at this T; the entry serves W4A8 calls off them)" \
             if row["tokens"] <= DECODE_KERNEL_TOKENS else ""
-        print(f"  T={row['tokens']:>6}: {before} -> {row['best_us']:.1f}{gain}  gemm1 {g1.block_m}x{g1.block_n}x"
-              f"{g1.block_k} w{g1.num_warps} s{g1.num_stages} split {g1.split_k}{decode}", file=out)
+        kernels = ("warp-specialized prefill kernels" if row.get("prefill_kernel") == "warp-specialized" else
+                   f"gemm1 {g1.block_m}x{g1.block_n}x{g1.block_k} w{g1.num_warps} s{g1.num_stages} split {g1.split_k}")
+        print(f"  T={row['tokens']:>6}: {before} -> {row['best_us']:.1f}{gain}  {kernels}{decode}", file=out)
     print(f"wrote {path}", file=out)
     return path

@@ -28,13 +28,14 @@ def token_ranges(tokens: list[int]) -> list[tuple[int, int | None]]:
 
 
 def entry(shape: dict, low: int, high: int | None, tokens: int, us: float, run: str, gemm1: dict, gemm2: dict,
-          heuristic_us: float | None = None) -> dict:
+          heuristic_us: float | None = None, prefill_kernel: str = "tiles") -> dict:
     measured = {"tokens": tokens, "us": round(us, 1), "run": run}
     if heuristic_us is not None:
         measured["heuristic_us"] = round(heuristic_us, 1)
+    kernels = {} if prefill_kernel == "tiles" else {"prefill_kernel": prefill_kernel}  # the default stays unwritten
     return {"shape": {key: shape[key] for key in SHAPE_FIELDS},
             "tokens": {"min": low} if high is None else {"min": low, "max": high},
-            "measured": measured, "gemm1": gemm1, "gemm2": gemm2}
+            "measured": measured, **kernels, "gemm1": gemm1, "gemm2": gemm2}
 
 
 def merge_entries(table: dict, new: list[dict]) -> dict:
