@@ -314,8 +314,7 @@ def moe_forward(
     if prefill == "warp-specialized":
         if ids is None:
             ids, route_w = route(router_logits, k, renormalize, kernels)
-        warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out,
-                                kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
+        warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), _ws_weights(weights))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
@@ -413,25 +412,32 @@ def _ws_weights_in_capture():
 
 
 def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act_quant) -> str:
-    """The config's prefill kernels for this call: a table's "warp-specialized" serves W4A16 calls where those
-    kernels run (sm_90 CUDA, warp_specialized.ws_unsupported), the tile kernels every other call."""
-    if config.prefill_kernel != "warp-specialized" or act_quant is not None or x.device.type != "cuda":
-        return "tiles"
-    runs = torch.cuda.get_device_capability(x.device) == (9, 0) and warp_specialized.ws_unsupported(w) is None
-    return "warp-specialized" if runs else "tiles"
+    """The config's prefill kernels for this call: a table's "warp-specialized" serves the calls those kernels run
+    (_why_not_warp_specialized), the tile kernels every other call."""
+    if config.prefill_kernel == "warp-specialized" and _why_not_warp_specialized(x, w, act_quant) is None:
+        return "warp-specialized"
+    return "tiles"
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant) -> None:
-    """The warp-specialized path runs W4A16 on sm_90 with Gluon, for shapes whose tiles divide (ws_unsupported)."""
-    why = None
-    if act_quant is not None:
-        why = f"it runs W4A16 only (act_quant={act_quant!r})"
-    elif x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) != (9, 0):
-        why = f"it runs on sm_90 GPUs only (x is on {x.device})"
-    else:
-        why = warp_specialized.ws_unsupported(w)
+    why = _why_not_warp_specialized(x, w, act_quant)
     if why:
         _fail(ValueError, f"prefill_kernel='warp-specialized': {why}; use prefill_kernel='tiles'")
+
+
+def _why_not_warp_specialized(x, w: TritonMoEWeights, act_quant) -> str | None:
+    """Why the warp-specialized path cannot run this call (None: it can): it runs W4A16 on sm_90 with Gluon, for
+    the shapes warp_specialized.ws_unsupported accepts."""
+    if act_quant is not None:
+        return f"it runs W4A16 only (act_quant={act_quant!r})"
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) != (9, 0):
+        return f"it runs on sm_90 GPUs only (x is on {x.device})"
+    return warp_specialized.ws_unsupported(w)
+
+
+def _activation_id(kernels, activation: str) -> int:
+    """The kernels' ACTIVATION constexpr of an ACTIVATIONS name."""
+    return kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
 
 
 def _w4a8_data_in_capture():
@@ -514,7 +520,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     w13, w2, s13, s2 = weights.w13, weights.w2, weights.w13_scale, weights.w2_scale
     r13 = r2 = x_exp = h_exp = lut = al.padded_total  # any int32 tensor when unused (never read)
     qscale = None
-    act_id = kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU
+    act_id = _activation_id(kernels, activation)
     rows = al.num_blocks * c1.block_m
     if fp8 is not None:
         act_quant_id = gemm2_act_quant_id = _ACT_QUANT_IDS[act_quant]
@@ -676,7 +682,7 @@ def _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormal
         tickets = torch.empty(tokens * row_blocks, dtype=torch.int32, device=x.device)
     constexprs, options = gemv_constexprs(
         1, g1, **shared, has_bias=weights.w13_bias is not None, route=router_logits is not None, experts=experts,
-        renormalize=renormalize, act=kernels.ACT_SWIGLUOAI if activation == "swigluoai" else kernels.ACT_SILU,
+        renormalize=renormalize, act=_activation_id(kernels, activation),
         act_quant=act_quant)
     gemv.gemv1_act_kernel[(tokens * k, inter // (tuning.GEMV1_COLUMNS_PER_WARP * g1.row_groups))](
         x, w13, s13, gs13, b13, h, logits, ids, route_w,

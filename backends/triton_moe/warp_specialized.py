@@ -16,6 +16,7 @@ and cached: a layer that takes this path holds its packed weights twice.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -108,12 +109,18 @@ MIN_TRITON = (3, 6)
 def ws_unsupported(kw: TritonMoEWeights) -> str | None:
     """Why these weights cannot take the warp-specialized path here (None: they can): ws_shape_problem, or a triton
     older than MIN_TRITON."""
+    found = _triton_version()
+    if tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in found.split(".")[:2]) < MIN_TRITON:
+        return f"it needs triton >= {'.'.join(map(str, MIN_TRITON))} (Gluon), found {found}"
+    return ws_shape_problem(kw.hidden_size, kw.intermediate_size)
+
+
+@functools.cache
+def _triton_version() -> str:
+    """The installed triton's version, read once (moe_forward asks on every call the tables send here)."""
     from importlib.metadata import version
 
-    found = tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version("triton").split(".")[:2])
-    if found < MIN_TRITON:
-        return f"it needs triton >= {'.'.join(map(str, MIN_TRITON))} (Gluon), found {version('triton')}"
-    return ws_shape_problem(kw.hidden_size, kw.intermediate_size)
+    return version("triton")
 
 
 def ws_shape_problem(hidden: int, inter: int, block_k: int = WS_CONFIG[2]) -> str | None:
