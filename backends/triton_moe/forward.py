@@ -413,26 +413,16 @@ def _ws_weights_in_capture():
 
 def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act_quant) -> str:
     """The config's prefill kernels for this call: a table's "warp-specialized" serves the calls those kernels run
-    (_why_not_warp_specialized), the tile kernels every other call."""
-    if config.prefill_kernel == "warp-specialized" and _why_not_warp_specialized(x, w, act_quant) is None:
+    (warp_specialized.ws_unsupported), the tile kernels every other call."""
+    if config.prefill_kernel == "warp-specialized" and warp_specialized.ws_unsupported(w, x.device, act_quant) is None:
         return "warp-specialized"
     return "tiles"
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant) -> None:
-    why = _why_not_warp_specialized(x, w, act_quant)
+    why = warp_specialized.ws_unsupported(w, x.device, act_quant)
     if why:
         _fail(ValueError, f"prefill_kernel='warp-specialized': {why}; use prefill_kernel='tiles'")
-
-
-def _why_not_warp_specialized(x, w: TritonMoEWeights, act_quant) -> str | None:
-    """Why the warp-specialized path cannot run this call (None: it can): it runs W4A16 on sm_90 with Gluon, for
-    the shapes warp_specialized.ws_unsupported accepts."""
-    if act_quant is not None:
-        return f"it runs W4A16 only (act_quant={act_quant!r})"
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) != (9, 0):
-        return f"it runs on sm_90 GPUs only (x is on {x.device})"
-    return warp_specialized.ws_unsupported(w)
 
 
 def _activation_id(kernels, activation: str) -> int:

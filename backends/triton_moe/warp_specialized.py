@@ -106,9 +106,13 @@ def fold_nvfp4_scales(scale: torch.Tensor) -> torch.Tensor:
 MIN_TRITON = (3, 6)
 
 
-def ws_unsupported(kw: TritonMoEWeights) -> str | None:
-    """Why these weights cannot take the warp-specialized path here (None: they can): ws_shape_problem, or a triton
-    older than MIN_TRITON."""
+def ws_unsupported(kw: TritonMoEWeights, device: torch.device, act_quant: str | None = None) -> str | None:
+    """Why a call on these weights cannot take the warp-specialized path on `device` (None: it can): the kernels run
+    W4A16 (act_quant None) on sm_90 with a triton of at least MIN_TRITON, for the shapes ws_shape_problem accepts."""
+    if act_quant is not None:
+        return f"it runs W4A16 only (act_quant={act_quant!r})"
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return f"it runs on sm_90 GPUs only (x is on {device})"
     found = _triton_version()
     if tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in found.split(".")[:2]) < MIN_TRITON:
         return f"it needs triton >= {'.'.join(map(str, MIN_TRITON))} (Gluon), found {found}"

@@ -82,7 +82,7 @@ def tune_shape(shape, tokens_list=TOKENS, *, iters: int = 10, progress_stream=sy
     arch, gpu = device_gpu(device)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     weights = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
-    ws_runs = torch.cuda.get_device_capability(device) == (9, 0) and ws_unsupported(weights) is None
+    ws_runs = ws_unsupported(weights, device) is None
     act = activation_kwargs(shape)
     flush = Flusher()
     plans = []
