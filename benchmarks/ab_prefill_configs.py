@@ -19,6 +19,7 @@ Writes DIR/ab.csv (appended row by row: a cut-off run keeps what it measured) an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -53,6 +54,9 @@ def parse_variant(text: str) -> tuple[str, dict, dict, dict]:
     call = {}
     for part in body.split(","):
         key, eq, value = part.partition("=")
+        if key.startswith("env.") and eq:  # an environment variable set while the variant runs
+            call.setdefault("env", {})[key[4:]] = value
+            continue
         if key in CALL_KEYS and eq:
             call[key] = value
             continue
@@ -162,31 +166,49 @@ def main(argv: list[str] | None = None) -> int:
                 for name, g1, g2, extra in [("tuned", {}, {}, {})] + args.variant:
                     row = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "shape": layer, "tokens": tokens,
                            "act_quant": args.act_quant or "", "variant": name}
-                    try:
-                        config = tuned if name == "tuned" else edited(tuned, name, g1, g2)
-                        row["config"] = describe(config, False) + f" | {config.gemm1} | {config.gemm2}"
-                        call = functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k,
-                                                 config=config, **act, **quant, **extra)
-                        us, out = time_graph_output(call, flush, args.iters)
-                    except Exception as exc:  # noqa: BLE001  one failing variant is a result
-                        writer.writerow({**row, "note": f"failed: {type(exc).__name__}: {exc}"[:300]})
+                    extra = dict(extra)
+                    with _environment(extra.pop("env", {})):
+                        try:
+                            config = tuned if name == "tuned" else edited(tuned, name, g1, g2)
+                            row["config"] = describe(config, False) + f" | {config.gemm1} | {config.gemm2}"
+                            call = functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k,
+                                                     config=config, **act, **quant, **extra)
+                            us, out = time_graph_output(call, flush, args.iters)
+                        except Exception as exc:  # noqa: BLE001  one failing variant is a result
+                            writer.writerow({**row, "note": f"failed: {type(exc).__name__}: {exc}"[:300]})
+                            handle.flush()
+                            print(f"{layer} T={tokens} {name}: failed {exc}"[:300], flush=True)
+                            continue
+                        out = out.clone()
+                        if base_out is None:
+                            base_out = out
+                        tflops = flop / us / 1e6
+                        row.update(us=f"{us:.1f}", tflops=f"{tflops:.1f}", of_bf16=f"{tflops / matmul:.3f}",
+                                   rel_l2_vs_tuned=f"{rel_l2(out, base_out):.1e}",
+                                   bits_as_tuned=torch.equal(out.view(torch.int16), base_out.view(torch.int16)))
+                        writer.writerow(row)
                         handle.flush()
-                        print(f"{layer} T={tokens} {name}: failed {exc}"[:300], flush=True)
-                        continue
-                    out = out.clone()
-                    if base_out is None:
-                        base_out = out
-                    tflops = flop / us / 1e6
-                    row.update(us=f"{us:.1f}", tflops=f"{tflops:.1f}", of_bf16=f"{tflops / matmul:.3f}",
-                               rel_l2_vs_tuned=f"{rel_l2(out, base_out):.1e}",
-                               bits_as_tuned=torch.equal(out.view(torch.int16), base_out.view(torch.int16)))
-                    writer.writerow(row)
-                    handle.flush()
-                    if args.kernels:
-                        _write_kernels(Path(args.out, "kernels.csv"), row, profile_kernels(call, flush))
-                    print(f"{layer} T={tokens} {name}: {us:.1f} us, {tflops / matmul:.3f} of bf16, "
-                          f"bits as tuned {row['bits_as_tuned']}", flush=True)
+                        if args.kernels:
+                            _write_kernels(Path(args.out, "kernels.csv"), row, profile_kernels(call, flush))
+                        print(f"{layer} T={tokens} {name}: {us:.1f} us, {tflops / matmul:.3f} of bf16, "
+                              f"bits as tuned {row['bits_as_tuned']}", flush=True)
     return 0
+
+
+@contextlib.contextmanager
+def _environment(env: dict):
+    """The variables of a variant's `env.NAME=VALUE` edits set while it runs (launches read them when the graph is
+    captured), the process's own restored after."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _write_kernels(path: Path, row: dict, kernels: list) -> None:

@@ -9,6 +9,8 @@ use and the top warp-stall reasons (warps stalled per issued instruction).
     python benchmarks/profile_moe_ncu.py --out DIR                      # ncu over the default cases (needs ncu)
     python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:1,deepseek-v3:256 --out DIR
     python benchmarks/profile_moe_ncu.py --report DIR                   # re-render the tables of a saved run
+    python benchmarks/profile_moe_ncu.py --cases deepseek-v3:4096 --source ws_moe_gemm_kernel --out DIR
+                                          # where one kernel's warps stall, per SASS instruction (stalls-*.md)
 
 Clocks are left alone (`--clock-control none`), as the device notes ask; ncu's replay makes absolute times
 somewhat longer than a CUDA graph's, so read the fractions, not the µs.
@@ -62,16 +64,19 @@ def run_case(shape_name: str, tokens: int) -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def profile(cases, out: str) -> None:
+def profile(cases, out: str, source: str | None = None) -> None:
     ncu = shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))), None)
     if ncu is None:
         sys.exit("profile_moe_ncu: ncu not found on PATH or under /opt/nvidia/nsight-compute; install Nsight Compute")
     os.makedirs(out, exist_ok=True)
     for case in cases:
         shape_name, tokens = case.split(":")
+        target = [sys.executable, os.path.abspath(__file__), "--run", case]
+        if source:
+            print(profile_source(ncu, target, source, os.path.join(out, f"stalls-{shape_name}-T{tokens}")), flush=True)
+            continue
         path = os.path.join(out, f"ncu-{shape_name}-T{tokens}.csv")
         base = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw"]
-        target = [sys.executable, os.path.abspath(__file__), "--run", case]
         sections = [arg for name in SECTIONS for arg in ("--section", name)]
         for what in (sections + ["--metrics", EXTRA_METRICS], sections):
             done = subprocess.run(base + what + target, capture_output=True, text=True)
@@ -81,6 +86,49 @@ def profile(cases, out: str) -> None:
                 break
             print(f"# {case}: ncu exited {done.returncode} ({len(what)} args): {done.stderr[-1500:]}", flush=True)
         print(render(case, path), flush=True)
+
+
+def profile_source(ncu: str, target: list, kernel: str, stem: str, launches: int = 8) -> str:
+    """Per-instruction warp-stall samples of the first `launches` launches of `kernel` (ncu's SourceCounters): the
+    SASS rows as ncu's source page CSV (stem.csv, kept for later reports) and their table (stem.md)."""
+    report = stem + ".ncu-rep"
+    done = subprocess.run([ncu, "--clock-control", "none", "--profile-from-start", "off", "-k", kernel,
+                           "--launch-count", str(launches), "--section", "SourceCounters", "-f", "-o", report]
+                          + target, capture_output=True, text=True)
+    if done.returncode:
+        return f"# {stem}: ncu exited {done.returncode}: {done.stderr[-1500:]}"
+    page = subprocess.run([ncu, "-i", report, "--page", "source", "--csv", "--print-source", "sass"],
+                          capture_output=True, text=True)
+    os.remove(report)
+    with open(stem + ".csv", "w") as f:
+        f.write(page.stdout)
+    table = render_source(stem + ".csv")
+    with open(stem + ".md", "w") as f:
+        f.write(table + "\n")
+    return table
+
+
+def render_source(path: str, top: int = 12) -> str:
+    """ncu's source page (one CSV block per launch): per launch its stall reasons' shares of all warp samples, then
+    the `top` most-sampled SASS instructions with their leading reasons."""
+    text = open(path).read()
+    lines = []
+    for launch, block in enumerate(text.split('"Kernel Name",')[1:]):
+        name, _, body = block.partition("\n")
+        rows = list(csv.DictReader(io.StringIO(body)))
+        reasons = [k for k in (rows[0] if rows else {}) if k.startswith("stall_") and "Not Issued" not in k]
+        samples = [(_num(r, "Warp Stall Sampling (All Samples)") or 0.0, r) for r in rows]
+        total = sum(v for v, _ in samples) or 1.0
+        share = sorted(((sum(_num(r, k) or 0.0 for r in rows) / total, k[6:]) for k in reasons), reverse=True)
+        lines += [f"\n### launch {launch}: {name.strip(chr(34) + ',')}, {total:.0f} samples\n",
+                  "reasons: " + ", ".join(f"{k} {v:.0%}" for v, k in share[:6] if v >= 0.01) + "\n",
+                  "| share | SASS | leading reasons (samples) |", "|---|---|---|"]
+        for value, r in sorted(samples, key=lambda vr: -vr[0])[:top]:
+            lead = sorted(((_num(r, k) or 0.0, k[6:]) for k in reasons), reverse=True)[:3]
+            sass = " ".join(r.get("Source", "").split()).replace("|", "/")
+            lines.append(f"| {value / total:.3f} | `{sass}` | " + ", ".join(f"{k} {v:.0f}" for v, k in lead if v)
+                         + " |")
+    return "\n".join(lines) if lines else f"(no source rows in {os.path.basename(path)})"
 
 
 def _rows(path: str) -> list[dict]:
@@ -145,6 +193,8 @@ def main() -> None:
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated SHAPE:T")
     p.add_argument("--out", default=None, help="directory for the raw ncu CSV per case")
     p.add_argument("--report", metavar="DIR", help="render the tables of a saved run (no GPU needed)")
+    p.add_argument("--source", metavar="KERNEL", help="instead: per-instruction stall samples of KERNEL's launches "
+                   "(stalls-*.md and the source page CSV per case)")
     p.add_argument("--run", metavar="SHAPE:T", help=argparse.SUPPRESS)  # the process ncu profiles
     args = p.parse_args()
     if args.run:
@@ -154,10 +204,12 @@ def main() -> None:
         for path in sorted(glob.glob(os.path.join(args.report, "ncu-*.csv"))):
             case = os.path.basename(path)[4:-4].replace("-T", ":")
             print(render(case, path))
+        for path in sorted(glob.glob(os.path.join(args.report, "stalls-*.csv"))):
+            print(render_source(path))
     else:
         if not args.out:
             p.error("--out DIR is required to profile (the raw CSVs are kept there)")
-        profile(args.cases.split(","), args.out)
+        profile(args.cases.split(","), args.out, args.source)
 
 
 if __name__ == "__main__":

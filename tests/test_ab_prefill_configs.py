@@ -33,3 +33,17 @@ def test_a_bad_variant_is_one_message_naming_it(text, message):
         ab.parse_variant(text)
     with pytest.raises(SystemExit):
         ab.parse_args(["--out", "x", "--variant", text])
+
+
+def test_a_variants_environment_is_set_while_it_runs_and_the_processs_own_comes_back(monkeypatch):
+    name, g1, g2, call = ab.parse_variant("e:prefill_kernel=warp-specialized,env.MOE_ORACLE_T_A=1,env.MOE_ORACLE_T_B=2")
+    assert (g1, g2) == ({}, {}) and call == {"prefill_kernel": "warp-specialized",
+                                             "env": {"MOE_ORACLE_T_A": "1", "MOE_ORACLE_T_B": "2"}}
+    import os
+
+    monkeypatch.setenv("MOE_ORACLE_T_A", "own")
+    monkeypatch.delenv("MOE_ORACLE_T_B", raising=False)
+    with pytest.raises(RuntimeError), ab._environment(call["env"]):
+        assert (os.environ["MOE_ORACLE_T_A"], os.environ["MOE_ORACLE_T_B"]) == ("1", "2")
+        raise RuntimeError  # a failing variant restores them too
+    assert os.environ["MOE_ORACLE_T_A"] == "own" and "MOE_ORACLE_T_B" not in os.environ
