@@ -176,17 +176,21 @@ def _tma_loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_ti
 @gluon.jit
 def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N: gl.constexpr,
           BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr):
-    """K tile i (its scales loaded a step ahead: `scales`): decode the packed tile into the wgmma's A registers,
+    """K tile i (its scales loaded two steps ahead: `scales`): decode the packed tile into the wgmma's A registers,
     issue the wgmma, wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
-    share registers) and release its slot; returns tile i + 1's scales, loaded while this tile is decoded.
-    GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence."""
+    share registers) and release its slot; returns tile i + 2's scales.
+    GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence; the
+    fence also waits for the thread's loads in flight, so there the scale loads are issued after it (before it,
+    ncu had the fence stalled on them for 7-10% of GEMM1's samples)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
-    next_scales = _scale_load(scale_ptrs, row_ok, i + 1, words, K, BLOCK_K, NVFP4)
+    if not GATHERED:
+        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, NVFP4)
     scale_lo, scale_hi = _folded_scales(scales, NVFP4)
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
     if GATHERED:
         fence_async_shared()
+        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, NVFP4)
     w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo, scale_hi,
                                               BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
@@ -215,14 +219,15 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, ou
     scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.bfloat16, operand)
-    scales = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, NVFP4)
+    s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, NVFP4)
+    s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, NVFP4)
     for j in range(k_tiles // 2):
-        acc, w_even, scales = _step(2 * j, acc, w_odd, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words,
+        acc, w_even, s_even = _step(2 * j, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words,
                                     K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
-        acc, w_odd, scales = _step(2 * j + 1, acc, w_even, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                   words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
+        acc, w_odd, s_odd = _step(2 * j + 1, acc, w_even, s_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
+                                  words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
     if k_tiles % 2:
-        acc, w_odd, scales = _step(k_tiles - 1, acc, w_odd, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
+        acc, w_odd, s_even = _step(k_tiles - 1, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
                                    words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     if NVFP4:  # the folded scales' 2^-16 (exact: 2^110 = 2^126 * 2^-16), then the global scale, as the tile kernels

@@ -27,6 +27,10 @@ from backends.layouts.triton_moe import _KERNEL_TENSORS, TritonMoEWeights, from_
 #: per 64 weight rows). The Gluon probe's best at T = 16384 on an H100 (benchmarks/probe_gluon_w4a16.py: 256 x 128,
 #: with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
 WS_CONFIG = (256, 128, 64, 4, 8)
+#: Ring stages of the BLOCK_M / 2 and / 4 blocks: their K steps are shorter, so the ring must hold more of them to
+#: cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting for a slot's data while the loader
+#: waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no slower at T = 8192-16384).
+PARTIAL_BLOCK_STAGES = 8
 #: Loader warps: GEMM1's cp.async gather spreads its 16-byte copies over a warpgroup (the register file is counted
 #: per warpgroup anyway); GEMM2's loader only issues TMA copies.
 LOADER_WARPS = {1: 4, 2: 1}
@@ -180,6 +184,8 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
                config: tuple = WS_CONFIG) -> dict:
     """The kernel's constexprs for one GEMM's launch over blocks of block_m rows."""
     _, block_n, block_k, stages, warps = config
+    if block_m < config[0]:
+        stages = PARTIAL_BLOCK_STAGES
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k)
 
