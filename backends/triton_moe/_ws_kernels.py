@@ -180,8 +180,8 @@ def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_
     issue the wgmma, wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
     share registers) and release its slot; returns tile i + 2's scales.
     GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence; the
-    fence also waits for the thread's loads in flight, so there the scale loads are issued after it (before it,
-    ncu had the fence stalled on them for 7-10% of GEMM1's samples)."""
+    fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
+    them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
     if not GATHERED:
