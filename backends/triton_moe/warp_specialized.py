@@ -24,8 +24,8 @@ import torch
 from backends.layouts.triton_moe import _KERNEL_TENSORS, TritonMoEWeights, from_kernel_layout
 
 #: The launch config of both GEMMs: (BLOCK_M rows, BLOCK_N weight rows, BLOCK_K, STAGES of the BLOCK_M blocks,
-#: NUM_WARPS: one warpgroup per 64 weight rows). The Gluon probe's best at T = 16384 on an H100 (benchmarks/probe_gluon_w4a16.py: 256 x 128,
-#: with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
+#: NUM_WARPS: one warpgroup per 64 weight rows). The Gluon probe's best at T = 16384 on an H100
+#: (benchmarks/probe_gluon_w4a16.py: 256 x 128, with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
 WS_CONFIG = (256, 128, 64, 4, 8)
 #: Ring stages of the BLOCK_M / 2 and / 4 blocks: their K steps are shorter, so the ring must hold more of them to
 #: cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting for a slot's data while the loader
