@@ -163,3 +163,21 @@ def test_the_sweep_merge_finds_entries_by_shape_and_t(tmp_path):
     rows[1]["us"] = 99.0  # within min_gain (2%)
     sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "rows": rows}))
     assert bench.merge_sweep(str(sweep), str(table_path), str(out)) == []
+
+
+def test_tunes_report_names_failed_candidates_and_the_warp_specialized_time_or_why_it_failed():
+    from backends.triton_moe.tuning import tune
+
+    shape = SHAPES["deepseek-v3"]
+    base = tuning.heuristic_config(tuning.facts_by_name("sm90"), 132, tuning.Problem(tokens=16384, **shape.fields()))
+    row = {"heuristic": (base.gemm1, base.gemm2), "heuristic_us": 100.0, "best": (base.gemm1, base.gemm2),
+           "best_us": 90.0, "candidates": 22}
+    result = {"gpu": "NVIDIA H200", "rows": [
+        row | {"tokens": 1024, "failures": 0, "ws_us": None, "ws_error": None},
+        row | {"tokens": 8192, "failures": 3, "ws_us": 95.5, "ws_error": None, "prefill_kernel": "tiles"},
+        row | {"tokens": 16384, "failures": 0, "ws_us": None, "ws_error": "OutOfMemoryError: CUDA out of memory"}]}
+    head, plain, timed, failed = tune.report_lines(shape, result)
+    assert "on NVIDIA H200" in head and "could not run" not in plain and "warp-specialized" not in plain
+    assert timed.endswith("; 3 of 22 tile candidates could not run here; warp-specialized prefill 95.5")
+    assert failed.endswith("; warp-specialized prefill failed (OutOfMemoryError: CUDA out of memory); the entry "
+                           "keeps the tiles")

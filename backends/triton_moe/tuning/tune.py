@@ -66,8 +66,8 @@ def table_gpu_word(gpu_name: str) -> str:
 
 def tune_shape(shape, tokens_list=TOKENS, *, iters: int = 10, progress_stream=sys.stderr, seed: int = 0) -> dict:
     """Time the heuristic config and every candidate at each T; returns {"gpu", "arch", "rows": [per T: tokens,
-    heuristic config/µs, best config/µs, failures]}. Weights are random in the shape's format (speed does not
-    depend on the values)."""
+    heuristic config/µs, best config/µs, tile candidates and failures, the warp-specialized µs or why it failed
+    where timed]}. Weights are random in the shape's format (speed does not depend on the values)."""
     import torch
 
     from backends.gpu_timing import Flusher
@@ -111,22 +111,21 @@ def tune_shape(shape, tokens_list=TOKENS, *, iters: int = 10, progress_stream=sy
             raise RuntimeError(f"tune: every candidate failed at T={tokens} on {gpu.name}")
         heuristic_us = next((us for us, g1, g2 in timed if (g1, g2) == (base.gemm1, base.gemm2)), None)
         best = min(timed, key=lambda t: t[0])
-        prefill_kernel, best_us = "tiles", best[0]
+        prefill_kernel, best_us, ws_us, ws_error = "tiles", best[0], None, None
         if times_warp_specialized(arch.name, Problem(tokens=tokens, **shape.fields()), ws_runs):
             # the entry keeps the best tiles (W4A8 calls and other GPUs run them); a faster prefill names its kernels
             config = MoEConfig(best[1], best[2], "candidate", prefill_kernel="warp-specialized")
             try:
                 ws_us = time_layer(functools.partial(moe_forward, x, weights, router_logits=logits,
                                                      top_k=shape.top_k, config=config, **act), flush, iters)
-            except Exception:  # noqa: BLE001  counted as the tile candidates' are (e.g. no memory for its weights)
-                failures += 1
+            except Exception as exc:  # noqa: BLE001  reported beside the tiles (e.g. no memory for its weights)
                 torch.cuda.synchronize()
-                ws_us = float("inf")
-            if ws_us < best_us:
+                ws_error = f"{type(exc).__name__}: {exc}"
+            if ws_us is not None and ws_us < best_us:
                 prefill_kernel, best_us = "warp-specialized", ws_us
         rows.append({"tokens": tokens, "heuristic": (base.gemm1, base.gemm2), "heuristic_us": heuristic_us,
                      "best": (best[1], best[2]), "best_us": best_us, "prefill_kernel": prefill_kernel,
-                     "failures": failures})
+                     "failures": failures, "candidates": len(candidates), "ws_us": ws_us, "ws_error": ws_error})
     progress.close()
     return {"gpu": gpu.name, "arch": arch.name, "rows": rows}
 
@@ -156,8 +155,17 @@ def run_tune(shape, tokens_list=TOKENS, *, iters: int = 10, out_dir: Path | None
     run = time.strftime("tune-%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     writer.write_table(path, table_from_tuning(shape, result, run, existing))
     tables.reload_user_tables()
-    print(f"{shape.name} ({shape.format}, E={shape.experts}, k={shape.top_k}, H={shape.hidden_size}, "
-          f"I={shape.intermediate_size}) on {result['gpu']}: µs heuristic -> tuned", file=out)
+    for line in report_lines(shape, result):
+        print(line, file=out)
+    print(f"wrote {path}", file=out)
+    return path
+
+
+def report_lines(shape, result: dict) -> list[str]:
+    """What tune prints per T: µs before (heuristic) -> after, the kernels chosen, the candidates that could not run
+    and, where timed, the warp-specialized prefill kernels' µs or why they failed."""
+    lines = [f"{shape.name} ({shape.format}, E={shape.experts}, k={shape.top_k}, H={shape.hidden_size}, "
+             f"I={shape.intermediate_size}) on {result['gpu']}: µs heuristic -> tuned"]
     for row in result["rows"]:
         before = f"{row['heuristic_us']:.1f}" if row["heuristic_us"] is not None else "failed"
         gain = f" ({row['heuristic_us'] / row['best_us']:.2f}x)" if row["heuristic_us"] else ""
@@ -166,6 +174,13 @@ def run_tune(shape, tokens_list=TOKENS, *, iters: int = 10, out_dir: Path | None
             if row["tokens"] <= DECODE_KERNEL_TOKENS else ""
         kernels = ("warp-specialized prefill kernels" if row.get("prefill_kernel") == "warp-specialized" else
                    f"gemm1 {g1.block_m}x{g1.block_n}x{g1.block_k} w{g1.num_warps} s{g1.num_stages} split {g1.split_k}")
-        print(f"  T={row['tokens']:>6}: {before} -> {row['best_us']:.1f}{gain}  {kernels}{decode}", file=out)
-    print(f"wrote {path}", file=out)
-    return path
+        notes = []
+        if row.get("failures"):
+            notes.append(f"{row['failures']} of {row.get('candidates', '?')} tile candidates could not run here")
+        if row.get("ws_us") is not None:
+            notes.append(f"warp-specialized prefill {row['ws_us']:.1f}")
+        if row.get("ws_error"):
+            notes.append(f"warp-specialized prefill failed ({row['ws_error'][:200]}); the entry keeps the tiles")
+        lines.append(f"  T={row['tokens']:>6}: {before} -> {row['best_us']:.1f}{gain}  {kernels}{decode}"
+                     + "".join(f"; {note}" for note in notes))
+    return lines
