@@ -92,11 +92,14 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def describe(config: tuning.MoEConfig, decode_kernels: bool = True) -> str:
     """The config as benchmark rows name it; decode_kernels: whether the call runs the decode kernels when the config
-    has their warps (forward.takes_decode_kernels; a W4A16 call always does), whose warps are then all that applies."""
+    has their warps (forward.takes_decode_kernels; a W4A16 call always does), whose warps are then all that applies.
+    A config naming the warp-specialized prefill kernels says so after its tiles (a W4A16 call on sm_90 runs them,
+    other calls the tiles)."""
     g1, g2 = config.gemm1, config.gemm2
     extra = "".join((f" split{g1.split_k}/{g2.split_k}" if g1.split_k > 1 or g2.split_k > 1 else "",
                      " stacked" if g1.stack_gate_up else "", " half" if g1.half_rows else "",
-                     f" tail{g1.tail_rows or 0}/{g2.tail_rows or 0}" if g1.tail_rows or g2.tail_rows else ""))
+                     f" tail{g1.tail_rows or 0}/{g2.tail_rows or 0}" if g1.tail_rows or g2.tail_rows else "",
+                     " + warp-specialized prefill" if config.prefill_kernel == "warp-specialized" else ""))
     if config.decode is not None and decode_kernels:
         return f"{config.source}: decode kernels {config.decode.label}"
     return (f"{config.source}: {g1.block_m}x{g1.block_n}x{g1.block_k}/{g2.block_n}x{g2.block_k} "

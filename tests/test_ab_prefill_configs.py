@@ -47,3 +47,14 @@ def test_a_variants_environment_is_set_while_it_runs_and_the_processs_own_comes_
         assert (os.environ["MOE_ORACLE_T_A"], os.environ["MOE_ORACLE_T_B"]) == ("1", "2")
         raise RuntimeError  # a failing variant restores them too
     assert os.environ["MOE_ORACLE_T_A"] == "own" and "MOE_ORACLE_T_B" not in os.environ
+
+
+def test_a_config_naming_the_warp_specialized_prefill_says_so_in_benchmark_rows():
+    import dataclasses
+
+    bench_matrix = load_benchmark("bench_matrix")
+    tiles = tuning.MoEConfig(tuning.LaunchConfig(128, 64, 64, 8, True, 4, 3, tail_rows=16),
+                             tuning.LaunchConfig(128, 128, 64, 8, True, 4, 3, tail_rows=16), "sm90-h200.yaml#7")
+    assert bench_matrix.describe(tiles) == "sm90-h200.yaml#7: 128x64x64/128x64 w4/4 s3/3 tail16/16"
+    ws = dataclasses.replace(tiles, prefill_kernel="warp-specialized")
+    assert bench_matrix.describe(ws) == "sm90-h200.yaml#7: 128x64x64/128x64 w4/4 s3/3 tail16/16 + warp-specialized prefill"
