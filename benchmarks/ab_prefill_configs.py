@@ -5,7 +5,9 @@ each --variant, a named edit of that config, all in one process, each timed as b
 layer with routing as a CUDA graph, L2 flushed before each replay, median of --iters). A variant is
 `NAME:FIELD=VALUE[,FIELD=VALUE...]`, LaunchConfig fields set on both GEMMs, or on one with a `g1.` / `g2.` prefix
 (`tail32:tail_rows=32`, `w8:g1.num_warps=8,g1.tail_rows=64`); `none` clears an optional field; `topk_sum=fused`
-(or `launch`) and `prefill_kernel=warp-specialized` are moe_forward's own arguments. Each row gives µs,
+(or `launch`) and `prefill_kernel=warp-specialized` are moe_forward's own arguments; `env.NAME=VALUE` sets an
+environment variable while the variant runs (a kernel experiment's switch, read when its graph is captured). Each
+row gives µs,
 TFLOP/s (6·T·k·H·I), the fraction of this run's bf16 8192³ matmul rate, the relative L2 against the tuned row's
 output and whether its bits are the tuned row's (a variant that only regroups rows keeps them). --kernels adds each
 row's kernels (torch.profiler, eager, L2 flushed: mean µs per call) to DIR/kernels.csv.
