@@ -113,11 +113,15 @@ def test_the_h100_table_lists_only_its_differences_from_the_h200_one():
     h100, h200 = tuning.shipped_table("sm90-h100.yaml"), tuning.shipped_table("sm90-h200.yaml")
     assert h100["extends"] == "sm90-h200.yaml" and "extends" not in h200
     assert 0 < len(h100["entries"]) < len(h200["entries"])
-    for entry in h100["entries"]:  # every entry it lists changes a config the H200 table would give
-        problem = Problem(tokens=entry["measured"]["tokens"], **entry["shape"])
-        parent = tuning.select_config("sm90", H200, problem)
-        assert (tuning.launch_dict(parent.gemm1), tuning.launch_dict(parent.gemm2)) != (entry["gemm1"],
-                                                                                          entry["gemm2"])
+    for entry in h100["entries"]:  # every entry it lists changes a config the H200 table gives somewhere in its range
+        low, high = entry["tokens"]["min"], entry["tokens"].get("max", 1 << 20)
+        points = {low, high, entry["measured"]["tokens"]} | {
+            other["tokens"]["min"] for other in h200["entries"]
+            if other["shape"] == entry["shape"] and low <= other["tokens"]["min"] <= high}
+        own = (entry["gemm1"], entry["gemm2"], entry.get("prefill_kernel", "tiles"))
+        parents = [tuning.select_config("sm90", H200, Problem(tokens=t, **entry["shape"])) for t in sorted(points)]
+        assert any((tuning.launch_dict(p.gemm1), tuning.launch_dict(p.gemm2), p.prefill_kernel) != own
+                   for p in parents), entry
     # a T the H100 table does not list comes from the H200 table
     assert tuning.select_config("sm90", H100, _problem("gpt-oss-120b", 1)).source.startswith("sm90-h200.yaml#")
     assert tuning.select_config("sm90", H100, _problem("gpt-oss-120b", 4)).source.startswith("sm90-h100.yaml#")
