@@ -112,6 +112,17 @@ def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
         moe_forward(x, kw, router_logits=torch.randn(300, 4), top_k=2, prefill_kernel="sideways")
 
 
+def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
+    from backends.triton_moe import warp_specialized
+
+    kw = to_kernel_layout(**random_checkpoint(Shape("small", "mxfp4", 4, 2, 128, 64, "swigluoai", True)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(warp_specialized, "_triton_version", lambda: "3.5.1")
+    assert warp_specialized.ws_unsupported(kw, torch.device("cuda")) == "it needs triton >= 3.6 (Gluon), found 3.5.1"
+    monkeypatch.setattr(warp_specialized, "_triton_version", lambda: "3.10.0+git1a2b")
+    assert warp_specialized.ws_unsupported(kw, torch.device("cuda")) is None
+
+
 def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 

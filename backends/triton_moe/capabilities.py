@@ -6,13 +6,18 @@ ACTIVATIONS = ("swigluoai", "silu")
 MIN_TRITON = (3, 4)
 
 
-def require_triton_version(version: str) -> None:
-    """Refuse an older triton at import time with one clear message (the layer reports it as not runnable here)."""
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string, each piece's digits only ("3.6.0+git1a2b" -> (3, 6); none -> 0)."""
     parts = []
     for piece in version.split(".")[:2]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
-    if tuple(parts) < MIN_TRITON:
+    return tuple(parts)
+
+
+def require_triton_version(version: str) -> None:
+    """Refuse an older triton at import time with one clear message (the layer reports it as not runnable here)."""
+    if version_tuple(version) < MIN_TRITON:
         raise ImportError(f"backends.triton_moe needs triton >= {'.'.join(map(str, MIN_TRITON))}, found {version}; "
                           f"pip install 'triton>={'.'.join(map(str, MIN_TRITON))}' or use the EMULATION backend")
 

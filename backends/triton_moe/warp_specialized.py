@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from backends.layouts.triton_moe import _KERNEL_TENSORS, TritonMoEWeights, from_kernel_layout
+from backends.triton_moe.capabilities import version_tuple
 
 #: The launch config of both GEMMs: (BLOCK_M rows, BLOCK_N weight rows, BLOCK_K, STAGES of the BLOCK_M blocks,
 #: NUM_WARPS: one warpgroup per 64 weight rows). The Gluon probe's best at T = 16384 on an H100
@@ -118,7 +119,7 @@ def ws_unsupported(kw: TritonMoEWeights, device: torch.device, act_quant: str | 
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return f"it runs on sm_90 GPUs only (x is on {device})"
     found = _triton_version()
-    if tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in found.split(".")[:2]) < MIN_TRITON:
+    if version_tuple(found) < MIN_TRITON:
         return f"it needs triton >= {'.'.join(map(str, MIN_TRITON))} (Gluon), found {found}"
     return ws_shape_problem(kw.hidden_size, kw.intermediate_size)
 
