@@ -77,6 +77,12 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
+from backends.triton_moe._kernels import (  # noqa: E402 (W4A8: the tile kernels' table decode to E4M3 bytes)
+    _E2M1_TO_E4M3_ASM,
+    _E2M1_TO_E4M3_CONSTRAINTS,
+    _E2M1_TO_E4M3_TWO_ASM,
+    _E2M1_TO_E4M3_TWO_CONSTRAINTS,
+)
 from backends.triton_moe._kernels import _E4M3_PAIR_BF16X2_ASM as _E4M3_PAIR_ASM  # noqa: E402
 from backends.triton_moe._ws_kernels import (  # noqa: E402  the word decode the layer's Gluon kernels use too
     _mxfp4_folded,
@@ -180,19 +186,89 @@ def _nvfp4_folded(pair):
             (folded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
 
 
+@gluon.constexpr_function
+def lut_bytes_layout(linear, shape):
+    """The layout of the W4A8 bytes [BLOCK_N, BLOCK_K / 2] (`layouts.triton_moe.W4A8_CHUNK` order: per 32-wide K
+    chunk h, word t holds values 32 h + 4 t + q (A) and 32 h + 16 + 4 t + q (B), q = 0..3) that puts each word's 4
+    bytes in the registers of the thread whose FP8 wgmma A registers take its values: the operand's linear layout
+    (k_width 4, over `shape` [BLOCK_N, BLOCK_K]) with K base 16 (A or B) dropped and K bases from 32 on halved."""
+
+    def bases(of):
+        return [[row, k if k < 16 else k // 2] for row, k in of if k != 16]
+
+    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
+                                      warp_bases=bases(linear.warp_bases), block_bases=[],
+                                      shape=[shape[0], shape[1] // 2])
+
+
+@gluon.constexpr_function
+def lut_words_layout(linear, shape):
+    """lut_bytes_layout's (`linear` over `shape` [BLOCK_N, BLOCK_K / 2]) words [BLOCK_N, BLOCK_K / 8]: its byte
+    bases 1 and 2 dropped, the others divided by 4 (word 4 h + t of a row)."""
+
+    def bases(of):
+        return [[row, k // 4] for row, k in of if k not in (1, 2)]
+
+    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
+                                      warp_bases=bases(linear.warp_bases), block_bases=[],
+                                      shape=[shape[0], shape[1] // 4])
+
+
 @gluon.jit
-def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads, tail_in,
+def _per_byte(word_values, w8):
+    """Each word's value [BLOCK_N, BLOCK_K / 8] repeated for its 4 bytes, in w8's layout (the same registers)."""
+    both = gl.join(word_values, word_values)
+    return gl.convert_layout(gl.reshape(gl.join(both, both), w8.shape), w8.type.layout, assert_trivial=True)
+
+
+@gluon.jit
+def _operand_from_lut(w8, code, lut_ptr, NVFP4: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """W4A8 bytes (lut_bytes_layout) and each word's table code (MXFP4: its block's; NVFP4: A's block in the low
+    byte, B's in the next) -> the FP8 wgmma's E4M3 A operand [BLOCK_N, BLOCK_K], by the tile kernels' routine (two
+    `prmt` lookups in the 8-byte table row of the code, 8 ops per 8 weights)."""
+    table = gl.full([BLOCK_N, BLOCK_K // 2], 0, gl.int64, w8.type.layout) + lut_ptr.to(gl.int64)
+    if NVFP4:
+        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_TWO_ASM, _E2M1_TO_E4M3_TWO_CONSTRAINTS,
+                                         [w8, _per_byte(code & 0xFF, w8), _per_byte((code >> 8) & 0xFF, w8), table],
+                                         dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
+    else:
+        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_CONSTRAINTS, [w8, _per_byte(code, w8), table],
+                                         dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
+    w = gl.join(a.to(gl.float8e4nv, bitcast=True), b.to(gl.float8e4nv, bitcast=True))  # byte 16 h + 4 t + q, A / B
+    w = gl.permute(gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 16, 2]), [0, 1, 3, 2])
+    return gl.reshape(w, [BLOCK_N, BLOCK_K])  # K = 32 h + 16 (B) + 4 t + q
+
+
+@gluon.jit
+def _kept(w):
+    """An 8-bit wgmma operand read again (a copy nobody uses) after the wait that retires its wgmma: its registers
+    stay live, so the next decode cannot write them while that wgmma may read them. The wait's own deps would do
+    this, but triton 3.6 lowers only 16- and 32-bit deps ("Unexpected bitwidth in WGMMAWaitGroupOp: 8")."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w.to(gl.int8, bitcast=True)], dtype=gl.int8,
+                                     is_pure=False, pack=4).to(w.dtype, bitcast=True)
+
+
+@gluon.jit
+def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads, tail_in, lut_ptr,
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, FP8: gl.constexpr, WORDS: gl.constexpr,
           NVFP4: gl.constexpr, FLAT: gl.constexpr, TAIL: gl.constexpr):
     """K tile i: decode the packed tile into the wgmma's A registers, issue the wgmma, then release a slot: to the
     loader partition, or FLAT (no loader; `loads` = the descriptors, tile origin and K tiles) by loading K tile
     i + STAGES - 1 into it. TAIL: a second wgmma multiplies the same decoded weights with the tail rows into acc_t.
     W4A16 leaves this wgmma in flight while the next tile is decoded: the wait retires the previous one, whose operand
-    w_keep stays alive until then, so the two operands never share registers (the caller alternates them).
-    W4A8 waits for this one (triton 3.6 cannot keep an 8-bit operand alive across a wait)."""
+    w_keep stays alive until then, so the two operands never share registers (the caller alternates them; W4A8
+    through `_kept`). WORDS and FP8: the W4A8 table decode (`_operand_from_lut`; scale_ptrs: each word's codes)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
-    if WORDS:  # pairs: the word indices; scale_ptrs: each word's scales
+    if WORDS and FP8:
+        block = i * (BLOCK_K // 32) + pairs // 4
+        code = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=0).to(gl.int32)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
+                                                      [BLOCK_N, BLOCK_K])
+        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), code, lut_ptr, NVFP4, BLOCK_N,
+                                                BLOCK_K), w_keep.type.layout, assert_trivial=True)
+    elif WORDS:  # pairs: the word indices; scale_ptrs: each word's scales
         block = i * (BLOCK_K // 32) + pairs // 4
         if NVFP4:  # two E4M3 scales as one int16
             pair = gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=(block < K // 32)[None, :], other=0)
@@ -212,25 +288,24 @@ def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs
         s16 = (scale.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # 2^(s - 127), exact for 1 <= s <= 254
         s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BLOCK_N, BLOCK_K]), w.type.layout)  # same registers
         w = w * s16
-    if FP8:
+    if FP8 and not WORDS:
         w = w.to(gl.float8e4nv)
-    w = gl.convert_layout(w, w_keep.type.layout)  # fp4_to_fp's result is this layout already: no data moves
+    w = gl.convert_layout(w, w_keep.type.layout)  # the decode's result is this layout already: no data moves
     acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-    if FP8:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(empty.index(slot), count=1)
+    if TAIL:  # two wgmma groups a step: waiting down to 2 retires tile i - 1's pair
+        acc_t = warpgroup_mma(w, tail_in[1].index(slot).permute((1, 0)), acc_t, is_async=True)
+        acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
+    elif FP8:
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
+        w_keep = _kept(w_keep)
     else:
-        if TAIL:  # two wgmma groups a step: waiting down to 2 retires tile i - 1's pair
-            acc_t = warpgroup_mma(w, tail_in[1].index(slot).permute((1, 0)), acc_t, is_async=True)
-            acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
-        else:
-            acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
-        if FLAT:  # tile i - 1's wgmma is done: its slot takes tile i + STAGES - 1
-            x_desc, w_desc, off_m, w_row, k_tiles = loads
-            _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i + STAGES - 1, off_m, w_row, tail_in, BLOCK_K,
-                       BLOCK_M, TAIL, pred=i + STAGES - 1 < k_tiles)
-        else:
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)  # tile i - 1's is done
+        acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
+    if FLAT:  # tile i - 1's wgmma is done: its slot takes tile i + STAGES - 1
+        x_desc, w_desc, off_m, w_row, k_tiles = loads
+        _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, i + STAGES - 1, off_m, w_row, tail_in, BLOCK_K,
+                   BLOCK_M, TAIL, pred=i + STAGES - 1 < k_tiles)
+    else:
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)  # tile i - 1's is done
     return acc, acc_t, w
 
 
@@ -238,19 +313,28 @@ def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs
 def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr,
               FP8: gl.constexpr, WORDS: gl.constexpr, NVFP4: gl.constexpr, loads, FLAT: gl.constexpr, tail_in,
-              yt_desc, TAIL: gl.constexpr):
+              yt_desc, TAIL: gl.constexpr, lut):
     """W (decoded into registers) x X^T (shared memory) into Y^T's tile, stored through shared memory by TMA.
     The K loop is unrolled by two so that consecutive tiles' operands alternate between two register sets with no
     copies: a single loop-carried operand would be copied into the register the wgmma in flight reads. (Kept alive
     across the wait this way, ptxas leaves the wgmmas asynchronous; in two consumer partitions of one warpgroup
     each, it serialized them, C7512.) FP8 (W4A8): the decoded weights are rounded to E4M3 and the wgmma is an FP8
     one (K 32 per instruction); the packed tile is then loaded two bytes (four codes) per register so that the
-    E4M3 bytes land in its A layout."""
+    E4M3 bytes land in its A layout. WORDS and FP8 (W4A8's table decode): s_ptr holds each 32-wide chunk's table
+    codes (`lut` = (table, row exponents r)) and the sums are scaled by 2^r of their weight row."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
     packed: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2 if FP8 else 1)
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4 if FP8 else 2)
-    if WORDS:  # the words form: "pairs" are word indices, 4 words a 32-wide scale block
+    lut_ptr, rexp_ptr = lut
+    if WORDS and FP8:  # "pairs" are word indices, 4 words a 32-wide chunk: its code(s) in s_ptr
+        words: gl.constexpr = lut_words_layout(gl.to_linear_layout(
+            lut_bytes_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]), [BLOCK_N, BLOCK_K]),
+            [BLOCK_N, BLOCK_K // 2]), [BLOCK_N, BLOCK_K // 2])
+        rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, words))
+        pairs = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, words))
+        scale_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_sn + (pairs // 4)[None, :]
+    elif WORDS:  # the words form: "pairs" are word indices, 4 words a 32-wide scale block
         words: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]), [BLOCK_N, BLOCK_K])
         rows = w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, words))
         pairs = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, words))
@@ -268,14 +352,17 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K,
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     for j in range(k_tiles // 2):
         acc, acc_t, w_even = _step(2 * j, acc, acc_t, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K, loads,
-                                   tail_in, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
+                                   tail_in, lut_ptr, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
         acc, acc_t, w_odd = _step(2 * j + 1, acc, acc_t, w_even, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K,
-                                  loads, tail_in, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
+                                  loads, tail_in, lut_ptr, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
     if k_tiles % 2:
         acc, acc_t, w_odd = _step(k_tiles - 1, acc, acc_t, w_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs, K,
-                                  loads, tail_in, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
+                                  loads, tail_in, lut_ptr, BLOCK_M, BLOCK_N, BLOCK_K, FP8, WORDS, NVFP4, FLAT, TAIL)
     acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
-    _store_tile(acc, y_smem, y_desc, off_m, off_n, NVFP4)
+    if WORDS and FP8:  # 2^r of each weight row, built from its bits (exact; |r| < 127)
+        r = gl.load(rexp_ptr + w_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma)))
+        acc = acc * ((r + 127) << 23).to(gl.float32, bitcast=True)[:, None]
+    _store_tile(acc, y_smem, y_desc, off_m, off_n, NVFP4 and not FP8)
     if TAIL:  # through the output tile's first rows, free again after its store
         _store_tile(acc_t, y_smem.slice(0, TAIL), yt_desc, off_m + BLOCK_M, off_n, NVFP4)
 
@@ -306,7 +393,7 @@ def _tile_origin(block_expert_ptr, block_row_ptr, N, BLOCK_M: gl.constexpr, BLOC
 
 @gluon.jit
 def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, block_row_ptr, N, K, xt_desc,
-                    yt_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                    yt_desc, lut_ptr, rexp_ptr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                     STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, GROUPED: gl.constexpr, FP8: gl.constexpr,
                     WORDS: gl.constexpr, NVFP4: gl.constexpr, FLAT: gl.constexpr, TAIL: gl.constexpr):
     """Y[M, N] = X[M, K] (bf16) W[N, K]^T (MXFP4: packed codes [N, K/2], E8M0 scales [N, K/32]; NVFP4, words form
@@ -334,12 +421,13 @@ def w4a16_ws_kernel(x_desc, w_desc, y_desc, s_ptr, stride_sn, block_expert_ptr, 
             _load_tile(x_desc, w_desc, x_bufs, w_bufs, ready, s, off_m, w_row, tail_in, BLOCK_K, BLOCK_M, TAIL,
                        pred=s < k_tiles)
         _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row, k_tiles,
-                  BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT, tail_in, yt_desc, TAIL)
+                  BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT, tail_in, yt_desc, TAIL,
+                  (lut_ptr, rexp_ptr))
     else:
         gl.warp_specialize([
             (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, K, off_m, off_n, w_row,
                          k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, FP8, WORDS, NVFP4, loads, FLAT, tail_in,
-                         yt_desc, TAIL)),
+                         yt_desc, TAIL, (lut_ptr, rexp_ptr))),
             (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, w_row, k_tiles, tail_in, BLOCK_K, BLOCK_M,
                        TAIL)),
         ], [1], [40])
@@ -450,6 +538,17 @@ def _layouts(block_m: int, block_n: int, block_k: int, fp8: bool, words: bool = 
             gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16))
 
 
+def packs_words(form: str, fp8: bool) -> bool:
+    """Whether a form's packed tile is int32 words of the word routine (`pack_words`); W4A8 in the words and flat
+    forms reads the W4A8 bytes instead (`table_decode`), the register form MXFP4 bytes."""
+    return form == "smem" or (form in ("words", "flat") and not fp8)
+
+
+def table_decode(form: str, fp8: bool) -> bool:
+    """W4A8 in the words and flat forms: the W4A8 bytes decoded by table (`_operand_from_lut`)."""
+    return form in ("words", "flat") and fp8
+
+
 def tail_rows_of(tail: int) -> int:
     """Rows of the tail tiles a kernel declares: TAIL, or 8 (the smallest wgmma N) for unused placeholders."""
     return tail or 8
@@ -471,7 +570,7 @@ def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool =
     """The kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton)."""
     block_m, block_n, block_k, stages, warps = config[:5]
     kernel = kernel_of(form)
-    words = form != "register"
+    words = packs_words(form, fp8)
     x_layout, w_layout, y_layout = _layouts(block_m, block_n, block_k, fp8, words)
     constexprs = _constexprs(config, grouped, fp8, form, nvfp4, tail)
     packed = f"i32[{block_n},{block_k // 8}]" if words else f"u8[{block_n},{block_k // 2}]"
@@ -484,7 +583,8 @@ def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool =
         rows = tail_rows_of(tail)
         xt_layout, _, yt_layout = _layouts(rows, block_n, block_k, fp8, words)
         signature |= {"xt_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{rows},{block_k}],{xt_layout!r}>",
-                      "yt_desc": f"tensordesc<bf16[{rows},{block_n}],{yt_layout!r}>"}
+                      "yt_desc": f"tensordesc<bf16[{rows},{block_n}],{yt_layout!r}>", "lut_ptr": "*i32",
+                      "rexp_ptr": "*i32"}
     names = kernel.arg_names
     source = GluonASTSource(fn=kernel, signature=signature,
                             constexprs={(names.index(name),): value for name, value in constexprs.items()})
@@ -570,8 +670,8 @@ def absorb_fits(config, form: str) -> bool:
 
 
 def activation_schemes(form: str) -> tuple[bool, ...]:
-    """FP8 flags a form runs: W4A16 and W4A8; the words and flat forms W4A16 only (the routine yields bf16 pairs)."""
-    return (False,) if form in ("words", "flat") else (False, True)
+    """FP8 flags a form runs: W4A16 and W4A8 (the words form's by table decode); the flat form W4A16 only."""
+    return (False,) if form == "flat" else (False, True)
 
 
 def _config_name(config) -> str:
@@ -585,13 +685,28 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from backends.formats import dequantize_mxfp4, dequantize_nvfp4  # element 2j in the low nibble
+    from backends.formats import dequantize_mxfp4, dequantize_nvfp4, rebase_rows_to_e4m3  # 2j: the low nibble
+    from backends.layouts.triton_moe import _w4a8_expert, w4a8_lut_table
 
-    def dequant(packed, scales):
-        """The weights the kernel multiplies: NVFP4 without its global scale (the probe has no epilogue for it)."""
+    def dequant(packed, scales, fp8=False):
+        """The weights the kernel multiplies: NVFP4 without its global scale (the probe has no epilogue for it);
+        the table decode's rebased E4M3 rows times their 2^r (exact for these MXFP4 scales; NVFP4 rounds)."""
         if nvfp4:
-            return dequantize_nvfp4(packed, scales.view(torch.float8_e4m3fn), 1.0)
-        return dequantize_mxfp4(packed, scales)
+            w = dequantize_nvfp4(packed, scales.view(torch.float8_e4m3fn), 1.0)
+        else:
+            w = dequantize_mxfp4(packed, scales)
+        if table_decode(form, fp8):
+            w8, r = rebase_rows_to_e4m3(w)
+            w = torch.ldexp(w8, r[:, None].float())
+        return w
+
+    def table_weights(packed, scales, chunk=16384):
+        """The table decode's tensors: W4A8 bytes [rows, K/2], table codes per (row, scale block) (NVFP4: a chunk's
+        two as one int16) and row exponents r [rows], a chunk of rows at a time (the conversion widens to int64)."""
+        parts = [_w4a8_expert(packed[i:i + chunk], scales[i:i + chunk], "nvfp4" if nvfp4 else "mxfp4")
+                 for i in range(0, packed.shape[0], chunk)]
+        r, stored, codes = (torch.cat(t) for t in zip(*parts, strict=True))
+        return stored, codes.view(torch.int16) if nvfp4 else codes, r
 
     def size_launches(config, blocks):
         """(config, tail, expert, first row, programs) per block size of `expert_blocks`' blocks: one launch each, the
@@ -608,12 +723,17 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
     def launch(x, packed, scales, n, config, launches=None):
         """Y = X W^T, or with launches (`size_launches`) the grouped GEMM over their blocks."""
         block_n, block_k = config[1:3]
-        words = form != "register"
-        if words and converted.get("bytes") is not packed:  # once per weight tensor, outside the timed launches
-            converted.update(bytes=packed, words=pack_words(packed, "smem" if form == "smem" else "words"))
         fp8 = x.dtype == torch.float8_e4m3fn
+        words, lut = packs_words(form, fp8), table_decode(form, fp8)
+        if converted.get("source") is not packed or converted.get("lut") != lut:  # once per weight tensor, untimed
+            converted.update(source=packed, lut=lut, tile=packed, scales=scales.view(torch.int16) if nvfp4 else scales,
+                             rexp=torch.zeros(packed.shape[0], dtype=torch.int32, device=packed.device))
+            if lut:
+                converted.update(zip(("tile", "scales", "rexp"), table_weights(packed, scales), strict=True))
+            elif words:
+                converted.update(tile=pack_words(packed, "smem" if form == "smem" else "words"))
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-        kernel_scales = scales.view(torch.int16) if nvfp4 else scales  # NVFP4: a word's two blocks as one load
+        kernel_scales = converted["scales"]  # NVFP4: a word's two blocks (or table codes) as one int16 load
         dense = [(config, 0, scales, scales, triton.cdiv(x.shape[0], config[0]))]  # the pointers are not read
         for sub_config, tail, expert, first, count in launches or dense:
             x_layout, w_layout, y_layout = _layouts(sub_config[0], block_n, block_k, fp8, words)
@@ -621,10 +741,11 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
             if form != "smem":
                 xt_layout, _, yt_layout = _layouts(tail_rows_of(tail), block_n, block_k, fp8, words)
                 tail_descs = (TensorDescriptor.from_tensor(x, [tail_rows_of(tail), block_k], xt_layout),
-                              TensorDescriptor.from_tensor(y, [tail_rows_of(tail), block_n], yt_layout))
+                              TensorDescriptor.from_tensor(y, [tail_rows_of(tail), block_n], yt_layout),
+                              w4a8_lut_table(x.device), converted["rexp"])
             kernel_of(form)[(triton.cdiv(n, block_n), count)](
                 TensorDescriptor.from_tensor(x, [sub_config[0], block_k], x_layout),
-                TensorDescriptor.from_tensor(converted["words"] if words else packed,
+                TensorDescriptor.from_tensor(converted["tile"],
                                              [block_n, block_k // (8 if words else 2)], w_layout),
                 TensorDescriptor.from_tensor(y, [sub_config[0], block_n], y_layout),
                 kernel_scales, kernel_scales.stride(0), expert, first, n, x.shape[1], *tail_descs,
@@ -638,7 +759,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
         for b in checked:
             expert, first, rows = (int(t[b]) for t in blocks)
             w = slice(expert * n, (expert + 1) * n)
-            ref = x[first:first + rows].float() @ dequant(packed[w], scales[w]).T
+            ref = x[first:first + rows].float() @ dequant(packed[w], scales[w], x.dtype == torch.float8_e4m3fn).T
             err += float((y[first:first + rows].float() - ref).norm() ** 2)
             ref_norm += float(ref.norm() ** 2)
         return (err / ref_norm) ** 0.5
@@ -670,7 +791,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
             block_m, block_n = config[:2]
             x, (packed, scales) = activations(2 * block_m, 640, fp8), weights(3 * block_n, 640)
             y = launch(x, packed, scales, 3 * block_n, config).float()
-            ref = x.float() @ dequant(packed, scales).T
+            ref = x.float() @ dequant(packed, scales, fp8).T
             rel = ((y - ref).norm() / ref.norm()).item()
             assert rel < 1e-2, f"{config} fp8={fp8} dense: rel L2 {rel:.2e}"
             # one block of each size: BLOCK_M and a quarter (expert 0), a half (expert 1), a quarter (expert 2)
@@ -712,7 +833,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
         for (_, _, _, n, k), m, fp8 in itertools.product(gemms, ROWS, activation_schemes(form)):  # dense: the ceiling
             x = activations(m, k, fp8)
             packed, scales = weights(n, k)
-            ref = x.float() @ dequant(packed, scales).T  # exact products (E4M3 holds these weights too), fp32 sums
+            ref = x.float() @ dequant(packed, scales, fp8).T  # exact products (E4M3 holds these weights too), fp32 sums
             for config in configs:
                 y = launch(x, packed, scales, n, config)
                 rel = ((y.float() - ref).norm() / ref.norm()).item()
@@ -744,9 +865,17 @@ def main(argv: list[str] | None = None) -> int:
                              "memory (FORMS has each form's configs)")
     parser.add_argument("--format", choices=("mxfp4", "nvfp4"), default="mxfp4",
                         help="the weights' format (nvfp4: the words form only, on NVFP4_LAYERS)")
+    parser.add_argument("--config", action="append", metavar="CONFIG",
+                        help="only this config of the form (as the CSV names it, e.g. 128x128x128x4x8); repeatable")
     parser.add_argument("--smoke", metavar="CONFIG", help=argparse.SUPPRESS)  # one config's check, for --run
     args = parser.parse_args(argv)
     configs = FORMS[args.kernel]
+    if args.config:
+        unknown = sorted(set(args.config) - {_config_name(c) for c in configs})
+        if unknown:
+            parser.error(f"--config {', '.join(unknown)}: the {args.kernel} form's configs are "
+                         f"{', '.join(map(_config_name, configs))}")
+        configs = [c for c in configs if _config_name(c) in args.config]
     nvfp4 = args.format == "nvfp4"
     if nvfp4 and args.kernel not in ("words", "flat"):
         parser.error("--format nvfp4 runs in the words and flat forms only: add --kernel words or --kernel flat")
