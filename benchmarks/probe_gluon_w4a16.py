@@ -77,20 +77,18 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from _cubin import cubin_tool, in_flight_operand_writes, k_loop  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
-from backends.triton_moe._kernels import (  # noqa: E402 (W4A8: the tile kernels' table decode to E4M3 bytes)
-    _E2M1_TO_E4M3_ASM,
-    _E2M1_TO_E4M3_CONSTRAINTS,
-    _E2M1_TO_E4M3_TWO_ASM,
-    _E2M1_TO_E4M3_TWO_CONSTRAINTS,
-)
 from backends.triton_moe._kernels import _E4M3_PAIR_BF16X2_ASM as _E4M3_PAIR_ASM  # noqa: E402
 from backends.triton_moe._ws_kernels import (  # noqa: E402  the word decode the layer's Gluon kernels use too
+    _kept,
     _mxfp4_folded,
+    _operand_from_lut,
     _operand_from_words,
     _partition_barrier,
     _tma_load,
     _tma_store,
     _word_routine,
+    lut_bytes_layout,
+    lut_words_layout,
     operand_words_layout,
     pack_words,
 )
@@ -184,68 +182,6 @@ def _nvfp4_folded(pair):
                                        is_pure=True, pack=1)
     return ((folded & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True),
             (folded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
-
-
-@gluon.constexpr_function
-def lut_bytes_layout(linear, shape):
-    """The layout of the W4A8 bytes [BLOCK_N, BLOCK_K / 2] (`layouts.triton_moe.W4A8_CHUNK` order: per 32-wide K
-    chunk h, word t holds values 32 h + 4 t + q (A) and 32 h + 16 + 4 t + q (B), q = 0..3) that puts each word's 4
-    bytes in the registers of the thread whose FP8 wgmma A registers take its values: the operand's linear layout
-    (k_width 4, over `shape` [BLOCK_N, BLOCK_K]) with K base 16 (A or B) dropped and K bases from 32 on halved."""
-
-    def bases(of):
-        return [[row, k if k < 16 else k // 2] for row, k in of if k != 16]
-
-    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
-                                      warp_bases=bases(linear.warp_bases), block_bases=[],
-                                      shape=[shape[0], shape[1] // 2])
-
-
-@gluon.constexpr_function
-def lut_words_layout(linear, shape):
-    """lut_bytes_layout's (`linear` over `shape` [BLOCK_N, BLOCK_K / 2]) words [BLOCK_N, BLOCK_K / 8]: its byte
-    bases 1 and 2 dropped, the others divided by 4 (word 4 h + t of a row)."""
-
-    def bases(of):
-        return [[row, k // 4] for row, k in of if k not in (1, 2)]
-
-    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
-                                      warp_bases=bases(linear.warp_bases), block_bases=[],
-                                      shape=[shape[0], shape[1] // 4])
-
-
-@gluon.jit
-def _per_byte(word_values, w8):
-    """Each word's value [BLOCK_N, BLOCK_K / 8] repeated for its 4 bytes, in w8's layout (the same registers)."""
-    both = gl.join(word_values, word_values)
-    return gl.convert_layout(gl.reshape(gl.join(both, both), w8.shape), w8.type.layout, assert_trivial=True)
-
-
-@gluon.jit
-def _operand_from_lut(w8, code, lut_ptr, NVFP4: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """W4A8 bytes (lut_bytes_layout) and each word's table code (MXFP4: its block's; NVFP4: A's block in the low
-    byte, B's in the next) -> the FP8 wgmma's E4M3 A operand [BLOCK_N, BLOCK_K], by the tile kernels' routine (two
-    `prmt` lookups in the 8-byte table row of the code, 8 ops per 8 weights)."""
-    table = gl.full([BLOCK_N, BLOCK_K // 2], 0, gl.int64, w8.type.layout) + lut_ptr.to(gl.int64)
-    if NVFP4:
-        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_TWO_ASM, _E2M1_TO_E4M3_TWO_CONSTRAINTS,
-                                         [w8, _per_byte(code & 0xFF, w8), _per_byte((code >> 8) & 0xFF, w8), table],
-                                         dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
-    else:
-        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_CONSTRAINTS, [w8, _per_byte(code, w8), table],
-                                         dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
-    w = gl.join(a.to(gl.float8e4nv, bitcast=True), b.to(gl.float8e4nv, bitcast=True))  # byte 16 h + 4 t + q, A / B
-    w = gl.permute(gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 16, 2]), [0, 1, 3, 2])
-    return gl.reshape(w, [BLOCK_N, BLOCK_K])  # K = 32 h + 16 (B) + 4 t + q
-
-
-@gluon.jit
-def _kept(w):
-    """An 8-bit wgmma operand read again (a copy nobody uses) after the wait that retires its wgmma: its registers
-    stay live, so the next decode cannot write them while that wgmma may read them. The wait's own deps would do
-    this, but triton 3.6 lowers only 16- and 32-bit deps ("Unexpected bitwidth in WGMMAWaitGroupOp: 8")."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w.to(gl.int8, bitcast=True)], dtype=gl.int8,
-                                     is_pure=False, pack=4).to(w.dtype, bitcast=True)
 
 
 @gluon.jit

@@ -1,5 +1,5 @@
-"""The warp-specialized W4A16 prefill path (backends.triton_moe.warp_specialized): its weight order, block tables and
-sm_90 build on CPU; the layer against the emulation and the tile kernels on a Hopper GPU."""
+"""The warp-specialized prefill path (backends.triton_moe.warp_specialized), W4A16 and W4A8 on FP8 tensor cores: its
+weight order, block tables and sm_90 build on CPU; the layer against the emulation on a Hopper GPU."""
 
 from __future__ import annotations
 
@@ -10,12 +10,19 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from tolerances import w4a16_vs_emulation
+from tolerances import tolerance, w4a16_vs_emulation
 
 pytest.importorskip("triton", reason="triton is not installed; the Triton MoE kernels cannot run")
 
 from backends import emulation
-from backends.layouts.triton_moe import _decode_words, from_kernel_layout, to_kernel_layout
+from backends.layouts.triton_moe import (
+    _decode_words,
+    _from_words,
+    _untile_rows,
+    from_kernel_layout,
+    to_kernel_layout,
+    w4a8_row_data,
+)
 from backends.triton_moe import moe_forward
 from backends.triton_moe._routing import align
 from backends.triton_moe._ws_kernels import WORD_ORDERS
@@ -67,6 +74,26 @@ def test_ws_weights_hold_the_checkpoints_codes_and_scales_in_the_kernels_order(f
     assert torch.equal(ws.w13_bias, raw["w13_bias"][:, order])
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_ws_w4a8_weights_are_the_fp8_tiles_rows_in_the_kernels_order(fmt):
+    """The W4A8 kernels' bytes, table codes and row exponents are the FP8 tile kernels' (w4a8_row_data, which the
+    W4A8 tests hold to the emulation), row for row in the warp-specialized order."""
+    shape = Shape("small", fmt, 4, 2, 128, 64, "swigluoai", True)
+    kw = to_kernel_layout(**random_checkpoint(shape, generator=torch.Generator().manual_seed(2)))
+    tiles = w4a8_row_data(kw)
+    ws = ws_weights(kw, w4a8=True)
+    assert ws.w4a8
+    for name, order, k in (("w13", ws_row_order(shape.intermediate_size), shape.hidden_size),
+                           ("w2", torch.arange(shape.hidden_size), shape.intermediate_size)):
+        assert torch.equal(getattr(ws, name), _untile_rows(tiles[f"{name}_fp8"])[:, order].reshape(-1, k // 2))
+        assert torch.equal(getattr(ws, f"{name}_row_exp"), tiles[f"{name}_row_exp"][:, order].reshape(-1))
+        codes = _from_words(tiles[f"{name}_lut_code"], fmt, k)[:, order].reshape(-1, k // (16 if fmt == "nvfp4" else
+                                                                                           32)).to(torch.int32)
+        if fmt == "nvfp4":  # a 32-wide chunk's two 16-wide blocks in one int32
+            codes = codes[:, 0::2] | (codes[:, 1::2] << 8)
+        assert torch.equal(getattr(ws, f"{name}_scale"), codes)
+
+
 @pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(37, 8, 2, 256), (500, 16, 4, 128), (1, 4, 1, 64),
                                                                   (300, 3, 3, 256)])
 def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(tokens, experts, k, block_m):
@@ -99,6 +126,41 @@ def test_sm90_build_keeps_the_weights_in_registers_without_spills(gemm, block_m,
     stats = sass_stats(compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation))
     assert weights_stay_in_registers(stats), stats  # wgmmas, no shuffles, no spills, no in-flight operand rewritten
     assert stats["in_flight"] >= 1 and stats["shared_bytes"] <= 227 * 1024, stats
+
+
+@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant"), [(1, 256, False, 2), (2, 256, True, 1),
+                                                                     (1, 64, True, 1), (2, 128, False, 2)])
+def test_sm90_w4a8_build_keeps_fp8_operands_in_flight_without_spills_in_the_k_loop(gemm, block_m, nvfp4, act_quant):
+    """The FP8 operands go from the table decode into the wgmma's registers and stay unwritten while it runs (the
+    8-bit operand's registers kept live past the wait, `_kept`); MXFP8's per-row exponents may spill a few registers
+    in the epilogue, never in the K loop."""
+    import re
+
+    from _cubin import cubin_tool, k_loop
+    from probe_gluon_w4a16 import sass_stats
+
+    compiled = compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=True, activation=1, act_quant=act_quant)
+    stats = sass_stats(compiled)
+    assert stats["in_flight"] >= 1 and stats["operand_rewrites"] == 0 and stats["shuffles"] == 0, stats
+    assert stats["warp_specialize"] > 0 and stats["shared_bytes"] <= 227 * 1024, stats
+    loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
+    assert any("QGMMA" in line for line in loop) and not any(re.search(r"\b(?:LDL|STL)\b", line) for line in loop)
+
+
+def test_warp_specialized_w4a8_names_what_it_needs(monkeypatch):
+    from backends.triton_moe import warp_specialized
+
+    kw = to_kernel_layout(**random_checkpoint(Shape("small", "mxfp4", 4, 2, 128, 64, "swigluoai", True)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(warp_specialized, "_triton_version", lambda: "3.6.0")
+    cuda = torch.device("cuda")
+    assert "pass w4a8_mma='fp8'" in warp_specialized.ws_unsupported(kw, cuda, "mxfp8", "bf16", "tensor-core")
+    assert "MOE_ORACLE_TRITON_FP8_ACCUMULATE=tensor-core" in warp_specialized.ws_unsupported(
+        kw, cuda, "fp8_per_tensor_static", "fp8", "wgmma")
+    assert warp_specialized.ws_unsupported(kw, cuda, "mxfp8", "fp8", "tensor-core") is None
+    x = torch.randn(3, 128).bfloat16()
+    with pytest.raises(ValueError, match=r"fp8_accumulate='tensor-core' is only read by a W4A8 call"):
+        moe_forward(x, kw, router_logits=torch.randn(3, 4), top_k=2, fp8_accumulate="tensor-core")
 
 
 def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
@@ -177,6 +239,47 @@ def test_cuda_warp_specialized_takes_a_strided_or_misaligned_x():
     got = moe_forward(flat, kw, **route, **act, prefill_kernel="warp-specialized")
     want = moe_forward(flat.clone(), kw, **route, **act, prefill_kernel="warp-specialized")
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
+@pytest.mark.parametrize(("tokens", "routing"), [(700, "logits"), (4096, "logits"), (1000, "one_expert")])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
+def test_cuda_warp_specialized_w4a8_matches_emulation(name, tokens, routing, scheme):
+    """W4A8 on the warp-specialized kernels against the emulation of FP8 dots (fp8_operands=True), within the
+    tolerance of sums accumulated in the tensor core; every block size, biases (gpt-oss), an outlier channel."""
+    from backends.triton_moe.testing import compare
+
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen)
+    x[:, 7] *= 100.0
+    x = x.bfloat16()
+    if routing == "logits":
+        route = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
+                 "top_k": shape.top_k}
+    else:
+        weights = torch.rand(tokens, shape.top_k, device="cuda", generator=gen)
+        route = {"topk_ids": torch.arange(shape.top_k, device="cuda").repeat(tokens, 1),
+                 "topk_weights": weights / weights.sum(-1, keepdim=True)}
+    scales = {}
+    if scheme == "fp8_per_tensor_static":
+        scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
+                  "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
+    act = activation_kwargs(shape)
+    ref = emulation.moe_forward(x, **ckpt, **route, **act, gemm_input_schemes=(scheme, scheme), fp8_operands=True,
+                                **scales)
+    kw = to_kernel_layout(**ckpt)
+    call = dict(act_quant=scheme, w4a8_mma="fp8", fp8_accumulate="tensor-core", prefill_kernel="warp-specialized")
+    out = moe_forward(x, kw, **route, **act, **call, **scales)
+    stats = compare(out, ref, rel_l2_tol=tolerance("w4a8_tensor_core_sums_rel_l2")["rtol"], rtol=1.0,
+                    atol_rms_units=1e9)
+    assert stats["shape_ok"] and stats["finite"] and stats["rel_l2_ratio"] <= 1.0, stats
+    again = moe_forward(x, kw, **route, **act, **call, **scales)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
 
 
 def test_config_is_one_the_probe_measured():

@@ -30,7 +30,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from backends.triton_moe._kernels import _E2M1_WORD_ASM, ACT_SWIGLUOAI
+from backends.triton_moe._kernels import (
+    _E2M1_TO_E4M3_ASM,
+    _E2M1_TO_E4M3_CONSTRAINTS,
+    _E2M1_TO_E4M3_TWO_ASM,
+    _E2M1_TO_E4M3_TWO_CONSTRAINTS,
+    _E2M1_WORD_ASM,
+    ACT_SWIGLUOAI,
+)
 
 _SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
 #: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile;
@@ -116,12 +123,24 @@ def _mxfp4_folded(scale):
 
 
 @gluon.jit
-def _scale_load(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr):
+def _scale_load(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, PAD: gl.constexpr):
     """K tile i's block scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two scales folded already,
-    `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32); rows past the expert's N
-    (row_ok False) and tiles past K read nothing."""
+    `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32; W4A8: the table codes of
+    its 32-wide chunk, `ws_w4a8_weights`); rows past the expert's N (row_ok False) and tiles past K read PAD."""
     ok = row_ok[:, None] & (i * (BLOCK_K // 32) + words // 4 < K // 32)[None, :]
-    return gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=0 if NVFP4 else 127)
+    return gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=PAD)
+
+
+@gluon.jit
+def _pow2(e):
+    """2^e as fp32 for int32 e in [-126, 127], from the exponent bits (exact; the tile kernels' _pow2)."""
+    return ((e + 127) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _pow2_from_m127(e):
+    """2^e for int32 e in [-127, 126] (2^-127 is subnormal: 2^(e + 1) / 2, exact; MXFP8 rows' exponents)."""
+    return _pow2(e + 1) * 0.5
 
 
 @gluon.jit
@@ -132,6 +151,68 @@ def _folded_scales(loaded, NVFP4: gl.constexpr):
                 (loaded >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
     folded = _mxfp4_folded(loaded)
     return folded, folded
+
+
+@gluon.constexpr_function
+def lut_bytes_layout(linear, shape):
+    """The layout of the W4A8 bytes [BLOCK_N, BLOCK_K / 2] (`layouts.triton_moe.W4A8_CHUNK` order: per 32-wide K
+    chunk h, word t holds values 32 h + 4 t + q (A) and 32 h + 16 + 4 t + q (B), q = 0..3) that puts each word's 4
+    bytes in the registers of the thread whose FP8 wgmma A registers take its values: the operand's linear layout
+    (k_width 4, over `shape` [BLOCK_N, BLOCK_K]) with K base 16 (A or B) dropped and K bases from 32 on halved."""
+
+    def bases(of):
+        return [[row, k if k < 16 else k // 2] for row, k in of if k != 16]
+
+    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
+                                      warp_bases=bases(linear.warp_bases), block_bases=[],
+                                      shape=[shape[0], shape[1] // 2])
+
+
+@gluon.constexpr_function
+def lut_words_layout(linear, shape):
+    """lut_bytes_layout's (`linear` over `shape` [BLOCK_N, BLOCK_K / 2]) words [BLOCK_N, BLOCK_K / 8]: its byte
+    bases 1 and 2 dropped, the others divided by 4 (word 4 h + t of a row)."""
+
+    def bases(of):
+        return [[row, k // 4] for row, k in of if k not in (1, 2)]
+
+    return gl.DistributedLinearLayout(reg_bases=bases(linear.reg_bases), lane_bases=bases(linear.lane_bases),
+                                      warp_bases=bases(linear.warp_bases), block_bases=[],
+                                      shape=[shape[0], shape[1] // 4])
+
+
+@gluon.jit
+def _per_byte(word_values, w8):
+    """Each word's value [BLOCK_N, BLOCK_K / 8] repeated for its 4 bytes, in w8's layout (the same registers)."""
+    both = gl.join(word_values, word_values)
+    return gl.convert_layout(gl.reshape(gl.join(both, both), w8.shape), w8.type.layout, assert_trivial=True)
+
+
+@gluon.jit
+def _operand_from_lut(w8, code, lut_ptr, NVFP4: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """W4A8 bytes (lut_bytes_layout) and each word's table code (MXFP4: its block's; NVFP4: A's block in the low
+    byte, B's in the next) -> the FP8 wgmma's E4M3 A operand [BLOCK_N, BLOCK_K], by the tile kernels' routine (two
+    `prmt` lookups in the 8-byte table row of the code, 8 ops per 8 weights)."""
+    table = gl.full([BLOCK_N, BLOCK_K // 2], 0, gl.int64, w8.type.layout) + lut_ptr.to(gl.int64)
+    if NVFP4:
+        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_TWO_ASM, _E2M1_TO_E4M3_TWO_CONSTRAINTS,
+                                         [w8, _per_byte(code & 0xFF, w8), _per_byte((code >> 8) & 0xFF, w8), table],
+                                         dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
+    else:
+        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_CONSTRAINTS, [w8, _per_byte(code, w8), table],
+                                         dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
+    w = gl.join(a.to(gl.float8e4nv, bitcast=True), b.to(gl.float8e4nv, bitcast=True))  # byte 16 h + 4 t + q, A / B
+    w = gl.permute(gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 16, 2]), [0, 1, 3, 2])
+    return gl.reshape(w, [BLOCK_N, BLOCK_K])  # K = 32 h + 16 (B) + 4 t + q
+
+
+@gluon.jit
+def _kept(w):
+    """An 8-bit wgmma operand read again (a copy nobody uses) after the wait that retires its wgmma: its registers
+    stay live, so the next decode cannot write them while that wgmma may read them. The wait's own deps would do
+    this, but triton 3.6 lowers only 16- and 32-bit deps ("Unexpected bitwidth in WGMMAWaitGroupOp: 8")."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w.to(gl.int8, bitcast=True)], dtype=gl.int8,
+                                     is_pure=False, pack=4).to(w.dtype, bitcast=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +228,9 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs,
     cannot gather rows), each thread's copies arriving on the slot's ready barrier as they land. A padding row reads
     token 0's row: its sums are never stored."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
-    rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
+    VEC: gl.constexpr = 128 // x_bufs.dtype.primitive_bitwidth  # elements of one 16-byte copy
+    rows: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (BLOCK_K // VEC), BLOCK_K // VEC], [LOADER_WARPS, 1],
+                                          [1, 0])
     pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows)))
     token = gl.where(pair < num_pairs, pair // TOP_K, 0)
     ptrs = (x_ptr + token.to(gl.int64)[:, None] * stride_xm
@@ -174,27 +257,40 @@ def _tma_loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_ti
 
 
 @gluon.jit
-def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, BLOCK_N: gl.constexpr,
-          BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr):
+def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
+          BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr,
+          FP8: gl.constexpr, PAD: gl.constexpr):
     """K tile i (its scales loaded two steps ahead: `scales`): decode the packed tile into the wgmma's A registers,
     issue the wgmma, wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
-    share registers) and release its slot; returns tile i + 2's scales.
+    share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales. FP8 (W4A8): the W4A8
+    bytes by table into an FP8 wgmma's operand (`_operand_from_lut`, `scales` the chunks' table codes).
     GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence; the
     fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
     them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
     if not GATHERED:
-        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, NVFP4)
-    scale_lo, scale_hi = _folded_scales(scales, NVFP4)
+        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
+    if not FP8:
+        scale_lo, scale_hi = _folded_scales(scales, NVFP4)
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
     if GATHERED:
         fence_async_shared()
-        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, NVFP4)
-    w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo, scale_hi,
-                                              BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
+        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
+    if FP8:
+        bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
+                                                      [BLOCK_N, BLOCK_K])
+        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), scales, lut_ptr, NVFP4, BLOCK_N,
+                                                BLOCK_K), w_keep.type.layout, assert_trivial=True)
+    else:
+        w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo,
+                                                  scale_hi, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-    acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
+    if FP8:
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
+        _kept(w_keep)
+    else:
+        acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
     return acc, w, next_scales
 
@@ -202,52 +298,92 @@ def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_
 @gluon.jit
 def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
               num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K, k_tiles, alpha,
-              beta, limit, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-              NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr):
+              beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
+              ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr):
     """W (decoded into registers) x X^T (shared memory) into the [BLOCK_N weight rows, BLOCK_M rows] accumulator,
     then the GEMM's epilogue. The K loop is unrolled by two so that consecutive tiles' operands alternate between
     two register sets with no copies (a single loop-carried operand would be copied into the registers the wgmma
-    in flight reads)."""
+    in flight reads). ACT_QUANT (W4A8, `w4a8` = (table, row exponents, static scales, rows' exponents)): E4M3 X,
+    FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'."""
+    FP8: gl.constexpr = ACT_QUANT != 0
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                 instr_shape=[16, BLOCK_M, 16])
-    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    word_layout: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]),
-                                                     [BLOCK_N, BLOCK_K])
+                                                 instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4 if FP8 else 2)
+    if FP8:
+        word_layout: gl.constexpr = lut_words_layout(gl.to_linear_layout(
+            lut_bytes_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]), [BLOCK_N, BLOCK_K]),
+            [BLOCK_N, BLOCK_K // 2]), [BLOCK_N, BLOCK_K // 2])
+    else:
+        word_layout: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]),
+                                                         [BLOCK_N, BLOCK_K])
+    PAD: gl.constexpr = 127 if not (NVFP4 or FP8) else 0  # E8M0 1.0; NVFP4's and the table's zero
+    lut_ptr, rexp_ptr, qscale_ptr, ra_ptr = w4a8
     rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout))
     row_ok = off_n + rows < N  # a last tile past N decodes the next expert's rows (or TMA's zeros): never stored
     words = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, word_layout))
     scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
-    w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.bfloat16, operand)
-    s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, NVFP4)
-    s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, NVFP4)
+    w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
+    s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD)
+    s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
     for j in range(k_tiles // 2):
         acc, w_even, s_even = _step(2 * j, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words,
-                                    K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
+                                    K, lut_ptr, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD)
         acc, w_odd, s_odd = _step(2 * j + 1, acc, w_even, s_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                  words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
+                                  words, K, lut_ptr, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD)
     if k_tiles % 2:
         acc, w_odd, s_even = _step(k_tiles - 1, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                   words, K, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1)
+                                   words, K, lut_ptr, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    if NVFP4:  # the folded scales' 2^-16 (exact: 2^110 = 2^126 * 2^-16), then the global scale, as the tile kernels
+    n_rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    if FP8:
+        acc = _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, expert * N + n_rows, n_rows < N,
+                           first, GEMM, BLOCK_M, ACT_QUANT, TOP_K, mma)
+        if NVFP4:
+            acc = acc / gl.load(gs_ptr + expert)
+    elif NVFP4:  # the folded scales' 2^-16 (exact: 2^110 = 2^126 * 2^-16), then the global scale, as the tile kernels
         acc = acc * 65536.0 / gl.load(gs_ptr + expert)
     if HAS_BIAS:
-        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        acc += gl.load(bias_ptr + expert * stride_be + cols, mask=cols < N, other=0.0)[:, None]
+        acc += gl.load(bias_ptr + expert * stride_be + n_rows, mask=n_rows < N, other=0.0)[:, None]
     if GEMM == 1:
-        _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, BLOCK_M, BLOCK_N, ACTIVATION)
+        h_scale = 1.0
+        if ACT_QUANT == 1:  # h as static FP8's E4M3 codes of act * (1 / a2), GEMM2's operand
+            h_scale = gl.load(qscale_ptr + 3)
+        _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_scale, BLOCK_M, BLOCK_N, ACTIVATION)
     else:
         _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
                          BLOCK_M, BLOCK_N, NUM_WARPS, mma)
 
 
 @gluon.jit
-def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, BLOCK_M: gl.constexpr,
+def _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, w_rows, row_ok, first, GEMM: gl.constexpr,
+                 BLOCK_M: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr):
+    """The FP8 sums [weight rows, rows] scaled as the tile kernels' (_x_row_exps, _act_store, _gemm2_rows_out): times
+    each weight row's 2^r (rows w_rows of the layer's, `ws_w4a8_weights`) and the static input scale (a1 = qscale[0]
+    for GEMM1, a2 = qscale[2] for GEMM2); MXFP8: times each X row's 2^ra, GEMM1's before (x's row of the pair's
+    token), GEMM2's after (h's row)."""
+    a = 1.0
+    if ACT_QUANT == 1:
+        a = gl.load(qscale_ptr + (0 if GEMM == 1 else 2))
+    row_scale = _pow2(gl.load(rexp_ptr + w_rows, mask=row_ok, other=0)) * a
+    if ACT_QUANT == 2:
+        m = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+        if GEMM == 1:
+            pair = gl.load(pair_ptr + m)
+            ra = _pow2_from_m127(gl.load(ra_ptr + pair // TOP_K, mask=pair < num_pairs, other=0))
+            return acc * ra[None, :] * row_scale[:, None]
+        return acc * row_scale[:, None] * _pow2_from_m127(gl.load(ra_ptr + m))[None, :]
+    return acc * row_scale[:, None]
+
+
+@gluon.jit
+def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_scale, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, ACTIVATION: gl.constexpr):
     """GEMM1's epilogue: weight rows 16 g .. 16 g + 7 are gate rows and the next 8 the same channels' up rows
     (`ws_row_order`), which the wgmma accumulator keeps in one thread (rows r and r + 8); the activation of each
-    pair, h's [BLOCK_M, BLOCK_N / 2] tile in bf16 out by TMA at channel off_n / 2."""
+    pair times h_scale, h's [BLOCK_M, BLOCK_N / 2] tile in h's dtype (bf16, or static FP8's E4M3: rounded to
+    nearest, saturated) out by TMA at channel off_n / 2."""
     t = gl.permute(gl.reshape(acc, [BLOCK_N // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1])
     gate, up = gl.split(t)
     gate = gl.reshape(gate, [BLOCK_N // 2, BLOCK_M])
@@ -258,7 +394,7 @@ def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, BLOCK
         h = (up + beta) * gate / (1.0 + gl.exp(-alpha * gate))
     else:  # silu-and-mul
         h = gate / (1.0 + gl.exp(-gate)) * up
-    y_smem.store(gl.permute(h.to(gl.bfloat16), (1, 0)))
+    y_smem.store(gl.permute((h * h_scale).to(y_smem.dtype), (1, 0)))
     fence_async_shared()
     _tma_store(y_desc, [first, off_n // 2], y_smem)
     tma.store_wait(0)
@@ -283,17 +419,22 @@ def _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route
 @gluon.jit
 def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_desc, out_ptr, stride_om,
                        block_expert_ptr, block_first_ptr, block_count_ptr, pair_ptr, num_pairs, gs_ptr, bias_ptr,
-                       stride_be, route_w_ptr, N, K, alpha, beta, limit, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-                       LOADER_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       ACTIVATION: gl.constexpr, TOP_K: gl.constexpr):
+                       stride_be, route_w_ptr, N, K, alpha, beta, limit, lut_ptr, rexp_ptr, qscale_ptr, ra_ptr,
+                       GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                       STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr,
+                       NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, TOP_K: gl.constexpr,
+                       ACT_QUANT: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
     scale pairs as int32). Programs past the device's block count (block_count[0]) return at once: the grid is a
     static bound.
     GEMM 1: X = x's rows gathered by pair (x_ptr), h out by TMA (y_desc, [BLOCK_M, BLOCK_N / 2] boxes); GEMM 2:
-    X = h's rows by TMA (x_desc), each pair's row of y_smem to out (pair rows [T * k, H], bf16)."""
+    X = h's rows by TMA (x_desc), each pair's row of y_smem to out (pair rows [T * k, H], bf16).
+    ACT_QUANT 1 (static FP8), 2 (MXFP8): W4A8, the tile kernels' ids and numerics on FP8 tensor cores: X in E4M3 (x
+    quantized per row by act_quant_kernel; h by GEMM1 (1) or by act_quant_kernel after it (2)), the weights as W4A8
+    bytes [E * N, K / 2] with int32 table codes per 32-wide chunk and row exponents (`ws_w4a8_weights`, lut_ptr the
+    table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents."""
     b = gl.program_id(1)
     if b >= gl.load(block_count_ptr):
         return
@@ -302,8 +443,9 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
     off_n = gl.program_id(0) * BLOCK_N
     w_row = expert * N + off_n
     k_tiles = K // BLOCK_K
-    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.bfloat16)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_layout)
+    x_dtype: gl.constexpr = gl.float8e4nv if ACT_QUANT != 0 else gl.bfloat16
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_dtype)
+    x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -316,8 +458,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
         gl.warp_specialize([
             (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
                          num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
-                         k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS,
-                         ACTIVATION)),
+                         k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM, BLOCK_M, BLOCK_N,
+                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K)),
             (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, w_bufs, ready, empty,
                               w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS)),
         ], [LOADER_WARPS], [GATHER_LOADER_REGS])
@@ -325,8 +467,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
         gl.warp_specialize([
             (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
                          num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
-                         k_tiles, alpha, beta, limit, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS,
-                         ACTIVATION)),
+                         k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM, BLOCK_M, BLOCK_N,
+                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K)),
             (_tma_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_tiles, BLOCK_K)),
         ], [LOADER_WARPS], [TMA_LOADER_REGS])
 

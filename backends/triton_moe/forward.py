@@ -74,12 +74,13 @@ DEFAULT_SPLIT_EPILOGUE = "launch"
 TOPK_SUMS = ("fused", "launch")
 TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 DEFAULT_TOPK_SUM = "launch"
-#: Which kernels run a W4A16 call's GEMMs outside the decode kernels: "tiles" - the Triton tile kernels (every
-#: GPU, every size); "warp-specialized" - the Gluon kernels of backends.triton_moe.warp_specialized (sm_90 only: a
-#: TMA loader partition and register-decoded wgmma operands), which convert the layer's weights to their own order
-#: once (held beside the tile layout's). moe_forward's prefill_kernel= wins over this environment variable, which
-#: wins over the config's prefill_kernel (a tuning-table entry names "warp-specialized" where it measured faster;
-#: a W4A16 call only, and tiles where warp_specialized.ws_unsupported says why not).
+#: Which kernels run a call's GEMMs outside the decode kernels: "tiles" - the Triton tile kernels (every GPU, every
+#: size); "warp-specialized" - the Gluon kernels of backends.triton_moe.warp_specialized (sm_90 only: a TMA loader
+#: partition and register-decoded wgmma operands; W4A16, and W4A8 on FP8 tensor cores with tensor-core
+#: accumulation), which convert the layer's weights to their own order once (held beside the tile layout's).
+#: moe_forward's prefill_kernel= wins over this environment variable, which wins over the config's prefill_kernel (a
+#: tuning-table entry names "warp-specialized" where it measured faster; tiles where
+#: warp_specialized.ws_unsupported says why not).
 PREFILL_KERNELS = ("tiles", "warp-specialized")
 PREFILL_KERNEL_ENV = "MOE_ORACLE_TRITON_PREFILL_KERNEL"
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
@@ -241,6 +242,7 @@ def moe_forward(
     a2_scale: torch.Tensor | None = None,
     w4a8_mma: str | None = None,
     prefill_kernel: str | None = None,
+    fp8_accumulate: str | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j w[t,j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]); same contract as the emulation.
 
@@ -252,8 +254,10 @@ def moe_forward(
     act_quant (ACT_QUANTS): None runs W4A16; "fp8_per_tensor_static" (needs a1_scale, a2_scale: one-element fp32
     tensors, the checkpoint's static input scales of GEMM1 and GEMM2) or "mxfp8" run W4A8 (compute capability
     >= 8.9) on the tensor cores w4a8_mma names: "bf16" or "fp8" (W4A8_MMAS; None: $MOE_ORACLE_TRITON_W4A8_MMA, else
-    "bf16"; "fp8" reads the weights' per-row rebase, w4a8_row_data, given or computed once here).
-    prefill_kernel: "tiles" or "warp-specialized", the kernels of a W4A16 call that does not take the decode kernels
+    "bf16"; "fp8" reads the weights' per-row rebase, w4a8_row_data, given or computed once here), their FP8 sums
+    accumulated as fp8_accumulate says (FP8_ACCUMULATIONS; None: $MOE_ORACLE_TRITON_FP8_ACCUMULATE, else
+    DEFAULT_FP8_ACCUMULATE).
+    prefill_kernel: "tiles" or "warp-specialized", the kernels of a call that does not take the decode kernels
     (PREFILL_KERNELS; None: $MOE_ORACLE_TRITON_PREFILL_KERNEL, else the config's prefill_kernel where it can run).
     """
     if isinstance(weights, KernelWeights):
@@ -272,10 +276,14 @@ def moe_forward(
                                     "the config's prefill_kernel")
     mma = resolve_w4a8_mma(act_quant, w4a8_mma)
     w4a8_given = given_w4a8_tensors(weights) if act_quant is not None else None  # checked whichever kernels run
-    fp8_accumulate = DEFAULT_FP8_ACCUMULATE
     if act_quant is not None:  # read only where it applies: a W4A16 call never fails on it
-        fp8_accumulate = _forced_choice("fp8_accumulate", None, FP8_ACCUMULATIONS, FP8_ACCUMULATE_ENV,
-                                        f"DEFAULT_FP8_ACCUMULATE={DEFAULT_FP8_ACCUMULATE!r}") or fp8_accumulate
+        fp8_accumulate = _forced_choice("fp8_accumulate", fp8_accumulate, FP8_ACCUMULATIONS, FP8_ACCUMULATE_ENV,
+                                        f"DEFAULT_FP8_ACCUMULATE={DEFAULT_FP8_ACCUMULATE!r}") or DEFAULT_FP8_ACCUMULATE
+    elif fp8_accumulate is not None:
+        _fail(ValueError, f"fp8_accumulate={fp8_accumulate!r} is only read by a W4A8 call (act_quant set); drop it "
+              f"or pass act_quant")
+    else:
+        fp8_accumulate = DEFAULT_FP8_ACCUMULATE
     if config is not None and config.gemm1.block_m != config.gemm2.block_m:
         _fail(ValueError, f"config: gemm1.block_m={config.gemm1.block_m} and gemm2.block_m={config.gemm2.block_m} "
               f"must be equal (both GEMMs walk the same per-expert row blocks); give both GEMMs one BLOCK_M")
@@ -302,9 +310,10 @@ def moe_forward(
         _check_decode(config.decode, k)
     if act_quant == "mxfp8" and mma == "bf16":
         _check_mx_epilogue(config, decode)
-    prefill = forced_prefill or _config_prefill_kernel(config, x, weights, act_quant)
+    w4a8_call = (act_quant, mma, fp8_accumulate)
+    prefill = forced_prefill or _config_prefill_kernel(config, x, weights, *w4a8_call)
     if forced_prefill == "warp-specialized" and not decode:
-        _check_warp_specialized(x, weights, act_quant)
+        _check_warp_specialized(x, weights, *w4a8_call)
     kernels = _kernels_for(x.device)
     if decode:
         _launch_decode(kernels, x, weights, router_logits, ids, route_w, k, renormalize, out, config.decode,
@@ -314,8 +323,16 @@ def moe_forward(
     if prefill == "warp-specialized":
         if ids is None:
             ids, route_w = route(router_logits, k, renormalize, kernels)
+        w4a8 = None
+        if act_quant is not None:  # x quantized once per row, as the FP8 tiles read it
+            scheme = _ACT_QUANT_IDS[act_quant]
+            x, x_exp, qscale = _quantize_rows(kernels, x, scheme, static_scales, None, kernels.INTERPRETED)
+            w4a8 = warp_specialized.W4A8Inputs(
+                scheme, x_exp, route_w if qscale is None else qscale,
+                lambda h, padded_total: _quantize_rows(kernels, h, scheme, None, padded_total, kernels.INTERPRETED)[:2])
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
-                                (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)), _ws_weights(weights))
+                                (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
+                                _ws_weights(weights, act_quant is not None), w4a8=w4a8)
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -396,14 +413,15 @@ def _w4a8_data(w: TritonMoEWeights, given: dict | None) -> dict:
                             _w4a8_data_in_capture)
 
 
-#: id(w13) -> (weakref, versions, WSWeights) of _ws_weights.
-_WS_CACHE: dict = {}
+#: W4A8 (True / False) -> id(w13) -> (weakref, versions, WSWeights) of _ws_weights.
+_WS_CACHES: dict = {False: {}, True: {}}
 
 
-def _ws_weights(w: TritonMoEWeights):
-    """The warp-specialized kernels' weights (warp_specialized.ws_weights), converted once per weight tensor."""
-    return _once_per_tensor(_WS_CACHE, w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale),
-                            lambda: warp_specialized.ws_weights(w), _ws_weights_in_capture)
+def _ws_weights(w: TritonMoEWeights, w4a8: bool = False):
+    """The warp-specialized kernels' weights (warp_specialized.ws_weights; W4A8's of the FP8 kernels), converted once
+    per weight tensor."""
+    return _once_per_tensor(_WS_CACHES[w4a8], w.w13, (w.w13, w.w13_scale, w.w2, w.w2_scale),
+                            lambda: warp_specialized.ws_weights(w, w4a8), _ws_weights_in_capture)
 
 
 def _ws_weights_in_capture():
@@ -411,16 +429,19 @@ def _ws_weights_in_capture():
           "capture; run the layer once with prefill_kernel='warp-specialized' before capture")
 
 
-def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act_quant) -> str:
+def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act_quant, mma=None,
+                           fp8_accumulate=None) -> str:
     """The config's prefill kernels for this call: a table's "warp-specialized" serves the calls those kernels run
-    (warp_specialized.ws_unsupported), the tile kernels every other call."""
-    if config.prefill_kernel == "warp-specialized" and warp_specialized.ws_unsupported(w, x.device, act_quant) is None:
+    (warp_specialized.ws_unsupported: W4A16, and W4A8 on FP8 tensor cores accumulating there), the tile kernels every
+    other call."""
+    if config.prefill_kernel == "warp-specialized" and warp_specialized.ws_unsupported(
+            w, x.device, act_quant, mma, fp8_accumulate) is None:
         return "warp-specialized"
     return "tiles"
 
 
-def _check_warp_specialized(x, w: TritonMoEWeights, act_quant) -> None:
-    why = warp_specialized.ws_unsupported(w, x.device, act_quant)
+def _check_warp_specialized(x, w: TritonMoEWeights, act_quant, mma, fp8_accumulate) -> None:
+    why = warp_specialized.ws_unsupported(w, x.device, act_quant, mma, fp8_accumulate)
     if why:
         _fail(ValueError, f"prefill_kernel='warp-specialized': {why}; use prefill_kernel='tiles'")
 

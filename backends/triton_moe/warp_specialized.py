@@ -1,4 +1,5 @@
-"""The warp-specialized W4A16 prefill path (sm_90): the layer's two GEMMs on `_ws_kernels.ws_moe_gemm_kernel`.
+"""The warp-specialized prefill path (sm_90): the layer's two GEMMs on `_ws_kernels.ws_moe_gemm_kernel`, W4A16, and
+W4A8 on FP8 tensor cores (act_quant with w4a8_mma "fp8": the tile kernels' numerics, `ws_w4a8_weights`).
 
     route       top-k (+ softmax) as the tile path (_routing.route), unless the caller gave the ids
     align       pairs sorted by expert, each expert's run padded to BLOCK_M / 4 (_routing.align)
@@ -9,8 +10,12 @@
     top-k sum   the tile path's topk_sum_kernel
 
 The weights run in their own order (`ws_weights`: int32 words in the wgmma operand's order, GEMM1's gate and up
-rows interleaved by 8 so the activation pairs meet in one thread), converted once per layer from the tile layout
-and cached: a layer that takes this path holds its packed weights twice.
+rows interleaved by 8 so the activation pairs meet in one thread; W4A8: `ws_w4a8_weights`, the tile kernels' W4A8
+bytes in that row order), converted once per layer from the tile layout and cached: a layer that takes this path
+holds its packed weights twice.
+W4A8 quantizes x per row first (act_quant_kernel, as the tile path), GEMM1 writes h in E4M3 (static FP8) or bf16
+(MXFP8, then quantized per row by act_quant_kernel), and both GEMMs multiply E4M3 operands on FP8 wgmmas whose sums
+accumulate in the tensor core (the tile path's fp8_accumulate "tensor-core").
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ WS_MAXNREG = 168
 class WSWeights:
     """The layer's weights as `ws_moe_gemm_kernel` reads them: words [E * N, K / 8] int32, scales [E * N, K / 32]
     (uint8 E8M0, or NVFP4's two scales of a word folded: `fold_nvfp4_scales`), biases fp32 [E, N] or None, NVFP4
-    global scales."""
+    global scales. W4A8 (`ws_w4a8_weights`, row exponents given): w13 / w2 the W4A8 bytes [E * N, K / 2] uint8,
+    the scales int32 table codes per 32-wide chunk [E * N, K / 32], the rows' exponents r int32 [E * N]."""
 
     format: str
     w13: torch.Tensor
@@ -58,6 +64,12 @@ class WSWeights:
     experts: int
     hidden: int
     inter: int
+    w13_row_exp: torch.Tensor | None = None
+    w2_row_exp: torch.Tensor | None = None
+
+    @property
+    def w4a8(self) -> bool:
+        return self.w13_row_exp is not None
 
 
 def ws_row_order(inter: int) -> torch.Tensor:
@@ -73,30 +85,52 @@ def ws_row_order(inter: int) -> torch.Tensor:
 CONVERT_CHUNK_BYTES = 1 << 28
 
 
-def ws_weights(kw: TritonMoEWeights) -> WSWeights:
+def ws_weights(kw: TritonMoEWeights, w4a8: bool = False) -> WSWeights:
     """The tile layout's weights (exact inverse: from_kernel_layout) in the warp-specialized order, a chunk of
-    experts at a time (CONVERT_CHUNK_BYTES)."""
+    experts at a time (CONVERT_CHUNK_BYTES; W4A8's conversion widens further: a quarter of that); w4a8: as
+    `ws_w4a8_rows` converts them."""
     from backends.triton_moe._ws_kernels import pack_words
 
     experts, hidden, inter = kw.num_experts, kw.hidden_size, kw.intermediate_size
     order = ws_row_order(inter).to(kw.device)
-    chunk = max(1, CONVERT_CHUNK_BYTES // (kw.w13[0].numel() + kw.w2[0].numel()))
-    parts: dict[str, list] = {name: [] for name in ("w13", "w13_scale", "w2", "w2_scale")}
+    chunk = max(1, CONVERT_CHUNK_BYTES // (4 if w4a8 else 1) // (kw.w13[0].numel() + kw.w2[0].numel()))
+    names = ("w13", "w13_scale", "w2", "w2_scale") + (("w13_row_exp", "w2_row_exp") if w4a8 else ())
+    parts: dict[str, list] = {name: [] for name in names}
     for first in range(0, experts, chunk):
         experts_in = slice(first, first + chunk)
         sub = dataclasses.replace(kw, **{name: getattr(kw, name)[experts_in] for name in _KERNEL_TENSORS
                                          if getattr(kw, name) is not None})
         raw = from_kernel_layout(sub, gate_up_layout="stacked")
-        for name, rows in (("w13", raw["w13"][:, order]), ("w2", raw["w2"])):
-            parts[name].append(pack_words(rows.reshape(-1, rows.shape[-1]).contiguous(), "words"))
-        for name, scale in (("w13_scale", raw["w13_scale"][:, order]), ("w2_scale", raw["w2_scale"])):
+        for name, rows, scale in (("w13", raw["w13"][:, order], raw["w13_scale"][:, order]),
+                                  ("w2", raw["w2"], raw["w2_scale"])):
+            rows = rows.reshape(-1, rows.shape[-1]).contiguous()  # [rows, K / 2] packed codes
             scale = scale.reshape(-1, scale.shape[-1]).contiguous()  # [rows, K / 32] E8M0 or [rows, K / 16] E4M3
-            parts[name].append(fold_nvfp4_scales(scale) if kw.format == "nvfp4" else scale.view(torch.uint8))
+            if w4a8:
+                converted = ws_w4a8_rows(rows, scale, kw.format)
+                for suffix, tensor in zip(("", "_scale", "_row_exp"), converted, strict=True):
+                    parts[name + suffix].append(tensor)
+                continue
+            parts[name].append(pack_words(rows, "words"))
+            parts[name + "_scale"].append(fold_nvfp4_scales(scale) if kw.format == "nvfp4" else scale.view(torch.uint8))
     return WSWeights(
         format=kw.format, experts=experts, hidden=hidden, inter=inter,
         **{name: torch.cat(tensors) for name, tensors in parts.items()},
         w13_bias=None if kw.w13_bias is None else kw.w13_bias[:, order].contiguous(), w2_bias=kw.w2_bias,
         w13_global_scale=kw.w13_global_scale, w2_global_scale=kw.w2_global_scale)
+
+
+def ws_w4a8_rows(packed: torch.Tensor, scale: torch.Tensor, fmt: str):
+    """Weight rows (packed codes [rows, K / 2], block scales [rows, K / B]) as the W4A8 kernels read them
+    (layouts.triton_moe, W4A8: each row rebased by 2^-r to E4M3, decoded by table): (W4A8 bytes uint8 [rows, K / 2],
+    table codes int32 [rows, K / 32] (NVFP4: the chunk's first 16-wide block's code in the low byte, the second's in
+    the next), exponents r int32 [rows]), the tile path's w4a8_row_data row for row."""
+    from backends.layouts.triton_moe import _w4a8_expert
+
+    r, stored, codes = _w4a8_expert(packed, scale.view(torch.uint8), fmt)
+    codes = codes.to(torch.int32)
+    if fmt == "nvfp4":
+        codes = codes[:, 0::2] | (codes[:, 1::2] << 8)
+    return stored, codes.contiguous(), r
 
 
 def fold_nvfp4_scales(scale: torch.Tensor) -> torch.Tensor:
@@ -111,11 +145,18 @@ def fold_nvfp4_scales(scale: torch.Tensor) -> torch.Tensor:
 MIN_TRITON = (3, 6)
 
 
-def ws_unsupported(kw: TritonMoEWeights, device: torch.device, act_quant: str | None = None) -> str | None:
+def ws_unsupported(kw: TritonMoEWeights, device: torch.device, act_quant: str | None = None,
+                   mma: str | None = None, fp8_accumulate: str | None = None) -> str | None:
     """Why a call on these weights cannot take the warp-specialized path on `device` (None: it can): the kernels run
-    W4A16 (act_quant None) on sm_90 with a triton of at least MIN_TRITON, for the shapes ws_shape_problem accepts."""
-    if act_quant is not None:
-        return f"it runs W4A16 only (act_quant={act_quant!r})"
+    W4A16 (act_quant None), and W4A8 on FP8 tensor cores (mma "fp8") with the FP8 sums accumulated in the tensor
+    core (fp8_accumulate "tensor-core": promoting each wgmma's sum to fp32 would wait for every wgmma), on sm_90 with
+    a triton of at least MIN_TRITON, for the shapes ws_shape_problem accepts."""
+    if act_quant is not None and mma != "fp8":
+        return (f"it runs W4A8 (act_quant={act_quant!r}) on FP8 tensor cores only, and this call multiplies on "
+                f"{mma} ones: pass w4a8_mma='fp8'")
+    if act_quant is not None and fp8_accumulate != "tensor-core":
+        return (f"its FP8 sums accumulate in the tensor core, and this call asks fp8_accumulate={fp8_accumulate!r}: "
+                f"set MOE_ORACLE_TRITON_FP8_ACCUMULATE=tensor-core")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return f"it runs on sm_90 GPUs only (x is on {device})"
     found = _triton_version()
@@ -170,33 +211,64 @@ def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[
     return tables
 
 
-def _layouts(block_m: int, block_n: int, block_k: int):
-    """Shared layouts of the packed words' [BLOCK_N, BLOCK_K / 8] tile, X's [BLOCK_M, BLOCK_K] tile and the output
-    tiles: h's [BLOCK_M, BLOCK_N / 2] (GEMM1) and the pair rows' [BLOCK_M, BLOCK_N] (GEMM2)."""
+def _layouts(block_m: int, block_n: int, block_k: int, act_quant: int = 0):
+    """Shared layouts of the packed weight tile (words [BLOCK_N, BLOCK_K / 8] int32; W4A8: bytes [BLOCK_N,
+    BLOCK_K / 2]), X's [BLOCK_M, BLOCK_K] tile and the output tiles: h's [BLOCK_M, BLOCK_N / 2] (GEMM1) and the pair
+    rows' [BLOCK_M, BLOCK_N] (GEMM2), in the dtypes of `ws_dtypes`."""
     from triton.experimental.gluon import language as gl
 
-    return (gl.NVMMASharedLayout.get_default_for([block_n, block_k // 8], gl.int32),
-            gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16),
-            {1: gl.NVMMASharedLayout.get_default_for([block_m, block_n // 2], gl.bfloat16),
+    x_dtype, w_dtype, h_dtype = (getattr(gl, name) for name in ws_dtypes(act_quant))
+    return (gl.NVMMASharedLayout.get_default_for([block_n, block_k // (2 if act_quant else 8)], w_dtype),
+            gl.NVMMASharedLayout.get_default_for([block_m, block_k], x_dtype),
+            {1: gl.NVMMASharedLayout.get_default_for([block_m, block_n // 2], h_dtype),
              2: gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16)})
 
 
+#: triton's dtype names (ws_dtypes) as torch's.
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float8e4nv": torch.float8_e4m3fn, "int32": torch.int32,
+                "uint8": torch.uint8}
+
+
+def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
+    """(X, packed weights, GEMM1's h) triton dtype names of the kernels' ACT_QUANT: W4A16 bf16 X and h, int32 words;
+    W4A8 E4M3 X, the W4A8 bytes, h in E4M3 (static FP8) or bf16 (MXFP8, quantized after)."""
+    if not act_quant:
+        return "bfloat16", "int32", "bfloat16"
+    return "float8e4nv", "uint8", "float8e4nv" if act_quant == 1 else "bfloat16"
+
+
 def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
-               config: tuple = WS_CONFIG) -> dict:
+               config: tuple = WS_CONFIG, act_quant: int = 0) -> dict:
     """The kernel's constexprs for one GEMM's launch over blocks of block_m rows."""
     _, block_n, block_k, stages, warps = config
     if block_m < config[0]:
         stages = PARTIAL_BLOCK_STAGES
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k)
+                LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k,
+                ACT_QUANT=act_quant)
+
+
+@dataclass(frozen=True)
+class W4A8Inputs:
+    """What a W4A8 launch reads besides its weights: x already quantized per row (act_quant_kernel) and its scheme
+    (ACT_QUANT 1 static FP8, 2 MXFP8), x's rows' exponents (MXFP8) and the static scales [a1, 1/a1, a2, 1/a2]
+    (unused ones: any tensor of the dtype), and `quantize_h(h, padded_total) -> (h8, exponents)`, MXFP8's per-row
+    quantization of GEMM1's bf16 h."""
+
+    act_quant: int
+    x_exp: torch.Tensor
+    qscale: torch.Tensor
+    quantize_h: object
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
-           config: tuple = WS_CONFIG) -> None:
-    """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H], ids [T, k], route_w fp32
-    [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
+           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None) -> None:
+    """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8: E4M3, quantized as
+    `w4a8` says, on `ws_w4a8_weights`), ids [T, k], route_w fp32 [T, k], activation the tile kernels' id (ACT_SILU /
+    ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from backends.layouts.triton_moe import w4a8_lut_table
     from backends.triton_moe._routing import align
     from backends.triton_moe._ws_kernels import ws_moe_gemm_kernel
 
@@ -204,28 +276,37 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     k = ids.shape[1]
     block_m, block_n, block_k = config[:3]
     inter, num_pairs = ws.inter, tokens * k
+    act_quant = w4a8.act_quant if w4a8 is not None else 0
+    if act_quant and not ws.w4a8:
+        raise ValueError("warp_specialized.launch: W4A8 needs the weights of ws_weights(kw, w4a8=True)")
     if not x.is_contiguous() or x.data_ptr() % 16:  # the gather's 16-byte copies need aligned rows
         x = x.clone(memory_format=torch.contiguous_format)
     al = align(ids, ws.experts, block_m // 4, kernels)
-    h = torch.empty(al.sorted_pairs.numel(), inter, dtype=torch.bfloat16, device=x.device)
+    h = torch.empty(al.sorted_pairs.numel(), inter, dtype=TORCH_DTYPES[ws_dtypes(act_quant)[2]], device=x.device)
+    h_in, h_exp = h, None
     pair_out = torch.empty(1, num_pairs, hidden, dtype=torch.bfloat16, device=x.device)
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
+    lut = w4a8_lut_table(x.device) if act_quant else al.sorted_pairs  # any int32 tensor when unused
     tables = ws_blocks(ids, ws.experts, block_m)
-    for gemm, w, s, bias, gs, n, k_size in ((1, ws.w13, ws.w13_scale, ws.w13_bias, ws.w13_global_scale, 2 * inter,
-                                             hidden),
-                                            (2, ws.w2, ws.w2_scale, ws.w2_bias, ws.w2_global_scale, hidden, inter)):
+    for gemm, w, s, bias, gs, r, n, k_size in (
+            (1, ws.w13, ws.w13_scale, ws.w13_bias, ws.w13_global_scale, ws.w13_row_exp, 2 * inter, hidden),
+            (2, ws.w2, ws.w2_scale, ws.w2_bias, ws.w2_global_scale, ws.w2_row_exp, hidden, inter)):
+        if gemm == 2 and act_quant == 2:  # MXFP8 rebases each h row as a whole: after all of GEMM1's column tiles
+            h_in, h_exp = w4a8.quantize_h(h, al.padded_total)
+        row_exps = (w4a8.x_exp if gemm == 1 else h_exp) if act_quant == 2 else al.sorted_pairs
         for size, expert, first, count, bound in tables:
-            w_layout, x_layout, y_layouts = _layouts(size, block_n, block_k)
+            w_layout, x_layout, y_layouts = _layouts(size, block_n, block_k, act_quant)
             y_desc = (TensorDescriptor.from_tensor(h, [size, block_n // 2], y_layouts[1]) if gemm == 1
                       else TensorDescriptor.from_tensor(pair_out[0], [size, block_n], y_layouts[2]))
             ws_moe_gemm_kernel[(-(-n // block_n), bound)](
-                x, x.stride(0), TensorDescriptor.from_tensor(h, [size, block_k], x_layout),
-                TensorDescriptor.from_tensor(w, [block_n, block_k // 8], w_layout), s, s.stride(0), y_desc,
-                pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
+                x, x.stride(0), TensorDescriptor.from_tensor(x if gemm == 1 else h_in, [size, block_k], x_layout),
+                TensorDescriptor.from_tensor(w, [block_n, block_k // (2 if act_quant else 8)], w_layout), s,
+                s.stride(0), y_desc, pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
                 unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
-                route_w, n, k_size, *swiglu,
+                route_w, n, k_size, *swiglu, lut, al.sorted_pairs if r is None else r,
+                w4a8.qscale if act_quant else unused, row_exps,
                 **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
-                             activation=activation, top_k=k, config=config),
+                             activation=activation, top_k=k, config=config, act_quant=act_quant),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
@@ -234,7 +315,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
 
 
 def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
-                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG):
+                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0):
     """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
     checks of what it compiles to."""
     import triton
@@ -244,18 +325,24 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
     from backends.triton_moe._ws_kernels import ws_moe_gemm_kernel
 
     _, block_n, block_k = config[:3]
-    w_layout, x_layout, y_layouts = _layouts(block_m, block_n, block_k)
+    w_layout, x_layout, y_layouts = _layouts(block_m, block_n, block_k, act_quant)
     y_shape = [block_m, block_n // 2] if gemm == 1 else [block_m, block_n]
     values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
-                        config=config)
-    signature = {"x_ptr": "*bf16", "stride_xm": "i32", "x_desc": f"tensordesc<bf16[{block_m},{block_k}],{x_layout!r}>",
-                 "w_desc": f"tensordesc<i32[{block_n},{block_k // 8}],{w_layout!r}>",
-                 "s_ptr": "*i32" if nvfp4 else "*u8", "stride_sn": "i32",
-                 "y_desc": f"tensordesc<bf16[{y_shape[0]},{y_shape[1]}],{y_layouts[gemm]!r}>", "out_ptr": "*bf16",
+                        config=config, act_quant=act_quant)
+    short = {"bfloat16": "bf16", "float8e4nv": "fp8e4nv", "int32": "i32", "uint8": "u8"}
+    x_type, w_type, h_type = (short[name] for name in ws_dtypes(act_quant))
+    y_type = h_type if gemm == 1 else "bf16"
+    packed = [block_n, block_k // (2 if act_quant else 8)]
+    signature = {"x_ptr": f"*{x_type}", "stride_xm": "i32",
+                 "x_desc": f"tensordesc<{x_type}[{block_m},{block_k}],{x_layout!r}>",
+                 "w_desc": f"tensordesc<{w_type}[{packed[0]},{packed[1]}],{w_layout!r}>",
+                 "s_ptr": "*i32" if nvfp4 or act_quant else "*u8", "stride_sn": "i32",
+                 "y_desc": f"tensordesc<{y_type}[{y_shape[0]},{y_shape[1]}],{y_layouts[gemm]!r}>", "out_ptr": "*bf16",
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
                  "bias_ptr": "*fp32", "stride_be": "i32", "route_w_ptr": "*fp32", "N": "i32", "K": "i32",
-                 "alpha": "fp32", "beta": "fp32", "limit": "fp32"} | {name: "constexpr" for name in values}
+                 "alpha": "fp32", "beta": "fp32", "limit": "fp32", "lut_ptr": "*i32", "rexp_ptr": "*i32",
+                 "qscale_ptr": "*fp32", "ra_ptr": "*i32"} | {name: "constexpr" for name in values}
     names = ws_moe_gemm_kernel.arg_names
     aligned = ("x_ptr", "stride_xm", "out_ptr", "stride_om", "N", "K")  # as launches specialize them (16 | value)
     source = GluonASTSource(fn=ws_moe_gemm_kernel, signature=signature,
