@@ -43,7 +43,7 @@ _FIELDS = {f.name: f.type for f in dataclasses.fields(LaunchConfig)}
 
 
 #: --variant keys that are moe_forward arguments rather than LaunchConfig fields
-CALL_KEYS = ("topk_sum", "prefill_kernel")
+CALL_KEYS = ("topk_sum", "prefill_kernel", "w4a8_mma", "fp8_accumulate")
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict, dict]:
