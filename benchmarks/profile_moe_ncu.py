@@ -11,6 +11,9 @@ use and the top warp-stall reasons (warps stalled per issued instruction).
     python benchmarks/profile_moe_ncu.py --report DIR                   # re-render the tables of a saved run
     python benchmarks/profile_moe_ncu.py --cases deepseek-v3:4096 --source ws_moe_gemm_kernel --out DIR
                                           # where one kernel's warps stall, per SASS instruction (stalls-*.md)
+    MOE_ORACLE_TRITON_W4A8_MMA=fp8 python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:16384:mxfp8 --out DIR
+                                          # a third field: the W4A8 layer with that act_quant (static FP8's input
+                                          # scales from x and 1/64); the env variables pick its kernels
 
 Clocks are left alone (`--clock-control none`), as the device notes ask; ncu's replay makes absolute times
 somewhat longer than a CUDA graph's, so read the fractions, not the µs.
@@ -41,8 +44,9 @@ STALL_SAMPLES = re.compile(r"smsp__pcsamp_warps_issue_stalled_(\w+)$")
 PIPE = re.compile(r"sm__inst_executed_pipe_(\w+)\.avg\.pct_of_peak_sustained_active$")
 
 
-def run_case(shape_name: str, tokens: int) -> None:
-    """Build the layer, warm it up, then run one call inside cudaProfilerStart/Stop (what ncu captures)."""
+def run_case(shape_name: str, tokens: int, act_quant: str | None = None) -> None:
+    """Build the layer, warm it up, then run one call inside cudaProfilerStart/Stop (what ncu captures); act_quant:
+    the W4A8 layer."""
     import torch
 
     sys.path.insert(0, os.path.join(HERE, ".."))
@@ -55,11 +59,15 @@ def run_case(shape_name: str, tokens: int) -> None:
     weights = to_kernel_layout(**random_checkpoint(shape, device="cuda"))
     x = torch.randn(tokens, shape.hidden_size, device="cuda").bfloat16()
     logits = torch.randn(tokens, shape.experts, device="cuda")
+    quant = {"act_quant": act_quant} if act_quant else {}
+    if act_quant == "fp8_per_tensor_static":
+        quant |= {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
+                  "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
     for _ in range(2):
-        moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape))
+        moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape), **quant)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape))
+    moe_forward(x, weights, router_logits=logits, top_k=shape.top_k, **activation_kwargs(shape), **quant)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 
@@ -70,12 +78,13 @@ def profile(cases, out: str, source: str | None = None) -> None:
         sys.exit("profile_moe_ncu: ncu not found on PATH or under /opt/nvidia/nsight-compute; install Nsight Compute")
     os.makedirs(out, exist_ok=True)
     for case in cases:
-        shape_name, tokens = case.split(":")
+        shape_name, tokens, *scheme = case.split(":")
         target = [sys.executable, os.path.abspath(__file__), "--run", case]
+        name = f"{shape_name}-T{tokens}" + "".join(f"-{s}" for s in scheme)
         if source:
-            print(profile_source(ncu, target, source, os.path.join(out, f"stalls-{shape_name}-T{tokens}")), flush=True)
+            print(profile_source(ncu, target, source, os.path.join(out, f"stalls-{name}")), flush=True)
             continue
-        path = os.path.join(out, f"ncu-{shape_name}-T{tokens}.csv")
+        path = os.path.join(out, f"ncu-{name}.csv")
         base = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw"]
         sections = [arg for name in SECTIONS for arg in ("--section", name)]
         for what in (sections + ["--metrics", EXTRA_METRICS], sections):
@@ -190,7 +199,7 @@ def render(case: str, path: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated SHAPE:T")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated SHAPE:T[:ACT_QUANT]")
     p.add_argument("--out", default=None, help="directory for the raw ncu CSV per case")
     p.add_argument("--report", metavar="DIR", help="render the tables of a saved run (no GPU needed)")
     p.add_argument("--source", metavar="KERNEL", help="instead: per-instruction stall samples of KERNEL's launches "
@@ -198,8 +207,8 @@ def main() -> None:
     p.add_argument("--run", metavar="SHAPE:T", help=argparse.SUPPRESS)  # the process ncu profiles
     args = p.parse_args()
     if args.run:
-        shape_name, tokens = args.run.split(":")
-        run_case(shape_name, int(tokens))
+        shape_name, tokens, *scheme = args.run.split(":")
+        run_case(shape_name, int(tokens), *scheme)
     elif args.report:
         for path in sorted(glob.glob(os.path.join(args.report, "ncu-*.csv"))):
             case = os.path.basename(path)[4:-4].replace("-T", ":")
