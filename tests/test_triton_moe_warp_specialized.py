@@ -87,11 +87,12 @@ def test_ws_w4a8_weights_are_the_fp8_tiles_rows_in_the_kernels_order(fmt):
                            ("w2", torch.arange(shape.hidden_size), shape.intermediate_size)):
         assert torch.equal(getattr(ws, name), _untile_rows(tiles[f"{name}_fp8"])[:, order].reshape(-1, k // 2))
         assert torch.equal(getattr(ws, f"{name}_row_exp"), tiles[f"{name}_row_exp"][:, order].reshape(-1))
-        codes = _from_words(tiles[f"{name}_lut_code"], fmt, k)[:, order].reshape(-1, k // (16 if fmt == "nvfp4" else
-                                                                                           32)).to(torch.int32)
-        if fmt == "nvfp4":  # a 32-wide chunk's two 16-wide blocks in one int32
-            codes = codes[:, 0::2] | (codes[:, 1::2] << 8)
+        codes = _from_words(tiles[f"{name}_lut_code"], fmt, k)[:, order]
+        codes = codes.reshape(-1, k // (16 if fmt == "nvfp4" else 32)).contiguous()
+        if fmt == "nvfp4":  # a 32-wide chunk's two 16-wide blocks' codes as one int16, the first in the low byte
+            codes = codes.view(torch.int16)
         assert torch.equal(getattr(ws, f"{name}_scale"), codes)
+        assert getattr(ws, f"{name}_scale").shape[1] == k // 32
 
 
 @pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(37, 8, 2, 256), (500, 16, 4, 128), (1, 4, 1, 64),

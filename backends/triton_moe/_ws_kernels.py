@@ -126,7 +126,8 @@ def _mxfp4_folded(scale):
 def _scale_load(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, PAD: gl.constexpr):
     """K tile i's block scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two scales folded already,
     `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32; W4A8: the table codes of
-    its 32-wide chunk, `ws_w4a8_weights`); rows past the expert's N (row_ok False) and tiles past K read PAD."""
+    its 32-wide chunk, uint8 or NVFP4's int16 pair, `ws_weights(kw, w4a8=True)`); rows past the expert's N (row_ok
+    False) and tiles past K read PAD."""
     ok = row_ok[:, None] & (i * (BLOCK_K // 32) + words // 4 < K // 32)[None, :]
     return gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=PAD)
 
@@ -280,8 +281,8 @@ def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_
     if FP8:
         bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
                                                       [BLOCK_N, BLOCK_K])
-        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), scales, lut_ptr, NVFP4, BLOCK_N,
-                                                BLOCK_K), w_keep.type.layout, assert_trivial=True)
+        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), scales.to(gl.int32), lut_ptr,
+                                                NVFP4, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     else:
         w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo,
                                                   scale_hi, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
@@ -360,9 +361,9 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, ou
 def _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, w_rows, row_ok, first, GEMM: gl.constexpr,
                  BLOCK_M: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr):
     """The FP8 sums [weight rows, rows] scaled as the tile kernels' (_x_row_exps, _act_store, _gemm2_rows_out): times
-    each weight row's 2^r (rows w_rows of the layer's, `ws_w4a8_weights`) and the static input scale (a1 = qscale[0]
-    for GEMM1, a2 = qscale[2] for GEMM2); MXFP8: times each X row's 2^ra, GEMM1's before (x's row of the pair's
-    token), GEMM2's after (h's row)."""
+    each weight row's 2^r (rows w_rows of the layer's, `ws_weights(kw, w4a8=True)`) and the static input scale
+    (a1 = qscale[0] for GEMM1, a2 = qscale[2] for GEMM2); MXFP8: times each X row's 2^ra, GEMM1's before (x's row
+    of the pair's token), GEMM2's after (h's row)."""
     a = 1.0
     if ACT_QUANT == 1:
         a = gl.load(qscale_ptr + (0 if GEMM == 1 else 2))
@@ -433,8 +434,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
     X = h's rows by TMA (x_desc), each pair's row of y_smem to out (pair rows [T * k, H], bf16).
     ACT_QUANT 1 (static FP8), 2 (MXFP8): W4A8, the tile kernels' ids and numerics on FP8 tensor cores: X in E4M3 (x
     quantized per row by act_quant_kernel; h by GEMM1 (1) or by act_quant_kernel after it (2)), the weights as W4A8
-    bytes [E * N, K / 2] with int32 table codes per 32-wide chunk and row exponents (`ws_w4a8_weights`, lut_ptr the
-    table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents."""
+    bytes [E * N, K / 2] with table codes per 32-wide chunk and row exponents (`ws_weights(kw, w4a8=True)`, lut_ptr
+    the table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents."""
     b = gl.program_id(1)
     if b >= gl.load(block_count_ptr):
         return

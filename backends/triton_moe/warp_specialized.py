@@ -1,5 +1,5 @@
 """The warp-specialized prefill path (sm_90): the layer's two GEMMs on `_ws_kernels.ws_moe_gemm_kernel`, W4A16, and
-W4A8 on FP8 tensor cores (act_quant with w4a8_mma "fp8": the tile kernels' numerics, `ws_w4a8_weights`).
+W4A8 on FP8 tensor cores (act_quant with w4a8_mma "fp8": the tile kernels' numerics, `ws_weights(kw, w4a8=True)`).
 
     route       top-k (+ softmax) as the tile path (_routing.route), unless the caller gave the ids
     align       pairs sorted by expert, each expert's run padded to BLOCK_M / 4 (_routing.align)
@@ -10,8 +10,8 @@ W4A8 on FP8 tensor cores (act_quant with w4a8_mma "fp8": the tile kernels' numer
     top-k sum   the tile path's topk_sum_kernel
 
 The weights run in their own order (`ws_weights`: int32 words in the wgmma operand's order, GEMM1's gate and up
-rows interleaved by 8 so the activation pairs meet in one thread; W4A8: `ws_w4a8_weights`, the tile kernels' W4A8
-bytes in that row order), converted once per layer from the tile layout and cached: a layer that takes this path
+rows interleaved by 8 so the activation pairs meet in one thread; W4A8: `ws_w4a8_rows`, the tile kernels' W4A8 bytes
+in that row order), converted once per layer from the tile layout and cached: a layer that takes this path
 holds its packed weights twice.
 W4A8 quantizes x per row first (act_quant_kernel, as the tile path), GEMM1 writes h in E4M3 (static FP8) or bf16
 (MXFP8, then quantized per row by act_quant_kernel), and both GEMMs multiply E4M3 operands on FP8 wgmmas whose sums
@@ -49,8 +49,9 @@ WS_MAXNREG = 168
 class WSWeights:
     """The layer's weights as `ws_moe_gemm_kernel` reads them: words [E * N, K / 8] int32, scales [E * N, K / 32]
     (uint8 E8M0, or NVFP4's two scales of a word folded: `fold_nvfp4_scales`), biases fp32 [E, N] or None, NVFP4
-    global scales. W4A8 (`ws_w4a8_weights`, row exponents given): w13 / w2 the W4A8 bytes [E * N, K / 2] uint8,
-    the scales int32 table codes per 32-wide chunk [E * N, K / 32], the rows' exponents r int32 [E * N]."""
+    global scales. W4A8 (`ws_w4a8_rows`, row exponents given): w13 / w2 the W4A8 bytes [E * N, K / 2] uint8,
+    the scales the table codes per 32-wide chunk [E * N, K / 32] (uint8; NVFP4 int16: two blocks), the rows'
+    exponents r int32 [E * N]."""
 
     format: str
     w13: torch.Tensor
@@ -122,15 +123,13 @@ def ws_weights(kw: TritonMoEWeights, w4a8: bool = False) -> WSWeights:
 def ws_w4a8_rows(packed: torch.Tensor, scale: torch.Tensor, fmt: str):
     """Weight rows (packed codes [rows, K / 2], block scales [rows, K / B]) as the W4A8 kernels read them
     (layouts.triton_moe, W4A8: each row rebased by 2^-r to E4M3, decoded by table): (W4A8 bytes uint8 [rows, K / 2],
-    table codes int32 [rows, K / 32] (NVFP4: the chunk's first 16-wide block's code in the low byte, the second's in
-    the next), exponents r int32 [rows]), the tile path's w4a8_row_data row for row."""
+    table codes [rows, K / 32] of each 32-wide chunk (MXFP4: uint8; NVFP4: int16, its first 16-wide block's code in
+    the low byte), exponents r int32 [rows]), the tile path's w4a8_row_data row for row. The codes are a byte per
+    scale block, as the scales: wider ones were measured to hold the K loop up on their loads."""
     from backends.layouts.triton_moe import _w4a8_expert
 
     r, stored, codes = _w4a8_expert(packed, scale.view(torch.uint8), fmt)
-    codes = codes.to(torch.int32)
-    if fmt == "nvfp4":
-        codes = codes[:, 0::2] | (codes[:, 1::2] << 8)
-    return stored, codes.contiguous(), r
+    return stored, codes.contiguous().view(torch.int16) if fmt == "nvfp4" else codes.contiguous(), r
 
 
 def fold_nvfp4_scales(scale: torch.Tensor) -> torch.Tensor:
@@ -264,8 +263,8 @@ class W4A8Inputs:
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
            config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8: E4M3, quantized as
-    `w4a8` says, on `ws_w4a8_weights`), ids [T, k], route_w fp32 [T, k], activation the tile kernels' id (ACT_SILU /
-    ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
+    `w4a8` says, on `ws_weights(kw, w4a8=True)`), ids [T, k], route_w fp32 [T, k], activation the tile kernels' id
+    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
@@ -336,7 +335,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
     signature = {"x_ptr": f"*{x_type}", "stride_xm": "i32",
                  "x_desc": f"tensordesc<{x_type}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<{w_type}[{packed[0]},{packed[1]}],{w_layout!r}>",
-                 "s_ptr": "*i32" if nvfp4 or act_quant else "*u8", "stride_sn": "i32",
+                 "s_ptr": ("*i16" if act_quant else "*i32") if nvfp4 else "*u8", "stride_sn": "i32",
                  "y_desc": f"tensordesc<{y_type}[{y_shape[0]},{y_shape[1]}],{y_layouts[gemm]!r}>", "out_ptr": "*bf16",
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
