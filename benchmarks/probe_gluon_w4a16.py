@@ -84,6 +84,7 @@ from backends.triton_moe._ws_kernels import (  # noqa: E402  the word decode the
     _operand_from_lut,
     _operand_from_words,
     _partition_barrier,
+    _table_rows,
     _tma_load,
     _tma_store,
     _word_routine,
@@ -202,8 +203,9 @@ def _step(i, acc, acc_t, w_keep, x_bufs, w_bufs, ready, empty, scale_ptrs, pairs
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
                                                       [BLOCK_N, BLOCK_K])
-        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), code, lut_ptr, NVFP4, BLOCK_N,
-                                                BLOCK_K), w_keep.type.layout, assert_trivial=True)
+        rows = _table_rows(lut_ptr, code, NVFP4)
+        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), rows, NVFP4, BLOCK_N, BLOCK_K),
+                              w_keep.type.layout, assert_trivial=True)
     elif WORDS:  # pairs: the word indices; scale_ptrs: each word's scales
         block = i * (BLOCK_K // 32) + pairs // 4
         if NVFP4:  # two E4M3 scales as one int16
@@ -519,7 +521,7 @@ def compile_for_sm90(config: tuple[int, ...], grouped: bool = False, fp8: bool =
         rows = tail_rows_of(tail)
         xt_layout, _, yt_layout = _layouts(rows, block_n, block_k, fp8, words)
         signature |= {"xt_desc": f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{rows},{block_k}],{xt_layout!r}>",
-                      "yt_desc": f"tensordesc<bf16[{rows},{block_n}],{yt_layout!r}>", "lut_ptr": "*i32",
+                      "yt_desc": f"tensordesc<bf16[{rows},{block_n}],{yt_layout!r}>", "lut_ptr": "*i64",
                       "rexp_ptr": "*i32"}
     names = kernel.arg_names
     source = GluonASTSource(fn=kernel, signature=signature,
@@ -678,7 +680,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
                 xt_layout, _, yt_layout = _layouts(tail_rows_of(tail), block_n, block_k, fp8, words)
                 tail_descs = (TensorDescriptor.from_tensor(x, [tail_rows_of(tail), block_k], xt_layout),
                               TensorDescriptor.from_tensor(y, [tail_rows_of(tail), block_n], yt_layout),
-                              w4a8_lut_table(x.device), converted["rexp"])
+                              w4a8_lut_table(x.device).view(torch.int64), converted["rexp"])
             kernel_of(form)[(triton.cdiv(n, block_n), count)](
                 TensorDescriptor.from_tensor(x, [sub_config[0], block_k], x_layout),
                 TensorDescriptor.from_tensor(converted["tile"],

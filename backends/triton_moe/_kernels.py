@@ -344,11 +344,17 @@ def _weight_tile(w_rows, words_ptr, stride_sc, k0, row_ok, K: tl.constexpr, BLOC
 # FP8 wgmma operand. The asm reads the table row itself (ld.global.nc, an L1 hit: 2 KB), so that Triton's software
 # pipeliner sees no load that depends on another load of the loop (such a chain cut the weights' cp.async buffers to
 # one). pack=4: $2 holds the 4 weight bytes; the codes and the table's address come 4 times each.
-def _e2m1_to_e4m3_asm(two_tables: bool, retire: bool) -> str:
-    base = "$11" if two_tables else "$7"
-    loads = f"mad.wide.u32 pa, $3, 8, {base}; ld.global.nc.v2.u32 {{la0, la1}}, [pa];\n"
-    if two_tables:  # NVFP4: A and B lie in two 16-wide scale blocks
-        loads += f"mad.wide.u32 pb, $7, 8, {base}; ld.global.nc.v2.u32 {{lb0, lb1}}, [pb];\n"
+def _e2m1_to_e4m3_asm(two_tables: bool, retire: bool, table_rows: bool = False) -> str:
+    """table_rows: the table rows are operands, not read here ($3 la0, $7 la1, NVFP4's $11 lb0, $15 lb1: pack=4
+    gives each 4 times), for a caller that loads them ahead (backends.triton_moe._ws_kernels)."""
+    if table_rows:
+        loads = "mov.b32 la0, $3; mov.b32 la1, $7;\n" + ("mov.b32 lb0, $11; mov.b32 lb1, $15;\n" if two_tables
+                                                          else "")
+    else:
+        base = "$11" if two_tables else "$7"
+        loads = f"mad.wide.u32 pa, $3, 8, {base}; ld.global.nc.v2.u32 {{la0, la1}}, [pa];\n"
+        if two_tables:  # NVFP4: A and B lie in two 16-wide scale blocks
+            loads += f"mad.wide.u32 pb, $7, 8, {base}; ld.global.nc.v2.u32 {{lb0, lb1}}, [pb];\n"
     b0, b1 = ("lb0", "lb1") if two_tables else ("la0", "la1")
     body = f"""
 .reg .b32 s, m, t, la0, la1, lb0, lb1;
@@ -374,6 +380,9 @@ _E2M1_TO_E4M3_TWO_ASM = tl.constexpr(_e2m1_to_e4m3_asm(True, False))
 _E2M1_TO_E4M3_TWO_RETIRING_ASM = tl.constexpr(_e2m1_to_e4m3_asm(True, True))
 _E2M1_TO_E4M3_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,=r,r," + ",".join(["r"] * 4 + ["l"] * 4))
 _E2M1_TO_E4M3_TWO_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,=r,r," + ",".join(["r"] * 8 + ["l"] * 4))
+#: The routine on table rows given as operands (_e2m1_to_e4m3_asm's table_rows).
+E2M1_TO_E4M3_ROWS_ASM = _e2m1_to_e4m3_asm(False, False, table_rows=True)
+E2M1_TO_E4M3_TWO_ROWS_ASM = _e2m1_to_e4m3_asm(True, False, table_rows=True)
 
 
 @triton.jit

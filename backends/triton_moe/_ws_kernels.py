@@ -31,12 +31,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from backends.triton_moe._kernels import (
-    _E2M1_TO_E4M3_ASM,
-    _E2M1_TO_E4M3_CONSTRAINTS,
-    _E2M1_TO_E4M3_TWO_ASM,
-    _E2M1_TO_E4M3_TWO_CONSTRAINTS,
     _E2M1_WORD_ASM,
     ACT_SWIGLUOAI,
+    E2M1_TO_E4M3_ROWS_ASM,
+    E2M1_TO_E4M3_TWO_ROWS_ASM,
 )
 
 _SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
@@ -189,18 +187,37 @@ def _per_byte(word_values, w8):
     return gl.convert_layout(gl.reshape(gl.join(both, both), w8.shape), w8.type.layout, assert_trivial=True)
 
 
+_ROWS_ASM = gl.constexpr(E2M1_TO_E4M3_ROWS_ASM)
+_TWO_ROWS_ASM = gl.constexpr(E2M1_TO_E4M3_TWO_ROWS_ASM)
+#: Their operands (pack=4): two E4M3 registers out, the 4 weight bytes, each table word once per byte.
+_ROWS_CONSTRAINTS = gl.constexpr("=r,=r,r," + ",".join(["r"] * 8))
+_TWO_ROWS_CONSTRAINTS = gl.constexpr("=r,=r,r," + ",".join(["r"] * 16))
+
+
 @gluon.jit
-def _operand_from_lut(w8, code, lut_ptr, NVFP4: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """W4A8 bytes (lut_bytes_layout) and each word's table code (MXFP4: its block's; NVFP4: A's block in the low
-    byte, B's in the next) -> the FP8 wgmma's E4M3 A operand [BLOCK_N, BLOCK_K], by the tile kernels' routine (two
-    `prmt` lookups in the 8-byte table row of the code, 8 ops per 8 weights)."""
-    table = gl.full([BLOCK_N, BLOCK_K // 2], 0, gl.int64, w8.type.layout) + lut_ptr.to(gl.int64)
+def _table_rows(lut_ptr, code, NVFP4: gl.constexpr):
+    """Each word's 8-byte table rows (w4a8_lut_table viewed as int64 [256] at lut_ptr; L1-resident) for its code
+    (int32: MXFP4 its block's; NVFP4 A's block in the low byte, B's in the next): (A's, B's), B's = A's for MXFP4."""
     if NVFP4:
-        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_TWO_ASM, _E2M1_TO_E4M3_TWO_CONSTRAINTS,
-                                         [w8, _per_byte(code & 0xFF, w8), _per_byte((code >> 8) & 0xFF, w8), table],
+        return gl.load(lut_ptr + (code & 0xFF)), gl.load(lut_ptr + ((code >> 8) & 0xFF))
+    row = gl.load(lut_ptr + code)
+    return row, row
+
+
+@gluon.jit
+def _operand_from_lut(w8, rows, NVFP4: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """W4A8 bytes (lut_bytes_layout) and each word's table rows (`_table_rows`) -> the FP8 wgmma's E4M3 A operand
+    [BLOCK_N, BLOCK_K], by the tile kernels' routine (two `prmt` lookups in the 8-byte rows, 8 ops per 8 weights)."""
+    row_a, row_b = rows
+    la0 = _per_byte(row_a.to(gl.int32), w8)
+    la1 = _per_byte((row_a >> 32).to(gl.int32), w8)
+    if NVFP4:
+        a, b = gl.inline_asm_elementwise(_TWO_ROWS_ASM, _TWO_ROWS_CONSTRAINTS,
+                                         [w8, la0, la1, _per_byte(row_b.to(gl.int32), w8),
+                                          _per_byte((row_b >> 32).to(gl.int32), w8)],
                                          dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
     else:
-        a, b = gl.inline_asm_elementwise(_E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_CONSTRAINTS, [w8, _per_byte(code, w8), table],
+        a, b = gl.inline_asm_elementwise(_ROWS_ASM, _ROWS_CONSTRAINTS, [w8, la0, la1],
                                          dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
     w = gl.join(a.to(gl.float8e4nv, bitcast=True), b.to(gl.float8e4nv, bitcast=True))  # byte 16 h + 4 t + q, A / B
     w = gl.permute(gl.reshape(w, [BLOCK_N, BLOCK_K // 32, 16, 2]), [0, 1, 3, 2])
@@ -258,13 +275,16 @@ def _tma_loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_ti
 
 
 @gluon.jit
-def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-          BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr,
+def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,
+          next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr,
           FP8: gl.constexpr, PAD: gl.constexpr):
     """K tile i (its scales loaded two steps ahead: `scales`): decode the packed tile into the wgmma's A registers,
     issue the wgmma, wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
-    share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales. FP8 (W4A8): the W4A8
-    bytes by table into an FP8 wgmma's operand (`_operand_from_lut`, `scales` the chunks' table codes).
+    share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
+    FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the chunks'
+    table codes, `rows` tile i's table rows, loaded a step ahead from `next_codes` (tile i + 1's), so that neither
+    load is waited for in the step that needs it (ncu: the code-to-row-to-decode chain in one step stalled the K
+    loop); unused by W4A16.
     GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence; the
     fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
     them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
@@ -281,19 +301,21 @@ def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_
     if FP8:
         bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
                                                       [BLOCK_N, BLOCK_K])
-        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), scales.to(gl.int32), lut_ptr,
-                                                NVFP4, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
+        w = gl.convert_layout(_operand_from_lut(w_bufs.index(slot).load(bytes_layout), rows, NVFP4, BLOCK_N, BLOCK_K),
+                              w_keep.type.layout, assert_trivial=True)
     else:
         w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo,
                                                   scale_hi, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
     if FP8:
+        next_rows = _table_rows(lut_ptr, next_codes.to(gl.int32), NVFP4)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         _kept(w_keep)
     else:
+        next_rows = rows
         acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-    return acc, w, next_scales
+    return acc, w, next_scales, next_rows
 
 
 @gluon.jit
@@ -328,14 +350,18 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, ou
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD)
     s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
+    rows = _table_rows(lut_ptr, s_even.to(gl.int32), NVFP4) if FP8 else s_even  # W4A16: a placeholder
     for j in range(k_tiles // 2):
-        acc, w_even, s_even = _step(2 * j, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words,
-                                    K, lut_ptr, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD)
-        acc, w_odd, s_odd = _step(2 * j + 1, acc, w_even, s_odd, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                  words, K, lut_ptr, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD)
+        acc, w_even, s_even, rows = _step(2 * j, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
+                                          words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8,
+                                          PAD)
+        acc, w_odd, s_odd, rows = _step(2 * j + 1, acc, w_even, s_odd, x_bufs, w_bufs, ready, empty, scale_ptrs,
+                                        row_ok, words, K, lut_ptr, rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1,
+                                        FP8, PAD)
     if k_tiles % 2:
-        acc, w_odd, s_even = _step(k_tiles - 1, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                   words, K, lut_ptr, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD)
+        acc, w_odd, s_even, rows = _step(k_tiles - 1, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs,
+                                         row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1,
+                                         FP8, PAD)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     n_rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     if FP8:

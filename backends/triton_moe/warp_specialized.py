@@ -285,7 +285,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     h_in, h_exp = h, None
     pair_out = torch.empty(1, num_pairs, hidden, dtype=torch.bfloat16, device=x.device)
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
-    lut = w4a8_lut_table(x.device) if act_quant else al.sorted_pairs  # any int32 tensor when unused
+    lut = w4a8_lut_table(x.device).view(torch.int64)  # W4A8's table as int64 rows: a row's 8 bytes in one load
     tables = ws_blocks(ids, ws.experts, block_m)
     for gemm, w, s, bias, gs, r, n, k_size in (
             (1, ws.w13, ws.w13_scale, ws.w13_bias, ws.w13_global_scale, ws.w13_row_exp, 2 * inter, hidden),
@@ -340,7 +340,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
                  "bias_ptr": "*fp32", "stride_be": "i32", "route_w_ptr": "*fp32", "N": "i32", "K": "i32",
-                 "alpha": "fp32", "beta": "fp32", "limit": "fp32", "lut_ptr": "*i32", "rexp_ptr": "*i32",
+                 "alpha": "fp32", "beta": "fp32", "limit": "fp32", "lut_ptr": "*i64", "rexp_ptr": "*i32",
                  "qscale_ptr": "*fp32", "ra_ptr": "*i32"} | {name: "constexpr" for name in values}
     names = ws_moe_gemm_kernel.arg_names
     aligned = ("x_ptr", "stride_xm", "out_ptr", "stride_om", "N", "K")  # as launches specialize them (16 | value)
