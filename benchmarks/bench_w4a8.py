@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 # torch-free imports only up to main(): --help and argument errors answer at once
-from report_matrix import FLOOR, FP8_MATMUL, MATMUL, OURS, W4A8_SCHEMES  # noqa: E402
+from report_matrix import FLOOR, FP8_MATMUL, MATMUL, OURS, W4A8_SCHEMES, WARP_SPECIALIZED_FP8  # noqa: E402
 
 from backends.model_shapes import SHAPES  # noqa: E402
 from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig  # noqa: E402
@@ -106,7 +106,7 @@ def runs_at(tokens: int, schemes: tuple[str, ...], variants: tuple[str, ...], fp
     if fp8_dots:
         runs += [Run(f"{W4A8_SCHEMES[s]} [fp8 dots]", s, mma="fp8") for s in schemes]
     if ws_fp8_dots and tokens >= WS_MIN_TOKENS:
-        runs += [Run(f"{W4A8_SCHEMES[s]} [fp8 dots, warp-specialized]", s, mma="fp8", warp_specialized=True)
+        runs += [Run(f"{W4A8_SCHEMES[s]} [{WARP_SPECIALIZED_FP8}]", s, mma="fp8", warp_specialized=True)
                  for s in schemes]
     if tokens >= VARIANT_MIN_TOKENS:
         runs += [Run(f"{W4A8_SCHEMES[s]} [{v}]", s, v) for v in variants for s in schemes]

@@ -29,6 +29,10 @@ PEERS = ("Humming", "triton_kernels")
 #: and the FP8 bound. Its tile-variant A/B rows are named "<scheme's name> [<variant>]": not in this table's cells.
 W4A8_SCHEMES = {"mxfp8": "this project W4A8 mxfp8", "fp8_per_tensor_static": "this project W4A8 fp8 static"}
 W4A8 = tuple(W4A8_SCHEMES.values())
+#: bench_w4a8.py --ws-fp8-dots: each scheme's layer on the warp-specialized FP8 kernels, "<scheme's name> [<this>]";
+#: shown and judged beside the schemes' rows (an opt-in the user makes: w4a8_mma="fp8", fp8_accumulate="tensor-core")
+WARP_SPECIALIZED_FP8 = "fp8 dots, warp-specialized"
+W4A8_SHOWN = W4A8 + tuple(f"{name} [{WARP_SPECIALIZED_FP8}]" for name in W4A8)
 FP8_MATMUL = "fp8 matmul bound"
 #: issue 32's speed conditions: at T >= 4096 W4A8 >= 1.6x W4A16 and >= 0.55 of the FP8 torch._scaled_mm rate; at
 #: T <= 256 no slower than W4A16
@@ -182,7 +186,8 @@ def w4a8_markdown(kind: str, data: dict) -> list[str]:
     if not cells:
         return []
     lines = ["## W4A8 (FP8 activations) beside W4A16", "",
-             "From `benchmarks/bench_w4a8.py`: W4A16 and both W4A8 schemes timed in the same run. Cells: µs "
+             "From `benchmarks/bench_w4a8.py`: W4A16 and both W4A8 schemes (as moe_forward runs them, and on the "
+             f"warp-specialized FP8 kernels: `[{WARP_SPECIALIZED_FP8}]`) timed in the same run. Cells: µs "
              "(W4A16 µs ÷ W4A8 µs; fraction of the run's FP8 8192³ `torch._scaled_mm` rate); W4A16's row as a "
              "fraction of the run's bf16 8192³ matmul rate below it.", ""]
     held = defaultdict(lambda: [0, 0])
@@ -199,7 +204,7 @@ def w4a8_markdown(kind: str, data: dict) -> list[str]:
             if fraction and t >= W4A8_PREFILL_T and shape in W4A16_PREFILL_LAYERS:
                 held["w4a16_of_bf16"][0] += fraction >= W4A16_OF_BF16
                 held["w4a16_of_bf16"][1] += 1
-        for impl in W4A8:
+        for impl in W4A8_SHOWN:
             row = []
             for t in tokens:
                 c = cells[(shape, t)]
@@ -220,7 +225,8 @@ def w4a8_markdown(kind: str, data: dict) -> list[str]:
                 if speedup and t <= W4A8_DECODE_T:
                     held["decode_no_slower"][0] += speedup >= 1.0
                     held["decode_no_slower"][1] += 1
-            lines.append(f"| {impl} | " + " | ".join(row) + " |")
+            if set(row) != {"-"}:
+                lines.append(f"| {impl} | " + " | ".join(row) + " |")
         lines.append("")
     lines += ["| condition (issue 32) | cells that hold / cells judged |", "|---|---|",
               f"| T ≥ {W4A8_PREFILL_T}: W4A16 ≥ {W4A16_OF_BF16} of the bf16 matmul ({', '.join(W4A16_PREFILL_LAYERS)})"

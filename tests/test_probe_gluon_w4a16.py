@@ -25,8 +25,9 @@ def test_probe_kernel_compiles_for_sm90_with_weights_in_registers(config, groupe
     # one wgmma per K 16 (bf16) / 32 (FP8) of a tile, in three copies of the step: the loop unrolled by two, the tail
     assert stats["wgmma"] == 3 * block_k // (32 if fp8 else 16), stats
     assert stats["local_stores"] == 1, stats  # the output tile, for the TMA store
-    # W4A16 leaves a wgmma in flight across the loop's back edge and never writes its operand registers meanwhile
-    assert stats["operand_rewrites"] == 0 and (stats["in_flight"] > 0) != fp8, stats
+    # a wgmma stays in flight across the loop's back edge (W4A8's 8-bit operand kept live by `_kept`) and its operand
+    # registers are never written meanwhile
+    assert stats["operand_rewrites"] == 0 and stats["in_flight"] > 0, stats
     assert stats["setmaxnreg"] > 0, stats  # registers handed from the loader warp to the consumers
     assert probe.weights_stay_in_registers(stats), stats
     assert stats["shared_bytes"] <= 227 * 1024, stats  # the ring fits an sm_90 block
