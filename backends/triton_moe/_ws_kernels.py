@@ -38,9 +38,6 @@ from backends.triton_moe._kernels import (
 )
 
 _SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
-#: GEMM1's loader publishes a tile this many K steps after issuing its copies (`_publish_rows`); the consumers release
-#: a slot a step after using it, so the ring needs STAGES >= COPY_LAG + 2 to keep moving.
-COPY_LAG = gl.constexpr(2)
 #: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile;
 #: GEMM2's loader only issues TMA copies, and the consumers' epilogue takes what it leaves.
 GATHER_LOADER_REGS = gl.constexpr(96)
@@ -246,11 +243,8 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs,
                    k_tiles, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
                    LOADER_WARPS: gl.constexpr):
     """GEMM1's loader: per K step the packed weight tile by TMA and the block's x rows by cp.async (sm_90's TMA
-    cannot gather rows). A tile's rows are published COPY_LAG steps later: once this partition's copies of it have
-    landed (cp.async groups), a proxy fence makes them visible to the wgmma's async proxy and one arrival on the
-    slot's ready barrier follows (the writer-side fence: a fence in the consumers would also wait for their own
-    scale loads in flight, which ncu counted at 7% of GEMM1's warp samples). A padding row reads token 0's row: its
-    sums are never stored."""
+    cannot gather rows), each thread's copies arriving on the slot's ready barrier as they land. A padding row reads
+    token 0's row: its sums are never stored."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     VEC: gl.constexpr = 128 // x_bufs.dtype.primitive_bitwidth  # elements of one 16-byte copy
     rows: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (BLOCK_K // VEC), BLOCK_K // VEC], [LOADER_WARPS, 1],
@@ -265,21 +259,7 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs,
         mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
         _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K)
-        async_copy.commit_group()
-        if i >= COPY_LAG:
-            _publish_rows(ready.index((i - COPY_LAG) % STAGES), COPY_LAG)
-    for i in range(gl.maximum(k_tiles - COPY_LAG, 0), k_tiles):
-        _publish_rows(ready.index(i % STAGES), 0)
-
-
-@gluon.jit
-def _publish_rows(ready, outstanding: gl.constexpr):
-    """The gather's oldest tile to the consumers: this thread's copies of it landed (all but `outstanding` newer
-    groups), fenced for the async proxy, every loader thread past that (partition barrier), one arrival."""
-    async_copy.wait_group(outstanding)
-    fence_async_shared()
-    _partition_barrier()
-    mbarrier.arrive(ready, count=1)
+        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
 
 @gluon.jit
@@ -304,8 +284,10 @@ def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_
     FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the chunks'
     table codes, `rows` tile i's table rows, loaded a step ahead from `next_codes` (tile i + 1's), so that neither
     load is waited for in the step that needs it (ncu: the code-to-row-to-decode chain in one step stalled the K
-    loop); unused by W4A16. GATHERED (GEMM1, whose X tile its loader fences for the wgmma: `_publish_rows`): the
-    scale loads follow the slot wait (issued before it, W4A16's 256-row GEMM1 spilled registers in the K loop)."""
+    loop); unused by W4A16.
+    GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence; the
+    fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
+    them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
     if not GATHERED:
@@ -314,6 +296,7 @@ def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_
         scale_lo, scale_hi = _folded_scales(scales, NVFP4)
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
     if GATHERED:
+        fence_async_shared()
         next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
     if FP8:
         bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
@@ -368,16 +351,16 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, ou
     s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD)
     s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
     rows = _table_rows(lut_ptr, s_even.to(gl.int32), NVFP4) if FP8 else s_even  # W4A16: a placeholder
-    GATHERED: gl.constexpr = GEMM == 1
     for j in range(k_tiles // 2):
         acc, w_even, s_even, rows = _step(2 * j, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                          words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GATHERED, FP8, PAD)
+                                          words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8,
+                                          PAD)
         acc, w_odd, s_odd, rows = _step(2 * j + 1, acc, w_even, s_odd, x_bufs, w_bufs, ready, empty, scale_ptrs,
-                                        row_ok, words, K, lut_ptr, rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GATHERED,
+                                        row_ok, words, K, lut_ptr, rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1,
                                         FP8, PAD)
     if k_tiles % 2:
         acc, w_odd, s_even, rows = _step(k_tiles - 1, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs,
-                                         row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GATHERED,
+                                         row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1,
                                          FP8, PAD)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     n_rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
@@ -495,8 +478,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        # the weight TMA's expect, and GEMM1's loader publishing the gathered rows (`_publish_rows`)
-        mbarrier.init(ready.index(i), count=1 + (1 if GEMM == 1 else 0))
+        # GEMM1: the weight TMA's expect and every loader thread's cp.async arrival; GEMM2: the TMA's expect
+        mbarrier.init(ready.index(i), count=1 + (LOADER_WARPS * 32 if GEMM == 1 else 0))
         mbarrier.init(empty.index(i), count=1)
     if GEMM == 1:
         gl.warp_specialize([
