@@ -190,6 +190,17 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def _cuda_routing(shape, tokens: int, routing: str, gen) -> dict:
+    """moe_forward's routing arguments: router logits ("logits"), or every token on experts 0..k-1 ("one_expert":
+    each of those takes every token, the other experts none)."""
+    if routing == "logits":
+        return {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
+                "top_k": shape.top_k}
+    weights = torch.rand(tokens, shape.top_k, device="cuda", generator=gen)
+    return {"topk_ids": torch.arange(shape.top_k, device="cuda").repeat(tokens, 1),
+            "topk_weights": weights / weights.sum(-1, keepdim=True)}
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
@@ -203,13 +214,7 @@ def test_cuda_warp_specialized_layer_matches_emulation(name, tokens, routing):
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     ckpt = random_checkpoint(shape, device="cuda", generator=gen)
     x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
-    if routing == "logits":
-        route = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
-                 "top_k": shape.top_k}
-    else:
-        weights = torch.rand(tokens, shape.top_k, device="cuda", generator=gen)
-        route = {"topk_ids": torch.arange(shape.top_k, device="cuda").repeat(tokens, 1),
-                 "topk_weights": weights / weights.sum(-1, keepdim=True)}
+    route = _cuda_routing(shape, tokens, routing, gen)
     act = activation_kwargs(shape)
     ref = emulation.moe_forward(x, **ckpt, **route, **act)
     kw = to_kernel_layout(**ckpt)
@@ -259,13 +264,7 @@ def test_cuda_warp_specialized_w4a8_matches_emulation(name, tokens, routing, sch
     x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen)
     x[:, 7] *= 100.0
     x = x.bfloat16()
-    if routing == "logits":
-        route = {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
-                 "top_k": shape.top_k}
-    else:
-        weights = torch.rand(tokens, shape.top_k, device="cuda", generator=gen)
-        route = {"topk_ids": torch.arange(shape.top_k, device="cuda").repeat(tokens, 1),
-                 "topk_weights": weights / weights.sum(-1, keepdim=True)}
+    route = _cuda_routing(shape, tokens, routing, gen)
     scales = {}
     if scheme == "fp8_per_tensor_static":
         scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
