@@ -624,7 +624,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.formats import dequantize_mxfp4, dequantize_nvfp4, rebase_rows_to_e4m3  # 2j: the low nibble
-    from backends.layouts.triton_moe import _w4a8_expert, w4a8_lut_table
+    from backends.layouts.triton_moe import w4a8_lut_table, w4a8_rows
 
     def dequant(packed, scales, fp8=False):
         """The weights the kernel multiplies: NVFP4 without its global scale (the probe has no epilogue for it);
@@ -641,7 +641,7 @@ def _run(out_dir: str | None, configs, form: str = "register", smoke: bool = Fal
     def table_weights(packed, scales, chunk=16384):
         """The table decode's tensors: W4A8 bytes [rows, K/2], table codes per (row, scale block) (NVFP4: a chunk's
         two as one int16) and row exponents r [rows], a chunk of rows at a time (the conversion widens to int64)."""
-        parts = [_w4a8_expert(packed[i:i + chunk], scales[i:i + chunk], "nvfp4" if nvfp4 else "mxfp4")
+        parts = [w4a8_rows(packed[i:i + chunk], scales[i:i + chunk], "nvfp4" if nvfp4 else "mxfp4")
                  for i in range(0, packed.shape[0], chunk)]
         r, stored, codes = (torch.cat(t) for t in zip(*parts, strict=True))
         return stored, codes.view(torch.int16) if nvfp4 else codes, r

@@ -396,7 +396,7 @@ _LUT_EXP_MAX = 16
 def w4a8_lut_codes(scale_bytes: torch.Tensor, fmt: str, row_exp: torch.Tensor) -> torch.Tensor:
     """LUT code (uint8 [..., rows, K/B]) of v = |s| * 2^-r for each block scale byte s of [..., rows, K/B] (E8M0
     for MXFP4, E4M3 for NVFP4) and row exponent r [..., rows]. A negative NVFP4 scale's sign goes to the weights'
-    sign bits instead (_w4a8_expert), so the table holds magnitudes only."""
+    sign bits instead (w4a8_rows), so the table holds magnitudes only."""
     if fmt == "mxfp4":
         s = formats.decode_e8m0(scale_bytes)
     else:
@@ -484,9 +484,10 @@ def decode_w4a8(fp8_words: torch.Tensor, lut_codes: torch.Tensor, table: torch.T
     return out.reshape(experts, rows, k).view(torch.float8_e4m3fn).float()
 
 
-def _w4a8_expert(packed: torch.Tensor, scale_bytes: torch.Tensor, fmt: str):
-    """One expert's (row exponents int32 [rows], W4A8 bytes uint8 [rows, K/2] untiled, LUT codes uint8 [rows, K/B])
-    from its checkpoint-order bytes [rows, K/2] and scale bytes [rows, K/B] in kernel row order."""
+def w4a8_rows(packed: torch.Tensor, scale_bytes: torch.Tensor, fmt: str):
+    """Weight rows' (row exponents int32 [rows], W4A8 bytes uint8 [rows, K/2] untiled, LUT codes uint8 [rows, K/B])
+    from their checkpoint-order bytes [rows, K/2] and scale bytes [rows, K/B] (uint8): per row, so any rows (an
+    expert's here, the warp-specialized kernels' order in backends.triton_moe.warp_specialized)."""
     if fmt == "mxfp4":
         w = formats.dequantize_mxfp4(packed, scale_bytes)
     else:
@@ -511,7 +512,7 @@ def _row_data(words: torch.Tensor, scale_words: torch.Tensor, fmt: str, k: int):
     exps, fp8, lut = [], [], []
     for e in range(experts):
         packed = _join_halves(_untile_rows(words[e:e + 1]))[0]
-        r, stored, codes = _w4a8_expert(packed, _from_words(scale_words[e:e + 1], fmt, k)[0], fmt)
+        r, stored, codes = w4a8_rows(packed, _from_words(scale_words[e:e + 1], fmt, k)[0], fmt)
         exps.append(r)
         fp8.append(_tile_rows(stored[None])[0])
         lut.append(_to_words(codes[None], fmt)[0])

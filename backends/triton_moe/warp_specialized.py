@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.layouts.triton_moe import _KERNEL_TENSORS, TritonMoEWeights, from_kernel_layout
+from backends.layouts.triton_moe import _KERNEL_TENSORS, TritonMoEWeights, from_kernel_layout, w4a8_rows
 from backends.triton_moe.capabilities import version_tuple
 
 #: The launch config of both GEMMs: (BLOCK_M rows, BLOCK_N weight rows, BLOCK_K, STAGES of the BLOCK_M blocks,
@@ -124,11 +124,9 @@ def ws_w4a8_rows(packed: torch.Tensor, scale: torch.Tensor, fmt: str):
     """Weight rows (packed codes [rows, K / 2], block scales [rows, K / B]) as the W4A8 kernels read them
     (layouts.triton_moe, W4A8: each row rebased by 2^-r to E4M3, decoded by table): (W4A8 bytes uint8 [rows, K / 2],
     table codes [rows, K / 32] of each 32-wide chunk (MXFP4: uint8; NVFP4: int16, its first 16-wide block's code in
-    the low byte), exponents r int32 [rows]), the tile path's w4a8_row_data row for row. The codes are a byte per
-    scale block, as the scales: wider ones were measured to hold the K loop up on their loads."""
-    from backends.layouts.triton_moe import _w4a8_expert
-
-    r, stored, codes = _w4a8_expert(packed, scale.view(torch.uint8), fmt)
+    the low byte), exponents r int32 [rows]): `w4a8_rows`, which the tile path's w4a8_row_data converts with too. The
+    codes are a byte per scale block, as the scales: wider ones were measured to hold the K loop up on their loads."""
+    r, stored, codes = w4a8_rows(packed, scale.view(torch.uint8), fmt)
     return stored, codes.contiguous().view(torch.int16) if fmt == "nvfp4" else codes.contiguous(), r
 
 
