@@ -215,15 +215,21 @@ def _layouts(block_m: int, block_n: int, block_k: int, act_quant: int = 0):
     from triton.experimental.gluon import language as gl
 
     x_dtype, w_dtype, h_dtype = (getattr(gl, name) for name in ws_dtypes(act_quant))
-    return (gl.NVMMASharedLayout.get_default_for([block_n, block_k // (2 if act_quant else 8)], w_dtype),
+    return (gl.NVMMASharedLayout.get_default_for(packed_block(block_n, block_k, act_quant), w_dtype),
             gl.NVMMASharedLayout.get_default_for([block_m, block_k], x_dtype),
             {1: gl.NVMMASharedLayout.get_default_for([block_m, block_n // 2], h_dtype),
              2: gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.bfloat16)})
 
 
-#: triton's dtype names (ws_dtypes) as torch's.
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float8e4nv": torch.float8_e4m3fn, "int32": torch.int32,
-                "uint8": torch.uint8}
+#: triton's dtype names (ws_dtypes) as (torch dtype, the compiler's signature code).
+DTYPES = {"bfloat16": (torch.bfloat16, "bf16"), "float8e4nv": (torch.float8_e4m3fn, "fp8e4nv"),
+          "int32": (torch.int32, "i32"), "uint8": (torch.uint8, "u8")}
+
+
+def packed_block(block_n: int, block_k: int, act_quant: int) -> list[int]:
+    """The packed weight tile's TMA box: int32 words [BLOCK_N, BLOCK_K / 8] (8 codes each); W4A8's bytes
+    [BLOCK_N, BLOCK_K / 2]."""
+    return [block_n, block_k // (2 if act_quant else 8)]
 
 
 def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
@@ -279,7 +285,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     if not x.is_contiguous() or x.data_ptr() % 16:  # the gather's 16-byte copies need aligned rows
         x = x.clone(memory_format=torch.contiguous_format)
     al = align(ids, ws.experts, block_m // 4, kernels)
-    h = torch.empty(al.sorted_pairs.numel(), inter, dtype=TORCH_DTYPES[ws_dtypes(act_quant)[2]], device=x.device)
+    h = torch.empty(al.sorted_pairs.numel(), inter, dtype=DTYPES[ws_dtypes(act_quant)[2]][0], device=x.device)
     h_in, h_exp = h, None
     pair_out = torch.empty(1, num_pairs, hidden, dtype=torch.bfloat16, device=x.device)
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
@@ -297,7 +303,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
                       else TensorDescriptor.from_tensor(pair_out[0], [size, block_n], y_layouts[2]))
             ws_moe_gemm_kernel[(-(-n // block_n), bound)](
                 x, x.stride(0), TensorDescriptor.from_tensor(x if gemm == 1 else h_in, [size, block_k], x_layout),
-                TensorDescriptor.from_tensor(w, [block_n, block_k // (2 if act_quant else 8)], w_layout), s,
+                TensorDescriptor.from_tensor(w, packed_block(block_n, block_k, act_quant), w_layout), s,
                 s.stride(0), y_desc, pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
                 unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
                 route_w, n, k_size, *swiglu, lut, al.sorted_pairs if r is None else r,
@@ -326,10 +332,9 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
     y_shape = [block_m, block_n // 2] if gemm == 1 else [block_m, block_n]
     values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
                         config=config, act_quant=act_quant)
-    short = {"bfloat16": "bf16", "float8e4nv": "fp8e4nv", "int32": "i32", "uint8": "u8"}
-    x_type, w_type, h_type = (short[name] for name in ws_dtypes(act_quant))
+    x_type, w_type, h_type = (DTYPES[name][1] for name in ws_dtypes(act_quant))
     y_type = h_type if gemm == 1 else "bf16"
-    packed = [block_n, block_k // (2 if act_quant else 8)]
+    packed = packed_block(block_n, block_k, act_quant)
     signature = {"x_ptr": f"*{x_type}", "stride_xm": "i32",
                  "x_desc": f"tensordesc<{x_type}[{block_m},{block_k}],{x_layout!r}>",
                  "w_desc": f"tensordesc<{w_type}[{packed[0]},{packed[1]}],{w_layout!r}>",
