@@ -4,6 +4,7 @@ weight order, block tables and sm_90 build on CPU; the layer against the emulati
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -95,18 +96,47 @@ def test_ws_w4a8_weights_are_the_fp8_tiles_rows_in_the_kernels_order(fmt):
         assert getattr(ws, f"{name}_scale").shape[1] == k // 32
 
 
+#: Run lengths that take every kind of block (with 256-row blocks: a quarter, a half, a half and its quarter tail,
+#: a whole block, one and a quarter, one and a half and a tail) and their edges.
+RUN_LENGTHS = (1, 64, 65, 129, 192, 193, 320, 400)
+
+
+def _stepped_ids(tokens: int, experts: int, k: int, device=None) -> torch.Tensor:
+    """topk_ids [tokens, k] whose first experts take RUN_LENGTHS pairs and the others the rest about evenly: the
+    pairs listed by expert, slot j of token t the (j * tokens + t)-th (an expert's pairs fewer than `tokens` fall in
+    distinct tokens)."""
+    rest = tokens * k - sum(RUN_LENGTHS)
+    others = experts - len(RUN_LENGTHS)
+    counts = list(RUN_LENGTHS) + [rest // others + (e < rest % others) for e in range(others)]
+    assert max(counts) <= tokens, counts
+    listed = torch.repeat_interleave(torch.arange(experts), torch.tensor(counts))
+    return listed.view(k, tokens).t().contiguous().to(device)
+
+
+def test_stepped_ids_take_the_run_lengths_with_distinct_experts_per_token():
+    ids = _stepped_ids(1024, 32, 4)
+    assert all(len(set(row)) == 4 for row in ids.tolist())
+    assert torch.bincount(ids.view(-1).long(), minlength=32)[:len(RUN_LENGTHS)].tolist() == list(RUN_LENGTHS)
+
+
 @pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(37, 8, 2, 256), (500, 16, 4, 128), (1, 4, 1, 64),
-                                                                  (300, 3, 3, 256)])
+                                                                  (300, 3, 3, 256), (1024, 32, 4, 256),
+                                                                  (1024, 64, 8, 128)])
 def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(tokens, experts, k, block_m):
-    ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:k] for t in range(tokens)])
+    if tokens * k >= sum(RUN_LENGTHS) + experts:
+        ids = _stepped_ids(tokens, experts, k)
+    else:
+        ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:k]
+                           for t in range(tokens)])
     al = align(ids, experts, block_m // 4)
     sorted_pairs = al.sorted_pairs.tolist()
-    covered = {}
-    for size, expert, first, count, bound in ws_blocks(ids, experts, block_m):
-        assert int(count) <= bound
+    covered, blocks_of = {}, Counter()
+    for size, tail, expert, first, count, bound in ws_blocks(ids, experts, block_m):
+        assert int(count) <= bound and tail in (0, block_m // 4) and (size == block_m // 2 or not tail)
         for b in range(int(count)):
             e, row = int(expert[b]), int(first[b])
-            for r in range(row, row + size):
+            blocks_of[e] += 1
+            for r in range(row, row + size + tail):
                 assert r not in covered, (size, b, r)
                 covered[r] = e
     pairs_of = {e: sorted(p for p in range(tokens * k) if int(ids.view(-1)[p]) == e) for e in range(experts)}
@@ -116,22 +146,29 @@ def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(token
         assert len(rows) == padded and rows == list(range(rows[0], rows[0] + padded)) if padded else not rows
         real = [sorted_pairs[r] for r in rows if sorted_pairs[r] < tokens * k]
         assert sorted(real) == pairs_of[e], e
+        # one program (one decode of the expert's weights) for the rows past its whole blocks: a quarter block rides
+        # with the half block before it
+        assert blocks_of[e] == padded // block_m + (padded % block_m > 0), (e, padded)
     assert len(covered) == int(al.padded_total)
 
 
-@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "has_bias", "activation"), [
-    (1, 256, False, True, 1), (2, 256, False, True, 1), (1, 64, True, False, 0), (2, 128, True, False, 0)])
-def test_sm90_build_keeps_the_weights_in_registers_without_spills(gemm, block_m, nvfp4, has_bias, activation):
+@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "has_bias", "activation", "tail"), [
+    (1, 256, False, True, 1, 0), (2, 256, False, True, 1, 0), (1, 64, True, False, 0, 0), (2, 128, True, False, 0, 0),
+    (1, 128, False, True, 1, 64), (2, 128, True, True, 0, 64)])
+def test_sm90_build_keeps_the_weights_in_registers_without_spills(gemm, block_m, nvfp4, has_bias, activation, tail):
     from probe_gluon_w4a16 import sass_stats, weights_stay_in_registers
 
-    stats = sass_stats(compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation))
-    assert weights_stay_in_registers(stats), stats  # wgmmas, no shuffles, no spills, no in-flight operand rewritten
+    stats = sass_stats(compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, tail=tail))
+    # wgmmas, no shuffles, no spills, no in-flight operand rewritten; a tail's output tile is the second local store
+    assert weights_stay_in_registers(stats, output_tiles=2 if tail else 1), stats
     assert stats["in_flight"] >= 1 and stats["shared_bytes"] <= 227 * 1024, stats
 
 
-@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant"), [(1, 256, False, 2), (2, 256, True, 1),
-                                                                     (1, 64, True, 1), (2, 128, False, 2)])
-def test_sm90_w4a8_build_keeps_fp8_operands_in_flight_without_spills_in_the_k_loop(gemm, block_m, nvfp4, act_quant):
+@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail"), [
+    (1, 256, False, 2, 0), (2, 256, True, 1, 0), (1, 64, True, 1, 0), (2, 128, False, 2, 0), (1, 128, True, 1, 64),
+    (2, 128, False, 2, 64)])
+def test_sm90_w4a8_build_keeps_fp8_operands_in_flight_without_spills_in_the_k_loop(gemm, block_m, nvfp4, act_quant,
+                                                                                   tail):
     """The FP8 operands go from the table decode into the wgmma's registers and stay unwritten while it runs (the
     8-bit operand's registers kept live past the wait, `_kept`); MXFP8's per-row exponents may spill a few registers
     in the epilogue, never in the K loop."""
@@ -140,7 +177,7 @@ def test_sm90_w4a8_build_keeps_fp8_operands_in_flight_without_spills_in_the_k_lo
     from _cubin import cubin_tool, k_loop
     from probe_gluon_w4a16 import sass_stats
 
-    compiled = compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=True, activation=1, act_quant=act_quant)
+    compiled = compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=True, activation=1, act_quant=act_quant, tail=tail)
     stats = sass_stats(compiled)
     assert stats["in_flight"] >= 1 and stats["operand_rewrites"] == 0 and stats["shuffles"] == 0, stats
     assert stats["warp_specialize"] > 0 and stats["shared_bytes"] <= 227 * 1024, stats
@@ -191,21 +228,23 @@ def _on_hopper() -> bool:
 
 
 def _cuda_routing(shape, tokens: int, routing: str, gen) -> dict:
-    """moe_forward's routing arguments: router logits ("logits"), or every token on experts 0..k-1 ("one_expert":
-    each of those takes every token, the other experts none)."""
+    """moe_forward's routing arguments: router logits ("logits"), every token on experts 0..k-1 ("one_expert":
+    each of those takes every token, the other experts none), or runs of every kind of block ("stepped",
+    `_stepped_ids`)."""
     if routing == "logits":
         return {"router_logits": torch.randn(tokens, shape.experts, device="cuda", generator=gen),
                 "top_k": shape.top_k}
     weights = torch.rand(tokens, shape.top_k, device="cuda", generator=gen)
-    return {"topk_ids": torch.arange(shape.top_k, device="cuda").repeat(tokens, 1),
-            "topk_weights": weights / weights.sum(-1, keepdim=True)}
+    ids = (_stepped_ids(tokens, shape.experts, shape.top_k, "cuda") if routing == "stepped"
+           else torch.arange(shape.top_k, device="cuda").repeat(tokens, 1))
+    return {"topk_ids": ids, "topk_weights": weights / weights.sum(-1, keepdim=True)}
 
 
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
 @pytest.mark.parametrize(("tokens", "routing"), [(64, "logits"), (700, "logits"), (4096, "logits"),
-                                                 (1000, "one_expert")])
+                                                 (1000, "one_expert"), (1024, "stepped")])
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-30b-a3b-nvfp4"])
 def test_cuda_warp_specialized_layer_matches_emulation(name, tokens, routing):
     """Every block size (a whole block, the half and quarter tails; one_expert: expert 0 takes every token, the
@@ -251,7 +290,8 @@ def test_cuda_warp_specialized_takes_a_strided_or_misaligned_x():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
 @pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
-@pytest.mark.parametrize(("tokens", "routing"), [(700, "logits"), (4096, "logits"), (1000, "one_expert")])
+@pytest.mark.parametrize(("tokens", "routing"), [(700, "logits"), (4096, "logits"), (1000, "one_expert"),
+                                                 (1024, "stepped")])
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
 def test_cuda_warp_specialized_w4a8_matches_emulation(name, tokens, routing, scheme):
     """W4A8 on the warp-specialized kernels against the emulation of FP8 dots (fp8_operands=True), within the

@@ -239,48 +239,71 @@ def _kept(w):
 
 
 @gluon.jit
-def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, w_bufs, ready, empty, w_row,
+def _gathered_rows(x_ptr, stride_xm, pair_ptr, num_pairs, first, ROWS: gl.constexpr, rows: gl.constexpr,
+                   TOP_K: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Pointers [ROWS, BLOCK_K] of K tile 0 of the x rows of sorted pairs first .. first + ROWS (token = pair //
+    TOP_K); a padding row reads token 0's row: its sums are never stored."""
+    pair = gl.load(pair_ptr + first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows)))
+    token = gl.where(pair < num_pairs, pair // TOP_K, 0)
+    return (x_ptr + token.to(gl.int64)[:, None] * stride_xm
+            + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows))[None, :])
+
+
+@gluon.jit
+def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, w_row,
                    k_tiles, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
-                   LOADER_WARPS: gl.constexpr):
+                   LOADER_WARPS: gl.constexpr, TAIL_M: gl.constexpr):
     """GEMM1's loader: per K step the packed weight tile by TMA and the block's x rows by cp.async (sm_90's TMA
-    cannot gather rows), each thread's copies arriving on the slot's ready barrier as they land. A padding row reads
-    token 0's row: its sums are never stored."""
+    cannot gather rows), and the tail's (TAIL_M rows after them) into xt_bufs, each thread's copies arriving on the
+    slot's ready barrier as they land."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     VEC: gl.constexpr = 128 // x_bufs.dtype.primitive_bitwidth  # elements of one 16-byte copy
     rows: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (BLOCK_K // VEC), BLOCK_K // VEC], [LOADER_WARPS, 1],
                                           [1, 0])
-    pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows)))
-    token = gl.where(pair < num_pairs, pair // TOP_K, 0)
-    ptrs = (x_ptr + token.to(gl.int64)[:, None] * stride_xm
-            + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows))[None, :])
+    ptrs = _gathered_rows(x_ptr, stride_xm, pair_ptr, num_pairs, first, BLOCK_M, rows, TOP_K, BLOCK_K)
+    if TAIL_M:
+        tail_ptrs = _gathered_rows(x_ptr, stride_xm, pair_ptr, num_pairs, first + BLOCK_M, TAIL_M, rows, TOP_K,
+                                   BLOCK_K)
     for i in range(k_tiles):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
         mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
         _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K)
+        if TAIL_M:
+            _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K)
         async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
 
 @gluon.jit
-def _tma_loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_tiles, BLOCK_K: gl.constexpr):
-    """GEMM2's loader: per K step the packed weight tile and h's rows [first, first + BLOCK_M) by TMA."""
+def _tma_loader(x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, first, w_row, k_tiles,
+                BLOCK_K: gl.constexpr, TAIL_M: gl.constexpr):
+    """GEMM2's loader: per K step the packed weight tile and h's rows [first, first + BLOCK_M) by TMA, and the
+    tail's TAIL_M rows after them (xt_desc's box) into xt_bufs."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
+    if TAIL_M:
+        nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + xt_desc.block_type.nbytes
+    else:
+        nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
     for i in range(k_tiles):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        mbarrier.expect(ready.index(slot), nbytes)
         _tma_load(x_desc, [first, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
+        if TAIL_M:
+            _tma_load(xt_desc, [first + x_desc.block_type.shape[0], i * BLOCK_K], ready.index(slot),
+                      xt_bufs.index(slot))
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
 
 
 @gluon.jit
-def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,
-          next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr,
-          FP8: gl.constexpr, PAD: gl.constexpr):
+def _step(i, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
+          rows, next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr,
+          GATHERED: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr):
     """K tile i (its scales loaded two steps ahead: `scales`): decode the packed tile into the wgmma's A registers,
-    issue the wgmma, wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
-    share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
+    issue the wgmma (and, with TAIL_M, a second one of the same operand into the tail's accumulator acc_t), wait for
+    tile i - 1's (whose operand w_keep stays alive until then, so the two operands never share registers; W4A8's
+    through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
     FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the chunks'
     table codes, `rows` tile i's table rows, loaded a step ahead from `next_codes` (tile i + 1's), so that neither
     load is waited for in the step that needs it (ncu: the code-to-row-to-decode chain in one step stalled the K
@@ -307,28 +330,41 @@ def _step(i, acc, w_keep, scales, x_bufs, w_bufs, ready, empty, scale_ptrs, row_
         w = gl.convert_layout(_operand_from_words(w_bufs.index(slot).load(words.type.layout.parent), scale_lo,
                                                   scale_hi, BLOCK_N, BLOCK_K), w_keep.type.layout, assert_trivial=True)
     acc = warpgroup_mma(w, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+    if TAIL_M:  # the same registers as the tail's operand: the A layout does not depend on the wgmma's N
+        tail_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t.type.layout,
+                                                         k_width=4 if FP8 else 2)
+        acc_t = warpgroup_mma(gl.convert_layout(w, tail_operand, assert_trivial=True),
+                              xt_bufs.index(slot).permute((1, 0)), acc_t, is_async=True)
     if FP8:
         next_rows = _table_rows(lut_ptr, next_codes.to(gl.int32), NVFP4)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
+        if TAIL_M:
+            acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t])
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         _kept(w_keep)
     else:
         next_rows = rows
-        acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
+        if TAIL_M:
+            acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
+        else:
+            acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-    return acc, w, next_scales, next_rows
+    return acc, acc_t, w, next_scales, next_rows
 
 
 @gluon.jit
-def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
-              num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K, k_tiles, alpha,
-              beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr,
+              stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N,
+              K, k_tiles, alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
-              ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr):
+              ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, TAIL_M: gl.constexpr):
     """W (decoded into registers) x X^T (shared memory) into the [BLOCK_N weight rows, BLOCK_M rows] accumulator,
     then the GEMM's epilogue. The K loop is unrolled by two so that consecutive tiles' operands alternate between
     two register sets with no copies (a single loop-carried operand would be copied into the registers the wgmma
     in flight reads). ACT_QUANT (W4A8, `w4a8` = (table, row exponents, static scales, rows' exponents)): E4M3 X,
-    FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'."""
+    FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'.
+    TAIL_M: the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator
+    and take the same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
     FP8: gl.constexpr = ACT_QUANT != 0
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
@@ -341,30 +377,58 @@ def _consumer(x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, ou
         word_layout: gl.constexpr = operand_words_layout(gl.to_linear_layout(operand, [BLOCK_N, BLOCK_K]),
                                                          [BLOCK_N, BLOCK_K])
     PAD: gl.constexpr = 127 if not (NVFP4 or FP8) else 0  # E8M0 1.0; NVFP4's and the table's zero
-    lut_ptr, rexp_ptr, qscale_ptr, ra_ptr = w4a8
+    lut_ptr = w4a8[0]
     rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout))
     row_ok = off_n + rows < N  # a last tile past N decodes the next expert's rows (or TMA's zeros): never stored
     words = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, word_layout))
     scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
+    if TAIL_M:
+        tail_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                          instr_shape=[16, TAIL_M, 32 if FP8 else 16])
+        acc_t = gl.zeros([BLOCK_N, TAIL_M], gl.float32, tail_mma)
+    else:
+        acc_t = 0.0  # no tail: a placeholder the loop carries unchanged
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD)
     s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
     rows = _table_rows(lut_ptr, s_even.to(gl.int32), NVFP4) if FP8 else s_even  # W4A16: a placeholder
     for j in range(k_tiles // 2):
-        acc, w_even, s_even, rows = _step(2 * j, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs, row_ok,
-                                          words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8,
-                                          PAD)
-        acc, w_odd, s_odd, rows = _step(2 * j + 1, acc, w_even, s_odd, x_bufs, w_bufs, ready, empty, scale_ptrs,
-                                        row_ok, words, K, lut_ptr, rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1,
-                                        FP8, PAD)
+        acc, acc_t, w_even, s_even, rows = _step(2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs, w_bufs, ready,
+                                                 empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N,
+                                                 BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+        acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs, xt_bufs, w_bufs, ready,
+                                               empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_even, BLOCK_N,
+                                               BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
     if k_tiles % 2:
-        acc, w_odd, s_even, rows = _step(k_tiles - 1, acc, w_odd, s_even, x_bufs, w_bufs, ready, empty, scale_ptrs,
-                                         row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1,
-                                         FP8, PAD)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs, w_bufs, ready,
+                                                empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N,
+                                                BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+    epilogue_args = (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n,
+                     N, alpha, beta, limit, w4a8)
+    if TAIL_M:
+        acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
+        _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
+                  ACTIVATION, ACT_QUANT, TOP_K, mma)
+        _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, GEMM, TAIL_M, BLOCK_N, NUM_WARPS, NVFP4,
+                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma)
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
+                  ACTIVATION, ACT_QUANT, TOP_K, mma)
+
+
+@gluon.jit
+def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
+              ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr):
+    """The sums [BLOCK_N weight rows, BLOCK_M rows from sorted row first] (in `mma`) scaled (W4A8: `_w4a8_scales`;
+    NVFP4: the global scale), biased, then GEMM1's activation and h store or GEMM2's pair rows."""
+    (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n, N, alpha, beta,
+     limit, w4a8) = args
+    _, rexp_ptr, qscale_ptr, ra_ptr = w4a8
     n_rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-    if FP8:
+    if ACT_QUANT != 0:
         acc = _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, expert * N + n_rows, n_rows < N,
                            first, GEMM, BLOCK_M, ACT_QUANT, TOP_K, mma)
         if NVFP4:
@@ -444,13 +508,13 @@ def _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route
 
 
 @gluon.jit
-def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_desc, out_ptr, stride_om,
+def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_sn, y_desc, yt_desc, out_ptr, stride_om,
                        block_expert_ptr, block_first_ptr, block_count_ptr, pair_ptr, num_pairs, gs_ptr, bias_ptr,
                        stride_be, route_w_ptr, N, K, alpha, beta, limit, lut_ptr, rexp_ptr, qscale_ptr, ra_ptr,
                        GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr,
                        NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, TOP_K: gl.constexpr,
-                       ACT_QUANT: gl.constexpr):
+                       ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
@@ -461,7 +525,9 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
     ACT_QUANT 1 (static FP8), 2 (MXFP8): W4A8, the tile kernels' ids and numerics on FP8 tensor cores: X in E4M3 (x
     quantized per row by act_quant_kernel; h by GEMM1 (1) or by act_quant_kernel after it (2)), the weights as W4A8
     bytes [E * N, K / 2] with table codes per 32-wide chunk and row exponents (`ws_weights(kw, w4a8=True)`, lut_ptr
-    the table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents."""
+    the table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents.
+    TAIL_M > 0: each block carries the TAIL_M rows after it (an expert's last rows, `ws_blocks`) in a second
+    accumulator: GEMM2 loads them by xt_desc, GEMM1 stores their h by yt_desc (unused without a tail)."""
     b = gl.program_id(1)
     if b >= gl.load(block_count_ptr):
         return
@@ -475,6 +541,13 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
     x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
+    if TAIL_M:
+        xt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL_M, BLOCK_K], x_dtype)
+        xt_bufs = gl.allocate_shared_memory(x_dtype, [STAGES, TAIL_M, BLOCK_K], xt_layout)
+        yt_smem = gl.allocate_shared_memory(yt_desc.dtype, yt_desc.block_type.shape, yt_desc.layout)
+    else:
+        xt_bufs = x_bufs
+        yt_smem = y_smem
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -483,19 +556,22 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, w_desc, s_ptr, stride_sn, y_des
         mbarrier.init(empty.index(i), count=1)
     if GEMM == 1:
         gl.warp_specialize([
-            (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
-                         num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
-                         k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM, BLOCK_M, BLOCK_N,
-                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K)),
-            (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, w_bufs, ready, empty,
-                              w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS)),
+            (_consumer, (x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn,
+                         out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert,
+                         first, off_n, w_row, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr,
+                                                                                  ra_ptr), GEMM, BLOCK_M, BLOCK_N,
+                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M)),
+            (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, xt_bufs, w_bufs, ready,
+                              empty, w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS, TAIL_M)),
         ], [LOADER_WARPS], [GATHER_LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (x_bufs, w_bufs, y_smem, ready, empty, y_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
-                         num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N, K,
-                         k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM, BLOCK_M, BLOCK_N,
-                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K)),
-            (_tma_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, first, w_row, k_tiles, BLOCK_K)),
+            (_consumer, (x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn,
+                         out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert,
+                         first, off_n, w_row, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr,
+                                                                                  ra_ptr), GEMM, BLOCK_M, BLOCK_N,
+                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M)),
+            (_tma_loader, (x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, first, w_row, k_tiles,
+                           BLOCK_K, TAIL_M)),
         ], [LOADER_WARPS], [TMA_LOADER_REGS])
 

@@ -37,6 +37,9 @@ WS_CONFIG = (256, 128, 64, 4, 8)
 #: cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting for a slot's data while the loader
 #: waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no slower at T = 8192-16384).
 PARTIAL_BLOCK_STAGES = 8
+#: Ring stages of a half block carrying a quarter as its tail: each stage holds both X tiles, and GEMM2's 6 stages
+#: with its two output tiles fill 216 of the 227 KiB of shared memory (bf16).
+TAIL_BLOCK_STAGES = 6
 #: Loader warps: GEMM1's cp.async gather spreads its 16-byte copies over a warpgroup (the register file is counted
 #: per warpgroup anyway); GEMM2's loader only issues TMA copies.
 LOADER_WARPS = {1: 4, 2: 1}
@@ -179,32 +182,37 @@ def ws_shape_problem(hidden: int, inter: int, block_k: int = WS_CONFIG[2]) -> st
     return None
 
 
-def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[int, torch.Tensor, torch.Tensor,
+def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[int, int, torch.Tensor, torch.Tensor,
                                                                                torch.Tensor, int]]:
     """The row blocks of the pairs sorted by expert with each run padded to BLOCK_M / 4 (_routing.align's order):
-    per block size (BLOCK_M, BLOCK_M / 2, BLOCK_M / 4) the tuple (size, expert [bound] int32, first row [bound]
-    int32, count [1] int32, bound). A run of P padded rows is P // BLOCK_M whole blocks, then a half and a quarter
-    block where P's bits say. Device ops of static sizes only: entries past count are never read."""
+    per kind of block the tuple (size, tail, expert [bound] int32, first row [bound] int32, count [1] int32, bound),
+    a block covering rows first .. first + size + tail. A run of P padded rows is P // BLOCK_M whole blocks, then
+    a half and a quarter block where P's bits say; a quarter after a half rides with it as its tail (one decode of
+    the expert's weights for both). Device ops of static sizes only: entries past count are never
+    read."""
     device = topk_ids.device
-    quarter = block_m // 4
+    half, quarter = block_m // 2, block_m // 4
     counts = torch.zeros(experts, dtype=torch.int64, device=device)
     counts.scatter_add_(0, topk_ids.reshape(-1).long(), torch.ones(topk_ids.numel(), dtype=torch.int64, device=device))
     padded = (counts + quarter - 1) // quarter * quarter
     start = torch.cumsum(padded, 0) - padded
     whole = padded // block_m
-    half = (padded // (block_m // 2)) % 2
+    has_half = (padded // half) % 2
+    has_quarter = (padded // quarter) % 2
+    after_whole = start + whole * block_m
     tables = []
-    for size, per_expert, offset, bound in (
-            (block_m, whole, torch.zeros_like(start), (topk_ids.numel() + experts * (quarter - 1)) // block_m),
-            (block_m // 2, half, whole * block_m, experts),
-            (quarter, (padded // quarter) % 2, whole * block_m + half * (block_m // 2), experts)):
+    for size, tail, per_expert, first_row, bound in (
+            (block_m, 0, whole, start, (topk_ids.numel() + experts * (quarter - 1)) // block_m),
+            (half, quarter, has_half * has_quarter, after_whole, experts),
+            (half, 0, has_half * (1 - has_quarter), after_whole, experts),
+            (quarter, 0, has_quarter * (1 - has_half), after_whole, experts)):
         if bound == 0:
             continue
         ends = torch.cumsum(per_expert, 0)
         index = torch.arange(bound, device=device)
         expert = torch.searchsorted(ends, index, right=True).clamp_(max=experts - 1)
-        first = start[expert] + offset[expert] + (index - (ends[expert] - per_expert[expert])) * size
-        tables.append((size, expert.to(torch.int32), first.to(torch.int32), ends[-1:].to(torch.int32), bound))
+        first = first_row[expert] + (index - (ends[expert] - per_expert[expert])) * size
+        tables.append((size, tail, expert.to(torch.int32), first.to(torch.int32), ends[-1:].to(torch.int32), bound))
     return tables
 
 
@@ -241,14 +249,16 @@ def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
 
 
 def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
-               config: tuple = WS_CONFIG, act_quant: int = 0) -> dict:
-    """The kernel's constexprs for one GEMM's launch over blocks of block_m rows."""
+               config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0) -> dict:
+    """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and tail rows after each)."""
     _, block_n, block_k, stages, warps = config
-    if block_m < config[0]:
+    if tail:
+        stages = TAIL_BLOCK_STAGES
+    elif block_m < config[0]:
         stages = PARTIAL_BLOCK_STAGES
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k,
-                ACT_QUANT=act_quant)
+                ACT_QUANT=act_quant, TAIL_M=tail)
 
 
 @dataclass(frozen=True)
@@ -262,6 +272,16 @@ class W4A8Inputs:
     x_exp: torch.Tensor
     qscale: torch.Tensor
     quantize_h: object
+
+
+def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tensor, config: tuple, act_quant: int):
+    """The TMA descriptors of a GEMM's X (x, GEMM1; h, GEMM2) and output (h; the pair rows) for blocks of `rows`."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    block_n, block_k = config[1:3]
+    _, x_layout, y_layouts = _layouts(rows, block_n, block_k, act_quant)
+    return (TensorDescriptor.from_tensor(x_in, [rows, block_k], x_layout),
+            TensorDescriptor.from_tensor(y_out, [rows, block_n // 2 if gemm == 1 else block_n], y_layouts[gemm]))
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
@@ -297,19 +317,22 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
         if gemm == 2 and act_quant == 2:  # MXFP8 rebases each h row as a whole: after all of GEMM1's column tiles
             h_in, h_exp = w4a8.quantize_h(h, al.padded_total)
         row_exps = (w4a8.x_exp if gemm == 1 else h_exp) if act_quant == 2 else al.sorted_pairs
-        for size, expert, first, count, bound in tables:
-            w_layout, x_layout, y_layouts = _layouts(size, block_n, block_k, act_quant)
-            y_desc = (TensorDescriptor.from_tensor(h, [size, block_n // 2], y_layouts[1]) if gemm == 1
-                      else TensorDescriptor.from_tensor(pair_out[0], [size, block_n], y_layouts[2]))
+        x_in, y_out = (x, h) if gemm == 1 else (h_in, pair_out[0])
+        for size, tail, expert, first, count, bound in tables:
+            w_layout = _layouts(size, block_n, block_k, act_quant)[0]
+            x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, config, act_quant)
+            xt_desc, yt_desc = _row_descriptors(gemm, tail, x_in, y_out, config, act_quant) if tail else (x_desc,
+                                                                                                          y_desc)
             ws_moe_gemm_kernel[(-(-n // block_n), bound)](
-                x, x.stride(0), TensorDescriptor.from_tensor(x if gemm == 1 else h_in, [size, block_k], x_layout),
+                x, x.stride(0), x_desc, xt_desc,
                 TensorDescriptor.from_tensor(w, packed_block(block_n, block_k, act_quant), w_layout), s,
-                s.stride(0), y_desc, pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
+                s.stride(0), y_desc, yt_desc, pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs,
+                num_pairs,
                 unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
                 route_w, n, k_size, *swiglu, lut, al.sorted_pairs if r is None else r,
                 w4a8.qscale if act_quant else unused, row_exps,
                 **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
-                             activation=activation, top_k=k, config=config, act_quant=act_quant),
+                             activation=activation, top_k=k, config=config, act_quant=act_quant, tail=tail),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
@@ -318,7 +341,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
 
 
 def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
-                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0):
+                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0):
     """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
     checks of what it compiles to."""
     import triton
@@ -328,18 +351,25 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
     from backends.triton_moe._ws_kernels import ws_moe_gemm_kernel
 
     _, block_n, block_k = config[:3]
-    w_layout, x_layout, y_layouts = _layouts(block_m, block_n, block_k, act_quant)
-    y_shape = [block_m, block_n // 2] if gemm == 1 else [block_m, block_n]
     values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
-                        config=config, act_quant=act_quant)
+                        config=config, act_quant=act_quant, tail=tail)
     x_type, w_type, h_type = (DTYPES[name][1] for name in ws_dtypes(act_quant))
     y_type = h_type if gemm == 1 else "bf16"
+
+    def descriptor_types(rows):  # X's and the output's descriptor types of blocks of `rows` rows
+        _, x_layout, y_layouts = _layouts(rows, block_n, block_k, act_quant)
+        y_cols = block_n // 2 if gemm == 1 else block_n
+        return (f"tensordesc<{x_type}[{rows},{block_k}],{x_layout!r}>",
+                f"tensordesc<{y_type}[{rows},{y_cols}],{y_layouts[gemm]!r}>")
+
+    x_desc, y_desc = descriptor_types(block_m)
+    xt_desc, yt_desc = descriptor_types(tail) if tail else (x_desc, y_desc)
+    w_layout = _layouts(block_m, block_n, block_k, act_quant)[0]
     packed = packed_block(block_n, block_k, act_quant)
-    signature = {"x_ptr": f"*{x_type}", "stride_xm": "i32",
-                 "x_desc": f"tensordesc<{x_type}[{block_m},{block_k}],{x_layout!r}>",
+    signature = {"x_ptr": f"*{x_type}", "stride_xm": "i32", "x_desc": x_desc, "xt_desc": xt_desc,
                  "w_desc": f"tensordesc<{w_type}[{packed[0]},{packed[1]}],{w_layout!r}>",
                  "s_ptr": ("*i16" if act_quant else "*i32") if nvfp4 else "*u8", "stride_sn": "i32",
-                 "y_desc": f"tensordesc<{y_type}[{y_shape[0]},{y_shape[1]}],{y_layouts[gemm]!r}>", "out_ptr": "*bf16",
+                 "y_desc": y_desc, "yt_desc": yt_desc, "out_ptr": "*bf16",
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
                  "bias_ptr": "*fp32", "stride_be": "i32", "route_w_ptr": "*fp32", "N": "i32", "K": "i32",
