@@ -28,7 +28,14 @@ from backends.triton_moe import moe_forward
 from backends.triton_moe._routing import align
 from backends.triton_moe._ws_kernels import WORD_ORDERS
 from backends.triton_moe.testing import SHAPES, Shape, activation_kwargs, random_checkpoint
-from backends.triton_moe.warp_specialized import WS_CONFIG, compile_sm90, ws_blocks, ws_row_order, ws_weights
+from backends.triton_moe.warp_specialized import (
+    WHOLE_TAIL_MAX_ROWS,
+    WS_CONFIG,
+    compile_sm90,
+    ws_blocks,
+    ws_row_order,
+    ws_weights,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -132,7 +139,8 @@ def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(token
     sorted_pairs = al.sorted_pairs.tolist()
     covered, blocks_of = {}, Counter()
     for size, tail, expert, first, count, bound in ws_blocks(ids, experts, block_m):
-        assert int(count) <= bound and tail in (0, block_m // 4) and (size == block_m // 2 or not tail)
+        assert int(count) <= bound and tail in (0, block_m // 4)
+        assert not tail or size == block_m // 2 or size <= WHOLE_TAIL_MAX_ROWS, (size, tail)
         for b in range(int(count)):
             e, row = int(expert[b]), int(first[b])
             blocks_of[e] += 1
@@ -146,15 +154,17 @@ def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(token
         assert len(rows) == padded and rows == list(range(rows[0], rows[0] + padded)) if padded else not rows
         real = [sorted_pairs[r] for r in rows if sorted_pairs[r] < tokens * k]
         assert sorted(real) == pairs_of[e], e
-        # one program (one decode of the expert's weights) for the rows past its whole blocks: a quarter block rides
-        # with the half block before it
-        assert blocks_of[e] == padded // block_m + (padded % block_m > 0), (e, padded)
+        # one program (one decode of the expert's weights) for the rows past its whole blocks, none where a lone
+        # quarter rides with the last whole block
+        whole, rest = divmod(padded, block_m)
+        rides_on_whole = rest == block_m // 4 and whole > 0 and block_m <= WHOLE_TAIL_MAX_ROWS
+        assert blocks_of[e] == whole + (rest > 0 and not rides_on_whole), (e, padded)
     assert len(covered) == int(al.padded_total)
 
 
 @pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "has_bias", "activation", "tail"), [
     (1, 256, False, True, 1, 0), (2, 256, False, True, 1, 0), (1, 64, True, False, 0, 0), (2, 128, True, False, 0, 0),
-    (1, 128, False, True, 1, 64), (2, 128, True, True, 0, 64)])
+    (1, 128, False, True, 1, 64), (2, 128, True, True, 0, 64), (2, 128, False, True, 1, 32)])
 def test_sm90_build_keeps_the_weights_in_registers_without_spills(gemm, block_m, nvfp4, has_bias, activation, tail):
     from probe_gluon_w4a16 import sass_stats, weights_stay_in_registers
 
@@ -212,6 +222,18 @@ def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
         moe_forward(x, kw, router_logits=torch.randn(300, 4), top_k=2, prefill_kernel="sideways")
 
 
+def test_ws_block_rows_come_from_the_environment_or_the_config(monkeypatch):
+    from backends.triton_moe import warp_specialized
+
+    monkeypatch.delenv(warp_specialized.WS_BLOCK_M_ENV, raising=False)
+    assert warp_specialized.ws_config() == WS_CONFIG
+    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "128")
+    assert warp_specialized.ws_config() == (128,) + WS_CONFIG[1:]
+    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "96")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of 128, 256; unset it"):
+        warp_specialized.ws_config()
+
+
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
     from backends.triton_moe import warp_specialized
 
@@ -249,6 +271,23 @@ def _cuda_routing(shape, tokens: int, routing: str, gen) -> dict:
 def test_cuda_warp_specialized_layer_matches_emulation(name, tokens, routing):
     """Every block size (a whole block, the half and quarter tails; one_expert: expert 0 takes every token, the
     others one slot each or none), GEMM2's column tile past H (gpt-oss: H = 2880), biases and both activations."""
+    _check_layer_against_emulation(name, tokens, routing)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1024, "stepped")])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
+def test_cuda_warp_specialized_128_row_blocks_match_emulation(name, tokens, routing, monkeypatch):
+    """128-row whole blocks ($MOE_ORACLE_TRITON_WS_BLOCK_M), whose last one carries a lone quarter as its tail."""
+    from backends.triton_moe import warp_specialized
+
+    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "128")
+    _check_layer_against_emulation(name, tokens, routing)
+
+
+def _check_layer_against_emulation(name: str, tokens: int, routing: str) -> None:
     shape = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     ckpt = random_checkpoint(shape, device="cuda", generator=gen)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +34,19 @@ from backends.triton_moe.capabilities import version_tuple
 #: NUM_WARPS: one warpgroup per 64 weight rows). The Gluon probe's best at T = 16384 on an H100
 #: (benchmarks/probe_gluon_w4a16.py: 256 x 128, with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
 WS_CONFIG = (256, 128, 64, 4, 8)
-#: Ring stages of the BLOCK_M / 2 and / 4 blocks: their K steps are shorter, so the ring must hold more of them to
-#: cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting for a slot's data while the loader
-#: waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no slower at T = 8192-16384).
+#: $MOE_ORACLE_TRITON_WS_BLOCK_M: the rows of the whole blocks, WS_BLOCK_MS (unset: WS_CONFIG's), for A/B runs of
+#: the block size against rows per expert.
+WS_BLOCK_M_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_M"
+WS_BLOCK_MS = (128, 256)
+#: Ring stages of blocks under WS_CONFIG's rows (its BLOCK_M / 2 and / 4 blocks): their K steps are shorter, so the
+#: ring must hold more of them to cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting
+#: for a slot's data while the loader waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no
+#: slower at T = 8192-16384).
 PARTIAL_BLOCK_STAGES = 8
-#: Ring stages of a half block carrying a quarter as its tail: each stage holds both X tiles, and GEMM2's 6 stages
+#: The largest block that carries a quarter block as its tail: a 256-row block's accumulator and a 64-row tail's
+#: do not fit the consumers' registers beside the two operand sets.
+WHOLE_TAIL_MAX_ROWS = 128
+#: Ring stages of a block carrying a quarter as its tail: each stage holds both X tiles, and GEMM2's 6 stages
 #: with its two output tiles fill 216 of the 227 KiB of shared memory (bf16).
 TAIL_BLOCK_STAGES = 6
 #: Loader warps: GEMM1's cp.async gather spreads its 16-byte copies over a warpgroup (the register file is counted
@@ -187,9 +196,9 @@ def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[
     """The row blocks of the pairs sorted by expert with each run padded to BLOCK_M / 4 (_routing.align's order):
     per kind of block the tuple (size, tail, expert [bound] int32, first row [bound] int32, count [1] int32, bound),
     a block covering rows first .. first + size + tail. A run of P padded rows is P // BLOCK_M whole blocks, then
-    a half and a quarter block where P's bits say; a quarter after a half rides with it as its tail (one decode of
-    the expert's weights for both). Device ops of static sizes only: entries past count are never
-    read."""
+    a half and a quarter block where P's bits say; the quarter rides as the tail of the block before it (one decode
+    of the expert's weights for both): the half, or the last whole block where BLOCK_M <= WHOLE_TAIL_MAX_ROWS.
+    Device ops of static sizes only: entries past count are never read."""
     device = topk_ids.device
     half, quarter = block_m // 2, block_m // 4
     counts = torch.zeros(experts, dtype=torch.int64, device=device)
@@ -199,13 +208,18 @@ def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[
     whole = padded // block_m
     has_half = (padded // half) % 2
     has_quarter = (padded // quarter) % 2
+    lone_quarter = has_quarter * (1 - has_half)
+    whole_tails = block_m <= WHOLE_TAIL_MAX_ROWS
+    on_whole = lone_quarter * (whole > 0) * whole_tails
     after_whole = start + whole * block_m
+    whole_bound = (topk_ids.numel() + experts * (quarter - 1)) // block_m
     tables = []
     for size, tail, per_expert, first_row, bound in (
-            (block_m, 0, whole, start, (topk_ids.numel() + experts * (quarter - 1)) // block_m),
+            (block_m, 0, whole - on_whole, start, whole_bound),
+            (block_m, quarter, on_whole, after_whole - block_m, min(experts, whole_bound) * whole_tails),
             (half, quarter, has_half * has_quarter, after_whole, experts),
             (half, 0, has_half * (1 - has_quarter), after_whole, experts),
-            (quarter, 0, has_quarter * (1 - has_half), after_whole, experts)):
+            (quarter, 0, lone_quarter - on_whole, after_whole, experts)):
         if bound == 0:
             continue
         ends = torch.cumsum(per_expert, 0)
@@ -254,7 +268,7 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
     _, block_n, block_k, stages, warps = config
     if tail:
         stages = TAIL_BLOCK_STAGES
-    elif block_m < config[0]:
+    elif block_m < WS_CONFIG[0]:
         stages = PARTIAL_BLOCK_STAGES
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k,
@@ -274,6 +288,17 @@ class W4A8Inputs:
     quantize_h: object
 
 
+def ws_config() -> tuple:
+    """WS_CONFIG, with $MOE_ORACLE_TRITON_WS_BLOCK_M's whole-block rows where it is set."""
+    value = os.environ.get(WS_BLOCK_M_ENV)
+    if value is None:
+        return WS_CONFIG
+    if value not in {str(rows) for rows in WS_BLOCK_MS}:
+        raise ValueError(f"environment variable {WS_BLOCK_M_ENV}={value!r} must be one of "
+                         f"{', '.join(map(str, WS_BLOCK_MS))}; unset it for {WS_CONFIG[0]}")
+    return (int(value),) + WS_CONFIG[1:]
+
+
 def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tensor, config: tuple, act_quant: int):
     """The TMA descriptors of a GEMM's X (x, GEMM1; h, GEMM2) and output (h; the pair rows) for blocks of `rows`."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -285,16 +310,17 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
-           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None) -> None:
+           config: tuple | None = None, w4a8: W4A8Inputs | None = None) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8: E4M3, quantized as
     `w4a8` says, on `ws_weights(kw, w4a8=True)`), ids [T, k], route_w fp32 [T, k], activation the tile kernels' id
-    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
+    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit); config None: `ws_config()`."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
     from backends.triton_moe._routing import align
     from backends.triton_moe._ws_kernels import ws_moe_gemm_kernel
 
+    config = config or ws_config()
     tokens, hidden = x.shape
     k = ids.shape[1]
     block_m, block_n, block_k = config[:3]
