@@ -222,15 +222,21 @@ def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
         moe_forward(x, kw, router_logits=torch.randn(300, 4), top_k=2, prefill_kernel="sideways")
 
 
-def test_ws_block_rows_come_from_the_environment_or_the_config(monkeypatch):
+def test_ws_block_rows_and_stages_come_from_the_environment_or_the_config(monkeypatch):
     from backends.triton_moe import warp_specialized
 
     monkeypatch.delenv(warp_specialized.WS_BLOCK_M_ENV, raising=False)
     assert warp_specialized.ws_config() == WS_CONFIG
     monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "128")
     assert warp_specialized.ws_config() == (128,) + WS_CONFIG[1:]
+    monkeypatch.setenv(warp_specialized.WS_STAGES_ENV, "6")
+    assert warp_specialized.ws_config() == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
     monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "96")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of 128, 256; unset it"):
+        warp_specialized.ws_config()
+    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "256")
+    monkeypatch.setenv(warp_specialized.WS_STAGES_ENV, "9")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of 2, 3, .*8; unset it for 4"):
         warp_specialized.ws_config()
 
 
