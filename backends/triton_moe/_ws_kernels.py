@@ -298,31 +298,29 @@ def _tma_loader(x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, 
 
 @gluon.jit
 def _step(i, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-          rows, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GATHERED: gl.constexpr,
-          FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr):
+          rows, next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr,
+          GATHERED: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr):
     """K tile i (its scales loaded two steps ahead: `scales`): decode the packed tile into the wgmma's A registers,
     issue the wgmma (and, with TAIL_M, a second one of the same operand into the tail's accumulator acc_t), wait for
     tile i - 1's (whose operand w_keep stays alive until then, so the two operands never share registers; W4A8's
     through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
-    FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `rows` are tile i's table
-    rows, looked up a step ahead from `scales`, tile i + 1's table codes, which were loaded two steps before that
-    lookup (this step loads tile i + 3's): neither load is waited for in the step that needs it (ncu: the chain from
-    code to row to decode in one step stalled the K loop, and codes loaded one step ahead still arrived late in
-    GEMM2); `rows` is unused by W4A16.
+    FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the chunks'
+    table codes, `rows` tile i's table rows, loaded a step ahead from `next_codes` (tile i + 1's), so that neither
+    load is waited for in the step that needs it (ncu: the code-to-row-to-decode chain in one step stalled the K
+    loop); unused by W4A16.
     GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence; the
     fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
     them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = i % STAGES
-    AHEAD: gl.constexpr = 3 if FP8 else 2
     if not GATHERED:
-        next_scales = _scale_load(scale_ptrs, row_ok, i + AHEAD, words, K, BLOCK_K, PAD)
+        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
     if not FP8:
         scale_lo, scale_hi = _folded_scales(scales, NVFP4)
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
     if GATHERED:
         fence_async_shared()
-        next_scales = _scale_load(scale_ptrs, row_ok, i + AHEAD, words, K, BLOCK_K, PAD)
+        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
     if FP8:
         bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
                                                       [BLOCK_N, BLOCK_K])
@@ -338,7 +336,7 @@ def _step(i, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, 
         acc_t = warpgroup_mma(gl.convert_layout(w, tail_operand, assert_trivial=True),
                               xt_bufs.index(slot).permute((1, 0)), acc_t, is_async=True)
     if FP8:
-        next_rows = _table_rows(lut_ptr, scales.to(gl.int32), NVFP4)
+        next_rows = _table_rows(lut_ptr, next_codes.to(gl.int32), NVFP4)
         if TAIL_M:
             acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t])
         else:
@@ -392,24 +390,19 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
     else:
         acc_t = 0.0  # no tail: a placeholder the loop carries unchanged
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
-    if FP8:  # tile 0's table rows; the codes of tiles 1 and 2
-        rows = _table_rows(lut_ptr, _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD).to(gl.int32), NVFP4)
-        s_even = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
-        s_odd = _scale_load(scale_ptrs, row_ok, 2, words, K, BLOCK_K, PAD)
-    else:  # the scales of tiles 0 and 1
-        s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD)
-        s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
-        rows = s_even  # a placeholder
+    s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD)
+    s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
+    rows = _table_rows(lut_ptr, s_even.to(gl.int32), NVFP4) if FP8 else s_even  # W4A16: a placeholder
     for j in range(k_tiles // 2):
         acc, acc_t, w_even, s_even, rows = _step(2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs, w_bufs, ready,
-                                                 empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, BLOCK_N,
+                                                 empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N,
                                                  BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
         acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs, xt_bufs, w_bufs, ready,
-                                               empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, BLOCK_N,
+                                               empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_even, BLOCK_N,
                                                BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
     if k_tiles % 2:
         acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs, w_bufs, ready,
-                                                empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, BLOCK_N,
+                                                empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N,
                                                 BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
     epilogue_args = (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n,
                      N, alpha, beta, limit, w4a8)
