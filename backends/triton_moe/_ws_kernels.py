@@ -408,14 +408,13 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
                      N, alpha, beta, limit, w4a8)
     if TAIL_M:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
-        _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
-                  ACTIVATION, ACT_QUANT, TOP_K, mma)
-        _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, GEMM, TAIL_M, BLOCK_N, NUM_WARPS, NVFP4,
-                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma)
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
-                  ACTIVATION, ACT_QUANT, TOP_K, mma)
+    _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
+              ACTIVATION, ACT_QUANT, TOP_K, mma)
+    if TAIL_M:
+        _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, GEMM, TAIL_M, BLOCK_N, NUM_WARPS, NVFP4,
+                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma)
 
 
 @gluon.jit
