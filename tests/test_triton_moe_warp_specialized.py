@@ -223,21 +223,24 @@ def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
 
 
 def test_ws_block_rows_and_stages_come_from_the_environment_or_the_config(monkeypatch):
-    from backends.triton_moe import warp_specialized
+    from backends.triton_moe import forward
 
-    monkeypatch.delenv(warp_specialized.WS_BLOCK_M_ENV, raising=False)
-    assert warp_specialized.ws_config() == WS_CONFIG
-    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "128")
-    assert warp_specialized.ws_config() == (128,) + WS_CONFIG[1:]
-    monkeypatch.setenv(warp_specialized.WS_STAGES_ENV, "6")
-    assert warp_specialized.ws_config() == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
-    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "96")
-    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of 128, 256; unset it"):
-        warp_specialized.ws_config()
-    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "256")
-    monkeypatch.setenv(warp_specialized.WS_STAGES_ENV, "9")
-    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of 2, 3, .*8; unset it for 4"):
-        warp_specialized.ws_config()
+    monkeypatch.delenv(forward.WS_BLOCK_M_ENV, raising=False)
+    monkeypatch.delenv(forward.WS_STAGES_ENV, raising=False)
+    assert forward.ws_launch_config() == WS_CONFIG
+    monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "128")
+    assert forward.ws_launch_config() == (128,) + WS_CONFIG[1:]
+    monkeypatch.setenv(forward.WS_STAGES_ENV, "6")
+    assert forward.ws_launch_config() == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
+    monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "96")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of \('128', '256'\); set one "
+                                         r"of them or unset it \(then WS_CONFIG's 256 decides\)"):
+        forward.ws_launch_config()
+    monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "256")
+    monkeypatch.setenv(forward.WS_STAGES_ENV, "9")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of \('2', '3', .*'8'\); set "
+                                         r"one of them or unset it \(then WS_CONFIG's 4 decides\)"):
+        forward.ws_launch_config()
 
 
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
@@ -287,9 +290,9 @@ def test_cuda_warp_specialized_layer_matches_emulation(name, tokens, routing):
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
 def test_cuda_warp_specialized_128_row_blocks_match_emulation(name, tokens, routing, monkeypatch):
     """128-row whole blocks ($MOE_ORACLE_TRITON_WS_BLOCK_M), whose last one carries a lone quarter as its tail."""
-    from backends.triton_moe import warp_specialized
+    from backends.triton_moe import forward
 
-    monkeypatch.setenv(warp_specialized.WS_BLOCK_M_ENV, "128")
+    monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "128")
     _check_layer_against_emulation(name, tokens, routing)
 
 

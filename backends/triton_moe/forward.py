@@ -83,6 +83,13 @@ DEFAULT_TOPK_SUM = "launch"
 #: warp_specialized.ws_unsupported says why not).
 PREFILL_KERNELS = ("tiles", "warp-specialized")
 PREFILL_KERNEL_ENV = "MOE_ORACLE_TRITON_PREFILL_KERNEL"
+#: The warp-specialized kernels' whole blocks, for A/B runs of their size and ring depth: rows
+#: ($MOE_ORACLE_TRITON_WS_BLOCK_M, one of WS_BLOCK_MS) and ring stages ($MOE_ORACLE_TRITON_WS_STAGES, one of
+#: WS_STAGES), each unset: warp_specialized.WS_CONFIG's. Stages past what shared memory holds fail at launch.
+WS_BLOCK_M_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_M"
+WS_BLOCK_MS = ("128", "256")
+WS_STAGES_ENV = "MOE_ORACLE_TRITON_WS_STAGES"
+WS_STAGES = tuple(str(stages) for stages in range(2, 9))
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
 #: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
@@ -332,7 +339,7 @@ def moe_forward(
                 lambda h, padded_total: _quantize_rows(kernels, h, scheme, None, padded_total, kernels.INTERPRETED)[:2])
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
-                                _ws_weights(weights, act_quant is not None), w4a8=w4a8)
+                                _ws_weights(weights, act_quant is not None), config=ws_launch_config(), w4a8=w4a8)
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -438,6 +445,15 @@ def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act
             w, x.device, act_quant, mma, fp8_accumulate) is None:
         return "warp-specialized"
     return "tiles"
+
+
+def ws_launch_config() -> tuple:
+    """warp_specialized.WS_CONFIG with the whole blocks' rows and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M and
+    $MOE_ORACLE_TRITON_WS_STAGES where they are set."""
+    block_m, block_n, block_k, stages, warps = warp_specialized.WS_CONFIG
+    rows = _forced_choice("block rows", None, WS_BLOCK_MS, WS_BLOCK_M_ENV, f"WS_CONFIG's {block_m}")
+    ring = _forced_choice("ring stages", None, WS_STAGES, WS_STAGES_ENV, f"WS_CONFIG's {stages}")
+    return int(rows or block_m), block_n, block_k, int(ring or stages), warps
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant, mma, fp8_accumulate) -> None:

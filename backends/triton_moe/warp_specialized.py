@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -34,12 +33,6 @@ from backends.triton_moe.capabilities import version_tuple
 #: NUM_WARPS: one warpgroup per 64 weight rows). The Gluon probe's best at T = 16384 on an H100
 #: (benchmarks/probe_gluon_w4a16.py: 256 x 128, with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
 WS_CONFIG = (256, 128, 64, 4, 8)
-#: $MOE_ORACLE_TRITON_WS_BLOCK_M: the rows of the whole blocks, WS_BLOCK_MS; $MOE_ORACLE_TRITON_WS_STAGES: their
-#: ring stages, WS_STAGES (unset: WS_CONFIG's). For A/B runs; stages past what shared memory holds fail at launch.
-WS_BLOCK_M_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_M"
-WS_BLOCK_MS = (128, 256)
-WS_STAGES_ENV = "MOE_ORACLE_TRITON_WS_STAGES"
-WS_STAGES = (2, 3, 4, 5, 6, 7, 8)
 #: Ring stages of blocks under WS_CONFIG's rows (its BLOCK_M / 2 and / 4 blocks): their K steps are shorter, so the
 #: ring must hold more of them to cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting
 #: for a slot's data while the loader waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no
@@ -290,24 +283,6 @@ class W4A8Inputs:
     quantize_h: object
 
 
-def ws_config() -> tuple:
-    """WS_CONFIG, with $MOE_ORACLE_TRITON_WS_BLOCK_M's whole-block rows and $MOE_ORACLE_TRITON_WS_STAGES's stages
-    where they are set."""
-    block_m, block_n, block_k, stages, warps = WS_CONFIG
-    return (_env_choice(WS_BLOCK_M_ENV, WS_BLOCK_MS, block_m), block_n, block_k,
-            _env_choice(WS_STAGES_ENV, WS_STAGES, stages), warps)
-
-
-def _env_choice(name: str, choices: tuple, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if value not in {str(choice) for choice in choices}:
-        raise ValueError(f"environment variable {name}={value!r} must be one of "
-                         f"{', '.join(map(str, choices))}; unset it for {default}")
-    return int(value)
-
-
 def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tensor, config: tuple, act_quant: int):
     """The TMA descriptors of a GEMM's X (x, GEMM1; h, GEMM2) and output (h; the pair rows) for blocks of `rows`."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -319,17 +294,16 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
-           config: tuple | None = None, w4a8: W4A8Inputs | None = None) -> None:
+           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8: E4M3, quantized as
     `w4a8` says, on `ws_weights(kw, w4a8=True)`), ids [T, k], route_w fp32 [T, k], activation the tile kernels' id
-    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit); config None: `ws_config()`."""
+    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
     from backends.triton_moe._routing import align
     from backends.triton_moe._ws_kernels import ws_moe_gemm_kernel
 
-    config = config or ws_config()
     tokens, hidden = x.shape
     k = ids.shape[1]
     block_m, block_n, block_k = config[:3]
