@@ -283,14 +283,20 @@ class W4A8Inputs:
     quantize_h: object
 
 
-def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tensor, config: tuple, act_quant: int):
-    """The TMA descriptors of a GEMM's X (x, GEMM1; h, GEMM2) and output (h; the pair rows) for blocks of `rows`."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+def _row_boxes(gemm: int, rows: int, config: tuple, act_quant: int):
+    """(box, layout) of a GEMM's X tile (x, GEMM1; h, GEMM2) and output tile (h; the pair rows) for blocks of
+    `rows`: what launch's descriptors and compile_sm90's signature both name."""
     block_n, block_k = config[1:3]
     _, x_layout, y_layouts = _layouts(rows, block_n, block_k, act_quant)
-    return (TensorDescriptor.from_tensor(x_in, [rows, block_k], x_layout),
-            TensorDescriptor.from_tensor(y_out, [rows, block_n // 2 if gemm == 1 else block_n], y_layouts[gemm]))
+    return ([rows, block_k], x_layout), ([rows, block_n // 2 if gemm == 1 else block_n], y_layouts[gemm])
+
+
+def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tensor, config: tuple, act_quant: int):
+    """The TMA descriptors of `_row_boxes` on X (x_in) and the output (y_out)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    (x_box, x_layout), (y_box, y_layout) = _row_boxes(gemm, rows, config, act_quant)
+    return TensorDescriptor.from_tensor(x_in, x_box, x_layout), TensorDescriptor.from_tensor(y_out, y_box, y_layout)
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
@@ -327,16 +333,15 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
             h_in, h_exp = w4a8.quantize_h(h, al.padded_total)
         row_exps = (w4a8.x_exp if gemm == 1 else h_exp) if act_quant == 2 else al.sorted_pairs
         x_in, y_out = (x, h) if gemm == 1 else (h_in, pair_out[0])
+        w_desc = TensorDescriptor.from_tensor(w, packed_block(block_n, block_k, act_quant),
+                                              _layouts(block_m, block_n, block_k, act_quant)[0])
         for size, tail, expert, first, count, bound in tables:
-            w_layout = _layouts(size, block_n, block_k, act_quant)[0]
             x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, config, act_quant)
             xt_desc, yt_desc = _row_descriptors(gemm, tail, x_in, y_out, config, act_quant) if tail else (x_desc,
                                                                                                           y_desc)
             ws_moe_gemm_kernel[(-(-n // block_n), bound)](
-                x, x.stride(0), x_desc, xt_desc,
-                TensorDescriptor.from_tensor(w, packed_block(block_n, block_k, act_quant), w_layout), s,
-                s.stride(0), y_desc, yt_desc, pair_out[0], pair_out.stride(1), expert, first, count, al.sorted_pairs,
-                num_pairs,
+                x, x.stride(0), x_desc, xt_desc, w_desc, s, s.stride(0), y_desc, yt_desc, pair_out[0],
+                pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
                 unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
                 route_w, n, k_size, *swiglu, lut, al.sorted_pairs if r is None else r,
                 w4a8.qscale if act_quant else unused, row_exps,
@@ -366,10 +371,9 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
     y_type = h_type if gemm == 1 else "bf16"
 
     def descriptor_types(rows):  # X's and the output's descriptor types of blocks of `rows` rows
-        _, x_layout, y_layouts = _layouts(rows, block_n, block_k, act_quant)
-        y_cols = block_n // 2 if gemm == 1 else block_n
-        return (f"tensordesc<{x_type}[{rows},{block_k}],{x_layout!r}>",
-                f"tensordesc<{y_type}[{rows},{y_cols}],{y_layouts[gemm]!r}>")
+        (x_box, x_layout), (y_box, y_layout) = _row_boxes(gemm, rows, config, act_quant)
+        return (f"tensordesc<{x_type}[{x_box[0]},{x_box[1]}],{x_layout!r}>",
+                f"tensordesc<{y_type}[{y_box[0]},{y_box[1]}],{y_layout!r}>")
 
     x_desc, y_desc = descriptor_types(block_m)
     xt_desc, yt_desc = descriptor_types(tail) if tail else (x_desc, y_desc)
