@@ -413,9 +413,10 @@ def test_the_h200_table_takes_the_warp_specialized_kernels_only_where_it_measure
         return tuning.select_config(arch, h200, Problem(tokens=tokens, **SHAPES[name].fields())).prefill_kernel
 
     assert kernels("deepseek-v3", 6144) == kernels("deepseek-v3", 8192) == kernels("deepseek-v3", 16384) \
+        == kernels("deepseek-v3-mxfp4", 6144) == kernels("deepseek-v3-mxfp4", 12288) \
         == kernels("deepseek-v3-mxfp4", 32768) == kernels("gpt-oss-120b", 12288) == kernels("gpt-oss-120b", 16384) \
         == "warp-specialized"
-    assert kernels("deepseek-v3", 5120) == kernels("deepseek-v3-mxfp4", 12288) == kernels("gpt-oss-120b", 8192) \
+    assert kernels("deepseek-v3", 5120) == kernels("deepseek-v3-mxfp4", 5120) == kernels("gpt-oss-120b", 8192) \
         == kernels("gpt-oss-120b", 10240) == kernels("qwen3-30b-a3b", 16384) == "tiles"
 
 
