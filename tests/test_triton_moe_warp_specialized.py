@@ -174,6 +174,39 @@ def test_sm90_build_keeps_the_weights_in_registers_without_spills(gemm, block_m,
     assert stats["in_flight"] >= 1 and stats["shared_bytes"] <= 227 * 1024, stats
 
 
+def test_ring_stages_fit_shared_memory_and_keep_the_measured_depths_at_block_k_64():
+    from backends.triton_moe.warp_specialized import (
+        PARTIAL_BLOCK_STAGES,
+        TAIL_BLOCK_STAGES,
+        constexprs,
+        ring_stages_that_fit,
+    )
+
+    def stages(gemm, block_m, tail=0, act_quant=0, block_k=64):
+        config = WS_CONFIG[:2] + (block_k,) + WS_CONFIG[3:]
+        return constexprs(gemm, block_m, nvfp4=False, has_bias=False, activation=0, top_k=4, config=config,
+                          act_quant=act_quant, tail=tail)["STAGES"]
+
+    for gemm in (1, 2):
+        for act_quant in (0, 1, 2):
+            assert stages(gemm, 256, act_quant=act_quant) == WS_CONFIG[3]
+            assert stages(gemm, 128, act_quant=act_quant) == PARTIAL_BLOCK_STAGES
+            assert stages(gemm, 128, tail=64, act_quant=act_quant) == TAIL_BLOCK_STAGES
+    assert stages(2, 128, tail=64, act_quant=1, block_k=128) == 5 < TAIL_BLOCK_STAGES  # FP8 X tiles of 128 columns
+    assert ring_stages_that_fit(2, 128 + 64, 128, 128, 1) == 5
+
+
+def test_launch_refuses_a_k_step_the_layer_does_not_divide():
+    from types import SimpleNamespace
+
+    from backends.triton_moe.warp_specialized import launch
+
+    ws = SimpleNamespace(inter=2880, experts=4)
+    with pytest.raises(ValueError, match=r"H=2880 and I=2880 must be multiples of BLOCK_K=128; launch with BLOCK_K 64"):
+        launch(None, torch.zeros(2, 2880), torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 2), None, 0,
+               (1.0, 0.0, 7.0), ws, config=WS_CONFIG[:2] + (128,) + WS_CONFIG[3:])
+
+
 @pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail"), [
     (1, 256, False, 2, 0), (2, 256, True, 1, 0), (1, 64, True, 1, 0), (2, 128, False, 2, 0), (1, 128, True, 1, 64),
     (2, 128, False, 2, 64)])
@@ -227,7 +260,11 @@ def test_ws_block_rows_and_stages_come_from_the_environment_or_the_config(monkey
 
     monkeypatch.delenv(forward.WS_BLOCK_M_ENV, raising=False)
     monkeypatch.delenv(forward.WS_STAGES_ENV, raising=False)
+    monkeypatch.delenv(forward.WS_BLOCK_K_ENV, raising=False)
     assert forward.ws_launch_config() == WS_CONFIG
+    monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "128")
+    assert forward.ws_launch_config() == WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
+    monkeypatch.delenv(forward.WS_BLOCK_K_ENV)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "128")
     assert forward.ws_launch_config() == (128,) + WS_CONFIG[1:]
     monkeypatch.setenv(forward.WS_STAGES_ENV, "6")

@@ -90,6 +90,10 @@ WS_BLOCK_M_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_M"
 WS_BLOCK_MS = ("128", "256")
 WS_STAGES_ENV = "MOE_ORACLE_TRITON_WS_STAGES"
 WS_STAGES = tuple(str(stages) for stages in range(2, 9))
+#: The warp-specialized kernels' K step ($MOE_ORACLE_TRITON_WS_BLOCK_K, one of WS_BLOCK_KS; unset: WS_CONFIG's 64),
+#: for A/B runs of W4A8's FP8 wgmmas on 128-wide steps (W4A16's operands at 128 spill; H and I must be multiples).
+WS_BLOCK_K_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_K"
+WS_BLOCK_KS = ("64", "128")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
 #: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
@@ -448,12 +452,13 @@ def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act
 
 
 def ws_launch_config() -> tuple:
-    """warp_specialized.WS_CONFIG with the whole blocks' rows and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M and
-    $MOE_ORACLE_TRITON_WS_STAGES where they are set."""
+    """warp_specialized.WS_CONFIG with the whole blocks' rows, K step and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M,
+    _WS_BLOCK_K and _WS_STAGES where they are set."""
     block_m, block_n, block_k, stages, warps = warp_specialized.WS_CONFIG
     rows = _forced_choice("block rows", None, WS_BLOCK_MS, WS_BLOCK_M_ENV, f"WS_CONFIG's {block_m}")
+    step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"WS_CONFIG's {block_k}")
     ring = _forced_choice("ring stages", None, WS_STAGES, WS_STAGES_ENV, f"WS_CONFIG's {stages}")
-    return int(rows or block_m), block_n, block_k, int(ring or stages), warps
+    return int(rows or block_m), block_n, int(step or block_k), int(ring or stages), warps
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant, mma, fp8_accumulate) -> None:

@@ -265,9 +265,23 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
         stages = TAIL_BLOCK_STAGES
     elif block_m < WS_CONFIG[0]:
         stages = PARTIAL_BLOCK_STAGES
+    stages = min(stages, ring_stages_that_fit(gemm, block_m + tail, block_n, block_k, act_quant))
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k,
                 ACT_QUANT=act_quant, TAIL_M=tail)
+
+
+#: Shared memory a program may take on sm_90 (227 KiB), less a KiB for the ring's barriers and alignment.
+SHARED_BYTES = 227 * 1024 - 1024
+
+
+def ring_stages_that_fit(gemm: int, rows: int, block_n: int, block_k: int, act_quant: int) -> int:
+    """The most ring stages whose X tiles (`rows`: a block's and its tail's) and packed weight tile fit SHARED_BYTES
+    beside the output tiles (GEMM1's h [rows, BLOCK_N / 2], GEMM2's bf16 [rows, BLOCK_N])."""
+    x_bytes, _, h_dtype = (DTYPES[name][0].itemsize for name in ws_dtypes(act_quant))
+    stage = rows * block_k * x_bytes + block_n * block_k // 2
+    out = rows * block_n // 2 * h_dtype if gemm == 1 else rows * block_n * 2
+    return (SHARED_BYTES - out) // stage
 
 
 @dataclass(frozen=True)
@@ -314,6 +328,9 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     k = ids.shape[1]
     block_m, block_n, block_k = config[:3]
     inter, num_pairs = ws.inter, tokens * k
+    problem = ws_shape_problem(hidden, inter, block_k)
+    if problem:  # the K loops have no tail
+        raise ValueError(f"warp_specialized.launch: {problem}; launch with BLOCK_K {WS_CONFIG[2]}")
     act_quant = w4a8.act_quant if w4a8 is not None else 0
     if act_quant and not ws.w4a8:
         raise ValueError("warp_specialized.launch: W4A8 needs the weights of ws_weights(kw, w4a8=True)")
