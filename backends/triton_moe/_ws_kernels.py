@@ -38,11 +38,6 @@ from backends.triton_moe._kernels import (
 )
 
 _SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
-#: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile (16 of
-#: them: 64 registers hold them without spills, and leave GEMM1's consumers 224 registers instead of 96's 200);
-#: GEMM2's loader only issues TMA copies, and the consumers' epilogue takes what it leaves.
-GATHER_LOADER_REGS = gl.constexpr(64)
-TMA_LOADER_REGS = gl.constexpr(40)
 
 #: TMA load and store: `async_load` / `async_store` from triton 3.7 on, `async_copy_*` before (the GPU machines: 3.6).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -513,8 +508,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                        stride_be, route_w_ptr, N, K, alpha, beta, limit, lut_ptr, rexp_ptr, qscale_ptr, ra_ptr,
                        GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr,
-                       NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, TOP_K: gl.constexpr,
-                       ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr):
+                       LOADER_REGS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       ACTIVATION: gl.constexpr, TOP_K: gl.constexpr, ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
@@ -563,7 +558,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                          BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M)),
             (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, xt_bufs, w_bufs, ready,
                               empty, w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS, TAIL_M)),
-        ], [LOADER_WARPS], [GATHER_LOADER_REGS])
+        ], [LOADER_WARPS], [LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn,
@@ -573,5 +568,5 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                          BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M)),
             (_tma_loader, (x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, first, w_row, k_tiles,
                            BLOCK_K, TAIL_M)),
-        ], [LOADER_WARPS], [TMA_LOADER_REGS])
+        ], [LOADER_WARPS], [LOADER_REGS])
 

@@ -90,8 +90,8 @@ WS_BLOCK_M_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_M"
 WS_BLOCK_MS = ("128", "256")
 WS_STAGES_ENV = "MOE_ORACLE_TRITON_WS_STAGES"
 WS_STAGES = tuple(str(stages) for stages in range(2, 9))
-#: The warp-specialized kernels' K step ($MOE_ORACLE_TRITON_WS_BLOCK_K, one of WS_BLOCK_KS; unset: WS_CONFIG's 64),
-#: for A/B runs of W4A8's FP8 wgmmas on 128-wide steps (W4A16's operands at 128 spill; H and I must be multiples).
+#: The warp-specialized kernels' K step ($MOE_ORACLE_TRITON_WS_BLOCK_K, one of WS_BLOCK_KS; unset: the layer's,
+#: warp_specialized.block_k_for), for A/B runs (W4A16's operands at 128 spill; H and I must be multiples).
 WS_BLOCK_K_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_K"
 WS_BLOCK_KS = ("64", "128")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
@@ -343,7 +343,8 @@ def moe_forward(
                 lambda h, padded_total: _quantize_rows(kernels, h, scheme, None, padded_total, kernels.INTERPRETED)[:2])
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
-                                _ws_weights(weights, act_quant is not None), config=ws_launch_config(), w4a8=w4a8)
+                                _ws_weights(weights, act_quant is not None), w4a8=w4a8,
+                                config=ws_launch_config(warp_specialized.block_k_for(hidden, inter, w4a8 is not None)))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -451,12 +452,13 @@ def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act
     return "tiles"
 
 
-def ws_launch_config() -> tuple:
-    """warp_specialized.WS_CONFIG with the whole blocks' rows, K step and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M,
-    _WS_BLOCK_K and _WS_STAGES where they are set."""
-    block_m, block_n, block_k, stages, warps = warp_specialized.WS_CONFIG
+def ws_launch_config(block_k: int = warp_specialized.WS_CONFIG[2]) -> tuple:
+    """warp_specialized.WS_CONFIG with K step block_k (the layer's: `warp_specialized.block_k_for`), and the whole
+    blocks' rows, K step and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M, _WS_BLOCK_K and _WS_STAGES where they
+    are set."""
+    block_m, block_n, _, stages, warps = warp_specialized.WS_CONFIG
     rows = _forced_choice("block rows", None, WS_BLOCK_MS, WS_BLOCK_M_ENV, f"WS_CONFIG's {block_m}")
-    step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"WS_CONFIG's {block_k}")
+    step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"the layer's {block_k}")
     ring = _forced_choice("ring stages", None, WS_STAGES, WS_STAGES_ENV, f"WS_CONFIG's {stages}")
     return int(rows or block_m), block_n, int(step or block_k), int(ring or stages), warps
 

@@ -33,6 +33,10 @@ from backends.triton_moe.capabilities import version_tuple
 #: NUM_WARPS: one warpgroup per 64 weight rows). The Gluon probe's best at T = 16384 on an H100
 #: (benchmarks/probe_gluon_w4a16.py: 256 x 128, with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
 WS_CONFIG = (256, 128, 64, 4, 8)
+#: W4A8's K step where the layer's H and I are multiples of it (`block_k_for`): an FP8 wgmma's step of 64 is half a
+#: bf16 one's work, and 128 was 1.05-1.06x faster on DeepSeek-V3 (ws-w4a8-wide-k-h200-2026-11-28/). The K loops
+#: have no tail, so other layers (gpt-oss: 2880) keep WS_CONFIG's 64.
+W4A8_BLOCK_K = 128
 #: Ring stages of blocks under WS_CONFIG's rows (its BLOCK_M / 2 and / 4 blocks): their K steps are shorter, so the
 #: ring must hold more of them to cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting
 #: for a slot's data while the loader waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no
@@ -47,8 +51,15 @@ TAIL_BLOCK_STAGES = 6
 #: Loader warps: GEMM1's cp.async gather spreads its 16-byte copies over a warpgroup (the register file is counted
 #: per warpgroup anyway); GEMM2's loader only issues TMA copies.
 LOADER_WARPS = {1: 4, 2: 1}
+#: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile (16 of
+#: them); GEMM2's loader only issues TMA copies. The gather's pointers also fit 64 registers, which leave GEMM1's
+#: consumers 224 instead of 200: what W4A8's 128-wide K steps need (W4A8_BLOCK_K; at 200 they spill 34-54 in the
+#: K loop). W4A16 keeps 96 (64 measured 0.98-1.00x).
+GATHER_LOADER_REGS = 96
+WIDE_STEP_GATHER_LOADER_REGS = 64
+TMA_LOADER_REGS = 40
 #: Register cap of every thread at launch (12 warps x 32 x 168 fit the 64 Ki register file); the warp_specialize
-#: hands the loader its _ws_kernels.GATHER_LOADER_REGS / TMA_LOADER_REGS and the consumers the rest.
+#: hands the loader its LOADER_REGS (`constexprs`) and the consumers the rest.
 WS_MAXNREG = 168
 
 
@@ -177,6 +188,14 @@ def _triton_version() -> str:
     return version("triton")
 
 
+def block_k_for(hidden: int, inter: int, act_quant: int) -> int:
+    """The K step of a layer's launches: W4A8_BLOCK_K for W4A8 (act_quant) where H and I are multiples of it, else
+    WS_CONFIG's."""
+    if act_quant and ws_shape_problem(hidden, inter, W4A8_BLOCK_K) is None:
+        return W4A8_BLOCK_K
+    return WS_CONFIG[2]
+
+
 def ws_shape_problem(hidden: int, inter: int, block_k: int = WS_CONFIG[2]) -> str | None:
     """Why a layer shape cannot take the warp-specialized kernels (None: it can): the K loops have no tail. I a
     multiple of BLOCK_K (64) also makes 2I one of BLOCK_N (128), so every GEMM1 tile holds whole gate/up channel
@@ -266,9 +285,11 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
     elif block_m < WS_CONFIG[0]:
         stages = PARTIAL_BLOCK_STAGES
     stages = min(stages, ring_stages_that_fit(gemm, block_m + tail, block_n, block_k, act_quant))
+    loader_regs = TMA_LOADER_REGS if gemm == 2 else (
+        WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                LOADER_WARPS=LOADER_WARPS[gemm], NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k,
-                ACT_QUANT=act_quant, TAIL_M=tail)
+                LOADER_WARPS=LOADER_WARPS[gemm], LOADER_REGS=loader_regs, NVFP4=nvfp4, HAS_BIAS=has_bias,
+                ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail)
 
 
 #: Shared memory a program may take on sm_90 (227 KiB), less a KiB for the ring's barriers and alignment.
