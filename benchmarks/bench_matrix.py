@@ -149,7 +149,8 @@ def _layer(name, args, arch, gpu_info, ceilings, writer, out, flush, peers, run_
             ours_out = call(config=tuned)
         for impl, config in () if args.no_ours else ((OURS, tuned), (OURS_HEURISTIC, heuristic)):
             runs_as_tuned = (config.decode == tuned.decode if config.decode is not None
-                             else (config.gemm1, config.gemm2) == (tuned.gemm1, tuned.gemm2))
+                             else (config.gemm1, config.gemm2, config.prefill_kernel)
+                             == (tuned.gemm1, tuned.gemm2, tuned.prefill_kernel))
             if impl == OURS_HEURISTIC and runs_as_tuned:
                 emit(impl, ours_us, describe(config), "same config as the tuned row (timed once)")
                 continue
