@@ -251,9 +251,9 @@ def test_sm90_w4a8_wide_step_build_keeps_fp8_operands_in_flight_without_spills_i
 
 
 def test_w4a8_takes_the_wide_k_step_where_the_layer_divides_it():
-    assert warp_specialized.block_k_for(7168, 2048, act_quant=1) == warp_specialized.W4A8_BLOCK_K == 128
-    assert warp_specialized.block_k_for(7168, 2048, act_quant=0) == WS_CONFIG[2]
-    assert warp_specialized.block_k_for(2880, 2880, act_quant=2) == WS_CONFIG[2]  # gpt-oss: K loops have no tail
+    assert warp_specialized.block_k_for(7168, 2048, w4a8=True) == warp_specialized.W4A8_BLOCK_K == 128
+    assert warp_specialized.block_k_for(7168, 2048, w4a8=False) == WS_CONFIG[2]
+    assert warp_specialized.block_k_for(2880, 2880, w4a8=True) == WS_CONFIG[2]  # gpt-oss: K loops have no tail
 
 
 def test_warp_specialized_w4a8_names_what_it_needs(monkeypatch):
@@ -283,29 +283,36 @@ def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
         moe_forward(x, kw, router_logits=torch.randn(300, 4), top_k=2, prefill_kernel="sideways")
 
 
-def test_ws_block_rows_and_stages_come_from_the_environment_or_the_config(monkeypatch):
+def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_layer(monkeypatch):
     from backends.triton_moe import forward
 
-    monkeypatch.delenv(forward.WS_BLOCK_M_ENV, raising=False)
-    monkeypatch.delenv(forward.WS_STAGES_ENV, raising=False)
-    monkeypatch.delenv(forward.WS_BLOCK_K_ENV, raising=False)
-    assert forward.ws_launch_config() == WS_CONFIG
+    for env in (forward.WS_BLOCK_M_ENV, forward.WS_STAGES_ENV, forward.WS_BLOCK_K_ENV):
+        monkeypatch.delenv(env, raising=False)
+    gpt_oss, deepseek = (2880, 2880), (7168, 2048)
+    assert forward.ws_launch_config(*gpt_oss, w4a8=True) == forward.ws_launch_config(*deepseek, w4a8=False) == WS_CONFIG
+    wide = WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
+    assert forward.ws_launch_config(*deepseek, w4a8=True) == wide  # W4A8 where H and I divide the wide step
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "128")
-    assert forward.ws_launch_config() == WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
+    assert forward.ws_launch_config(*deepseek, w4a8=False) == wide
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_K='128': H=2880 and I=2880 must be multiples of "
+                                         r"BLOCK_K=128 \(the K loops have no tail\); unset it \(then the layer's 64"):
+        forward.ws_launch_config(*gpt_oss, w4a8=True)
+    monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "64")
+    assert forward.ws_launch_config(*deepseek, w4a8=True) == WS_CONFIG
     monkeypatch.delenv(forward.WS_BLOCK_K_ENV)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "128")
-    assert forward.ws_launch_config() == (128,) + WS_CONFIG[1:]
+    assert forward.ws_launch_config(*gpt_oss, w4a8=False) == (128,) + WS_CONFIG[1:]
     monkeypatch.setenv(forward.WS_STAGES_ENV, "6")
-    assert forward.ws_launch_config() == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
+    assert forward.ws_launch_config(*gpt_oss, w4a8=False) == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "96")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of \('128', '256'\); set one "
                                          r"of them or unset it \(then WS_CONFIG's 256 decides\)"):
-        forward.ws_launch_config()
+        forward.ws_launch_config(*gpt_oss, w4a8=False)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "256")
     monkeypatch.setenv(forward.WS_STAGES_ENV, "9")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of \('2', '3', .*'8'\); set "
                                          r"one of them or unset it \(then WS_CONFIG's 4 decides\)"):
-        forward.ws_launch_config()
+        forward.ws_launch_config(*gpt_oss, w4a8=False)
 
 
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):

@@ -188,10 +188,9 @@ def _triton_version() -> str:
     return version("triton")
 
 
-def block_k_for(hidden: int, inter: int, act_quant: int) -> int:
-    """The K step of a layer's launches: W4A8_BLOCK_K for W4A8 (act_quant) where H and I are multiples of it, else
-    WS_CONFIG's."""
-    if act_quant and ws_shape_problem(hidden, inter, W4A8_BLOCK_K) is None:
+def block_k_for(hidden: int, inter: int, w4a8: bool) -> int:
+    """The K step of a layer's launches: W4A8_BLOCK_K for W4A8 where H and I are multiples of it, else WS_CONFIG's."""
+    if w4a8 and ws_shape_problem(hidden, inter, W4A8_BLOCK_K) is None:
         return W4A8_BLOCK_K
     return WS_CONFIG[2]
 
@@ -299,9 +298,9 @@ SHARED_BYTES = 227 * 1024 - 1024
 def ring_stages_that_fit(gemm: int, rows: int, block_n: int, block_k: int, act_quant: int) -> int:
     """The most ring stages whose X tiles (`rows`: a block's and its tail's) and packed weight tile fit SHARED_BYTES
     beside the output tiles (GEMM1's h [rows, BLOCK_N / 2], GEMM2's bf16 [rows, BLOCK_N])."""
-    x_bytes, _, h_dtype = (DTYPES[name][0].itemsize for name in ws_dtypes(act_quant))
+    x_bytes, _, h_bytes = (DTYPES[name][0].itemsize for name in ws_dtypes(act_quant))
     stage = rows * block_k * x_bytes + block_n * block_k // 2
-    out = rows * block_n // 2 * h_dtype if gemm == 1 else rows * block_n * 2
+    out = rows * block_n // 2 * h_bytes if gemm == 1 else rows * block_n * 2
     return (SHARED_BYTES - out) // stage
 
 
