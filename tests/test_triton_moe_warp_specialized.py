@@ -196,17 +196,6 @@ def test_ring_stages_fit_shared_memory_and_keep_the_measured_depths_at_block_k_6
     assert ring_stages_that_fit(2, 128 + 64, 128, 128, 1) == 5
 
 
-def test_launch_refuses_a_k_step_the_layer_does_not_divide():
-    from types import SimpleNamespace
-
-    from backends.triton_moe.warp_specialized import launch
-
-    ws = SimpleNamespace(inter=2880, experts=4)
-    with pytest.raises(ValueError, match=r"H=2880 and I=2880 must be multiples of BLOCK_K=128; launch with BLOCK_K 64"):
-        launch(None, torch.zeros(2, 2880), torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 2), None, 0,
-               (1.0, 0.0, 7.0), ws, config=WS_CONFIG[:2] + (128,) + WS_CONFIG[3:])
-
-
 @pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail"), [
     (1, 256, False, 2, 0), (2, 256, True, 1, 0), (1, 64, True, 1, 0), (2, 128, False, 2, 0), (1, 128, True, 1, 64),
     (2, 128, False, 2, 64)])
@@ -243,18 +232,23 @@ def test_sm90_w4a8_wide_step_build_keeps_fp8_operands_in_flight_without_spills_i
 
     config = WS_CONFIG[:2] + (warp_specialized.W4A8_BLOCK_K,) + WS_CONFIG[3:]
     compiled = compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=True, activation=1, act_quant=act_quant, tail=tail,
-                            config=config)
+                            config=config, k_size=2880 if gemm == 1 else 0)  # GEMM1: with the partial K step
     stats = sass_stats(compiled)
     assert stats["in_flight"] >= 1 and stats["operand_rewrites"] == 0 and stats["shared_bytes"] <= 227 * 1024, stats
     loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
     assert any("QGMMA" in line for line in loop) and not any(re.search(r"\b(?:LDL|STL)\b", line) for line in loop)
 
 
-def test_w4a8_takes_the_wide_k_step_where_the_layer_divides_it():
-    assert warp_specialized.block_k_for(7168, 2048, w4a8=True) == warp_specialized.W4A8_BLOCK_K == 128
-    assert warp_specialized.block_k_for(7168, 2048, w4a8=False) == WS_CONFIG[2]
-    assert warp_specialized.block_k_for(2880, 2880, w4a8=True) == WS_CONFIG[2]  # gpt-oss: K loops have no tail
+def test_w4a8_takes_the_wide_k_step_and_a_k_that_does_not_fill_it_ends_in_a_partial_one():
+    from backends.triton_moe.warp_specialized import constexprs
 
+    assert warp_specialized.block_k_for(w4a8=True) == warp_specialized.W4A8_BLOCK_K == 128
+    assert warp_specialized.block_k_for(w4a8=False) == WS_CONFIG[2]
+    wide = WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
+    common = dict(nvfp4=False, has_bias=False, activation=0, top_k=4, act_quant=1)
+    assert constexprs(1, 256, config=wide, k_size=2880, **common)["K_TAIL"]  # gpt-oss: 22.5 steps
+    assert not constexprs(1, 256, config=wide, k_size=7168, **common)["K_TAIL"]
+    assert not constexprs(1, 256, config=WS_CONFIG, k_size=2880, **common)["K_TAIL"]
 
 def test_warp_specialized_w4a8_names_what_it_needs(monkeypatch):
     from backends.triton_moe import warp_specialized
@@ -283,36 +277,36 @@ def test_warp_specialized_off_sm90_names_the_reason_and_the_fix():
         moe_forward(x, kw, router_logits=torch.randn(300, 4), top_k=2, prefill_kernel="sideways")
 
 
-def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_layer(monkeypatch):
+def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(monkeypatch):
     from backends.triton_moe import forward
 
     for env in (forward.WS_BLOCK_M_ENV, forward.WS_STAGES_ENV, forward.WS_BLOCK_K_ENV):
         monkeypatch.delenv(env, raising=False)
-    gpt_oss, deepseek = (2880, 2880), (7168, 2048)
-    assert forward.ws_launch_config(*gpt_oss, w4a8=True) == forward.ws_launch_config(*deepseek, w4a8=False) == WS_CONFIG
     wide = WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
-    assert forward.ws_launch_config(*deepseek, w4a8=True) == wide  # W4A8 where H and I divide the wide step
+    assert forward.ws_launch_config(w4a8=False) == WS_CONFIG
+    assert forward.ws_launch_config(w4a8=True) == wide
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "128")
-    assert forward.ws_launch_config(*deepseek, w4a8=False) == wide
-    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_K='128': H=2880 and I=2880 must be multiples of "
-                                         r"BLOCK_K=128 \(the K loops have no tail\); unset it \(then the layer's 64"):
-        forward.ws_launch_config(*gpt_oss, w4a8=True)
+    assert forward.ws_launch_config(w4a8=False) == wide
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "64")
-    assert forward.ws_launch_config(*deepseek, w4a8=True) == WS_CONFIG
+    assert forward.ws_launch_config(w4a8=True) == WS_CONFIG
+    monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "96")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_K='96' must be one of \('64', '128'\); set one "
+                                         r"of them or unset it \(then the call's 128 decides\)"):
+        forward.ws_launch_config(w4a8=True)
     monkeypatch.delenv(forward.WS_BLOCK_K_ENV)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "128")
-    assert forward.ws_launch_config(*gpt_oss, w4a8=False) == (128,) + WS_CONFIG[1:]
+    assert forward.ws_launch_config(w4a8=False) == (128,) + WS_CONFIG[1:]
     monkeypatch.setenv(forward.WS_STAGES_ENV, "6")
-    assert forward.ws_launch_config(*gpt_oss, w4a8=False) == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
+    assert forward.ws_launch_config(w4a8=False) == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "96")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of \('128', '256'\); set one "
                                          r"of them or unset it \(then WS_CONFIG's 256 decides\)"):
-        forward.ws_launch_config(*gpt_oss, w4a8=False)
+        forward.ws_launch_config(w4a8=False)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "256")
     monkeypatch.setenv(forward.WS_STAGES_ENV, "9")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of \('2', '3', .*'8'\); set "
                                          r"one of them or unset it \(then WS_CONFIG's 4 decides\)"):
-        forward.ws_launch_config(*gpt_oss, w4a8=False)
+        forward.ws_launch_config(w4a8=False)
 
 
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
@@ -470,7 +464,7 @@ def test_a_table_entry_names_the_prefill_kernels_and_selection_reads_it():
         tuning.validate_table(_one_entry_table(SHAPES["deepseek-v3"].fields(), "fast"), "x.yaml")
     odd = SHAPES["deepseek-v3"].fields() | {"intermediate_size": 160}  # the K loop of GEMM2 has no tail
     with pytest.raises(ValueError, match=r"x.yaml: entries/0: prefill_kernel warp-specialized: H=7168 and I=160 must "
-                                         r"be multiples of BLOCK_K=64; drop the field"):
+                                         r"be multiples of 64; drop the field"):
         tuning.validate_table(_one_entry_table(odd, "warp-specialized"), "x.yaml")
 
 

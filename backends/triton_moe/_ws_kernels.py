@@ -246,12 +246,20 @@ def _gathered_rows(x_ptr, stride_xm, pair_ptr, num_pairs, first, ROWS: gl.conste
 
 
 @gluon.jit
+def _in_k(i, K, ROWS: gl.constexpr, BLOCK_K: gl.constexpr, rows: gl.constexpr):
+    """[ROWS, BLOCK_K] mask of K step i's columns that are under K."""
+    cols = i * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows))
+    return (gl.zeros([ROWS, BLOCK_K], gl.int32, rows) + cols[None, :]) < K
+
+
+@gluon.jit
 def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, w_row,
-                   k_tiles, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
-                   LOADER_WARPS: gl.constexpr, TAIL_M: gl.constexpr):
+                   k_tiles, K, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
+                   LOADER_WARPS: gl.constexpr, TAIL_M: gl.constexpr, K_TAIL: gl.constexpr):
     """GEMM1's loader: per K step the packed weight tile by TMA and the block's x rows by cp.async (sm_90's TMA
     cannot gather rows), and the tail's (TAIL_M rows after them) into xt_bufs, each thread's copies arriving on the
-    slot's ready barrier as they land."""
+    slot's ready barrier as they land. K_TAIL: the last step's columns past K are zero-filled, not read (they would
+    be the next row's, or past x's end); TMA fills the weight tile's with zeros."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     VEC: gl.constexpr = 128 // x_bufs.dtype.primitive_bitwidth  # elements of one 16-byte copy
     rows: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (BLOCK_K // VEC), BLOCK_K // VEC], [LOADER_WARPS, 1],
@@ -265,9 +273,14 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs,
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
         mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
-        _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K)
-        if TAIL_M:
-            _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K)
+        if K_TAIL:
+            _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K, mask=_in_k(i, K, BLOCK_M, BLOCK_K, rows))
+            if TAIL_M:
+                _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K, mask=_in_k(i, K, TAIL_M, BLOCK_K, rows))
+        else:
+            _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K)
+            if TAIL_M:
+                _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K)
         async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
 
@@ -509,7 +522,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                        GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr,
                        LOADER_REGS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       ACTIVATION: gl.constexpr, TOP_K: gl.constexpr, ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr):
+                       ACTIVATION: gl.constexpr, TOP_K: gl.constexpr, ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr,
+                       K_TAIL: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
@@ -522,7 +536,8 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     bytes [E * N, K / 2] with table codes per 32-wide chunk and row exponents (`ws_weights(kw, w4a8=True)`, lut_ptr
     the table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents.
     TAIL_M > 0: each block carries the TAIL_M rows after it (an expert's last rows, `ws_blocks`) in a second
-    accumulator: GEMM2 loads them by xt_desc, GEMM1 stores their h by yt_desc (unused without a tail)."""
+    accumulator: GEMM2 loads them by xt_desc, GEMM1 stores their h by yt_desc (unused without a tail).
+    K_TAIL: K is not a multiple of BLOCK_K (but of 32): the last K step is partial, its columns past K zeros."""
     b = gl.program_id(1)
     if b >= gl.load(block_count_ptr):
         return
@@ -530,7 +545,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     first = gl.load(block_first_ptr + b)
     off_n = gl.program_id(0) * BLOCK_N
     w_row = expert * N + off_n
-    k_tiles = K // BLOCK_K
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K if K_TAIL else K // BLOCK_K
     x_dtype: gl.constexpr = gl.float8e4nv if ACT_QUANT != 0 else gl.bfloat16
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_dtype)
     x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
@@ -557,7 +572,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                                                                                   ra_ptr), GEMM, BLOCK_M, BLOCK_N,
                          BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M)),
             (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, xt_bufs, w_bufs, ready,
-                              empty, w_row, k_tiles, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS, TAIL_M)),
+                              empty, w_row, k_tiles, K, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS, TAIL_M, K_TAIL)),
         ], [LOADER_WARPS], [LOADER_REGS])
     else:
         gl.warp_specialize([

@@ -90,8 +90,8 @@ WS_BLOCK_M_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_M"
 WS_BLOCK_MS = ("128", "256")
 WS_STAGES_ENV = "MOE_ORACLE_TRITON_WS_STAGES"
 WS_STAGES = tuple(str(stages) for stages in range(2, 9))
-#: The warp-specialized kernels' K step ($MOE_ORACLE_TRITON_WS_BLOCK_K, one of WS_BLOCK_KS; unset: the layer's,
-#: warp_specialized.block_k_for), for A/B runs (W4A16's operands at 128 spill; H and I must be multiples).
+#: The warp-specialized kernels' K step ($MOE_ORACLE_TRITON_WS_BLOCK_K, one of WS_BLOCK_KS; unset: the call's,
+#: warp_specialized.block_k_for), for A/B runs (W4A16's operands at 128 spill).
 WS_BLOCK_K_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_K"
 WS_BLOCK_KS = ("64", "128")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
@@ -344,7 +344,7 @@ def moe_forward(
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, act_quant is not None), w4a8=w4a8,
-                                config=ws_launch_config(hidden, inter, w4a8 is not None))
+                                config=ws_launch_config(w4a8 is not None))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -452,18 +452,14 @@ def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act
     return "tiles"
 
 
-def ws_launch_config(hidden: int, inter: int, w4a8: bool) -> tuple:
-    """warp_specialized.WS_CONFIG with the layer's K step (`warp_specialized.block_k_for`), and the whole blocks'
-    rows, K step and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M, _WS_BLOCK_K and _WS_STAGES where they are set."""
+def ws_launch_config(w4a8: bool) -> tuple:
+    """warp_specialized.WS_CONFIG with the K step of `warp_specialized.block_k_for`, and the whole blocks' rows, K step
+    and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M, _WS_BLOCK_K and _WS_STAGES where they are set."""
     block_m, block_n, _, stages, warps = warp_specialized.WS_CONFIG
-    block_k = warp_specialized.block_k_for(hidden, inter, w4a8)
+    block_k = warp_specialized.block_k_for(w4a8)
     rows = _forced_choice("block rows", None, WS_BLOCK_MS, WS_BLOCK_M_ENV, f"WS_CONFIG's {block_m}")
-    step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"the layer's {block_k}")
+    step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"the call's {block_k}")
     ring = _forced_choice("ring stages", None, WS_STAGES, WS_STAGES_ENV, f"WS_CONFIG's {stages}")
-    problem = step and warp_specialized.ws_shape_problem(hidden, inter, int(step))
-    if problem:
-        _fail(ValueError, f"environment variable {WS_BLOCK_K_ENV}={step!r}: {problem} (the K loops have no tail); "
-              f"unset it (then the layer's {block_k} decides)")
     return int(rows or block_m), block_n, int(step or block_k), int(ring or stages), warps
 
 

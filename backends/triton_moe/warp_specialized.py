@@ -33,9 +33,9 @@ from backends.triton_moe.capabilities import version_tuple
 #: NUM_WARPS: one warpgroup per 64 weight rows). The Gluon probe's best at T = 16384 on an H100
 #: (benchmarks/probe_gluon_w4a16.py: 256 x 128, with each expert's last rows in BLOCK_M / 2 and / 4 blocks).
 WS_CONFIG = (256, 128, 64, 4, 8)
-#: W4A8's K step where the layer's H and I are multiples of it (`block_k_for`): an FP8 wgmma's step of 64 is half a
-#: bf16 one's work, and 128 was 1.05-1.06x faster on DeepSeek-V3 (ws-w4a8-wide-k-h200-2026-11-28/). The K loops
-#: have no tail, so other layers (gpt-oss: 2880) keep WS_CONFIG's 64.
+#: W4A8's K step (`block_k_for`): an FP8 wgmma's step of 64 is half a bf16 one's work, and 128 was 1.05-1.06x
+#: faster on DeepSeek-V3 (ws-w4a8-wide-k-h200-2026-11-28/). A K that is a multiple of 64 only (gpt-oss: 2880) ends
+#: in a half step (the kernel's K_TAIL).
 W4A8_BLOCK_K = 128
 #: Ring stages of blocks under WS_CONFIG's rows (its BLOCK_M / 2 and / 4 blocks): their K steps are shorter, so the
 #: ring must hold more of them to cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting
@@ -188,19 +188,22 @@ def _triton_version() -> str:
     return version("triton")
 
 
-def block_k_for(hidden: int, inter: int, w4a8: bool) -> int:
-    """The K step of a layer's launches: W4A8_BLOCK_K for W4A8 where H and I are multiples of it, else WS_CONFIG's."""
-    if w4a8 and ws_shape_problem(hidden, inter, W4A8_BLOCK_K) is None:
-        return W4A8_BLOCK_K
-    return WS_CONFIG[2]
+def block_k_for(w4a8: bool) -> int:
+    """The K step of a layer's launches: W4A8_BLOCK_K for W4A8, else WS_CONFIG's."""
+    return W4A8_BLOCK_K if w4a8 else WS_CONFIG[2]
 
 
-def ws_shape_problem(hidden: int, inter: int, block_k: int = WS_CONFIG[2]) -> str | None:
-    """Why a layer shape cannot take the warp-specialized kernels (None: it can): the K loops have no tail. I a
-    multiple of BLOCK_K (64) also makes 2I one of BLOCK_N (128), so every GEMM1 tile holds whole gate/up channel
-    groups for h's [BLOCK_M, BLOCK_N / 2] TMA boxes; GEMM2's last column tile may end past H (its store is masked)."""
-    if hidden % block_k or inter % block_k:
-        return f"H={hidden} and I={inter} must be multiples of BLOCK_K={block_k}"
+#: What H and I must be multiples of: a K step ends on a whole step of WS_CONFIG's (a wider step ends in a half one,
+#: the kernel's K_TAIL), and I of 64 also makes 2I one of BLOCK_N (128), so every GEMM1 tile holds whole gate/up
+#: channel groups for h's [BLOCK_M, BLOCK_N / 2] TMA boxes; GEMM2's last column tile may end past H (its store is
+#: masked).
+K_MULTIPLE = WS_CONFIG[2]
+
+
+def ws_shape_problem(hidden: int, inter: int) -> str | None:
+    """Why a layer shape cannot take the warp-specialized kernels (None: it can): K_MULTIPLE."""
+    if hidden % K_MULTIPLE or inter % K_MULTIPLE:
+        return f"H={hidden} and I={inter} must be multiples of {K_MULTIPLE}"
     return None
 
 
@@ -276,8 +279,9 @@ def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
 
 
 def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
-               config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0) -> dict:
-    """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and tail rows after each)."""
+               config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0, k_size: int = 0) -> dict:
+    """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and tail rows after each), its K
+    k_size (0: a multiple of the K step)."""
     _, block_n, block_k, stages, warps = config
     if tail:
         stages = TAIL_BLOCK_STAGES
@@ -288,7 +292,7 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=LOADER_WARPS[gemm], LOADER_REGS=loader_regs, NVFP4=nvfp4, HAS_BIAS=has_bias,
-                ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail)
+                ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail, K_TAIL=k_size % block_k != 0)
 
 
 #: Shared memory a program may take on sm_90 (227 KiB), less a KiB for the ring's barriers and alignment.
@@ -348,9 +352,6 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     k = ids.shape[1]
     block_m, block_n, block_k = config[:3]
     inter, num_pairs = ws.inter, tokens * k
-    problem = ws_shape_problem(hidden, inter, block_k)
-    if problem:  # the K loops have no tail
-        raise ValueError(f"warp_specialized.launch: {problem}; launch with BLOCK_K {WS_CONFIG[2]}")
     act_quant = w4a8.act_quant if w4a8 is not None else 0
     if act_quant and not ws.w4a8:
         raise ValueError("warp_specialized.launch: W4A8 needs the weights of ws_weights(kw, w4a8=True)")
@@ -383,7 +384,8 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
                 route_w, n, k_size, *swiglu, lut, al.sorted_pairs if r is None else r,
                 w4a8.qscale if act_quant else unused, row_exps,
                 **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
-                             activation=activation, top_k=k, config=config, act_quant=act_quant, tail=tail),
+                             activation=activation, top_k=k, config=config, act_quant=act_quant, tail=tail,
+                             k_size=k_size),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
@@ -392,7 +394,8 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
 
 
 def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
-                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0):
+                 activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0,
+                 k_size: int = 0):
     """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
     checks of what it compiles to."""
     import triton
@@ -403,7 +406,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
 
     _, block_n, block_k = config[:3]
     values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
-                        config=config, act_quant=act_quant, tail=tail)
+                        config=config, act_quant=act_quant, tail=tail, k_size=k_size)
     x_type, w_type, h_type = (DTYPES[name][1] for name in ws_dtypes(act_quant))
     y_type = h_type if gemm == 1 else "bf16"
 
