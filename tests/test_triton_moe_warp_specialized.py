@@ -194,6 +194,8 @@ def test_ring_stages_fit_shared_memory_and_keep_the_measured_depths_at_block_k_6
             assert stages(gemm, 128, tail=64, act_quant=act_quant) == TAIL_BLOCK_STAGES
     assert stages(2, 128, tail=64, act_quant=1, block_k=128) == 5 < TAIL_BLOCK_STAGES  # FP8 X tiles of 128 columns
     assert ring_stages_that_fit(2, 128 + 64, 128, 128, 1) == 5
+    deep = WS_CONFIG[:3] + (8,) + WS_CONFIG[4:]  # a forced whole-block depth stays as asked (past 227 KiB: launch fails)
+    assert constexprs(2, 256, nvfp4=False, has_bias=False, activation=0, top_k=4, config=deep)["STAGES"] == 8
 
 
 @pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail"), [

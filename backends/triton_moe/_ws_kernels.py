@@ -273,14 +273,10 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs,
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
         mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
-        if K_TAIL:
-            _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K, mask=_in_k(i, K, BLOCK_M, BLOCK_K, rows))
-            if TAIL_M:
-                _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K, mask=_in_k(i, K, TAIL_M, BLOCK_K, rows))
-        else:
-            _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K)
-            if TAIL_M:
-                _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K)
+        _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K, mask=_in_k(i, K, BLOCK_M, BLOCK_K, rows) if K_TAIL else None)
+        if TAIL_M:
+            _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K,
+                      mask=_in_k(i, K, TAIL_M, BLOCK_K, rows) if K_TAIL else None)
         async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
 

@@ -283,11 +283,9 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
     """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and tail rows after each), its K
     k_size (0: a multiple of the K step)."""
     _, block_n, block_k, stages, warps = config
-    if tail:
-        stages = TAIL_BLOCK_STAGES
-    elif block_m < WS_CONFIG[0]:
-        stages = PARTIAL_BLOCK_STAGES
-    stages = min(stages, ring_stages_that_fit(gemm, block_m + tail, block_n, block_k, act_quant))
+    if tail or block_m < WS_CONFIG[0]:  # their fixed depths, as deep as shared memory holds (config's: as given)
+        stages = min(TAIL_BLOCK_STAGES if tail else PARTIAL_BLOCK_STAGES,
+                     ring_stages_that_fit(gemm, block_m + tail, block_n, block_k, act_quant))
     loader_regs = TMA_LOADER_REGS if gemm == 2 else (
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
