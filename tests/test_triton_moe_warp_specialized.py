@@ -252,9 +252,8 @@ def test_w4a8_takes_the_wide_k_step_and_a_k_that_does_not_fill_it_ends_in_a_part
     assert not constexprs(1, 256, config=wide, k_size=7168, **common)["K_TAIL"]
     assert not constexprs(1, 256, config=WS_CONFIG, k_size=2880, **common)["K_TAIL"]
 
-def test_warp_specialized_w4a8_names_what_it_needs(monkeypatch):
-    from backends.triton_moe import warp_specialized
 
+def test_warp_specialized_w4a8_names_what_it_needs(monkeypatch):
     kw = to_kernel_layout(**random_checkpoint(Shape("small", "mxfp4", 4, 2, 128, 64, "swigluoai", True)))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(warp_specialized, "_triton_version", lambda: "3.6.0")
@@ -312,8 +311,6 @@ def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(mo
 
 
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
-    from backends.triton_moe import warp_specialized
-
     kw = to_kernel_layout(**random_checkpoint(Shape("small", "mxfp4", 4, 2, 128, 64, "swigluoai", True)))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(warp_specialized, "_triton_version", lambda: "3.5.1")
@@ -464,7 +461,7 @@ def test_a_table_entry_names_the_prefill_kernels_and_selection_reads_it():
     assert config_of(table["entries"][0], "x.yaml#0").prefill_kernel == "tiles"
     with pytest.raises(ValueError, match=r"x.yaml: entries/0/prefill_kernel"):
         tuning.validate_table(_one_entry_table(SHAPES["deepseek-v3"].fields(), "fast"), "x.yaml")
-    odd = SHAPES["deepseek-v3"].fields() | {"intermediate_size": 160}  # the K loop of GEMM2 has no tail
+    odd = SHAPES["deepseek-v3"].fields() | {"intermediate_size": 160}  # GEMM2's K is not a multiple of 64
     with pytest.raises(ValueError, match=r"x.yaml: entries/0: prefill_kernel warp-specialized: H=7168 and I=160 must "
                                          r"be multiples of 64; drop the field"):
         tuning.validate_table(_one_entry_table(odd, "warp-specialized"), "x.yaml")
