@@ -308,6 +308,14 @@ def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(mo
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of \('2', '3', .*'8'\); set "
                                          r"one of them or unset it \(then WS_CONFIG's 4 decides\)"):
         forward.ws_launch_config(w4a8=False)
+    monkeypatch.delenv(forward.WS_PERSISTENT_ENV, raising=False)
+    assert not forward.ws_persistent()
+    monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "1")
+    assert forward.ws_persistent()
+    monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "yes")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_PERSISTENT='yes' must be one of \('0', '1'\); set "
+                                         r"one of them or unset it \(then a program per tile decides\)"):
+        forward.ws_persistent()
 
 
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
@@ -433,6 +441,71 @@ def test_cuda_warp_specialized_w4a8_matches_emulation(name, tokens, routing, sch
     assert stats["shape_ok"] and stats["finite"] and stats["rel_l2_ratio"] <= 1.0, stats
     again = moe_forward(x, kw, **route, **act, **call, **scales)
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize("scheme", [None, "fp8_per_tensor_static", "mxfp8"])
+@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1000, "one_expert"), (1024, "stepped")])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
+def test_cuda_persistent_launches_give_a_program_per_tiles_bits(name, tokens, routing, scheme, monkeypatch):
+    """$MOE_ORACLE_TRITON_WS_PERSISTENT: the partial and tail blocks' programs run on over several tiles each (the
+    ring and the h store carried across), with the same sums per tile, so the same bits as a program per tile."""
+    from backends.triton_moe import forward
+
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    kw = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+    route = _cuda_routing(shape, tokens, routing, gen)
+    call = {"prefill_kernel": "warp-specialized", **activation_kwargs(shape)}
+    if scheme is not None:
+        call.update(act_quant=scheme, w4a8_mma="fp8", fp8_accumulate="tensor-core")
+        if scheme == "fp8_per_tensor_static":
+            call.update(a1_scale=(x.float().abs().amax() / 448).reshape(1),
+                        a2_scale=torch.full((1,), 1 / 64, device="cuda"))
+    outs = []
+    for persistent in ("0", "1"):
+        monkeypatch.setenv(forward.WS_PERSISTENT_ENV, persistent)
+        outs.append(moe_forward(x, kw, **route, **call))
+    assert torch.isfinite(outs[0].float()).all()
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
+def test_persistent_grids_are_a_program_per_multiprocessor_at_most(monkeypatch):
+    from backends.triton_moe.warp_specialized import launch_programs
+
+    class Props:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    assert launch_programs(5000, "cuda") == 132
+    assert launch_programs(100, "cuda") == 100
+
+
+@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail"), [
+    (1, 128, False, 0, 64), (2, 128, True, 0, 0), (1, 64, True, 1, 0), (2, 128, False, 2, 64)])
+def test_sm90_persistent_build_keeps_operands_in_flight_without_spills_in_the_k_loop(gemm, block_m, nvfp4, act_quant,
+                                                                                     tail):
+    """The tile loop around the K loop leaves blocks of up to PERSISTENT_MAX_ROWS (with their tail) the registers
+    to keep their wgmmas in flight with nothing spilled in the K loop (a tail block's epilogue may spill a few under
+    triton 3.9)."""
+    import re
+
+    from _cubin import cubin_tool, k_loop
+    from probe_gluon_w4a16 import sass_stats
+
+    assert block_m + tail <= warp_specialized.PERSISTENT_MAX_ROWS
+    config = WS_CONFIG[:2] + (warp_specialized.block_k_for(act_quant != 0),) + WS_CONFIG[3:]
+    compiled = compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=not nvfp4, activation=0 if nvfp4 else 1,
+                            act_quant=act_quant, tail=tail, config=config, persistent=True)
+    stats = sass_stats(compiled)
+    assert stats["in_flight"] >= 1 and stats["operand_rewrites"] == 0, stats
+    assert stats["warp_specialize"] > 0 and stats["shared_bytes"] <= 227 * 1024, stats
+    loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
+    assert any(re.search(r"\b[HQ]GMMA\b", line) for line in loop)
+    assert not any(re.search(r"\b(?:LDL|STL)\b", line) for line in loop)
 
 
 def test_config_is_one_the_probe_measured():

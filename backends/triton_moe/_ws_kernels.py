@@ -253,13 +253,31 @@ def _in_k(i, K, ROWS: gl.constexpr, BLOCK_K: gl.constexpr, rows: gl.constexpr):
 
 
 @gluon.jit
-def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, w_row,
-                   k_tiles, K, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
-                   LOADER_WARPS: gl.constexpr, TAIL_M: gl.constexpr, K_TAIL: gl.constexpr):
-    """GEMM1's loader: per K step the packed weight tile by TMA and the block's x rows by cp.async (sm_90's TMA
-    cannot gather rows), and the tail's (TAIL_M rows after them) into xt_bufs, each thread's copies arriving on the
-    slot's ready barrier as they land. K_TAIL: the last step's columns past K are zero-filled, not read (they would
-    be the next row's, or past x's end); TMA fills the weight tile's with zeros."""
+def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, tiles, this, N,
+                   k_tiles, K, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_K: gl.constexpr, LOADER_WARPS: gl.constexpr, TAIL_M: gl.constexpr, K_TAIL: gl.constexpr,
+                   PERSISTENT: gl.constexpr):
+    """GEMM1's loader over the program's tiles (`tiles`; a program per tile: `this`): `_gather_tile`."""
+    if PERSISTENT:
+        for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
+            _, first, _, w_row = _tile_at(tile // tiles[0], tile % tiles[0], tiles, N, BLOCK_N)
+            _gather_tile(first, w_row, _ring_base(tile, k_tiles), x_ptr, stride_xm, pair_ptr, num_pairs, w_desc,
+                         x_bufs, xt_bufs, w_bufs, ready, empty, k_tiles, K, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS,
+                         TAIL_M, K_TAIL)
+    else:
+        _gather_tile(this[1], this[3], 0, x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready,
+                     empty, k_tiles, K, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS, TAIL_M, K_TAIL)
+
+
+@gluon.jit
+def _gather_tile(first, w_row, base, x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready,
+                 empty, k_tiles, K, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
+                 LOADER_WARPS: gl.constexpr, TAIL_M: gl.constexpr, K_TAIL: gl.constexpr):
+    """GEMM1's loads of one tile (`_tile_at`'s first and w_row) from the ring's step `base` on: per K step the packed
+    weight tile by TMA and the block's x rows by cp.async (sm_90's TMA cannot gather rows), and the tail's (TAIL_M rows
+    after them) into xt_bufs, each thread's copies arriving on the slot's ready barrier as they land. K_TAIL: the last
+    step's columns past K are zero-filled, not read (they would be the next row's, or past x's end); TMA fills the
+    weight tile's with zeros."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     VEC: gl.constexpr = 128 // x_bufs.dtype.primitive_bitwidth  # elements of one 16-byte copy
     rows: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (BLOCK_K // VEC), BLOCK_K // VEC], [LOADER_WARPS, 1],
@@ -269,8 +287,8 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs,
         tail_ptrs = _gathered_rows(x_ptr, stride_xm, pair_ptr, num_pairs, first + BLOCK_M, TAIL_M, rows, TOP_K,
                                    BLOCK_K)
     for i in range(k_tiles):
-        slot = i % STAGES
-        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
+        slot = (base + i) % STAGES
+        mbarrier.wait(empty.index(slot), (((base + i) // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
         mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
         _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
         _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K, mask=_in_k(i, K, BLOCK_M, BLOCK_K, rows) if K_TAIL else None)
@@ -281,18 +299,33 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs,
 
 
 @gluon.jit
-def _tma_loader(x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, first, w_row, k_tiles,
-                BLOCK_K: gl.constexpr, TAIL_M: gl.constexpr):
-    """GEMM2's loader: per K step the packed weight tile and h's rows [first, first + BLOCK_M) by TMA, and the
-    tail's TAIL_M rows after them (xt_desc's box) into xt_bufs."""
+def _tma_loader(x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, tiles, this, N, k_tiles,
+                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, TAIL_M: gl.constexpr, PERSISTENT: gl.constexpr):
+    """GEMM2's loader over the program's tiles: `_tma_tile`."""
+    if PERSISTENT:
+        for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
+            _, first, _, w_row = _tile_at(tile // tiles[0], tile % tiles[0], tiles, N, BLOCK_N)
+            _tma_tile(first, w_row, _ring_base(tile, k_tiles), x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs,
+                      ready, empty, k_tiles, BLOCK_K, TAIL_M)
+    else:
+        _tma_tile(this[1], this[3], 0, x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, k_tiles, BLOCK_K,
+                  TAIL_M)
+
+
+@gluon.jit
+def _tma_tile(first, w_row, base, x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, k_tiles,
+              BLOCK_K: gl.constexpr, TAIL_M: gl.constexpr):
+    """GEMM2's loads of one tile (`_tile_at`'s first and w_row) from the ring's step `base` on: per K step the packed
+    weight tile and h's rows [first, first + BLOCK_M) by TMA, and the tail's TAIL_M rows after them (xt_desc's box) into
+    xt_bufs."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     if TAIL_M:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + xt_desc.block_type.nbytes
     else:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
     for i in range(k_tiles):
-        slot = i % STAGES
-        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        slot = (base + i) % STAGES
+        mbarrier.wait(empty.index(slot), (((base + i) // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), nbytes)
         _tma_load(x_desc, [first, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
         if TAIL_M:
@@ -302,13 +335,29 @@ def _tma_loader(x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, 
 
 
 @gluon.jit
-def _step(i, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-          rows, next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr,
+def _ring_base(tile, k_tiles):
+    """The ring's step at which a persistent program's tile starts: its earlier tiles' K steps."""
+    return (tile - gl.program_id(0)) // gl.num_programs(0) * k_tiles
+
+
+@gluon.jit
+def _tile_at(b, n, tiles, N, BLOCK_N: gl.constexpr):
+    """Column tile n of block b (`tiles`: the kernel's; `ws_blocks`' tables): (expert, first sorted row, first
+    weight row of the expert's N, first row of the layer's weights)."""
+    expert = gl.load(tiles[2] + b)
+    first = gl.load(tiles[3] + b)
+    off_n = n * BLOCK_N
+    return expert, first, off_n, expert * N + off_n
+
+
+@gluon.jit
+def _step(i, g, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K,
+          lut_ptr, rows, next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr,
           GATHERED: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr):
-    """K tile i (its scales loaded two steps ahead: `scales`): decode the packed tile into the wgmma's A registers,
-    issue the wgmma (and, with TAIL_M, a second one of the same operand into the tail's accumulator acc_t), wait for
-    tile i - 1's (whose operand w_keep stays alive until then, so the two operands never share registers; W4A8's
-    through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
+    """K tile i at the ring's step g (its scales loaded two steps ahead: `scales`): decode the packed tile into the
+    wgmma's A registers, issue the wgmma (and, with TAIL_M, a second one of the same operand into the tail's
+    accumulator acc_t), wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
+    share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
     FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the chunks'
     table codes, `rows` tile i's table rows, loaded a step ahead from `next_codes` (tile i + 1's), so that neither
     load is waited for in the step that needs it (ncu: the code-to-row-to-decode chain in one step stalled the K
@@ -317,12 +366,12 @@ def _step(i, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, 
     fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
     them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
-    slot = i % STAGES
+    slot = g % STAGES
     if not GATHERED:
         next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
     if not FP8:
         scale_lo, scale_hi = _folded_scales(scales, NVFP4)
-    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
     if GATHERED:
         fence_async_shared()
         next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
@@ -353,24 +402,52 @@ def _step(i, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, 
             acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
         else:
             acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
-    mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+    mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), count=1, pred=i > 0)
     return acc, acc_t, w, next_scales, next_rows
 
 
 @gluon.jit
 def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr,
-              stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, first, off_n, w_row, N,
-              K, k_tiles, alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, tiles, this, N, K, k_tiles,
+              alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
-              ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, TAIL_M: gl.constexpr):
-    """W (decoded into registers) x X^T (shared memory) into the [BLOCK_N weight rows, BLOCK_M rows] accumulator,
-    then the GEMM's epilogue. The K loop is unrolled by two so that consecutive tiles' operands alternate between
-    two register sets with no copies (a single loop-carried operand would be copied into the registers the wgmma
-    in flight reads). ACT_QUANT (W4A8, `w4a8` = (table, row exponents, static scales, rows' exponents)): E4M3 X,
-    FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'.
-    TAIL_M: the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator
-    and take the same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
+              ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, TAIL_M: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """The consumers over the program's tiles (`tiles`; a program per tile: `this`): `_consumer_tile`."""
+    if PERSISTENT:
+        for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
+            expert, first, off_n, w_row = _tile_at(tile // tiles[0], tile % tiles[0], tiles, N, BLOCK_N)
+            _consumer_tile(expert, first, off_n, w_row, _ring_base(tile, k_tiles), x_bufs, xt_bufs, w_bufs, y_smem,
+                           yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
+                           num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, N, K, k_tiles, alpha, beta, limit,
+                           w4a8, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT,
+                           TOP_K, TAIL_M, PERSISTENT)
+        if GEMM == 1:
+            tma.store_wait(0)  # h's last tiles read out of shared memory before the program ends
+    else:
+        _consumer_tile(this[0], this[1], this[2], this[3], 0, x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty,
+                       y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr,
+                       stride_be, route_w_ptr, N, K, k_tiles, alpha, beta, limit, w4a8, GEMM, BLOCK_M, BLOCK_N,
+                       BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M, PERSISTENT)
+
+
+@gluon.jit
+def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc,
+                   yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be,
+                   route_w_ptr, N, K, k_tiles, alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr,
+                   HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr,
+                   TAIL_M: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One tile (`_tile_at`'s values) from the ring's step `base` on: W (decoded into registers) x X^T (shared memory)
+    into the [BLOCK_N weight rows, BLOCK_M rows] accumulator, then the GEMM's epilogue. The K loop is unrolled by two so
+    that consecutive tiles' operands alternate between two register sets with no copies (a single loop-carried operand
+    would be copied into the registers the wgmma in flight reads). PERSISTENT: the last step's slot is released too, for
+    the program's next tile. ACT_QUANT (W4A8, `w4a8` = (table, row exponents, static scales, rows' exponents)): E4M3 X,
+    FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'. TAIL_M:
+    the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator and take the
+    same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
     FP8: gl.constexpr = ACT_QUANT != 0
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4 if FP8 else 2)
@@ -399,33 +476,35 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
     s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
     rows = _table_rows(lut_ptr, s_even.to(gl.int32), NVFP4) if FP8 else s_even  # W4A16: a placeholder
     for j in range(k_tiles // 2):
-        acc, acc_t, w_even, s_even, rows = _step(2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs, w_bufs, ready,
-                                                 empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N,
-                                                 BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
-        acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs, xt_bufs, w_bufs, ready,
-                                               empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_even, BLOCK_N,
-                                               BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+        acc, acc_t, w_even, s_even, rows = _step(2 * j, base + 2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs,
+                                                 w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,
+                                                 s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+        acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, base + 2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs,
+                                               xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
+                                               rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
     if k_tiles % 2:
-        acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs, w_bufs, ready,
-                                                empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_odd, BLOCK_N,
-                                                BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+        acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, base + k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs,
+                                                xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
+                                                rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
     epilogue_args = (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n,
                      N, alpha, beta, limit, w4a8)
     if TAIL_M:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    if PERSISTENT:
+        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)  # the last step's slot
     _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
-              ACTIVATION, ACT_QUANT, TOP_K, mma)
+              ACTIVATION, ACT_QUANT, TOP_K, mma, PERSISTENT)
     if TAIL_M:
         _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, GEMM, TAIL_M, BLOCK_N, NUM_WARPS, NVFP4,
-                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma)
+                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma, PERSISTENT)
 
 
 @gluon.jit
 def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
-              ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr):
+              ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr, PERSISTENT: gl.constexpr):
     """The sums [BLOCK_N weight rows, BLOCK_M rows from sorted row first] (in `mma`) scaled (W4A8: `_w4a8_scales`;
     NVFP4: the global scale), biased, then GEMM1's activation and h store or GEMM2's pair rows."""
     (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n, N, alpha, beta,
@@ -445,10 +524,11 @@ def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.
         h_scale = 1.0
         if ACT_QUANT == 1:  # h as static FP8's E4M3 codes of act * (1 / a2), GEMM2's operand
             h_scale = gl.load(qscale_ptr + 3)
-        _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_scale, BLOCK_M, BLOCK_N, ACTIVATION)
+        _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_scale, BLOCK_M, BLOCK_N, ACTIVATION,
+                        PERSISTENT)
     else:
         _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
-                         BLOCK_M, BLOCK_N, NUM_WARPS, mma)
+                         BLOCK_M, BLOCK_N, NUM_WARPS, mma, PERSISTENT)
 
 
 @gluon.jit
@@ -474,7 +554,7 @@ def _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, w_rows,
 
 @gluon.jit
 def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_scale, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, ACTIVATION: gl.constexpr):
+                    BLOCK_N: gl.constexpr, ACTIVATION: gl.constexpr, PERSISTENT: gl.constexpr):
     """GEMM1's epilogue: weight rows 16 g .. 16 g + 7 are gate rows and the next 8 the same channels' up rows
     (`ws_row_order`), which the wgmma accumulator keeps in one thread (rows r and r + 8); the activation of each
     pair times h_scale, h's [BLOCK_M, BLOCK_N / 2] tile in h's dtype (bf16, or static FP8's E4M3: rounded to
@@ -489,19 +569,26 @@ def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_sca
         h = (up + beta) * gate / (1.0 + gl.exp(-alpha * gate))
     else:  # silu-and-mul
         h = gate / (1.0 + gl.exp(-gate)) * up
+    if PERSISTENT:  # the program's last h store has read its tile out of shared memory (the wait is the issuing
+        tma.store_wait(0)  # thread's) before any thread writes there again; the store overlaps the next tile
+        _partition_barrier()
     y_smem.store(gl.permute((h * h_scale).to(y_smem.dtype), (1, 0)))
     fence_async_shared()
     _tma_store(y_desc, [first, off_n // 2], y_smem)
-    tma.store_wait(0)
+    if not PERSISTENT:
+        tma.store_wait(0)
 
 
 @gluon.jit
 def _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, mma: gl.constexpr):
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, mma: gl.constexpr,
+                     PERSISTENT: gl.constexpr):
     """GEMM2's epilogue: the router weight of each row's pair, the tile rounded to bf16 (as the tile kernels' pair
     rows), turned to [rows, columns] through shared memory and each real row stored whole to its pair's row."""
     pair = gl.load(pair_ptr + first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
     acc = acc * gl.load(route_w_ptr + pair, mask=pair < num_pairs, other=0.0)[None, :]
+    if PERSISTENT:
+        _partition_barrier()  # every thread has read the program's last tile out of y_smem
     y_smem.store(gl.permute(acc.to(gl.bfloat16), (1, 0)))
     _partition_barrier()
     rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_N // 8), BLOCK_N // 8], [NUM_WARPS, 1], [1, 0])
@@ -519,12 +606,15 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                        STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr,
                        LOADER_REGS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
                        ACTIVATION: gl.constexpr, TOP_K: gl.constexpr, ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr,
-                       K_TAIL: gl.constexpr):
-    """One GEMM of the layer over the row blocks of one size (BLOCK_M): program (n, b) multiplies block b's rows
+                       K_TAIL: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One GEMM of the layer over the row blocks of one size (BLOCK_M): tile (b, n) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
-    scale pairs as int32). Programs past the device's block count (block_count[0]) return at once: the grid is a
-    static bound.
+    scale pairs as int32), up to the device's block count (block_count[0]; the grid is a static bound): program
+    (n, b) takes tile (b, n), or PERSISTENT, program p takes tiles p, p + programs, .. of the order b * n_tiles + n
+    with its ring running on from one tile into the next (the loader fills the next tile's first steps during this
+    one's epilogue, and GEMM1's h store overlaps the next tile). `tiles` = (n_tiles, block count, block_expert,
+    block_first).
     GEMM 1: X = x's rows gathered by pair (x_ptr), h out by TMA (y_desc, [BLOCK_M, BLOCK_N / 2] boxes); GEMM 2:
     X = h's rows by TMA (x_desc), each pair's row of y_smem to out (pair rows [T * k, H], bf16).
     ACT_QUANT 1 (static FP8), 2 (MXFP8): W4A8, the tile kernels' ids and numerics on FP8 tensor cores: X in E4M3 (x
@@ -534,13 +624,18 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     TAIL_M > 0: each block carries the TAIL_M rows after it (an expert's last rows, `ws_blocks`) in a second
     accumulator: GEMM2 loads them by xt_desc, GEMM1 stores their h by yt_desc (unused without a tail).
     K_TAIL: K is not a multiple of BLOCK_K (but of 32): the last K step is partial, its columns past K zeros."""
-    b = gl.program_id(1)
-    if b >= gl.load(block_count_ptr):
-        return
-    expert = gl.load(block_expert_ptr + b)
-    first = gl.load(block_first_ptr + b)
-    off_n = gl.program_id(0) * BLOCK_N
-    w_row = expert * N + off_n
+    if PERSISTENT:
+        tiles = ((N + BLOCK_N - 1) // BLOCK_N, gl.load(block_count_ptr), block_expert_ptr, block_first_ptr)
+        this = (0, 0, 0, 0)  # unused
+    else:  # a program per tile: its tile, or none past the count
+        b = gl.program_id(1)
+        if b >= gl.load(block_count_ptr):
+            return
+        tiles = 0  # unused
+        expert = gl.load(block_expert_ptr + b)
+        first = gl.load(block_first_ptr + b)
+        off_n = gl.program_id(0) * BLOCK_N
+        this = (expert, first, off_n, expert * N + off_n)
     k_tiles = (K + BLOCK_K - 1) // BLOCK_K if K_TAIL else K // BLOCK_K
     x_dtype: gl.constexpr = gl.float8e4nv if ACT_QUANT != 0 else gl.bfloat16
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_dtype)
@@ -563,21 +658,22 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     if GEMM == 1:
         gl.warp_specialize([
             (_consumer, (x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn,
-                         out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert,
-                         first, off_n, w_row, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr,
-                                                                                  ra_ptr), GEMM, BLOCK_M, BLOCK_N,
-                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M)),
-            (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, first, w_desc, x_bufs, xt_bufs, w_bufs, ready,
-                              empty, w_row, k_tiles, K, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS, TAIL_M, K_TAIL)),
+                         out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, tiles,
+                         this, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM,
+                         BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M,
+                         PERSISTENT)),
+            (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty,
+                              tiles, this, N, k_tiles, K, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, LOADER_WARPS, TAIL_M,
+                              K_TAIL, PERSISTENT)),
         ], [LOADER_WARPS], [LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn,
-                         out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert,
-                         first, off_n, w_row, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr,
-                                                                                  ra_ptr), GEMM, BLOCK_M, BLOCK_N,
-                         BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M)),
-            (_tma_loader, (x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, first, w_row, k_tiles,
-                           BLOCK_K, TAIL_M)),
+                         out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, tiles,
+                         this, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM,
+                         BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M,
+                         PERSISTENT)),
+            (_tma_loader, (x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, tiles, this, N, k_tiles,
+                           BLOCK_N, BLOCK_K, TAIL_M, PERSISTENT)),
         ], [LOADER_WARPS], [LOADER_REGS])
 

@@ -94,6 +94,11 @@ WS_STAGES = tuple(str(stages) for stages in range(2, 9))
 #: warp_specialized.block_k_for), for A/B runs (W4A16's operands at 128 spill).
 WS_BLOCK_K_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_K"
 WS_BLOCK_KS = ("64", "128")
+#: The warp-specialized launches' grids ($MOE_ORACLE_TRITON_WS_PERSISTENT, one of WS_PERSISTENT): "1" persistent
+#: (a program per multiprocessor running on over the tiles), "0" or unset a program per tile
+#: (warp_specialized.launch_programs).
+WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
+WS_PERSISTENT = ("0", "1")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
 #: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
@@ -344,7 +349,7 @@ def moe_forward(
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, act_quant is not None), w4a8=w4a8,
-                                config=ws_launch_config(w4a8 is not None))
+                                config=ws_launch_config(w4a8 is not None), persistent=ws_persistent())
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -461,6 +466,11 @@ def ws_launch_config(w4a8: bool) -> tuple:
     step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"the call's {block_k}")
     ring = _forced_choice("ring stages", None, WS_STAGES, WS_STAGES_ENV, f"WS_CONFIG's {stages}")
     return int(rows or block_m), block_n, int(step or block_k), int(ring or stages), warps
+
+
+def ws_persistent() -> bool:
+    """Whether the warp-specialized launches run persistent ($MOE_ORACLE_TRITON_WS_PERSISTENT)."""
+    return _forced_choice("persistent grid", None, WS_PERSISTENT, WS_PERSISTENT_ENV, "a program per tile") == "1"
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant, mma, fp8_accumulate) -> None:

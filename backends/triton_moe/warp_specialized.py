@@ -58,6 +58,9 @@ LOADER_WARPS = {1: 4, 2: 1}
 GATHER_LOADER_REGS = 96
 WIDE_STEP_GATHER_LOADER_REGS = 64
 TMA_LOADER_REGS = 40
+#: The largest block (with its tail) whose launches run persistent when asked (`launch`): a 256-row block's
+#: accumulator leaves the tile loop too few registers (ptxas serializes GEMM1's wgmmas, GEMM2 spills).
+PERSISTENT_MAX_ROWS = 192
 #: Register cap of every thread at launch (12 warps x 32 x 168 fit the 64 Ki register file); the warp_specialize
 #: hands the loader its LOADER_REGS (`constexprs`) and the consumers the rest.
 WS_MAXNREG = 168
@@ -279,9 +282,10 @@ def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
 
 
 def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
-               config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0, k_size: int = 0) -> dict:
+               config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0, k_size: int = 0,
+               persistent: bool = False) -> dict:
     """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and tail rows after each), its K
-    k_size (0: a multiple of the K step)."""
+    k_size (0: a multiple of the K step), persistent or a program per tile."""
     _, block_n, block_k, stages, warps = config
     if tail or block_m < WS_CONFIG[0]:  # their fixed depths, as deep as shared memory holds (config's: as given)
         stages = min(TAIL_BLOCK_STAGES if tail else PARTIAL_BLOCK_STAGES,
@@ -290,7 +294,8 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=LOADER_WARPS[gemm], LOADER_REGS=loader_regs, NVFP4=nvfp4, HAS_BIAS=has_bias,
-                ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail, K_TAIL=k_size % block_k != 0)
+                ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail, K_TAIL=k_size % block_k != 0,
+                PERSISTENT=persistent)
 
 
 #: Shared memory a program may take on sm_90 (227 KiB), less a KiB for the ring's barriers and alignment.
@@ -336,10 +341,12 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
-           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None) -> None:
+           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8: E4M3, quantized as
     `w4a8` says, on `ws_weights(kw, w4a8=True)`), ids [T, k], route_w fp32 [T, k], activation the tile kernels' id
-    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit)."""
+    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit). persistent: the launches of blocks up to
+    PERSISTENT_MAX_ROWS run a program per multiprocessor at most (`launch_programs`), each on over several tiles;
+    else a program per tile."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
@@ -375,7 +382,9 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
             x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, config, act_quant)
             xt_desc, yt_desc = _row_descriptors(gemm, tail, x_in, y_out, config, act_quant) if tail else (x_desc,
                                                                                                           y_desc)
-            ws_moe_gemm_kernel[(-(-n // block_n), bound)](
+            runs_on = persistent and size + tail <= PERSISTENT_MAX_ROWS
+            grid = (launch_programs(-(-n // block_n) * bound, x.device),) if runs_on else (-(-n // block_n), bound)
+            ws_moe_gemm_kernel[grid](
                 x, x.stride(0), x_desc, xt_desc, w_desc, s, s.stride(0), y_desc, yt_desc, pair_out[0],
                 pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
                 unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
@@ -383,7 +392,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
                 w4a8.qscale if act_quant else unused, row_exps,
                 **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
                              activation=activation, top_k=k, config=config, act_quant=act_quant, tail=tail,
-                             k_size=k_size),
+                             k_size=k_size, persistent=runs_on),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
@@ -391,9 +400,15 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
         BLOCK_N=sum_block, INTERPRETED=kernels.INTERPRETED)
 
 
+def launch_programs(tiles: int, device) -> int:
+    """A persistent launch's programs over `tiles` (a static bound): one per multiprocessor (the kernels' shared
+    memory holds one program per multiprocessor)."""
+    return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
                  activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0,
-                 k_size: int = 0):
+                 k_size: int = 0, persistent: bool = False):
     """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
     checks of what it compiles to."""
     import triton
@@ -404,7 +419,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
 
     _, block_n, block_k = config[:3]
     values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
-                        config=config, act_quant=act_quant, tail=tail, k_size=k_size)
+                        config=config, act_quant=act_quant, tail=tail, k_size=k_size, persistent=persistent)
     x_type, w_type, h_type = (DTYPES[name][1] for name in ws_dtypes(act_quant))
     y_type = h_type if gemm == 1 else "bf16"
 
