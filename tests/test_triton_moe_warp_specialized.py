@@ -309,13 +309,16 @@ def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(mo
                                          r"one of them or unset it \(then WS_CONFIG's 4 decides\)"):
         forward.ws_launch_config(w4a8=False)
     monkeypatch.delenv(forward.WS_PERSISTENT_ENV, raising=False)
-    assert not forward.ws_persistent()
+    assert forward.ws_persistent(w4a8=True) and not forward.ws_persistent(w4a8=False)
     monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "1")
-    assert forward.ws_persistent()
+    assert forward.ws_persistent(w4a8=False)
+    monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "0")
+    assert not forward.ws_persistent(w4a8=True)
     monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "yes")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_PERSISTENT='yes' must be one of \('0', '1'\); set "
-                                         r"one of them or unset it \(then a program per tile decides\)"):
-        forward.ws_persistent()
+                                         r"one of them or unset it \(then persistent for W4A8, a program per tile for "
+                                         r"W4A16 decides\)"):
+        forward.ws_persistent(w4a8=False)
 
 
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):

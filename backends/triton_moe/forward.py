@@ -95,8 +95,9 @@ WS_STAGES = tuple(str(stages) for stages in range(2, 9))
 WS_BLOCK_K_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_K"
 WS_BLOCK_KS = ("64", "128")
 #: The warp-specialized launches' grids ($MOE_ORACLE_TRITON_WS_PERSISTENT, one of WS_PERSISTENT): "1" persistent
-#: (a program per multiprocessor running on over the tiles), "0" or unset a program per tile
-#: (warp_specialized.launch_programs).
+#: (a program per multiprocessor running on over the tiles of blocks up to warp_specialized.PERSISTENT_MAX_ROWS),
+#: "0" a program per tile; unset: persistent for W4A8 (1.00-1.04x on both layers and schemes at T = 4096-16384),
+#: a program per tile for W4A16 (0.97-1.03x), benchmarks/results/ws-persistent-h200-2026-11-29/.
 WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
@@ -349,7 +350,7 @@ def moe_forward(
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, act_quant is not None), w4a8=w4a8,
-                                config=ws_launch_config(w4a8 is not None), persistent=ws_persistent())
+                                config=ws_launch_config(w4a8 is not None), persistent=ws_persistent(w4a8 is not None))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -468,9 +469,11 @@ def ws_launch_config(w4a8: bool) -> tuple:
     return int(rows or block_m), block_n, int(step or block_k), int(ring or stages), warps
 
 
-def ws_persistent() -> bool:
-    """Whether the warp-specialized launches run persistent ($MOE_ORACLE_TRITON_WS_PERSISTENT)."""
-    return _forced_choice("persistent grid", None, WS_PERSISTENT, WS_PERSISTENT_ENV, "a program per tile") == "1"
+def ws_persistent(w4a8: bool) -> bool:
+    """Whether the warp-specialized launches run persistent: $MOE_ORACLE_TRITON_WS_PERSISTENT, else for W4A8."""
+    forced = _forced_choice("persistent grid", None, WS_PERSISTENT, WS_PERSISTENT_ENV,
+                            "persistent for W4A8, a program per tile for W4A16")
+    return w4a8 if forced is None else forced == "1"
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant, mma, fp8_accumulate) -> None:
