@@ -284,30 +284,34 @@ def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(mo
     for env in (forward.WS_BLOCK_M_ENV, forward.WS_STAGES_ENV, forward.WS_BLOCK_K_ENV):
         monkeypatch.delenv(env, raising=False)
     wide = WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
-    assert forward.ws_launch_config(w4a8=False) == WS_CONFIG
-    assert forward.ws_launch_config(w4a8=True) == wide
+    many, few = 2 * warp_specialized.W4A8_SMALL_BLOCKS_UP_TO, warp_specialized.W4A8_SMALL_BLOCKS_UP_TO
+    assert forward.ws_launch_config(w4a8=False, rows_per_expert=few) == WS_CONFIG
+    assert forward.ws_launch_config(w4a8=True, rows_per_expert=many) == wide
+    assert forward.ws_launch_config(w4a8=True, rows_per_expert=few) == (128,) + wide[1:]  # W4A8's smaller blocks
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "128")
-    assert forward.ws_launch_config(w4a8=False) == wide
+    assert forward.ws_launch_config(w4a8=False, rows_per_expert=many) == wide
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "64")
-    assert forward.ws_launch_config(w4a8=True) == WS_CONFIG
+    assert forward.ws_launch_config(w4a8=True, rows_per_expert=many) == WS_CONFIG
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "96")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_K='96' must be one of \('64', '128'\); set one "
                                          r"of them or unset it \(then the call's 128 decides\)"):
-        forward.ws_launch_config(w4a8=True)
+        forward.ws_launch_config(w4a8=True, rows_per_expert=many)
     monkeypatch.delenv(forward.WS_BLOCK_K_ENV)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "128")
-    assert forward.ws_launch_config(w4a8=False) == (128,) + WS_CONFIG[1:]
+    assert forward.ws_launch_config(w4a8=False, rows_per_expert=many) == (128,) + WS_CONFIG[1:]
     monkeypatch.setenv(forward.WS_STAGES_ENV, "6")
-    assert forward.ws_launch_config(w4a8=False) == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
+    assert forward.ws_launch_config(w4a8=False, rows_per_expert=many) == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
+    monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "256")
+    assert forward.ws_launch_config(w4a8=True, rows_per_expert=few)[0] == 256
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "96")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of \('128', '256'\); set one "
-                                         r"of them or unset it \(then WS_CONFIG's 256 decides\)"):
-        forward.ws_launch_config(w4a8=False)
+                                         r"of them or unset it \(then the call's 256 decides\)"):
+        forward.ws_launch_config(w4a8=False, rows_per_expert=many)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "256")
     monkeypatch.setenv(forward.WS_STAGES_ENV, "9")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of \('2', '3', .*'8'\); set "
                                          r"one of them or unset it \(then WS_CONFIG's 4 decides\)"):
-        forward.ws_launch_config(w4a8=False)
+        forward.ws_launch_config(w4a8=False, rows_per_expert=many)
     monkeypatch.delenv(forward.WS_PERSISTENT_ENV, raising=False)
     assert forward.ws_persistent(w4a8=True) and not forward.ws_persistent(w4a8=False)
     monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "1")

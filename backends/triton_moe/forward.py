@@ -350,7 +350,8 @@ def moe_forward(
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, act_quant is not None), w4a8=w4a8,
-                                config=ws_launch_config(w4a8 is not None), persistent=ws_persistent(w4a8 is not None))
+                                config=ws_launch_config(w4a8 is not None, x.shape[0] * k / weights.num_experts),
+                                persistent=ws_persistent(w4a8 is not None))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -458,12 +459,14 @@ def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act
     return "tiles"
 
 
-def ws_launch_config(w4a8: bool) -> tuple:
-    """warp_specialized.WS_CONFIG with the K step of `warp_specialized.block_k_for`, and the whole blocks' rows, K step
-    and ring stages of $MOE_ORACLE_TRITON_WS_BLOCK_M, _WS_BLOCK_K and _WS_STAGES where they are set."""
-    block_m, block_n, _, stages, warps = warp_specialized.WS_CONFIG
+def ws_launch_config(w4a8: bool, rows_per_expert: float) -> tuple:
+    """warp_specialized.WS_CONFIG with the whole blocks' rows of `warp_specialized.block_m_for` (rows_per_expert: the
+    call's T * k / E) and the K step of `block_k_for`, and the whole blocks' rows, K step and ring stages of
+    $MOE_ORACLE_TRITON_WS_BLOCK_M, _WS_BLOCK_K and _WS_STAGES where they are set."""
+    _, block_n, _, stages, warps = warp_specialized.WS_CONFIG
+    block_m = warp_specialized.block_m_for(w4a8, rows_per_expert)
     block_k = warp_specialized.block_k_for(w4a8)
-    rows = _forced_choice("block rows", None, WS_BLOCK_MS, WS_BLOCK_M_ENV, f"WS_CONFIG's {block_m}")
+    rows = _forced_choice("block rows", None, WS_BLOCK_MS, WS_BLOCK_M_ENV, f"the call's {block_m}")
     step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"the call's {block_k}")
     ring = _forced_choice("ring stages", None, WS_STAGES, WS_STAGES_ENV, f"WS_CONFIG's {stages}")
     return int(rows or block_m), block_n, int(step or block_k), int(ring or stages), warps

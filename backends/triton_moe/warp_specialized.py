@@ -37,6 +37,11 @@ WS_CONFIG = (256, 128, 64, 4, 8)
 #: faster on DeepSeek-V3 (ws-w4a8-wide-k-h200-2026-11-28/). A K that is a multiple of 64 only (gpt-oss: 2880) ends
 #: in a half step (the kernel's K_TAIL).
 W4A8_BLOCK_K = 128
+#: W4A8's whole blocks where experts average at most W4A8_SMALL_BLOCKS_UP_TO rows (`block_m_for`): at ~128 rows an
+#: expert (T = 4096 on gpt-oss-120b and DeepSeek-V3) 128-row blocks, all persistent, were 1.05-1.09x the 256-row
+#: ones; at ~256 rows 0.80-0.90x (ws-w4a8-blocks-h200-2026-11-28/); the switch lies between the two.
+W4A8_SMALL_BLOCK_ROWS = 128
+W4A8_SMALL_BLOCKS_UP_TO = 192
 #: Ring stages of blocks under WS_CONFIG's rows (its BLOCK_M / 2 and / 4 blocks): their K steps are shorter, so the
 #: ring must hold more of them to cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting
 #: for a slot's data while the loader waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no
@@ -194,6 +199,12 @@ def _triton_version() -> str:
 def block_k_for(w4a8: bool) -> int:
     """The K step of a layer's launches: W4A8_BLOCK_K for W4A8, else WS_CONFIG's."""
     return W4A8_BLOCK_K if w4a8 else WS_CONFIG[2]
+
+
+def block_m_for(w4a8: bool, rows_per_expert: float) -> int:
+    """The whole blocks' rows of a call with rows_per_expert (T * k / E) pairs per expert on average: W4A8 takes
+    W4A8_SMALL_BLOCK_ROWS up to W4A8_SMALL_BLOCKS_UP_TO of them, else (and W4A16) WS_CONFIG's."""
+    return W4A8_SMALL_BLOCK_ROWS if w4a8 and rows_per_expert <= W4A8_SMALL_BLOCKS_UP_TO else WS_CONFIG[0]
 
 
 #: What H and I must be multiples of: a K step ends on a whole step of WS_CONFIG's (a wider step ends in a half one,
