@@ -37,11 +37,12 @@ WS_CONFIG = (256, 128, 64, 4, 8)
 #: faster on DeepSeek-V3 (ws-w4a8-wide-k-h200-2026-11-28/). A K that is a multiple of 64 only (gpt-oss: 2880) ends
 #: in a half step (the kernel's K_TAIL).
 W4A8_BLOCK_K = 128
-#: W4A8's whole blocks where experts average at most W4A8_SMALL_BLOCKS_UP_TO rows (`block_m_for`): at ~128 rows an
-#: expert (T = 4096 on gpt-oss-120b and DeepSeek-V3) 128-row blocks, all persistent, were 1.05-1.09x the 256-row
-#: ones; at ~256 rows 0.80-0.90x (ws-w4a8-blocks-h200-2026-11-28/); the switch lies between the two.
+#: W4A8's whole blocks where experts average at most W4A8_SMALL_BLOCKS_UP_TO rows (`block_m_for`). On gpt-oss-120b
+#: and DeepSeek-V3 (ws-w4a8-blocks-h200-2026-11-28/) 128-row blocks, all persistent, against the 256-row ones: at
+#: 128 rows an expert 1.05-1.09x, at 144 0.99-1.03x, at 160-256 0.67-0.90x (an expert's rows past 128 then take a
+#: second decode of its weights in a 64-row block, where the 256-row form carries them as a tail).
 W4A8_SMALL_BLOCK_ROWS = 128
-W4A8_SMALL_BLOCKS_UP_TO = 192
+W4A8_SMALL_BLOCKS_UP_TO = 144
 #: Ring stages of blocks under WS_CONFIG's rows (its BLOCK_M / 2 and / 4 blocks): their K steps are shorter, so the
 #: ring must hold more of them to cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting
 #: for a slot's data while the loader waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no
