@@ -244,6 +244,20 @@ def test_fp8_config_gives_sub_warpgroup_tiles_a_warpgroup_and_keeps_the_rest():
     assert fp8_config(facts_by_name("sm80"), no_wgmma) is no_wgmma
 
 
+def test_fp8_dots_with_tensor_core_sums_take_the_warp_specialized_prefill_from_enough_rows_an_expert():
+    from backends.triton_moe.tuning import FP8_DOTS_WS_MIN_ROWS, LaunchConfig, MoEConfig, fp8_dots_prefill_config
+
+    tiles = MoEConfig(LaunchConfig(128, 64, 64, 8, True, 4, 3), LaunchConfig(128, 64, 64, 8, True, 4, 3), "t.yaml#3")
+    many = _problem("gpt-oss-120b", 4096)  # 128 rows an expert
+    few = _problem("gpt-oss-120b", 2048)
+    assert many.rows_per_expert >= FP8_DOTS_WS_MIN_ROWS > few.rows_per_expert
+    got = fp8_dots_prefill_config(tiles, many, "fp8", "tensor-core")
+    assert got.prefill_kernel == "warp-specialized" and got.gemm1 == tiles.gemm1
+    assert got.source == "t.yaml#3+fp8 dots: warp-specialized"
+    for call in ((few, "fp8", "tensor-core"), (many, "fp8", "wgmma"), (many, "bf16", None), (many, None, None)):
+        assert fp8_dots_prefill_config(tiles, *call) is tiles, call
+
+
 def test_fp8_config_keeps_the_decode_kernels_warps():
     """W4A8 calls on MXFP4 weights run the decode kernels with them (forward.moe_forward)."""
     from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig, facts_by_name, fp8_config

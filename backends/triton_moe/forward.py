@@ -320,8 +320,10 @@ def moe_forward(
         return out
     if config is None:
         arch, gpu = tuning.device_gpu(x.device)
-        config = tuning.select_config(arch, gpu, tuning.Problem(weights.format, tokens, experts, k, hidden, inter))
-        config = tuning.w4a8_config(arch, config, act_quant, mma)
+        problem = tuning.Problem(weights.format, tokens, experts, k, hidden, inter)
+        config = tuning.select_config(arch, gpu, problem)
+        config = tuning.fp8_dots_prefill_config(tuning.w4a8_config(arch, config, act_quant, mma), problem, mma,
+                                                fp8_accumulate if act_quant is not None else None)
     decode = takes_decode_kernels(config, mma)
     if decode:
         _check_decode(config.decode, k)

@@ -39,8 +39,10 @@ from backends.triton_moe.tuning.configs import (
 )
 from backends.triton_moe.tuning.heuristics import (
     DECODE_KERNEL_TOKENS,
+    FP8_DOTS_WS_MIN_ROWS,
     decode_kernels,
     fp8_config,
+    fp8_dots_prefill_config,
     heuristic_config,
     mx_epilogue_config,
     w4a8_config,
@@ -61,12 +63,12 @@ from backends.triton_moe.tuning.tables import (
 
 __all__ = ["ArchFacts", "DECODE_AHEAD_MAXNREG", "DECODE_KERNEL_TOKENS", "DecodeConfig", "GEMM1_ONLY_FIELDS",
            "GEMV1_COLUMNS_PER_WARP", "GEMV1_ROW_GROUPS", "GEMV2_COLUMNS_PER_WARP", "GEMV2_ROW_GROUPS", "GEMV2_SPLITS",
-           "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu",
-           "LaunchConfig", "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
+           "GEMV_K_SLICES", "GEMV_MAX_WARPS", "GemvLaunch", "Gpu", "FP8_DOTS_WS_MIN_ROWS", "LaunchConfig",
+           "MIN_HALF_ROWS_BLOCK_M", "MODELINE", "MoEConfig", "Problem", "SHAPE_FIELDS", "TABLE_DIR",
            "TuningTableError", "USER_DIR_ENV", "decode_kernels", "device_gpu", "facts_by_name", "facts_for",
-           "fp8_config", "gemv2_slots", "heuristic_config", "launch_dict", "mx_epilogue_config", "read_table",
-           "reload_user_tables", "select_config", "shipped_entries", "shipped_table", "table_config",
-           "tail_rows_problem", "user_table_dir", "validate_table", "w4a8_config"]
+           "fp8_config", "fp8_dots_prefill_config", "gemv2_slots", "heuristic_config", "launch_dict",
+           "mx_epilogue_config", "read_table", "reload_user_tables", "select_config", "shipped_entries",
+           "shipped_table", "table_config", "tail_rows_problem", "user_table_dir", "validate_table", "w4a8_config"]
 
 
 def select_config(arch: ArchFacts | str, gpu: Gpu, problem: Problem, *, use_tables: bool = True) -> MoEConfig:

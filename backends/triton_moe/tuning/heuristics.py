@@ -207,6 +207,24 @@ def _one_wave_ahead(programs: int, warps: int, sm_count: int) -> bool:
     return programs <= per_sm * sm_count
 
 
+#: W4A8 calls on FP8 dots with tensor-core sums take the warp-specialized kernels from this many rows an expert on
+#: (Problem.rows_per_expert), also where a table entry, measured for W4A16, keeps the tile kernels: on
+#: gpt-oss-120b and DeepSeek-V3 at 128 and 512 rows (T = 4096, 16384) they were 1.4-2.1x the FP8 tile kernels in one
+#: H200 process (benchmarks/results/w4a8-wide-k-h200-2026-11-28/); fewer rows were not measured.
+FP8_DOTS_WS_MIN_ROWS = 128
+
+
+def fp8_dots_prefill_config(config: MoEConfig, problem: Problem, mma: str | None,
+                            fp8_accumulate: str | None) -> MoEConfig:
+    """The config of a call on FP8 dots with tensor-core sums (the warp-specialized kernels' W4A8) from
+    FP8_DOTS_WS_MIN_ROWS rows an expert on: its prefill kernels the warp-specialized ones (where they cannot run,
+    forward falls back to the tiles as for any entry); every other call's config as it is."""
+    if (mma != "fp8" or fp8_accumulate != "tensor-core" or config.prefill_kernel == "warp-specialized"
+            or problem.rows_per_expert < FP8_DOTS_WS_MIN_ROWS):
+        return config
+    return replace(config, prefill_kernel="warp-specialized", source=f"{config.source}+fp8 dots: warp-specialized")
+
+
 def w4a8_config(arch: ArchFacts, config: MoEConfig, act_quant: str | None, mma: str | None) -> MoEConfig:
     """The launch config of a W4A8 call (act_quant, on the tensor cores `mma` of forward.resolve_w4a8_mma) from the
     W4A16 one that the tables and heuristics give: fp8_config for FP8 dots, mx_epilogue_config for MXFP8 on bf16
