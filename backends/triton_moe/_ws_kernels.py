@@ -632,6 +632,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
         if b >= gl.load(block_count_ptr):
             return
         tiles = 0  # unused
+        # `_tile_at` written out in the order the program-per-tile kernel was measured with (the same PTX)
         expert = gl.load(block_expert_ptr + b)
         first = gl.load(block_first_ptr + b)
         off_n = gl.program_id(0) * BLOCK_N
