@@ -323,7 +323,7 @@ def moe_forward(
         problem = tuning.Problem(weights.format, tokens, experts, k, hidden, inter)
         config = tuning.select_config(arch, gpu, problem)
         config = tuning.fp8_dots_prefill_config(tuning.w4a8_config(arch, config, act_quant, mma), problem, mma,
-                                                fp8_accumulate if act_quant is not None else None)
+                                                fp8_accumulate)
     decode = takes_decode_kernels(config, mma)
     if decode:
         _check_decode(config.decode, k)
@@ -352,7 +352,7 @@ def moe_forward(
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, act_quant is not None), w4a8=w4a8,
-                                config=ws_launch_config(w4a8 is not None, x.shape[0] * k / weights.num_experts),
+                                config=ws_launch_config(w4a8 is not None, tokens * k / experts),
                                 persistent=ws_persistent(w4a8 is not None))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
