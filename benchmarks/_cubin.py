@@ -25,10 +25,12 @@ def cubin_tool(compiled, tool: str, *args: str) -> str:
 def compile_sm90(fn, constexprs: dict, pointers: dict, options: dict, unaligned: tuple = ()):
     """Triton kernel fn compiled for sm_90 with these constexprs and launch options: pointer arguments typed by
     `pointers` (name -> "*bf16", ...), alpha / beta / limit fp32, the rest i32, and every pointer and integer but
-    `unaligned` declared 16-divisible, as the layer's tensors and strides are at launch."""
+    `unaligned` declared 16-divisible, as the layer's tensors and strides are at launch. A constexpr parameter not
+    in `constexprs` takes its default, as at a launch that leaves it out."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     signature = {name: "constexpr" if name in constexprs else pointers.get(
         name, "fp32" if name in ("alpha", "beta", "limit") else "i32") for name in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)

@@ -234,6 +234,9 @@ for _fmt, _act, _h, _i, _biases, _layout in (("mxfp4", "swigluoai", 128, 64, Tru
                 if not (_mma and _config == "split"):
                     CASES[f"{_fmt}-{_scheme}-{_config}{_tag}"] = (_fmt, 8, 2, _h, _i, _act, _biases, 9, _layout, _scheme,
                                                                   _config, _mma)
+            if not _mma and _scheme == "mxfp8":  # GEMM1's MXFP8 blocks of h within warps (forward.mx_warps)
+                CASES[f"{_fmt}-{_scheme}-swap-mx-warps"] = (_fmt, 8, 2, _h, _i, _act, _biases, 9, _layout, _scheme,
+                                                            "swap-mx-warps", _mma)
             for _tokens in (1, 2) if not _mma else (1,):  # a config with decode kernels: bf16 tensor cores take them
                 CASES[f"{_fmt}-{_scheme}-decode-T{_tokens}{_tag}"] = (_fmt, 8, 2, _h, _i, _act, _biases, _tokens,
                                                                       _layout, _scheme, "decode", _mma)
@@ -243,13 +246,15 @@ def _configs():
     from backends.triton_moe.tuning import DecodeConfig, GemvLaunch, LaunchConfig, MoEConfig
 
     swap = LaunchConfig(16, 32, 64, 1, True, 4, 2)
+    swap_mx_warps = LaunchConfig(16, 64, 64, 1, True, 2, 2)  # 32 columns a warp: MX blocks in warps
     plain = LaunchConfig(32, 32, 128, 2, False, 4, 2)  # nvfp4: K tail (H = 192 = 128 + 64)
     split = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=2)
     stacked = LaunchConfig(16, 32, 64, 1, True, 4, 2, split_k=3, stack_gate_up=True, split_epilogue="fused")
     decode = DecodeConfig(GemvLaunch(4, 1), GemvLaunch(1, 2))  # GEMV1: 32 columns, one MX block of h
     return {"swap": MoEConfig(swap, swap, "test"), "plain": MoEConfig(plain, plain, "test"),
             "split": MoEConfig(split, split, "test"), "stacked-split-fused": MoEConfig(stacked, split, "test"),
-            "decode": MoEConfig(swap, swap, "test", decode)}
+            "decode": MoEConfig(swap, swap, "test", decode),
+            "swap-mx-warps": MoEConfig(swap_mx_warps, swap, "test")}
 
 
 def _layer_inputs(spec, seed=0):
@@ -315,7 +320,15 @@ def _run_case(spec) -> dict:
     finally:
         forward._launch_decode, forward._quantize_rows = launch_decode, quantize_rows
     w4a16 = emulation.moe_forward(x, **ckpt, **route)
-    return {**_compare_w4a8(out, ref, scheme), "bits_equal_reference": torch.equal(out, ref),
+    extra = {}
+    if forward.mx_warps(config.gemm1, forward._BF16_ACT_QUANT_IDS[scheme][0]):
+        mx_warps, forward.mx_warps = forward.mx_warps, lambda *_: 0
+        try:  # the same sums per column: the blocks in warps must give the positional order's bits
+            positional = moe_forward(x, weights, **route, config=config, act_quant=scheme, w4a8_mma=mma, **scales)
+        finally:
+            forward.mx_warps = mx_warps
+        extra["same_bits_as_positional_mx_blocks"] = torch.equal(out.view(torch.int16), positional.view(torch.int16))
+    return {**extra, **_compare_w4a8(out, ref, scheme), "bits_equal_reference": torch.equal(out, ref),
             "same_bits_with_converted_weights": torch.equal(out.view(torch.int16), again.view(torch.int16)),
             "differs_from_w4a16": not torch.equal(ref, w4a16), "decode_kernels": bool(decode_launches),
             "row_data_computed": row_data_computed, "quantize_launches": quantizations}
@@ -374,6 +387,23 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
     assert row["rel_l2_ratio"] <= 1.0 and row["elementwise_ratio"] <= 1.0, row
     assert row["same_bits_with_converted_weights"], "given row data must give the lazily computed bits"
     assert row["differs_from_w4a16"], "the FP8 numerics must differ from W4A16's (else the test compares nothing)"
+
+
+def test_interpreter_mx_values_by_warp_are_the_formats_mxfp8(interpreter_results):
+    """GEMM1's MXFP8 quantization of h with its blocks in warps (_kernels._mx_values_by_warp on columns in
+    _mx_warp_columns' order) gives formats' MXFP8 per 32 consecutive columns, on blocks of unequal scales."""
+    row = interpreter_results["mx-values-by-warp"]
+    assert "error" not in row, row.get("error")
+    assert row["mismatches"] == {"2": 0, "4": 0}, row
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c.endswith("-mx-warps")))
+def test_interpreter_mx_blocks_in_warps_give_the_positional_bits(interpreter_results, case):
+    """GEMM1 ordering its columns so that each MXFP8 block of h lies in one warp (forward.mx_warps) only moves
+    where a column is computed: h, and so the layer, must keep the bits of the positional order."""
+    row = interpreter_results[case]
+    assert "error" not in row, row.get("error")
+    assert row["same_bits_as_positional_mx_blocks"], row
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -435,6 +465,14 @@ def _cuda_inputs(name, tokens, scheme):
         scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
                   "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
     return x, route, scales
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_mx_values_by_warp_are_the_formats_mxfp8():
+    from triton_moe_scale_probe import mx_warp_block_mismatches
+
+    assert mx_warp_block_mismatches("cuda") == {2: 0, 4: 0}
 
 
 @requires_cuda
@@ -522,6 +560,12 @@ if __name__ == "__main__":  # the worker: TRITON_INTERPRET=1 is set by the fixtu
             for quant_case in ("act_quant-static", "act_quant-mxfp8", "act_quant-mxfp8-bf16-values",
                                "act_quant-static-bf16-values"):
                 print(json.dumps({"case": quant_case, "error": traceback.format_exc()[-3000:]}), flush=True)
+        try:
+            from triton_moe_scale_probe import mx_warp_block_mismatches
+
+            print(json.dumps({"case": "mx-values-by-warp", "mismatches": mx_warp_block_mismatches("cpu")}), flush=True)
+        except Exception:  # noqa: BLE001
+            print(json.dumps({"case": "mx-values-by-warp", "error": traceback.format_exc()[-3000:]}), flush=True)
     for case_name, case_spec in CASES.items():
         if "-".join(filter(None, (case_spec[0], case_spec[11]))) != sys.argv[1]:
             continue

@@ -1,5 +1,5 @@
 """Probe of the block-scale decode of backends.triton_moe: every E4M3 code (NVFP4) and every E8M0 exponent that
-the folded MXFP4 path takes, through the kernels' routine.
+the folded MXFP4 path takes, through the kernels' routine; and of GEMM1's MXFP8 blocks of h within warps.
 
 Used by test_triton_moe_interp.py (CPU interpreter: the fp32 path) and test_triton_moe.py (CUDA: the PTX path).
 Imported only where Triton's mode (compiled or interpreted) is already fixed for the process.
@@ -95,3 +95,29 @@ def e8m0_folded_decode_mismatches(device: str) -> list[int]:
     ref_hi = torch.exp2(127 - codes.double()).bfloat16()
     bad = (lo.view(torch.int16) != ref_lo.view(torch.int16)) | (hi.view(torch.int16) != ref_hi.view(torch.int16))
     return sorted(set(codes[bad].tolist()))
+
+
+@triton.jit
+def _mx_warp_values_kernel(src_ptr, dst_ptr, ROWS: tl.constexpr, MX_WARPS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Rows of 32 * MX_WARPS activations loaded in _mx_warp_columns' order, their MXFP8 values stored back in place."""
+    cols = _kernels._mx_warp_columns(0, 32 * MX_WARPS, MX_WARPS)
+    ptrs = tl.arange(0, ROWS)[:, None] * (32 * MX_WARPS) + cols[None, :]
+    tl.store(dst_ptr + ptrs, _kernels._mx_values_by_warp(tl.load(src_ptr + ptrs), MX_WARPS, INTERPRETED))
+
+
+def mx_warp_block_mismatches(device: str) -> dict[int, int]:
+    """{MX_WARPS: elements where _mx_values_by_warp on columns in _mx_warp_columns' order is not
+    formats.qdq_activation(t, 'fp8'), MXFP8 per 32 consecutive columns}. Each MX block of the fp32 rows is gaussian
+    times its own 2^e (e in [-30, 30]), so a column grouped into another block gets another scale."""
+    from backends import formats
+
+    gen = torch.Generator().manual_seed(0)
+    bad = {}
+    for warps in (2, 4):
+        rows = 16
+        scale = torch.exp2(torch.randint(-30, 31, (rows, warps, 1), generator=gen).float())
+        t = (torch.randn(rows, warps, 32, generator=gen) * scale).reshape(rows, 32 * warps)
+        out = torch.empty_like(t, device=device)
+        _mx_warp_values_kernel[(1,)](t.to(device), out, ROWS=rows, MX_WARPS=warps, INTERPRETED=device == "cpu")
+        bad[warps] = int((out.cpu() != formats.qdq_activation(t, "fp8")).sum())
+    return bad

@@ -560,6 +560,27 @@ def _mx_values(t, ENTRIES: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
+def _mx_warp_columns(pid_n, BLOCK_N: tl.constexpr, MX_WARPS: tl.constexpr):
+    """Tile pid_n's columns in the order that puts each MX block of 32 in one warp of a swapped (wgmma) accumulator
+    of BLOCK_N = 32 * MX_WARPS weight rows: warp w holds rows 16w + j and 16 * MX_WARPS + 16w + j (j < 16), which
+    take columns 32w + j and 32w + 16 + j, so a block's maxima need no exchange between warps (_mx_values_by_warp)."""
+    r = tl.arange(0, BLOCK_N)
+    return pid_n * BLOCK_N + 32 * ((r // 16) % MX_WARPS) + 16 * (r // (16 * MX_WARPS)) + r % 16
+
+
+@triton.jit
+def _mx_values_by_warp(t, MX_WARPS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """_mx_values of [ROWS, 32 * MX_WARPS] activations whose columns come in _mx_warp_columns' order: the same MXFP8
+    values, each block's amax taken over the 2 x 16 columns one warp holds."""
+    ROWS: tl.constexpr = t.shape[0]
+    COLS: tl.constexpr = t.shape[1]
+    g = tl.reshape(t.to(tl.float32), (ROWS, 2, MX_WARPS, 16))
+    se = _mx_exp(tl.max(tl.max(tl.abs(g), axis=3), axis=1))[:, None, :, None]
+    elem = _to_e4m3(g * _pow2(-se), INTERPRETED)
+    return tl.reshape(elem.to(tl.float32) * _pow2_from_m127(se), (ROWS, COLS))
+
+
+@triton.jit
 def _mx_quant_rebased(t, ra, INTERPRETED: tl.constexpr):
     """[ROWS, G * 32] activations (any float) -> the FP8 dots' 'mxfp8' operand: each 32-column group (one MX block, in
     either K order: the stored order permutes within 16-column runs) quantized to MXFP8, then rebased to the row's
@@ -681,7 +702,8 @@ def _act_operands(expert, offs_n, col_ok, gs_ptr, bias_ptr, N: tl.constexpr, str
 def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, bias_ptr, h_ptr, N: tl.constexpr,
                stride_be, stride_hm, alpha, beta, limit, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr,
                HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, ACT_QUANT: tl.constexpr = 0, rexp_ptr=None,
-               stride_re=0, qscale_ptr=None, loaded=None, act_scales=None, MX_ENTRIES: tl.constexpr = 32):
+               stride_re=0, qscale_ptr=None, loaded=None, act_scales=None, MX_ENTRIES: tl.constexpr = 32,
+               MX_WARPS: tl.constexpr = 0):
     """GEMM1's epilogue on full-K fp32 sums [rows, cols]: global scale, bias, activation, bf16 store to h.
 
     ACT_QUANT (W4A8): the FP8 dots' sums times 2^r of each weight row and the input scale a1 (qscale[0]), the NVFP4
@@ -691,7 +713,7 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
     values and the FP4 weights, which need no 2^r): the sums times a1 (and NVFP4's fold and global scale as W4A16's),
     h stored as the values of ACT_QUANT 1's codes in bf16; ACT_QUANT 4 (MXFP8 on bf16 dots): h stored as its MXFP8
     values in bf16, quantized from the fp32 activation per MX block of 32 columns, MX_ENTRIES entries of a row
-    (_mx_values; the tile's columns hold whole blocks).
+    (_mx_values; the tile's columns hold whole blocks), or, MX_WARPS > 0, per block of _mx_warp_columns' order.
     loaded: (global scale, gate bias, up bias) as _act_operands loaded them, for a caller that loads them
     before its K loop; act_scales: mode 3's (a1, 1 / a2) (_static_act_scales), loaded by the caller, before its K
     loop where it has one: after it a load costs a memory latency at every program's end."""
@@ -730,7 +752,11 @@ def _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, store_ok, gs_ptr, b
         tl.store(h_ptrs, _round_bf16(_to_e4m3(h * act_scales[1], INTERPRETED).to(tl.float32), INTERPRETED),
                  mask=store_ok)
     elif ACT_QUANT == 4:
-        tl.store(h_ptrs, _round_bf16(_mx_values(h, MX_ENTRIES, INTERPRETED), INTERPRETED), mask=store_ok)
+        if MX_WARPS > 0:
+            h = _mx_values_by_warp(h, MX_WARPS, INTERPRETED)
+        else:
+            h = _mx_values(h, MX_ENTRIES, INTERPRETED)
+        tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
     else:
         tl.store(h_ptrs, _round_bf16(h, INTERPRETED), mask=store_ok)
 
@@ -848,12 +874,15 @@ def _gemm1_tile(
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
     ACT_QUANT: tl.constexpr, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE: tl.constexpr,
-    TAIL: tl.constexpr = 0,
+    TAIL: tl.constexpr = 0, MX_WARPS: tl.constexpr = 0,
 ):
     """gemm1_act_kernel's tile: the first ROWS rows of row block pid_m (ROWS = BLOCK_M, or half of it) and, TAIL > 0
     (stacked gate/up, one K slice), the first TAIL rows of block pid_m + 1 as well (TAIL_ROWS)."""
     expert, offs_m, pair, row_ok, offs_n, col_ok, k_base = _block_rows(
         pid_m, pid_n, block_expert_ptr, sorted_pair_ptr, num_pairs, N, K_SPLIT, SPLIT_K, BLOCK_M, BLOCK_N, ROWS)
+    if MX_WARPS > 0:
+        offs_n = _mx_warp_columns(pid_n, BLOCK_N, MX_WARPS)
+        col_ok = offs_n < N
     x_rows = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     offs_t, pair_t, ok_t, x_rows_t = offs_m, pair, row_ok, x_rows  # the tail's rows where TAIL > 0 (else unused)
     if TAIL > 0:
@@ -901,7 +930,7 @@ def _gemm1_tile(
     if SPLIT_K == 1:
         _act_store(acc_g, acc_u, expert, offs_m, offs_n, col_ok, col_ok[None, :], gs_ptr, bias_ptr, h_ptr, N,
                    stride_be, stride_hm, alpha, beta, limit, NVFP4, ACTIVATION, HAS_BIAS, DOT_FP32, ACT_QUANT,
-                   rexp_ptr, stride_re, qscale_ptr, act_scales=act_scales)
+                   rexp_ptr, stride_re, qscale_ptr, act_scales=act_scales, MX_WARPS=MX_WARPS)
         if TAIL > 0:
             tail_g, tail_u = _gate_up(acc_t, TAIL, BLOCK_N)
             tail_g, tail_u = _x_row_exps(tail_g, tail_u, ra_ptr, pair_t, ok_t, TOP_K, ACT_QUANT)
@@ -939,7 +968,7 @@ def gemm1_act_kernel(
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr,
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
     HALF_ROWS: tl.constexpr, ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False,
-    TAIL_ROWS: tl.constexpr = 0,
+    TAIL_ROWS: tl.constexpr = 0, MX_WARPS: tl.constexpr = 0, PDL_WAIT: tl.constexpr = False,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
@@ -955,6 +984,10 @@ def gemm1_act_kernel(
     lut_ptr, _weight_tile_fp8), rexp the weight rows' exponents r (int32 [E, 2N]); h as _act_store writes it.
     0: W4A16 (rexp_ptr, qscale_ptr, ra_ptr, lut_ptr unused); 3 (W4A8 static FP8 on bf16 dots, MXFP4 weights): W4A16
     on x holding the E4M3 values of x / a1, qscale_ptr's scales in the epilogue (_act_store's mode 3).
+    MX_WARPS > 0 (ACT_QUANT 4, swapped, unstacked, one K slice, BLOCK_N = 32 * num_warps = 32 * MX_WARPS): the tile's
+    columns in _mx_warp_columns' order, so that the epilogue's MXFP8 blocks stay within warps.
+    PDL_WAIT (W4A8, launched as the programmatic dependent of x's quantization, act_quant_kernel's PDL): the row
+    plan, from the alignment before that launch, comes first, then griddepcontrol.wait for x and its scales.
     """
     pid_m, pid_n = _tile_ids(num_m_blocks, N, BLOCK_N, GROUP_M)
     padded_total = tl.load(padded_total_ptr)
@@ -964,27 +997,29 @@ def gemm1_act_kernel(
                                      HALF_ROWS, TAIL_ROWS)
     if absorbed:
         return
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
     if tail:
         _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
-            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, TAIL_ROWS)
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, TAIL_ROWS, MX_WARPS)
     elif half:
         _gemm1_tile(pid_m, pid_n, BLOCK_M // 2, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
-            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE)
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, MX_WARPS=MX_WARPS)
     else:
         _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
             stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
-            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE)
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, MX_WARPS=MX_WARPS)
 
 
 

@@ -557,7 +557,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     because every GEMM2 column program re-reads the fp32 slices.) act_quant (W4A8; static_scales (a1, a2)):
     act_quant_kernel quantizes x once per row; with fp8 (the weights' W4A8 data, _w4a8_data) to E4M3 codes, which FP8
     dots multiply as loaded (MXFP8: GEMM1's bf16 h too, rebased per row), else to their bf16 values, which the W4A16
-    tiles multiply, GEMM1's epilogue writing h's (static FP8: ACT_QUANT 3, its scales on the sums; MXFP8: 4)."""
+    tiles multiply, GEMM1's epilogue writing h's (static FP8: ACT_QUANT 3, its scales on the sums; MXFP8: 4); on sm_90
+    GEMM1 is that launch's programmatic dependent (_programmatic_launch), which hides the gap between the two."""
     tokens, hidden = x.shape
     inter, k = weights.intermediate_size, route_w.shape[1]
     num_pairs = tokens * k
@@ -574,6 +575,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     qscale = None
     act_id = _activation_id(kernels, activation)
     rows = al.num_blocks * c1.block_m
+    # x's quantization (bf16 dots) is the last launch before GEMM1, which (pdl) plans its rows before it waits
+    pdl = fp8 is None and act_quant is not None and not interpreted and _programmatic_launch(x.device)
     if fp8 is not None:
         act_quant_id = gemm2_act_quant_id = _ACT_QUANT_IDS[act_quant]
         w13, w2, s13, s2 = fp8["w13_fp8"], fp8["w2_fp8"], fp8["w13_lut_code"], fp8["w2_lut_code"]
@@ -583,7 +586,7 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
     else:
         act_quant_id, gemm2_act_quant_id = _BF16_ACT_QUANT_IDS[act_quant]
         if act_quant is not None:
-            x, qscale = _operand_values(kernels, x, act_quant, static_scales)
+            x, qscale = _operand_values(kernels, x, act_quant, static_scales, pdl=pdl)
     qs = qscale if qscale is not None else unused
     stride_r13, stride_r2 = (r13.stride(0), r2.stride(0)) if fp8 is not None else (0, 0)
     h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if act_quant_id == 1 else torch.bfloat16,
@@ -610,8 +613,8 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         **gemm_constexprs(1, c1, k_size=hidden, nvfp4=nvfp4, wgmma=wgmma1, interpreted=interpreted, folded=folded,
                           has_bias=weights.w13_bias is not None),
         LAST_SLICE_ACTIVATES=last_slice_activates, TOP_K=k, ACTIVATION=act_id, ACT_QUANT=act_quant_id,
-        FP8_PROMOTE=fp8_accumulate == "wgmma",
-        num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg,
+        FP8_PROMOTE=fp8_accumulate == "wgmma", MX_WARPS=mx_warps(c1, act_quant_id), PDL_WAIT=pdl,
+        num_warps=c1.num_warps, num_stages=c1.num_stages, maxnreg=c1.maxnreg, **({"launch_pdl": True} if pdl else {}),
     )
     if c1.split_k > 1 and not last_slice_activates:
         epi_n = 256
@@ -649,6 +652,16 @@ def _launch(kernels, x, weights, al, route_w, out, config, activation, swiglu, i
         SPLIT_K=c2.split_k, BLOCK_N=sum_block,
         INTERPRETED=interpreted,
     )
+
+
+def mx_warps(c: tuning.LaunchConfig, act_quant_id: int) -> int:
+    """GEMM1's MX_WARPS: its warps where the tile's columns can be ordered so that every MXFP8 block of h (ACT_QUANT 4)
+    lies in one warp's rows of the swapped accumulator (_kernels._mx_warp_columns: unstacked, one K slice, 32
+    columns a warp), else 0. Without it each block's maxima pass between two warps through shared memory, which
+    cost GEMM1 4.5% on gpt-oss-120b at T = 256 (benchmarks/results/w4a8-small-t-kernels-h200-2026-11-28/)."""
+    in_warps = (act_quant_id == 4 and c.swap_ab and not c.stack_gate_up and c.split_k == 1
+                and c.block_n == 32 * c.num_warps)
+    return c.num_warps if in_warps else 0
 
 
 def _check_decode(decode: tuning.DecodeConfig, top_k: int) -> None:
@@ -776,7 +789,7 @@ def gemv_constexprs(gemv: int, launch: tuning.GemvLaunch, *, top_k: int, nvfp4: 
 
 @functools.lru_cache(maxsize=None)
 def _programmatic_launch(device) -> bool:
-    """Whether the decode launches chain as programmatic dependents (PDL: GEMV2 of GEMV1, GEMV1 of W4A8's x
+    """Whether launches chain as programmatic dependents (PDL: GEMV2 of GEMV1, GEMV1 and the tiles' GEMM1 of W4A8's x
     quantization): griddepcontrol needs sm_90, and Triton's gdc ops (triton.language.extra.cuda) must be there."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
         return False
