@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -174,6 +175,23 @@ def test_sm90_build_keeps_the_weights_in_registers_without_spills(gemm, block_m,
     assert stats["in_flight"] >= 1 and stats["shared_bytes"] <= 227 * 1024, stats
 
 
+@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail"), [
+    (1, 256, True, 3, 0), (2, 256, False, 3, 0), (1, 256, False, 4, 0), (1, 128, True, 4, 64), (2, 128, True, 4, 0)])
+def test_sm90_w4a8_bf16_dot_build_keeps_w4a16s_k_loop(gemm, block_m, nvfp4, act_quant, tail):
+    """W4A8 on bf16 dots (ACT_QUANT 3 static FP8, 4 MXFP8) runs W4A16's K loop on x's quantized values: the weights
+    decoded into the wgmmas' registers, none rewritten in flight, no spills, within shared memory. Only MXFP8's GEMM1
+    epilogue exchanges values between threads (each block's maximum over 32 channels)."""
+    from probe_gluon_w4a16 import sass_stats, weights_stay_in_registers
+
+    stats = sass_stats(compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=not nvfp4, activation=int(not nvfp4),
+                                    act_quant=act_quant, tail=tail))
+    if act_quant == 4 and gemm == 1:
+        assert stats["shuffles"] > 0 and stats["spills"] == 0 and stats["operand_rewrites"] == 0, stats
+    else:
+        assert weights_stay_in_registers(stats, output_tiles=2 if tail else 1), stats
+    assert stats["in_flight"] >= 1 and stats["shared_bytes"] <= 227 * 1024, stats
+
+
 def test_ring_stages_fit_shared_memory_and_keep_the_measured_depths_at_block_k_64():
     from backends.triton_moe.warp_specialized import (
         PARTIAL_BLOCK_STAGES,
@@ -244,8 +262,8 @@ def test_sm90_w4a8_wide_step_build_keeps_fp8_operands_in_flight_without_spills_i
 def test_w4a8_takes_the_wide_k_step_and_a_k_that_does_not_fill_it_ends_in_a_partial_one():
     from backends.triton_moe.warp_specialized import constexprs
 
-    assert warp_specialized.block_k_for(w4a8=True) == warp_specialized.W4A8_BLOCK_K == 128
-    assert warp_specialized.block_k_for(w4a8=False) == WS_CONFIG[2]
+    assert warp_specialized.block_k_for(fp8_dots=True) == warp_specialized.W4A8_BLOCK_K == 128
+    assert warp_specialized.block_k_for(fp8_dots=False) == WS_CONFIG[2]
     wide = WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
     common = dict(nvfp4=False, has_bias=False, activation=0, top_k=4, act_quant=1)
     assert constexprs(1, 256, config=wide, k_size=2880, **common)["K_TAIL"]  # gpt-oss: 22.5 steps
@@ -258,7 +276,7 @@ def test_warp_specialized_w4a8_names_what_it_needs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(warp_specialized, "_triton_version", lambda: "3.6.0")
     cuda = torch.device("cuda")
-    assert "pass w4a8_mma='fp8'" in warp_specialized.ws_unsupported(kw, cuda, "mxfp8", "bf16", "tensor-core")
+    assert warp_specialized.ws_unsupported(kw, cuda, "mxfp8", "bf16", "wgmma") is None  # bf16 dots: W4A16's kernels
     assert "MOE_ORACLE_TRITON_FP8_ACCUMULATE=tensor-core" in warp_specialized.ws_unsupported(
         kw, cuda, "fp8_per_tensor_static", "fp8", "wgmma")
     assert warp_specialized.ws_unsupported(kw, cuda, "mxfp8", "fp8", "tensor-core") is None
@@ -285,44 +303,44 @@ def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(mo
         monkeypatch.delenv(env, raising=False)
     wide = WS_CONFIG[:2] + (128,) + WS_CONFIG[3:]
     many, few = 2 * warp_specialized.W4A8_SMALL_BLOCKS_UP_TO, warp_specialized.W4A8_SMALL_BLOCKS_UP_TO
-    assert forward.ws_launch_config(w4a8=False, rows_per_expert=few) == WS_CONFIG
-    assert forward.ws_launch_config(w4a8=True, rows_per_expert=many) == wide
-    assert forward.ws_launch_config(w4a8=True, rows_per_expert=few) == (128,) + wide[1:]  # W4A8's smaller blocks
+    assert forward.ws_launch_config(fp8_dots=False, rows_per_expert=few) == WS_CONFIG
+    assert forward.ws_launch_config(fp8_dots=True, rows_per_expert=many) == wide
+    assert forward.ws_launch_config(fp8_dots=True, rows_per_expert=few) == (128,) + wide[1:]  # W4A8's smaller blocks
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "128")
-    assert forward.ws_launch_config(w4a8=False, rows_per_expert=many) == wide
+    assert forward.ws_launch_config(fp8_dots=False, rows_per_expert=many) == wide
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "64")
-    assert forward.ws_launch_config(w4a8=True, rows_per_expert=many) == WS_CONFIG
+    assert forward.ws_launch_config(fp8_dots=True, rows_per_expert=many) == WS_CONFIG
     monkeypatch.setenv(forward.WS_BLOCK_K_ENV, "96")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_K='96' must be one of \('64', '128'\); set one "
                                          r"of them or unset it \(then the call's 128 decides\)"):
-        forward.ws_launch_config(w4a8=True, rows_per_expert=many)
+        forward.ws_launch_config(fp8_dots=True, rows_per_expert=many)
     monkeypatch.delenv(forward.WS_BLOCK_K_ENV)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "128")
-    assert forward.ws_launch_config(w4a8=False, rows_per_expert=many) == (128,) + WS_CONFIG[1:]
+    assert forward.ws_launch_config(fp8_dots=False, rows_per_expert=many) == (128,) + WS_CONFIG[1:]
     monkeypatch.setenv(forward.WS_STAGES_ENV, "6")
-    assert forward.ws_launch_config(w4a8=False, rows_per_expert=many) == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
+    assert forward.ws_launch_config(fp8_dots=False, rows_per_expert=many) == (128,) + WS_CONFIG[1:3] + (6, WS_CONFIG[4])
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "256")
-    assert forward.ws_launch_config(w4a8=True, rows_per_expert=few)[0] == 256
+    assert forward.ws_launch_config(fp8_dots=True, rows_per_expert=few)[0] == 256
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "96")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_BLOCK_M='96' must be one of \('128', '256'\); set one "
                                          r"of them or unset it \(then the call's 256 decides\)"):
-        forward.ws_launch_config(w4a8=False, rows_per_expert=many)
+        forward.ws_launch_config(fp8_dots=False, rows_per_expert=many)
     monkeypatch.setenv(forward.WS_BLOCK_M_ENV, "256")
     monkeypatch.setenv(forward.WS_STAGES_ENV, "9")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_STAGES='9' must be one of \('2', '3', .*'8'\); set "
                                          r"one of them or unset it \(then WS_CONFIG's 4 decides\)"):
-        forward.ws_launch_config(w4a8=False, rows_per_expert=many)
+        forward.ws_launch_config(fp8_dots=False, rows_per_expert=many)
     monkeypatch.delenv(forward.WS_PERSISTENT_ENV, raising=False)
-    assert forward.ws_persistent(w4a8=True) and not forward.ws_persistent(w4a8=False)
+    assert forward.ws_persistent(fp8_dots=True) and not forward.ws_persistent(fp8_dots=False)
     monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "1")
-    assert forward.ws_persistent(w4a8=False)
+    assert forward.ws_persistent(fp8_dots=False)
     monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "0")
-    assert not forward.ws_persistent(w4a8=True)
+    assert not forward.ws_persistent(fp8_dots=True)
     monkeypatch.setenv(forward.WS_PERSISTENT_ENV, "yes")
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_PERSISTENT='yes' must be one of \('0', '1'\); set "
-                                         r"one of them or unset it \(then persistent for W4A8, a program per tile for "
-                                         r"W4A16 decides\)"):
-        forward.ws_persistent(w4a8=False)
+                                         r"one of them or unset it \(then persistent for W4A8 on FP8 dots, a program "
+                                         r"per tile for the bf16 dots decides\)"):
+        forward.ws_persistent(fp8_dots=False)
 
 
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
@@ -453,6 +471,46 @@ def test_cuda_warp_specialized_w4a8_matches_emulation(name, tokens, routing, sch
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
+@pytest.mark.parametrize(("tokens", "routing"), [(700, "logits"), (4096, "logits"), (1000, "one_expert")])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
+def test_cuda_warp_specialized_w4a8_on_bf16_dots_matches_emulation(name, tokens, routing, scheme):
+    """W4A8 as moe_forward runs it by default (bf16 dots) on the warp-specialized kernels: W4A16's dots on x's
+    quantized values, GEMM1 writing h's, against the emulation's fake quantization within the tile kernels' W4A8
+    tolerances; every block size, biases (gpt-oss), an outlier channel."""
+    from backends.triton_moe.testing import compare
+
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen)
+    x[:, 7] *= 100.0
+    x = x.bfloat16()
+    route = _cuda_routing(shape, tokens, routing, gen)
+    scales = {}
+    if scheme == "fp8_per_tensor_static":
+        scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
+                  "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
+    act = activation_kwargs(shape)
+    ref = emulation.moe_forward(x, **ckpt, **route, **act, gemm_input_schemes=(scheme, scheme), **scales)
+    kw = to_kernel_layout(**ckpt)
+    call = dict(act_quant=scheme, w4a8_mma="bf16", prefill_kernel="warp-specialized")
+    out = moe_forward(x, kw, **route, **act, **call, **scales)
+    elementwise = tolerance("w4a8_mxfp8_moe_elementwise_rms_units" if scheme == "mxfp8"
+                            else "w4a8_moe_elementwise_rms_units")
+    stats = compare(out, ref, rel_l2_tol=tolerance("w4a8_moe_rel_l2")["rtol"], rtol=elementwise["rtol"],
+                    atol_rms_units=elementwise["atol"])
+    assert stats["shape_ok"] and stats["finite"], stats
+    assert stats["rel_l2_ratio"] <= 1.0 and stats["elementwise_ratio"] <= 1.0, stats
+    w4a16 = moe_forward(x, kw, **route, **act, prefill_kernel="warp-specialized")
+    assert not torch.equal(out, w4a16), "the W4A8 numerics must differ from W4A16's (else nothing is compared)"
+    again = moe_forward(x, kw, **route, **act, **call, **scales)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
 @pytest.mark.parametrize("scheme", [None, "fp8_per_tensor_static", "mxfp8"])
 @pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1000, "one_expert"), (1024, "stepped")])
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
@@ -565,7 +623,7 @@ def test_the_h200_table_takes_the_warp_specialized_kernels_only_where_it_measure
         == kernels("gpt-oss-120b", 10240) == kernels("qwen3-30b-a3b", 16384) == "tiles"
 
 
-def test_a_tables_warp_specialized_choice_serves_w4a16_on_sm90_cuda_only():
+def test_a_tables_warp_specialized_choice_serves_w4a16_on_sm90_cuda_only(monkeypatch):
     import dataclasses
 
     from backends.triton_moe.forward import _config_prefill_kernel
@@ -577,6 +635,14 @@ def test_a_tables_warp_specialized_choice_serves_w4a16_on_sm90_cuda_only():
     x = torch.randn(4, 128).bfloat16()
     assert _config_prefill_kernel(config, x, kw, None) == "tiles"  # on the CPU the interpreter runs the tiles
     assert _config_prefill_kernel(config, x, kw, "mxfp8") == "tiles"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(warp_specialized, "_triton_version", lambda: "3.6.0")
+    on_sm90 = SimpleNamespace(device=torch.device("cuda"))  # all it reads of x
+    for act_quant, mma, accumulate in ((None, None, None), ("mxfp8", "bf16", None),
+                                       ("fp8_per_tensor_static", "fp8", "tensor-core")):
+        assert _config_prefill_kernel(config, on_sm90, kw, act_quant, mma, accumulate) == "warp-specialized"
+    assert _config_prefill_kernel(config, on_sm90, kw, "mxfp8", "fp8", "wgmma") == "tiles"
+    monkeypatch.undo()
     if _on_hopper():
         assert _config_prefill_kernel(config, x.cuda(), dataclasses.replace(
             kw, **{name: getattr(kw, name).cuda() for name in ("w13", "w13_scale", "w2", "w2_scale")}),

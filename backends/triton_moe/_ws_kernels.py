@@ -446,7 +446,7 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'. TAIL_M:
     the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator and take the
     same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
-    FP8: gl.constexpr = ACT_QUANT != 0
+    FP8: gl.constexpr = (ACT_QUANT == 1) | (ACT_QUANT == 2)
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
@@ -511,21 +511,26 @@ def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.
      limit, w4a8) = args
     _, rexp_ptr, qscale_ptr, ra_ptr = w4a8
     n_rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-    if ACT_QUANT != 0:
+    if (ACT_QUANT == 1) | (ACT_QUANT == 2):
         acc = _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, expert * N + n_rows, n_rows < N,
                            first, GEMM, BLOCK_M, ACT_QUANT, TOP_K, mma)
         if NVFP4:
             acc = acc / gl.load(gs_ptr + expert)
-    elif NVFP4:  # the folded scales' 2^-16 (exact: 2^110 = 2^126 * 2^-16), then the global scale, as the tile kernels
-        acc = acc * 65536.0 / gl.load(gs_ptr + expert)
+    else:  # bf16 dots: static FP8's input scale where the tile kernels apply it (_act_store, _gemm2_rows_out)
+        if (ACT_QUANT == 3) & (GEMM == 1):
+            acc = acc * gl.load(qscale_ptr)
+        if NVFP4:  # the folded scales' 2^-16 (exact: 2^110 = 2^126 * 2^-16), then the global scale, as the tiles
+            acc = acc * 65536.0 / gl.load(gs_ptr + expert)
+        if (ACT_QUANT == 3) & (GEMM == 2):
+            acc = acc * gl.load(qscale_ptr + 2)
     if HAS_BIAS:
         acc += gl.load(bias_ptr + expert * stride_be + n_rows, mask=n_rows < N, other=0.0)[:, None]
     if GEMM == 1:
         h_scale = 1.0
-        if ACT_QUANT == 1:  # h as static FP8's E4M3 codes of act * (1 / a2), GEMM2's operand
+        if (ACT_QUANT == 1) | (ACT_QUANT == 3):  # h as static FP8's E4M3 of act * (1 / a2), GEMM2's operand
             h_scale = gl.load(qscale_ptr + 3)
         _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_scale, BLOCK_M, BLOCK_N, ACTIVATION,
-                        PERSISTENT)
+                        ACT_QUANT, PERSISTENT)
     else:
         _pair_rows_store(acc, y_smem, out_ptr, stride_om, pair_ptr, num_pairs, route_w_ptr, first, off_n, N,
                          BLOCK_M, BLOCK_N, NUM_WARPS, mma, PERSISTENT)
@@ -554,11 +559,13 @@ def _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, w_rows,
 
 @gluon.jit
 def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_scale, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, ACTIVATION: gl.constexpr, PERSISTENT: gl.constexpr):
+                    BLOCK_N: gl.constexpr, ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr,
+                    PERSISTENT: gl.constexpr):
     """GEMM1's epilogue: weight rows 16 g .. 16 g + 7 are gate rows and the next 8 the same channels' up rows
     (`ws_row_order`), which the wgmma accumulator keeps in one thread (rows r and r + 8); the activation of each
     pair times h_scale, h's [BLOCK_M, BLOCK_N / 2] tile in h's dtype (bf16, or static FP8's E4M3: rounded to
-    nearest, saturated) out by TMA at channel off_n / 2."""
+    nearest, saturated) out by TMA at channel off_n / 2. On bf16 dots (ACT_QUANT 3, 4) h is stored as the values
+    GEMM2 multiplies, as the tile kernels' _act_store: static FP8's E4M3 values, MXFP8's per block of 32 channels."""
     t = gl.permute(gl.reshape(acc, [BLOCK_N // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1])
     gate, up = gl.split(t)
     gate = gl.reshape(gate, [BLOCK_N // 2, BLOCK_M])
@@ -569,14 +576,31 @@ def _activate_store(acc, y_smem, y_desc, first, off_n, alpha, beta, limit, h_sca
         h = (up + beta) * gate / (1.0 + gl.exp(-alpha * gate))
     else:  # silu-and-mul
         h = gate / (1.0 + gl.exp(-gate)) * up
+    h = h * h_scale
+    if ACT_QUANT == 3:
+        h = h.to(gl.float8e4nv).to(gl.float32)
+    elif ACT_QUANT == 4:
+        h = _mx_values(h, BLOCK_N // 2, BLOCK_M)
     if PERSISTENT:  # the program's last h store has read its tile out of shared memory (the wait is the issuing
         tma.store_wait(0)  # thread's) before any thread writes there again; the store overlaps the next tile
         _partition_barrier()
-    y_smem.store(gl.permute((h * h_scale).to(y_smem.dtype), (1, 0)))
+    y_smem.store(gl.permute(h.to(y_smem.dtype), (1, 0)))
     fence_async_shared()
     _tma_store(y_desc, [first, off_n // 2], y_smem)
     if not PERSISTENT:
         tma.store_wait(0)
+
+
+@gluon.jit
+def _mx_values(h, CHANNELS: gl.constexpr, ROWS: gl.constexpr):
+    """h [CHANNELS, ROWS] (fp32) -> its MXFP8 values per block of 32 consecutive channels, E4M3 elements times E8M0
+    2^se, se = floor(log2(amax)) - 8 clamped to [-127, 127]: the tile kernels' _mx_values, bit for bit."""
+    g = gl.reshape(h, [CHANNELS // 32, 32, ROWS])
+    amax = gl.max(gl.abs(g), axis=1)
+    se = gl.minimum(gl.maximum(((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 135, -127), 127)
+    se = gl.expand_dims(se, 1)
+    elem = (g * _pow2(-se)).to(gl.float8e4nv).to(gl.float32)
+    return gl.reshape(elem * _pow2_from_m127(se), [CHANNELS, ROWS])
 
 
 @gluon.jit
@@ -638,7 +662,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
         off_n = gl.program_id(0) * BLOCK_N
         this = (expert, first, off_n, expert * N + off_n)
     k_tiles = (K + BLOCK_K - 1) // BLOCK_K if K_TAIL else K // BLOCK_K
-    x_dtype: gl.constexpr = gl.float8e4nv if ACT_QUANT != 0 else gl.bfloat16
+    x_dtype: gl.constexpr = gl.float8e4nv if (ACT_QUANT == 1) | (ACT_QUANT == 2) else gl.bfloat16
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_dtype)
     x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)

@@ -76,8 +76,9 @@ TOPK_SUM_ENV = "MOE_ORACLE_TRITON_TOPK_SUM"
 DEFAULT_TOPK_SUM = "launch"
 #: Which kernels run a call's GEMMs outside the decode kernels: "tiles" - the Triton tile kernels (every GPU, every
 #: size); "warp-specialized" - the Gluon kernels of backends.triton_moe.warp_specialized (sm_90 only: a TMA loader
-#: partition and register-decoded wgmma operands; W4A16, and W4A8 on FP8 tensor cores with tensor-core
-#: accumulation), which convert the layer's weights to their own order once (held beside the tile layout's).
+#: partition and register-decoded wgmma operands; W4A16, W4A8 on bf16 tensor cores, and W4A8 on FP8 ones with
+#: tensor-core accumulation), which convert the layer's weights to their own order once (held beside the tile
+#: layout's).
 #: moe_forward's prefill_kernel= wins over this environment variable, which wins over the config's prefill_kernel (a
 #: tuning-table entry names "warp-specialized" where it measured faster; tiles where
 #: warp_specialized.ws_unsupported says why not).
@@ -343,17 +344,22 @@ def moe_forward(
         if ids is None:
             ids, route_w = route(router_logits, k, renormalize, kernels)
         w4a8 = None
-        if act_quant is not None:  # x quantized once per row, as the FP8 tiles read it
+        fp8_dots = act_quant is not None and mma == "fp8"
+        if fp8_dots:  # x quantized once per row, as the FP8 tiles read it
             scheme = _ACT_QUANT_IDS[act_quant]
             x, x_exp, qscale = _quantize_rows(kernels, x, scheme, static_scales, None, kernels.INTERPRETED)
             w4a8 = warp_specialized.W4A8Inputs(
                 scheme, x_exp, route_w if qscale is None else qscale,
                 lambda h, padded_total: _quantize_rows(kernels, h, scheme, None, padded_total, kernels.INTERPRETED)[:2])
+        elif act_quant is not None:  # the W4A16 kernels on x's quantized values, GEMM1 writing h's (as the tiles)
+            x, qscale = _operand_values(kernels, x, act_quant, static_scales)
+            w4a8 = warp_specialized.W4A8Inputs(_BF16_ACT_QUANT_IDS[act_quant][0], route_w,
+                                               route_w if qscale is None else qscale, None)
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
-                                _ws_weights(weights, act_quant is not None), w4a8=w4a8,
-                                config=ws_launch_config(w4a8 is not None, tokens * k / experts),
-                                persistent=ws_persistent(w4a8 is not None))
+                                _ws_weights(weights, fp8_dots), w4a8=w4a8,
+                                config=ws_launch_config(fp8_dots, tokens * k / experts),
+                                persistent=ws_persistent(fp8_dots))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -453,32 +459,33 @@ def _ws_weights_in_capture():
 def _config_prefill_kernel(config: tuning.MoEConfig, x, w: TritonMoEWeights, act_quant, mma=None,
                            fp8_accumulate=None) -> str:
     """The config's prefill kernels for this call: a table's "warp-specialized" serves the calls those kernels run
-    (warp_specialized.ws_unsupported: W4A16, and W4A8 on FP8 tensor cores accumulating there), the tile kernels every
-    other call."""
+    (warp_specialized.ws_unsupported: W4A16, W4A8 on bf16 tensor cores, and on FP8 ones accumulating there), the
+    tile kernels every other call."""
     if config.prefill_kernel == "warp-specialized" and warp_specialized.ws_unsupported(
             w, x.device, act_quant, mma, fp8_accumulate) is None:
         return "warp-specialized"
     return "tiles"
 
 
-def ws_launch_config(w4a8: bool, rows_per_expert: float) -> tuple:
+def ws_launch_config(fp8_dots: bool, rows_per_expert: float) -> tuple:
     """warp_specialized.WS_CONFIG with the whole blocks' rows of `warp_specialized.block_m_for` (rows_per_expert: the
     call's T * k / E) and the K step of `block_k_for`, and the whole blocks' rows, K step and ring stages of
     $MOE_ORACLE_TRITON_WS_BLOCK_M, _WS_BLOCK_K and _WS_STAGES where they are set."""
     _, block_n, _, stages, warps = warp_specialized.WS_CONFIG
-    block_m = warp_specialized.block_m_for(w4a8, rows_per_expert)
-    block_k = warp_specialized.block_k_for(w4a8)
+    block_m = warp_specialized.block_m_for(fp8_dots, rows_per_expert)
+    block_k = warp_specialized.block_k_for(fp8_dots)
     rows = _forced_choice("block rows", None, WS_BLOCK_MS, WS_BLOCK_M_ENV, f"the call's {block_m}")
     step = _forced_choice("K step", None, WS_BLOCK_KS, WS_BLOCK_K_ENV, f"the call's {block_k}")
     ring = _forced_choice("ring stages", None, WS_STAGES, WS_STAGES_ENV, f"WS_CONFIG's {stages}")
     return int(rows or block_m), block_n, int(step or block_k), int(ring or stages), warps
 
 
-def ws_persistent(w4a8: bool) -> bool:
-    """Whether the warp-specialized launches run persistent: $MOE_ORACLE_TRITON_WS_PERSISTENT, else for W4A8."""
+def ws_persistent(fp8_dots: bool) -> bool:
+    """Whether the warp-specialized launches run persistent: $MOE_ORACLE_TRITON_WS_PERSISTENT, else for W4A8 on FP8
+    dots (the bf16 dots' launches are W4A16's)."""
     forced = _forced_choice("persistent grid", None, WS_PERSISTENT, WS_PERSISTENT_ENV,
-                            "persistent for W4A8, a program per tile for W4A16")
-    return w4a8 if forced is None else forced == "1"
+                            "persistent for W4A8 on FP8 dots, a program per tile for the bf16 dots")
+    return fp8_dots if forced is None else forced == "1"
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant, mma, fp8_accumulate) -> None:

@@ -172,13 +172,11 @@ MIN_TRITON = (3, 6)
 def ws_unsupported(kw: TritonMoEWeights, device: torch.device, act_quant: str | None = None,
                    mma: str | None = None, fp8_accumulate: str | None = None) -> str | None:
     """Why a call on these weights cannot take the warp-specialized path on `device` (None: it can): the kernels run
-    W4A16 (act_quant None), and W4A8 on FP8 tensor cores (mma "fp8") with the FP8 sums accumulated in the tensor
-    core (fp8_accumulate "tensor-core": promoting each wgmma's sum to fp32 would wait for every wgmma), on sm_90 with
-    a triton of at least MIN_TRITON, for the shapes ws_shape_problem accepts."""
-    if act_quant is not None and mma != "fp8":
-        return (f"it runs W4A8 (act_quant={act_quant!r}) on FP8 tensor cores only, and this call multiplies on "
-                f"{mma} ones: pass w4a8_mma='fp8'")
-    if act_quant is not None and fp8_accumulate != "tensor-core":
+    W4A16 (act_quant None), W4A8 on bf16 tensor cores (mma "bf16": the W4A16 dots on the inputs' quantized values),
+    and W4A8 on FP8 tensor cores (mma "fp8") with the FP8 sums accumulated in the tensor core (fp8_accumulate
+    "tensor-core": promoting each wgmma's sum to fp32 would wait for every wgmma), on sm_90 with a triton of at least
+    MIN_TRITON, for the shapes ws_shape_problem accepts."""
+    if act_quant is not None and mma == "fp8" and fp8_accumulate != "tensor-core":
         return (f"its FP8 sums accumulate in the tensor core, and this call asks fp8_accumulate={fp8_accumulate!r}: "
                 f"set MOE_ORACLE_TRITON_FP8_ACCUMULATE=tensor-core")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
@@ -197,15 +195,15 @@ def _triton_version() -> str:
     return version("triton")
 
 
-def block_k_for(w4a8: bool) -> int:
-    """The K step of a layer's launches: W4A8_BLOCK_K for W4A8, else WS_CONFIG's."""
-    return W4A8_BLOCK_K if w4a8 else WS_CONFIG[2]
+def block_k_for(fp8_dots: bool) -> int:
+    """The K step of a layer's launches: W4A8_BLOCK_K for W4A8 on FP8 dots, else (bf16 dots) WS_CONFIG's."""
+    return W4A8_BLOCK_K if fp8_dots else WS_CONFIG[2]
 
 
-def block_m_for(w4a8: bool, rows_per_expert: float) -> int:
-    """The whole blocks' rows of a call with rows_per_expert (T * k / E) pairs per expert on average: W4A8 takes
-    W4A8_SMALL_BLOCK_ROWS up to W4A8_SMALL_BLOCKS_UP_TO of them, else (and W4A16) WS_CONFIG's."""
-    return W4A8_SMALL_BLOCK_ROWS if w4a8 and rows_per_expert <= W4A8_SMALL_BLOCKS_UP_TO else WS_CONFIG[0]
+def block_m_for(fp8_dots: bool, rows_per_expert: float) -> int:
+    """The whole blocks' rows of a call with rows_per_expert (T * k / E) pairs per expert on average: W4A8 on FP8
+    dots takes W4A8_SMALL_BLOCK_ROWS up to W4A8_SMALL_BLOCKS_UP_TO of them, else (and bf16 dots) WS_CONFIG's."""
+    return W4A8_SMALL_BLOCK_ROWS if fp8_dots and rows_per_expert <= W4A8_SMALL_BLOCKS_UP_TO else WS_CONFIG[0]
 
 
 #: What H and I must be multiples of: a K step ends on a whole step of WS_CONFIG's (a wider step ends in a half one,
@@ -279,16 +277,22 @@ DTYPES = {"bfloat16": (torch.bfloat16, "bf16"), "float8e4nv": (torch.float8_e4m3
           "int32": (torch.int32, "i32"), "uint8": (torch.uint8, "u8")}
 
 
+def fp8_dots(act_quant: int) -> bool:
+    """Whether the kernels' ACT_QUANT multiplies on FP8 tensor cores (1, 2: W4A8's E4M3 X and W4A8 bytes); 0 (W4A16)
+    and 3, 4 (W4A8 on bf16 dots) multiply bf16 X by the W4A16 words."""
+    return act_quant in (1, 2)
+
+
 def packed_block(block_n: int, block_k: int, act_quant: int) -> list[int]:
-    """The packed weight tile's TMA box: int32 words [BLOCK_N, BLOCK_K / 8] (8 codes each); W4A8's bytes
+    """The packed weight tile's TMA box: int32 words [BLOCK_N, BLOCK_K / 8] (8 codes each); FP8 dots' W4A8 bytes
     [BLOCK_N, BLOCK_K / 2]."""
-    return [block_n, block_k // (2 if act_quant else 8)]
+    return [block_n, block_k // (2 if fp8_dots(act_quant) else 8)]
 
 
 def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
-    """(X, packed weights, GEMM1's h) triton dtype names of the kernels' ACT_QUANT: W4A16 bf16 X and h, int32 words;
-    W4A8 E4M3 X, the W4A8 bytes, h in E4M3 (static FP8) or bf16 (MXFP8, quantized after)."""
-    if not act_quant:
+    """(X, packed weights, GEMM1's h) triton dtype names of the kernels' ACT_QUANT: bf16 dots bf16 X and h, int32
+    words; FP8 dots E4M3 X, the W4A8 bytes, h in E4M3 (static FP8) or bf16 (MXFP8, quantized after)."""
+    if not fp8_dots(act_quant):
         return "bfloat16", "int32", "bfloat16"
     return "float8e4nv", "uint8", "float8e4nv" if act_quant == 1 else "bfloat16"
 
@@ -326,9 +330,10 @@ def ring_stages_that_fit(gemm: int, rows: int, block_n: int, block_k: int, act_q
 @dataclass(frozen=True)
 class W4A8Inputs:
     """What a W4A8 launch reads besides its weights: x already quantized per row (act_quant_kernel) and its scheme
-    (ACT_QUANT 1 static FP8, 2 MXFP8), x's rows' exponents (MXFP8) and the static scales [a1, 1/a1, a2, 1/a2]
-    (unused ones: any tensor of the dtype), and `quantize_h(h, padded_total) -> (h8, exponents)`, MXFP8's per-row
-    quantization of GEMM1's bf16 h."""
+    (FP8 dots: ACT_QUANT 1 static FP8, 2 MXFP8; bf16 dots, x the quantized values in bf16: 3 static FP8, 4 MXFP8),
+    x's rows' exponents (FP8 dots' MXFP8) and the static scales [a1, 1/a1, a2, 1/a2] (unused ones: any tensor of the
+    dtype), and `quantize_h(h, padded_total) -> (h8, exponents)`, FP8 dots' per-row MXFP8 quantization of GEMM1's bf16
+    h."""
 
     act_quant: int
     x_exp: torch.Tensor
@@ -354,11 +359,11 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
            config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False) -> None:
-    """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8: E4M3, quantized as
-    `w4a8` says, on `ws_weights(kw, w4a8=True)`), ids [T, k], route_w fp32 [T, k], activation the tile kernels' id
-    (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit). persistent: the launches of blocks up to
-    PERSISTENT_MAX_ROWS run a program per multiprocessor at most (`launch_programs`), each on over several tiles;
-    else a program per tile."""
+    """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8, as `w4a8` says: on
+    FP8 dots E4M3, on `ws_weights(kw, w4a8=True)`; on bf16 dots its quantized values in bf16), ids [T, k], route_w
+    fp32 [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit).
+    persistent: the launches of blocks up to PERSISTENT_MAX_ROWS run a program per multiprocessor at most
+    (`launch_programs`), each on over several tiles; else a program per tile."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
@@ -370,8 +375,9 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     block_m, block_n, block_k = config[:3]
     inter, num_pairs = ws.inter, tokens * k
     act_quant = w4a8.act_quant if w4a8 is not None else 0
-    if act_quant and not ws.w4a8:
-        raise ValueError("warp_specialized.launch: W4A8 needs the weights of ws_weights(kw, w4a8=True)")
+    if fp8_dots(act_quant) != ws.w4a8:
+        raise ValueError(f"warp_specialized.launch: ACT_QUANT {act_quant} needs the weights of "
+                         f"ws_weights(kw, w4a8={fp8_dots(act_quant)})")
     if not x.is_contiguous() or x.data_ptr() % 16:  # the gather's 16-byte copies need aligned rows
         x = x.clone(memory_format=torch.contiguous_format)
     al = align(ids, ws.experts, block_m // 4, kernels)
@@ -446,7 +452,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
     packed = packed_block(block_n, block_k, act_quant)
     signature = {"x_ptr": f"*{x_type}", "stride_xm": "i32", "x_desc": x_desc, "xt_desc": xt_desc,
                  "w_desc": f"tensordesc<{w_type}[{packed[0]},{packed[1]}],{w_layout!r}>",
-                 "s_ptr": ("*i16" if act_quant else "*i32") if nvfp4 else "*u8", "stride_sn": "i32",
+                 "s_ptr": ("*i16" if fp8_dots(act_quant) else "*i32") if nvfp4 else "*u8", "stride_sn": "i32",
                  "y_desc": y_desc, "yt_desc": yt_desc, "out_ptr": "*bf16",
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
