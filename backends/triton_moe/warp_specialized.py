@@ -1,5 +1,6 @@
-"""The warp-specialized prefill path (sm_90): the layer's two GEMMs on `_ws_kernels.ws_moe_gemm_kernel`, W4A16, and
-W4A8 on FP8 tensor cores (act_quant with w4a8_mma "fp8": the tile kernels' numerics, `ws_weights(kw, w4a8=True)`).
+"""The warp-specialized prefill path (sm_90): the layer's two GEMMs on `_ws_kernels.ws_moe_gemm_kernel`, W4A16, W4A8
+on bf16 tensor cores (W4A16's dots on the inputs' quantized values) and W4A8 on FP8 ones (act_quant with w4a8_mma
+"fp8"), each with the tile kernels' numerics; FP8 dots on `ws_weights(kw, w4a8=True)`.
 
     route       top-k (+ softmax) as the tile path (_routing.route), unless the caller gave the ids
     align       pairs sorted by expert, each expert's run padded to BLOCK_M / 4 (_routing.align)
@@ -13,9 +14,10 @@ The weights run in their own order (`ws_weights`: int32 words in the wgmma opera
 rows interleaved by 8 so the activation pairs meet in one thread; W4A8: `ws_w4a8_rows`, the tile kernels' W4A8 bytes
 in that row order), converted once per layer from the tile layout and cached: a layer that takes this path
 holds its packed weights twice.
-W4A8 quantizes x per row first (act_quant_kernel, as the tile path), GEMM1 writes h in E4M3 (static FP8) or bf16
-(MXFP8, then quantized per row by act_quant_kernel), and both GEMMs multiply E4M3 operands on FP8 wgmmas whose sums
-accumulate in the tensor core (the tile path's fp8_accumulate "tensor-core").
+W4A8 quantizes x per row first (act_quant_kernel, as the tile path). On bf16 dots GEMM1 writes h's quantized values
+in bf16 (static FP8's E4M3 values, MXFP8's per block of 32 channels). On FP8 dots GEMM1 writes h in E4M3 (static
+FP8) or bf16 (MXFP8, then quantized per row by act_quant_kernel), and both GEMMs multiply E4M3 operands on FP8 wgmmas
+whose sums accumulate in the tensor core (the tile path's fp8_accumulate "tensor-core").
 """
 
 from __future__ import annotations
