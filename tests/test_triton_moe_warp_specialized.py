@@ -432,6 +432,22 @@ def test_cuda_warp_specialized_takes_a_strided_or_misaligned_x():
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+def _cuda_w4a8_layer(name, tokens: int, routing: str, scheme: str):
+    """(checkpoint, x with an outlier channel, routing, activation kwargs, static scales or {}) of a W4A8 CUDA case."""
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen)
+    x[:, 7] *= 100.0
+    x = x.bfloat16()
+    route = _cuda_routing(shape, tokens, routing, gen)
+    scales = {}
+    if scheme == "fp8_per_tensor_static":
+        scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
+                  "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
+    return ckpt, x, route, activation_kwargs(shape), scales
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
@@ -444,18 +460,7 @@ def test_cuda_warp_specialized_w4a8_matches_emulation(name, tokens, routing, sch
     tolerance of sums accumulated in the tensor core; every block size, biases (gpt-oss), an outlier channel."""
     from backends.triton_moe.testing import compare
 
-    shape = SHAPES[name]
-    gen = torch.Generator(device="cuda").manual_seed(tokens)
-    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
-    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen)
-    x[:, 7] *= 100.0
-    x = x.bfloat16()
-    route = _cuda_routing(shape, tokens, routing, gen)
-    scales = {}
-    if scheme == "fp8_per_tensor_static":
-        scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
-                  "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
-    act = activation_kwargs(shape)
+    ckpt, x, route, act, scales = _cuda_w4a8_layer(name, tokens, routing, scheme)
     ref = emulation.moe_forward(x, **ckpt, **route, **act, gemm_input_schemes=(scheme, scheme), fp8_operands=True,
                                 **scales)
     kw = to_kernel_layout(**ckpt)
@@ -480,18 +485,7 @@ def test_cuda_warp_specialized_w4a8_on_bf16_dots_matches_emulation(name, tokens,
     tolerances; every block size, biases (gpt-oss), an outlier channel."""
     from backends.triton_moe.testing import compare
 
-    shape = SHAPES[name]
-    gen = torch.Generator(device="cuda").manual_seed(tokens)
-    ckpt = random_checkpoint(shape, device="cuda", generator=gen)
-    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen)
-    x[:, 7] *= 100.0
-    x = x.bfloat16()
-    route = _cuda_routing(shape, tokens, routing, gen)
-    scales = {}
-    if scheme == "fp8_per_tensor_static":
-        scales = {"a1_scale": (x.float().abs().amax() / 448).reshape(1),
-                  "a2_scale": torch.full((1,), 1 / 64, device="cuda")}
-    act = activation_kwargs(shape)
+    ckpt, x, route, act, scales = _cuda_w4a8_layer(name, tokens, routing, scheme)
     ref = emulation.moe_forward(x, **ckpt, **route, **act, gemm_input_schemes=(scheme, scheme), **scales)
     kw = to_kernel_layout(**ckpt)
     call = dict(act_quant=scheme, w4a8_mma="bf16", prefill_kernel="warp-specialized")
