@@ -617,7 +617,7 @@ def test_the_h200_table_takes_the_warp_specialized_kernels_only_where_it_measure
         == kernels("gpt-oss-120b", 10240) == kernels("qwen3-30b-a3b", 16384) == "tiles"
 
 
-def test_a_tables_warp_specialized_choice_serves_w4a16_on_sm90_cuda_only(monkeypatch):
+def test_a_tables_warp_specialized_choice_serves_the_calls_those_kernels_run_on_sm90_cuda_only(monkeypatch):
     import dataclasses
 
     from backends.triton_moe.forward import _config_prefill_kernel
