@@ -389,6 +389,21 @@ def test_interpreter_w4a8_matches_emulation(interpreter_results, case):
     assert row["differs_from_w4a16"], "the FP8 numerics must differ from W4A16's (else the test compares nothing)"
 
 
+@pytest.mark.parametrize(("edit", "act_quant_id", "warps"), [
+    ({}, 4, 4), ({"num_warps": 2, "block_n": 64}, 4, 2), ({}, 3, 0), ({}, 2, 0), ({"swap_ab": False}, 4, 0),
+    ({"stack_gate_up": True}, 4, 0), ({"split_k": 2}, 4, 0), ({"block_n": 64}, 4, 0), ({"num_warps": 8}, 4, 0)])
+def test_mx_blocks_lie_in_warps_only_where_a_warp_holds_32_columns_of_h(edit, act_quant_id, warps):
+    """forward.mx_warps: GEMM1 orders its columns by warp only for MXFP8 on bf16 dots (ACT_QUANT 4) in a swapped,
+    unstacked, one-slice tile of 32 columns a warp; everything else keeps the positional order (0)."""
+    import dataclasses
+
+    from backends.triton_moe import forward
+    from backends.triton_moe.tuning import LaunchConfig
+
+    tile = dataclasses.replace(LaunchConfig(16, 128, 64, 8, True, 4, 4), **edit)
+    assert forward.mx_warps(tile, act_quant_id) == warps
+
+
 def test_interpreter_mx_values_by_warp_are_the_formats_mxfp8(interpreter_results):
     """GEMM1's MXFP8 quantization of h with its blocks in warps (_kernels._mx_values_by_warp on columns in
     _mx_warp_columns' order) gives formats' MXFP8 per 32 consecutive columns, on blocks of unequal scales."""
