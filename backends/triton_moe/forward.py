@@ -97,8 +97,9 @@ WS_BLOCK_K_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_K"
 WS_BLOCK_KS = ("64", "128")
 #: The warp-specialized launches' grids ($MOE_ORACLE_TRITON_WS_PERSISTENT, one of WS_PERSISTENT): "1" persistent
 #: (a program per multiprocessor running on over the tiles of blocks up to warp_specialized.PERSISTENT_MAX_ROWS),
-#: "0" a program per tile; unset: persistent for W4A8 (1.00-1.04x on both layers and schemes at T = 4096-16384),
-#: a program per tile for W4A16 (0.97-1.03x), benchmarks/results/ws-persistent-h200-2026-11-28/.
+#: "0" a program per tile; unset: persistent for W4A8 on FP8 dots (1.00-1.04x on both layers and schemes at
+#: T = 4096-16384), a program per tile for the bf16 dots (W4A16 0.97-1.03x; W4A8 on bf16 dots runs W4A16's launches),
+#: benchmarks/results/ws-persistent-h200-2026-11-28/.
 WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
