@@ -8,6 +8,8 @@ use and the top warp-stall reasons (warps stalled per issued instruction).
 
     python benchmarks/profile_moe_ncu.py --out DIR                      # ncu over the default cases (needs ncu)
     python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:1,deepseek-v3:256 --out DIR
+    python benchmarks/profile_moe_ncu.py --cases deepseek-v3:4096 --sections MemoryWorkloadAnalysis_Tables --out DIR
+                                          # also ncu's memory tables (shared-memory and L1 wavefronts), raw CSV only
     python benchmarks/profile_moe_ncu.py --report DIR                   # re-render the tables of a saved run
     python benchmarks/profile_moe_ncu.py --cases deepseek-v3:4096 --source ws_moe_gemm_kernel --out DIR
                                           # where one kernel's warps stall, per SASS instruction (stalls-*.md)
@@ -72,7 +74,7 @@ def run_case(shape_name: str, tokens: int, act_quant: str | None = None) -> None
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def profile(cases, out: str, source: str | None = None) -> None:
+def profile(cases, out: str, source: str | None = None, more_sections: tuple = ()) -> None:
     ncu = shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))), None)
     if ncu is None:
         sys.exit("profile_moe_ncu: ncu not found on PATH or under /opt/nvidia/nsight-compute; install Nsight Compute")
@@ -86,7 +88,7 @@ def profile(cases, out: str, source: str | None = None) -> None:
             continue
         path = os.path.join(out, f"ncu-{name}.csv")
         base = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw"]
-        sections = [arg for name in SECTIONS for arg in ("--section", name)]
+        sections = [arg for name in SECTIONS + tuple(more_sections) for arg in ("--section", name)]
         for what in (sections + ["--metrics", EXTRA_METRICS], sections):
             done = subprocess.run(base + what + target, capture_output=True, text=True)
             with open(path, "w") as f:
@@ -204,6 +206,8 @@ def main() -> None:
     p.add_argument("--report", metavar="DIR", help="render the tables of a saved run (no GPU needed)")
     p.add_argument("--source", metavar="KERNEL", help="instead: per-instruction stall samples of KERNEL's launches "
                    "(stalls-*.md and the source page CSV per case)")
+    p.add_argument("--sections", default="", help="comma-separated ncu sections to collect beside SECTIONS (e.g. "
+                   "MemoryWorkloadAnalysis_Tables: shared-memory and L1 wavefronts; kept in the raw CSV)")
     p.add_argument("--run", metavar="SHAPE:T", help=argparse.SUPPRESS)  # the process ncu profiles
     args = p.parse_args()
     if args.run:
@@ -218,7 +222,7 @@ def main() -> None:
     else:
         if not args.out:
             p.error("--out DIR is required to profile (the raw CSVs are kept there)")
-        profile(args.cases.split(","), args.out, args.source)
+        profile(args.cases.split(","), args.out, args.source, tuple(filter(None, args.sections.split(","))))
 
 
 if __name__ == "__main__":
