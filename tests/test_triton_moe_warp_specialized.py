@@ -30,8 +30,10 @@ from backends.triton_moe._routing import align
 from backends.triton_moe._ws_kernels import WORD_ORDERS
 from backends.triton_moe.testing import SHAPES, Shape, activation_kwargs, random_checkpoint
 from backends.triton_moe.warp_specialized import (
+    W4A8_BLOCK_K,
     WHOLE_TAIL_MAX_ROWS,
     WS_CONFIG,
+    code_steps,
     compile_sm90,
     ws_blocks,
     ws_row_order,
@@ -100,8 +102,15 @@ def test_ws_w4a8_weights_are_the_fp8_tiles_rows_in_the_kernels_order(fmt):
         codes = codes.reshape(-1, k // (16 if fmt == "nvfp4" else 32)).contiguous()
         if fmt == "nvfp4":  # a 32-wide chunk's two 16-wide blocks' codes as one int16, the first in the low byte
             codes = codes.view(torch.int16)
-        assert torch.equal(getattr(ws, f"{name}_scale"), codes)
-        assert getattr(ws, f"{name}_scale").shape[1] == k // 32
+        stored = getattr(ws, f"{name}_scale")
+        assert stored.shape[1] == -(-k // W4A8_BLOCK_K) * (W4A8_BLOCK_K // 32)  # whole K steps of the widest
+        assert torch.equal(stored[:, :k // 32], codes)
+        assert not stored[:, k // 32:].any()  # past K: the zero table row's code
+        steps = code_steps(stored, W4A8_BLOCK_K)  # a row's K step as one integer, chunk h in its byte / half h
+        h = 1 if k > 32 else 0
+        shift = 16 * h if fmt == "nvfp4" else 8 * h
+        mask = 0xFFFF if fmt == "nvfp4" else 0xFF
+        assert torch.equal((steps[:, 0].long() >> shift) & mask, stored[:, h].long() & mask)
 
 
 #: Run lengths that take every kind of block (with 256-row blocks: a quarter, a half, a half and its quarter tail,

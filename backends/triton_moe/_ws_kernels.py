@@ -119,11 +119,21 @@ def _mxfp4_folded(scale):
 @gluon.jit
 def _scale_load(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, PAD: gl.constexpr):
     """K tile i's block scales of each word (scale_ptrs: a word's E8M0 byte, or NVFP4's two scales folded already,
-    `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32; W4A8: the table codes of
-    its 32-wide chunk, uint8 or NVFP4's int16 pair, `ws_weights(kw, w4a8=True)`); rows past the expert's N (row_ok
-    False) and tiles past K read PAD."""
+    `ws_weights`: bf16 s * 2^110 of the first 16-wide block in the low half of an int32); rows past the expert's N
+    (row_ok False) and tiles past K read PAD."""
     ok = row_ok[:, None] & (i * (BLOCK_K // 32) + words // 4 < K // 32)[None, :]
     return gl.load(scale_ptrs + i * (BLOCK_K // 32), mask=ok, other=PAD)
+
+
+@gluon.jit
+def _step_scales(scale_ptrs, row_ok, i, words, K, BLOCK_K: gl.constexpr, PAD: gl.constexpr, FP8: gl.constexpr):
+    """K step i's scales as the K loop carries them: FP8 dots' rows' step codes (`_code_load`), else each word's
+    block scales (`_scale_load`)."""
+    if FP8:
+        loaded = _code_load(scale_ptrs, row_ok, i, K, BLOCK_K)
+    else:
+        loaded = _scale_load(scale_ptrs, row_ok, i, words, K, BLOCK_K, PAD)
+    return loaded
 
 
 @gluon.jit
@@ -188,6 +198,30 @@ _TWO_ROWS_ASM = gl.constexpr(E2M1_TO_E4M3_TWO_ROWS_ASM)
 #: Their operands (pack=4): two E4M3 registers out, the 4 weight bytes, each table word once per byte.
 _ROWS_CONSTRAINTS = gl.constexpr("=r,=r,r," + ",".join(["r"] * 8))
 _TWO_ROWS_CONSTRAINTS = gl.constexpr("=r,=r,r," + ",".join(["r"] * 16))
+
+
+@gluon.jit
+def _code_load(code_ptrs, row_ok, i, K, BLOCK_K: gl.constexpr):
+    """K step i's table codes of each row (code_ptrs [BLOCK_N]: the row's `code_steps` integers, one a step; rows
+    past the expert's N and steps past K read 0, never decoded)."""
+    return gl.load(code_ptrs + i, mask=row_ok & (i * BLOCK_K < K), other=0)
+
+
+@gluon.jit
+def _word_codes(step_codes, words, NVFP4: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Each word's table code (int32 [BLOCK_N, BLOCK_K / 8]; word 4 h + t of a row lies in 32-wide chunk h) from
+    the rows' step codes (`_code_load`: chunk h in byte h, NVFP4 in 16-bit half h)."""
+    h = (words // 4)[None, :]
+    if NVFP4:
+        if BLOCK_K == 128:  # four 16-bit chunk codes in an int64: its low word holds chunks 0-1, the high 2-3
+            low = gl.expand_dims(step_codes.to(gl.int32), 1)
+            high = gl.expand_dims((step_codes >> 32).to(gl.int32), 1)
+            codes = (gl.where(h < 2, low, high) >> (16 * (h % 2))) & 0xFFFF
+        else:
+            codes = (gl.expand_dims(step_codes, 1) >> (16 * h)) & 0xFFFF
+    else:
+        codes = (gl.expand_dims(step_codes.to(gl.int32), 1) >> (8 * h)) & 0xFF
+    return codes
 
 
 @gluon.jit
@@ -358,23 +392,23 @@ def _step(i, g, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empt
     wgmma's A registers, issue the wgmma (and, with TAIL_M, a second one of the same operand into the tail's
     accumulator acc_t), wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
     share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
-    FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the chunks'
-    table codes, `rows` tile i's table rows, loaded a step ahead from `next_codes` (tile i + 1's), so that neither
-    load is waited for in the step that needs it (ncu: the code-to-row-to-decode chain in one step stalled the K
-    loop); unused by W4A16.
+    FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the rows'
+    step codes (`_code_load`, one integer a row), `rows` tile i's table rows, loaded a step ahead from `next_codes`
+    (tile i + 1's), so that neither load is waited for in the step that needs it (ncu: the code-to-row-to-decode
+    chain in one step stalled the K loop); unused by W4A16.
     GATHERED: the X tile was written by cp.async, which the wgmma's async proxy sees only after a proxy fence; the
     fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
     them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     slot = g % STAGES
     if not GATHERED:
-        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
+        next_scales = _step_scales(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD, FP8)
     if not FP8:
         scale_lo, scale_hi = _folded_scales(scales, NVFP4)
     mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
     if GATHERED:
         fence_async_shared()
-        next_scales = _scale_load(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD)
+        next_scales = _step_scales(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD, FP8)
     if FP8:
         bytes_layout: gl.constexpr = lut_bytes_layout(gl.to_linear_layout(w_keep.type.layout, [BLOCK_N, BLOCK_K]),
                                                       [BLOCK_N, BLOCK_K])
@@ -390,7 +424,7 @@ def _step(i, g, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empt
         acc_t = warpgroup_mma(gl.convert_layout(w, tail_operand, assert_trivial=True),
                               xt_bufs.index(slot).permute((1, 0)), acc_t, is_async=True)
     if FP8:
-        next_rows = _table_rows(lut_ptr, next_codes.to(gl.int32), NVFP4)
+        next_rows = _table_rows(lut_ptr, _word_codes(next_codes, words, NVFP4, BLOCK_K), NVFP4)
         if TAIL_M:
             acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t])
         else:
@@ -463,7 +497,10 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout))
     row_ok = off_n + rows < N  # a last tile past N decodes the next expert's rows (or TMA's zeros): never stored
     words = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, word_layout))
-    scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
+    if FP8:  # a row's `code_steps` integers
+        scale_ptrs = s_ptr + (w_row + rows).to(gl.int64) * stride_sn
+    else:
+        scale_ptrs = s_ptr + (w_row + rows)[:, None].to(gl.int64) * stride_sn + (words // 4)[None, :]
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
     if TAIL_M:
         tail_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -472,9 +509,10 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     else:
         acc_t = 0.0  # no tail: a placeholder the loop carries unchanged
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
-    s_even = _scale_load(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD)
-    s_odd = _scale_load(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD)
-    rows = _table_rows(lut_ptr, s_even.to(gl.int32), NVFP4) if FP8 else s_even  # W4A16: a placeholder
+    s_even = _step_scales(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD, FP8)
+    s_odd = _step_scales(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD, FP8)
+    # W4A16: a placeholder
+    rows = _table_rows(lut_ptr, _word_codes(s_even, words, NVFP4, BLOCK_K), NVFP4) if FP8 else s_even
     for j in range(k_tiles // 2):
         acc, acc_t, w_even, s_even, rows = _step(2 * j, base + 2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs,
                                                  w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,

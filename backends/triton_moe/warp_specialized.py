@@ -28,7 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.layouts.triton_moe import _KERNEL_TENSORS, TritonMoEWeights, from_kernel_layout, w4a8_rows
+from backends.layouts.triton_moe import (
+    _KERNEL_TENSORS,
+    W4A8_LUT_ZERO,
+    TritonMoEWeights,
+    from_kernel_layout,
+    w4a8_rows,
+)
 from backends.triton_moe.capabilities import version_tuple
 
 #: The launch config of both GEMMs: (BLOCK_M rows, BLOCK_N weight rows, BLOCK_K, STAGES of the BLOCK_M blocks,
@@ -79,8 +85,8 @@ class WSWeights:
     """The layer's weights as `ws_moe_gemm_kernel` reads them: words [E * N, K / 8] int32, scales [E * N, K / 32]
     (uint8 E8M0, or NVFP4's two scales of a word folded: `fold_nvfp4_scales`), biases fp32 [E, N] or None, NVFP4
     global scales. W4A8 (`ws_w4a8_rows`, row exponents given): w13 / w2 the W4A8 bytes [E * N, K / 2] uint8,
-    the scales the table codes per 32-wide chunk [E * N, K / 32] (uint8; NVFP4 int16: two blocks), the rows'
-    exponents r int32 [E * N]."""
+    the scales the table codes per 32-wide chunk [E * N, K / 32 padded to whole CODE_CHUNKS] (uint8; NVFP4 int16:
+    two blocks), the rows' exponents r int32 [E * N]."""
 
     format: str
     w13: torch.Tensor
@@ -149,14 +155,34 @@ def ws_weights(kw: TritonMoEWeights, w4a8: bool = False) -> WSWeights:
         w13_global_scale=kw.w13_global_scale, w2_global_scale=kw.w2_global_scale)
 
 
+#: Chunks of 32 K values whose codes `ws_w4a8_rows` pads each row to a multiple of: those of the widest K step.
+CODE_CHUNKS = W4A8_BLOCK_K // 32
+#: A K step's codes of one row as one integer, by its bytes (chunks x 1 byte MXFP4 / 2 bytes NVFP4).
+_CODE_STEP_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def code_steps(codes: torch.Tensor, block_k: int) -> torch.Tensor:
+    """`ws_w4a8_rows`' table codes [rows, chunks] viewed as one integer per row and K step of block_k ([rows,
+    chunks * 32 / block_k]): what the FP8 kernels load for a row's step (chunk h of the step in its bytes h, or
+    NVFP4's 16-bit halves h)."""
+    return codes.view(_CODE_STEP_DTYPES[block_k // 32 * codes.element_size()])
+
+
 def ws_w4a8_rows(packed: torch.Tensor, scale: torch.Tensor, fmt: str):
     """Weight rows (packed codes [rows, K / 2], block scales [rows, K / B]) as the W4A8 kernels read them
     (layouts.triton_moe, W4A8: each row rebased by 2^-r to E4M3, decoded by table): (W4A8 bytes uint8 [rows, K / 2],
-    table codes [rows, K / 32] of each 32-wide chunk (MXFP4: uint8; NVFP4: int16, its first 16-wide block's code in
-    the low byte), exponents r int32 [rows]): `w4a8_rows`, which the tile path's w4a8_row_data converts with too. The
-    codes are a byte per scale block, as the scales: wider ones were measured to hold the K loop up on their loads."""
+    table codes [rows, CODE_CHUNKS-padded K / 32] of each 32-wide chunk (MXFP4: uint8; NVFP4: int16, its first
+    16-wide block's code in the low byte), exponents r int32 [rows]): `w4a8_rows`, which the tile path's
+    w4a8_row_data converts with too. The codes past K are W4A8_LUT_ZERO's (a zero table row), so that a row's codes
+    of one K step are one aligned word (`code_steps`): one load a row a step, bounded by whole steps only."""
     r, stored, codes = w4a8_rows(packed, scale.view(torch.uint8), fmt)
-    return stored, codes.contiguous().view(torch.int16) if fmt == "nvfp4" else codes.contiguous(), r
+    if fmt == "nvfp4":
+        codes = codes.contiguous().view(torch.int16)
+    chunks = codes.shape[1]
+    padded = torch.full((codes.shape[0], -(-chunks // CODE_CHUNKS) * CODE_CHUNKS), W4A8_LUT_ZERO, dtype=codes.dtype,
+                        device=codes.device)
+    padded[:, :chunks] = codes
+    return stored, padded, r
 
 
 def fold_nvfp4_scales(scale: torch.Tensor) -> torch.Tensor:
@@ -398,6 +424,8 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
         x_in, y_out = (x, h) if gemm == 1 else (h_in, pair_out[0])
         w_desc = TensorDescriptor.from_tensor(w, packed_block(block_n, block_k, act_quant),
                                               _layouts(block_m, block_n, block_k, act_quant)[0])
+        if ws.w4a8:
+            s = code_steps(s, block_k)
         for size, tail, expert, first, count, bound in tables:
             x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, config, act_quant)
             xt_desc, yt_desc = _row_descriptors(gemm, tail, x_in, y_out, config, act_quant) if tail else (x_desc,
@@ -418,6 +446,13 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
         pair_out, out, hidden, pair_out.stride(1), out.stride(0), pair_out.stride(0), TOP_K=k, SPLIT_K=1,
         BLOCK_N=sum_block, INTERPRETED=kernels.INTERPRETED)
+
+
+def _scale_signature(nvfp4: bool, act_quant: int, block_k: int) -> str:
+    """The compiler's type of s_ptr: FP8 dots' `code_steps` integers, NVFP4's folded int32 scale pairs, E8M0 bytes."""
+    if fp8_dots(act_quant):
+        return {2: "*i16", 4: "*i32", 8: "*i64"}[block_k // 32 * (2 if nvfp4 else 1)]
+    return "*i32" if nvfp4 else "*u8"
 
 
 def launch_programs(tiles: int, device) -> int:
@@ -454,7 +489,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
     packed = packed_block(block_n, block_k, act_quant)
     signature = {"x_ptr": f"*{x_type}", "stride_xm": "i32", "x_desc": x_desc, "xt_desc": xt_desc,
                  "w_desc": f"tensordesc<{w_type}[{packed[0]},{packed[1]}],{w_layout!r}>",
-                 "s_ptr": ("*i16" if fp8_dots(act_quant) else "*i32") if nvfp4 else "*u8", "stride_sn": "i32",
+                 "s_ptr": _scale_signature(nvfp4, act_quant, block_k), "stride_sn": "i32",
                  "y_desc": y_desc, "yt_desc": yt_desc, "out_ptr": "*bf16",
                  "stride_om": "i32", "block_expert_ptr": "*i32", "block_first_ptr": "*i32",
                  "block_count_ptr": "*i32", "pair_ptr": "*i32", "num_pairs": "i32", "gs_ptr": "*fp32",
