@@ -34,3 +34,19 @@ def test_a_file_without_launches_says_so(tmp_path):
     path = tmp_path / "empty.csv"
     path.write_text("")
     assert ncu.render_source(str(path)) == "(no source rows in empty.csv)"
+
+
+def test_extra_sections_reach_ncu_beside_the_default_ones(tmp_path, monkeypatch):
+    """--sections: each named section is asked of ncu as well as SECTIONS (what the memory tables need)."""
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append(args)
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
+    ncu.profile(["gpt-oss-120b:4096"], str(tmp_path), more_sections=("MemoryWorkloadAnalysis_Tables",))
+    asked = [args[i + 1] for args in calls for i, arg in enumerate(args) if arg == "--section"]
+    assert "MemoryWorkloadAnalysis_Tables" in asked
+    assert set(ncu.SECTIONS) <= set(asked)
