@@ -36,8 +36,11 @@ from backends.triton_moe._kernels import (
     E2M1_TO_E4M3_ROWS_ASM,
     E2M1_TO_E4M3_TWO_ROWS_ASM,
 )
+from backends.triton_moe.warp_specialized import fp8_dots
 
 _SWIGLUOAI = gl.constexpr(ACT_SWIGLUOAI)
+#: Whether an ACT_QUANT multiplies on FP8 tensor cores: warp_specialized.fp8_dots, the one definition.
+_fp8_dots = gluon.constexpr_function(fp8_dots)
 
 #: TMA load and store: `async_load` / `async_store` from triton 3.7 on, `async_copy_*` before (the GPU machines: 3.6).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -480,7 +483,7 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'. TAIL_M:
     the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator and take the
     same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
-    FP8: gl.constexpr = (ACT_QUANT == 1) | (ACT_QUANT == 2)
+    FP8: gl.constexpr = _fp8_dots(ACT_QUANT)
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
@@ -549,7 +552,7 @@ def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.
      limit, w4a8) = args
     _, rexp_ptr, qscale_ptr, ra_ptr = w4a8
     n_rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-    if (ACT_QUANT == 1) | (ACT_QUANT == 2):
+    if _fp8_dots(ACT_QUANT):
         acc = _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, expert * N + n_rows, n_rows < N,
                            first, GEMM, BLOCK_M, ACT_QUANT, TOP_K, mma)
         if NVFP4:
@@ -700,7 +703,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
         off_n = gl.program_id(0) * BLOCK_N
         this = (expert, first, off_n, expert * N + off_n)
     k_tiles = (K + BLOCK_K - 1) // BLOCK_K if K_TAIL else K // BLOCK_K
-    x_dtype: gl.constexpr = gl.float8e4nv if (ACT_QUANT == 1) | (ACT_QUANT == 2) else gl.bfloat16
+    x_dtype: gl.constexpr = gl.float8e4nv if _fp8_dots(ACT_QUANT) else gl.bfloat16
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_dtype)
     x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)

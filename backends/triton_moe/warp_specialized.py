@@ -157,15 +157,16 @@ def ws_weights(kw: TritonMoEWeights, w4a8: bool = False) -> WSWeights:
 
 #: Chunks of 32 K values whose codes `ws_w4a8_rows` pads each row to a multiple of: those of the widest K step.
 CODE_CHUNKS = W4A8_BLOCK_K // 32
-#: A K step's codes of one row as one integer, by its bytes (chunks x 1 byte MXFP4 / 2 bytes NVFP4).
-_CODE_STEP_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: A K step's codes of one row as one integer, by its bytes (chunks x 1 byte MXFP4 / 2 bytes NVFP4): its torch dtype
+#: and the compiler's signature code.
+_CODE_STEP_DTYPES = {2: (torch.int16, "i16"), 4: (torch.int32, "i32"), 8: (torch.int64, "i64")}
 
 
 def code_steps(codes: torch.Tensor, block_k: int) -> torch.Tensor:
     """`ws_w4a8_rows`' table codes [rows, chunks] viewed as one integer per row and K step of block_k ([rows,
     chunks * 32 / block_k]): what the FP8 kernels load for a row's step (chunk h of the step in its bytes h, or
     NVFP4's 16-bit halves h)."""
-    return codes.view(_CODE_STEP_DTYPES[block_k // 32 * codes.element_size()])
+    return codes.view(_CODE_STEP_DTYPES[block_k // 32 * codes.element_size()][0])
 
 
 def ws_w4a8_rows(packed: torch.Tensor, scale: torch.Tensor, fmt: str):
@@ -451,7 +452,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
 def _scale_signature(nvfp4: bool, act_quant: int, block_k: int) -> str:
     """The compiler's type of s_ptr: FP8 dots' `code_steps` integers, NVFP4's folded int32 scale pairs, E8M0 bytes."""
     if fp8_dots(act_quant):
-        return {2: "*i16", 4: "*i32", 8: "*i64"}[block_k // 32 * (2 if nvfp4 else 1)]
+        return "*" + _CODE_STEP_DTYPES[block_k // 32 * (2 if nvfp4 else 1)][1]
     return "*i32" if nvfp4 else "*u8"
 
 
