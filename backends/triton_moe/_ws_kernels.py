@@ -298,7 +298,7 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_buf
     if PERSISTENT:
         for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
             _, first, _, w_row = _tile_at(tile // tiles[0], tile % tiles[0], tiles, N, BLOCK_N)
-            _gather_tile(first, w_row, _tile_no(tile), x_ptr, stride_xm, pair_ptr, num_pairs, w_desc,
+            _gather_tile(first, w_row, _ring_base(tile, k_tiles), x_ptr, stride_xm, pair_ptr, num_pairs, w_desc,
                          x_bufs, xt_bufs, w_bufs, ready, empty, k_tiles, K, TOP_K, BLOCK_M, BLOCK_K, LOADER_WARPS,
                          TAIL_M, K_TAIL)
     else:
@@ -307,10 +307,10 @@ def _gather_loader(x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_buf
 
 
 @gluon.jit
-def _gather_tile(first, w_row, tile_no, x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready,
+def _gather_tile(first, w_row, base, x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready,
                  empty, k_tiles, K, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
                  LOADER_WARPS: gl.constexpr, TAIL_M: gl.constexpr, K_TAIL: gl.constexpr):
-    """GEMM1's loads of the program's tile tile_no (`_tile_at`'s first and w_row; `_ring_phase`): per K step the packed
+    """GEMM1's loads of one tile (`_tile_at`'s first and w_row) from the ring's step `base` on: per K step the packed
     weight tile by TMA and the block's x rows by cp.async (sm_90's TMA cannot gather rows), and the tail's (TAIL_M rows
     after them) into xt_bufs, each thread's copies arriving on the slot's ready barrier as they land. K_TAIL: the last
     step's columns past K are zero-filled, not read (they would be the next row's, or past x's end); TMA fills the
@@ -320,35 +320,19 @@ def _gather_tile(first, w_row, tile_no, x_ptr, stride_xm, pair_ptr, num_pairs, w
     rows: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (BLOCK_K // VEC), BLOCK_K // VEC], [LOADER_WARPS, 1],
                                           [1, 0])
     ptrs = _gathered_rows(x_ptr, stride_xm, pair_ptr, num_pairs, first, BLOCK_M, rows, TOP_K, BLOCK_K)
-    tail_ptrs = ptrs  # unused without a tail
     if TAIL_M:
         tail_ptrs = _gathered_rows(x_ptr, stride_xm, pair_ptr, num_pairs, first + BLOCK_M, TAIL_M, rows, TOP_K,
                                    BLOCK_K)
     for i in range(k_tiles):
-        slot = i % STAGES
-        phase = _ring_phase(tile_no, i, k_tiles, STAGES)
-        if slot % 2 == 0:
-            _gather_step(ready[0].index(slot // 2), empty[0].index(slot // 2), phase, slot, i, ptrs, tail_ptrs,
-                         w_row, w_desc, x_bufs, xt_bufs, w_bufs, K, BLOCK_M, BLOCK_K, rows, TAIL_M, K_TAIL)
-        else:
-            _gather_step(ready[1].index(slot // 2), empty[1].index(slot // 2), phase, slot, i, ptrs, tail_ptrs,
-                         w_row, w_desc, x_bufs, xt_bufs, w_bufs, K, BLOCK_M, BLOCK_K, rows, TAIL_M, K_TAIL)
-
-
-@gluon.jit
-def _gather_step(ready, empty, phase, slot, i, ptrs, tail_ptrs, w_row, w_desc, x_bufs, xt_bufs, w_bufs, K,
-                 BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, rows: gl.constexpr, TAIL_M: gl.constexpr,
-                 K_TAIL: gl.constexpr):
-    """K step i's loads into ring slot `slot` once its `empty` barrier has passed the phase before `phase`, signalled
-    on its `ready` barrier (`_gather_tile`)."""
-    mbarrier.wait(empty, phase ^ 1)  # a fresh barrier counts as released
-    mbarrier.expect(ready, w_desc.block_type.nbytes)
-    _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready, w_bufs.index(slot))
-    _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K, mask=_in_k(i, K, BLOCK_M, BLOCK_K, rows) if K_TAIL else None)
-    if TAIL_M:
-        _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K,
-                  mask=_in_k(i, K, TAIL_M, BLOCK_K, rows) if K_TAIL else None)
-    async_copy.mbarrier_arrive(ready, increment_count=False)
+        slot = (base + i) % STAGES
+        mbarrier.wait(empty.index(slot), (((base + i) // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
+        mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
+        _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
+        _cp_async(x_bufs.index(slot), ptrs + i * BLOCK_K, mask=_in_k(i, K, BLOCK_M, BLOCK_K, rows) if K_TAIL else None)
+        if TAIL_M:
+            _cp_async(xt_bufs.index(slot), tail_ptrs + i * BLOCK_K,
+                      mask=_in_k(i, K, TAIL_M, BLOCK_K, rows) if K_TAIL else None)
+        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
 
 @gluon.jit
@@ -358,7 +342,7 @@ def _tma_loader(x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, 
     if PERSISTENT:
         for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
             _, first, _, w_row = _tile_at(tile // tiles[0], tile % tiles[0], tiles, N, BLOCK_N)
-            _tma_tile(first, w_row, _tile_no(tile), x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs,
+            _tma_tile(first, w_row, _ring_base(tile, k_tiles), x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs,
                       ready, empty, k_tiles, BLOCK_K, TAIL_M)
     else:
         _tma_tile(this[1], this[3], 0, x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, k_tiles, BLOCK_K,
@@ -366,53 +350,31 @@ def _tma_loader(x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, 
 
 
 @gluon.jit
-def _tma_tile(first, w_row, tile_no, x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, k_tiles,
+def _tma_tile(first, w_row, base, x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, k_tiles,
               BLOCK_K: gl.constexpr, TAIL_M: gl.constexpr):
-    """GEMM2's loads of the program's tile tile_no (`_tile_at`'s first and w_row; `_ring_phase`): per K step the packed
+    """GEMM2's loads of one tile (`_tile_at`'s first and w_row) from the ring's step `base` on: per K step the packed
     weight tile and h's rows [first, first + BLOCK_M) by TMA, and the tail's TAIL_M rows after them (xt_desc's box) into
     xt_bufs."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
-    for i in range(k_tiles):
-        slot = i % STAGES
-        phase = _ring_phase(tile_no, i, k_tiles, STAGES)
-        if slot % 2 == 0:
-            _tma_step(ready[0].index(slot // 2), empty[0].index(slot // 2), phase, slot, i, first, w_row,
-                      x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, BLOCK_K, TAIL_M)
-        else:
-            _tma_step(ready[1].index(slot // 2), empty[1].index(slot // 2), phase, slot, i, first, w_row,
-                      x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, BLOCK_K, TAIL_M)
-
-
-@gluon.jit
-def _tma_step(ready, empty, phase, slot, i, first, w_row, x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs,
-              BLOCK_K: gl.constexpr, TAIL_M: gl.constexpr):
-    """K step i's loads into ring slot `slot` once its `empty` barrier has passed the phase before `phase`, signalled
-    on its `ready` barrier (`_tma_tile`)."""
-    mbarrier.wait(empty, phase ^ 1)
     if TAIL_M:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + xt_desc.block_type.nbytes
     else:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
-    mbarrier.expect(ready, nbytes)
-    _tma_load(x_desc, [first, i * BLOCK_K], ready, x_bufs.index(slot))
-    if TAIL_M:
-        _tma_load(xt_desc, [first + x_desc.block_type.shape[0], i * BLOCK_K], ready, xt_bufs.index(slot))
-    _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready, w_bufs.index(slot))
+    for i in range(k_tiles):
+        slot = (base + i) % STAGES
+        mbarrier.wait(empty.index(slot), (((base + i) // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), nbytes)
+        _tma_load(x_desc, [first, i * BLOCK_K], ready.index(slot), x_bufs.index(slot))
+        if TAIL_M:
+            _tma_load(xt_desc, [first + x_desc.block_type.shape[0], i * BLOCK_K], ready.index(slot),
+                      xt_bufs.index(slot))
+        _tma_load(w_desc, [w_row, i * w_desc.block_type.shape[1]], ready.index(slot), w_bufs.index(slot))
 
 
 @gluon.jit
-def _tile_no(tile):
-    """A persistent program's count of its tiles before `tile`."""
-    return (tile - gl.program_id(0)) // gl.num_programs(0)
-
-
-@gluon.jit
-def _ring_phase(tile_no, i, k_tiles, STAGES: gl.constexpr):
-    """The phase of K step i of a program's tile tile_no on its ring slot i % STAGES: every tile starts at slot 0
-    (so a step's slot parity is its own, which `_k_loop` needs), and slot s is used k_tiles // STAGES times a tile,
-    once more if s < k_tiles % STAGES."""
-    uses = k_tiles // STAGES + (i % STAGES < k_tiles % STAGES).to(gl.int32)
-    return (tile_no * uses + i // STAGES) & 1
+def _ring_base(tile, k_tiles):
+    """The ring's step at which a persistent program's tile starts: its earlier tiles' K steps."""
+    return (tile - gl.program_id(0)) // gl.num_programs(0) * k_tiles
 
 
 @gluon.jit
@@ -426,14 +388,13 @@ def _tile_at(b, n, tiles, N, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _step(i, tile_no, k_tiles, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs,
-          row_ok, words, K, lut_ptr, rows, next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-          NVFP4: gl.constexpr, GATHERED: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr):
-    """K tile i of the program's tile tile_no (ring slot i % STAGES: its barrier in `ready`, tile i - 1's in `empty`;
-    its scales loaded two steps ahead: `scales`): decode the packed tile into the wgmma's A registers, issue the wgmma
-    (and, with TAIL_M, a second one of the same operand into the tail's accumulator acc_t), wait for tile i - 1's
-    (whose operand w_keep stays alive until then, so the two operands never share registers; W4A8's through `_kept`)
-    and release its slot; returns tile i + 2's scales and `rows`' next.
+def _step(i, g, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K,
+          lut_ptr, rows, next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr,
+          GATHERED: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr):
+    """K tile i at the ring's step g (its scales loaded two steps ahead: `scales`): decode the packed tile into the
+    wgmma's A registers, issue the wgmma (and, with TAIL_M, a second one of the same operand into the tail's
+    accumulator acc_t), wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
+    share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
     FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the rows'
     step codes (`_code_load`, one integer a row), `rows` tile i's table rows, loaded a step ahead from `next_codes`
     (tile i + 1's), so that neither load is waited for in the step that needs it (ncu: the code-to-row-to-decode
@@ -442,12 +403,12 @@ def _step(i, tile_no, k_tiles, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bu
     fence also waits for the thread's loads in flight, so there the scale loads are issued after it (a fence behind
     them waits for them at once: ncu counted 7-10% of GEMM1's warp samples on it)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0]
-    slot = i % STAGES
+    slot = g % STAGES
     if not GATHERED:
         next_scales = _step_scales(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD, FP8)
     if not FP8:
         scale_lo, scale_hi = _folded_scales(scales, NVFP4)
-    mbarrier.wait(ready.index(slot // 2), _ring_phase(tile_no, i, k_tiles, STAGES))
+    mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
     if GATHERED:
         fence_async_shared()
         next_scales = _step_scales(scale_ptrs, row_ok, i + 2, words, K, BLOCK_K, PAD, FP8)
@@ -478,8 +439,7 @@ def _step(i, tile_no, k_tiles, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bu
             acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
         else:
             acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
-    if i > 0:
-        _release(empty.index((slot + STAGES - 1) % STAGES // 2))
+    mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), count=1, pred=i > 0)
     return acc, acc_t, w, next_scales, next_rows
 
 
@@ -494,7 +454,7 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
     if PERSISTENT:
         for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
             expert, first, off_n, w_row = _tile_at(tile // tiles[0], tile % tiles[0], tiles, N, BLOCK_N)
-            _consumer_tile(expert, first, off_n, w_row, _tile_no(tile), x_bufs, xt_bufs, w_bufs, y_smem,
+            _consumer_tile(expert, first, off_n, w_row, _ring_base(tile, k_tiles), x_bufs, xt_bufs, w_bufs, y_smem,
                            yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
                            num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, N, K, k_tiles, alpha, beta, limit,
                            w4a8, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT,
@@ -509,7 +469,7 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
 
 
 @gluon.jit
-def _consumer_tile(expert, first, off_n, w_row, tile_no, x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc,
+def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc,
                    yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be,
                    route_w_ptr, N, K, k_tiles, alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr,
@@ -524,6 +484,7 @@ def _consumer_tile(expert, first, off_n, w_row, tile_no, x_bufs, xt_bufs, w_bufs
     the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator and take the
     same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
     FP8: gl.constexpr = _fp8_dots(ACT_QUANT)
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                  instr_shape=[16, BLOCK_M, 32 if FP8 else 16])
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4 if FP8 else 2)
@@ -550,66 +511,35 @@ def _consumer_tile(expert, first, off_n, w_row, tile_no, x_bufs, xt_bufs, w_bufs
         acc_t = gl.zeros([BLOCK_N, TAIL_M], gl.float32, tail_mma)
     else:
         acc_t = 0.0  # no tail: a placeholder the loop carries unchanged
-    loop_args = (x_bufs, xt_bufs, w_bufs, scale_ptrs, row_ok, words, K, k_tiles, lut_ptr)
-    # a step's slot has its own parity: even steps' barriers are ready[0]'s and empty[0]'s (`ws_moe_gemm_kernel`)
-    acc, acc_t = _k_loop(acc, acc_t, tile_no, ready, empty, loop_args, operand, BLOCK_N, BLOCK_K, NVFP4, GEMM, FP8,
-                         PAD, TAIL_M, PERSISTENT)
-    epilogue_args = (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n,
-                     N, alpha, beta, limit, w4a8)
-    _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
-              ACTIVATION, ACT_QUANT, TOP_K, mma, PERSISTENT)
-    if TAIL_M:
-        _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, GEMM, TAIL_M, BLOCK_N, NUM_WARPS, NVFP4,
-                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma, PERSISTENT)
-
-
-@gluon.jit
-def _release(empty):
-    """This consumer thread is done with a ring slot: its arrival on the slot's `empty` barrier (one per consumer
-    thread). `mbarrier.arrive` would be one thread's arrival after a barrier of the whole partition, which Triton
-    also counts as touching all shared memory, so it puts a second barrier before the next step's wait."""
-    async_copy.mbarrier_arrive(empty, increment_count=False)
-
-
-@gluon.jit
-def _k_loop(acc, acc_t, tile_no, ready, empty, args, operand: gl.constexpr, BLOCK_N: gl.constexpr,
-            BLOCK_K: gl.constexpr, NVFP4: gl.constexpr, GEMM: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr,
-            TAIL_M: gl.constexpr, PERSISTENT: gl.constexpr):
-    """The K loop of the program's tile tile_no (`_step`, unrolled by two), its last wgmmas waited for. Even steps
-    wait on ready[0]'s barriers and release empty[1]'s, odd steps the others: with one allocation each, Triton puts a
-    barrier of the whole partition before every wait and release that follows one on the same allocation (it counts
-    them as writes of it); so one barrier a pair of steps is left, at the loop's back edge."""
-    x_bufs, xt_bufs, w_bufs, scale_ptrs, row_ok, words, K, k_tiles, lut_ptr = args
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     s_even = _step_scales(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD, FP8)
     s_odd = _step_scales(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD, FP8)
     # W4A16: a placeholder
     rows = _table_rows(lut_ptr, _word_codes(s_even, words, NVFP4, BLOCK_K), NVFP4) if FP8 else s_even
     for j in range(k_tiles // 2):
-        acc, acc_t, w_even, s_even, rows = _step(2 * j, tile_no, k_tiles, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs,
-                                                 w_bufs, ready[0], empty[1], scale_ptrs, row_ok, words, K, lut_ptr,
-                                                 rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
-        acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, tile_no, k_tiles, acc, acc_t, w_even, s_odd, x_bufs,
-                                               xt_bufs, w_bufs, ready[1], empty[0], scale_ptrs, row_ok, words, K,
-                                               lut_ptr, rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD,
-                                               TAIL_M)
+        acc, acc_t, w_even, s_even, rows = _step(2 * j, base + 2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs,
+                                                 w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,
+                                                 s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+        acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, base + 2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs,
+                                               xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
+                                               rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
     if k_tiles % 2:
-        acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, tile_no, k_tiles, acc, acc_t, w_odd, s_even, x_bufs,
-                                                xt_bufs, w_bufs, ready[0], empty[1], scale_ptrs, row_ok, words, K,
-                                                lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD,
-                                                TAIL_M)
+        acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, base + k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs,
+                                                xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
+                                                rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+    epilogue_args = (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n,
+                     N, alpha, beta, limit, w4a8)
     if TAIL_M:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    if PERSISTENT:  # the last step's slot, for the program's next tile
-        STAGES: gl.constexpr = x_bufs.type.shape[0]
-        last = (k_tiles - 1) % STAGES // 2
-        if k_tiles % 2:
-            _release(empty[0].index(last))
-        else:
-            _release(empty[1].index(last))
-    return acc, acc_t
+    if PERSISTENT:
+        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)  # the last step's slot
+    _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
+              ACTIVATION, ACT_QUANT, TOP_K, mma, PERSISTENT)
+    if TAIL_M:
+        _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, GEMM, TAIL_M, BLOCK_N, NUM_WARPS, NVFP4,
+                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma, PERSISTENT)
 
 
 @gluon.jit
@@ -785,16 +715,12 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     else:
         xt_bufs = x_bufs
         yt_smem = y_smem
-    # slot s's barriers: ready[s % 2].index(s // 2), empty[s % 2].index(s // 2) (`_k_loop` says why two allocations)
-    gl.static_assert(STAGES % 2 == 0, "the ring's ready barriers alternate between two allocations")
-    ready = (gl.allocate_shared_memory(gl.int64, [STAGES // 2, 1], mbarrier.MBarrierLayout()),
-             gl.allocate_shared_memory(gl.int64, [STAGES // 2, 1], mbarrier.MBarrierLayout()))
-    empty = (gl.allocate_shared_memory(gl.int64, [STAGES // 2, 1], mbarrier.MBarrierLayout()),
-             gl.allocate_shared_memory(gl.int64, [STAGES // 2, 1], mbarrier.MBarrierLayout()))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         # GEMM1: the weight TMA's expect and every loader thread's cp.async arrival; GEMM2: the TMA's expect
-        mbarrier.init(ready[i % 2].index(i // 2), count=1 + (LOADER_WARPS * 32 if GEMM == 1 else 0))
-        mbarrier.init(empty[i % 2].index(i // 2), count=NUM_WARPS * 32)  # every consumer thread's `_release`
+        mbarrier.init(ready.index(i), count=1 + (LOADER_WARPS * 32 if GEMM == 1 else 0))
+        mbarrier.init(empty.index(i), count=1)
     if GEMM == 1:
         gl.warp_specialize([
             (_consumer, (x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn,

@@ -86,12 +86,11 @@ PREFILL_KERNELS = ("tiles", "warp-specialized")
 PREFILL_KERNEL_ENV = "MOE_ORACLE_TRITON_PREFILL_KERNEL"
 #: The warp-specialized kernels' whole blocks, for A/B runs of their size and ring depth: rows
 #: ($MOE_ORACLE_TRITON_WS_BLOCK_M, one of WS_BLOCK_MS) and ring stages ($MOE_ORACLE_TRITON_WS_STAGES, one of
-#: WS_STAGES: even, as the kernel's ring barriers alternate between two allocations), each unset:
-#: warp_specialized.WS_CONFIG's. Stages past what shared memory holds fail at launch.
+#: WS_STAGES), each unset: warp_specialized.WS_CONFIG's. Stages past what shared memory holds fail at launch.
 WS_BLOCK_M_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_M"
 WS_BLOCK_MS = ("128", "256")
 WS_STAGES_ENV = "MOE_ORACLE_TRITON_WS_STAGES"
-WS_STAGES = tuple(str(stages) for stages in range(2, 9, 2))
+WS_STAGES = tuple(str(stages) for stages in range(2, 9))
 #: The warp-specialized kernels' K step ($MOE_ORACLE_TRITON_WS_BLOCK_K, one of WS_BLOCK_KS; unset: the call's,
 #: warp_specialized.block_k_for), for A/B runs (W4A16's operands at 128 spill).
 WS_BLOCK_K_ENV = "MOE_ORACLE_TRITON_WS_BLOCK_K"

@@ -348,13 +348,12 @@ SHARED_BYTES = 227 * 1024 - 1024
 
 
 def ring_stages_that_fit(gemm: int, rows: int, block_n: int, block_k: int, act_quant: int) -> int:
-    """The most ring stages, an even number (the kernel's barriers alternate between two allocations), whose X tiles
-    (`rows`: a block's and its tail's) and packed weight tile fit SHARED_BYTES beside the output tiles (GEMM1's h
-    [rows, BLOCK_N / 2], GEMM2's bf16 [rows, BLOCK_N])."""
+    """The most ring stages whose X tiles (`rows`: a block's and its tail's) and packed weight tile fit SHARED_BYTES
+    beside the output tiles (GEMM1's h [rows, BLOCK_N / 2], GEMM2's bf16 [rows, BLOCK_N])."""
     x_bytes, _, h_bytes = (DTYPES[name][0].itemsize for name in ws_dtypes(act_quant))
     stage = rows * block_k * x_bytes + block_n * block_k // 2
     out = rows * block_n // 2 * h_bytes if gemm == 1 else rows * block_n * 2
-    return (SHARED_BYTES - out) // stage // 2 * 2
+    return (SHARED_BYTES - out) // stage
 
 
 @dataclass(frozen=True)
