@@ -514,6 +514,9 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     w_odd = gl.zeros([BLOCK_N, BLOCK_K], gl.float8e4nv if FP8 else gl.bfloat16, operand)
     s_even = _step_scales(scale_ptrs, row_ok, 0, words, K, BLOCK_K, PAD, FP8)
     s_odd = _step_scales(scale_ptrs, row_ok, 1, words, K, BLOCK_K, PAD, FP8)
+    epilogue_args = (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n,
+                     N, alpha, beta, limit, w4a8)
+    row_values = _row_values(epilogue_args, BLOCK_N, mma, FP8, HAS_BIAS)
     # W4A16: a placeholder
     rows = _table_rows(lut_ptr, _word_codes(s_even, words, NVFP4, BLOCK_K), NVFP4) if FP8 else s_even
     for j in range(k_tiles // 2):
@@ -527,34 +530,52 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
         acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, base + k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs,
                                                 xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
                                                 rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
-    epilogue_args = (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n,
-                     N, alpha, beta, limit, w4a8)
     if TAIL_M:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     if PERSISTENT:
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)  # the last step's slot
-    _epilogue(acc, y_smem, y_desc, first, epilogue_args, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4, HAS_BIAS,
-              ACTIVATION, ACT_QUANT, TOP_K, mma, PERSISTENT)
+    _epilogue(acc, y_smem, y_desc, first, epilogue_args, row_values, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4,
+              HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, mma, PERSISTENT)
     if TAIL_M:
-        _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, GEMM, TAIL_M, BLOCK_N, NUM_WARPS, NVFP4,
-                  HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma, PERSISTENT)
+        _epilogue(acc_t, yt_smem, yt_desc, first + BLOCK_M, epilogue_args, row_values, GEMM, TAIL_M, BLOCK_N,
+                  NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, tail_mma, PERSISTENT)
 
 
 @gluon.jit
-def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
-              ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr, PERSISTENT: gl.constexpr):
-    """The sums [BLOCK_N weight rows, BLOCK_M rows from sorted row first] (in `mma`) scaled (W4A8: `_w4a8_scales`;
-    NVFP4: the global scale), biased, then GEMM1's activation and h store or GEMM2's pair rows."""
-    (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, expert, off_n, N, alpha, beta,
-     limit, w4a8) = args
-    _, rexp_ptr, qscale_ptr, ra_ptr = w4a8
+def _row_values(args, BLOCK_N: gl.constexpr, mma: gl.constexpr, FP8: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """The epilogue's values of the tile's weight rows (in SliceLayout(1, mma): two a thread), loaded as the tile
+    starts so that they land during its K loop (loaded in the epilogue, ncu had the consumers waiting on them there):
+    W4A8's rows' exponents r (FP8 dots) and the bias; 0 where the call has none. (The values of the tile's rows of X,
+    GEMM2's pairs and router weights, stay in the epilogue: in the accumulator's layout they take a register per
+    column a thread holds.)"""
+    (_, _, _, _, _, bias_ptr, stride_be, _, expert, off_n, N, _, _, _, w4a8) = args
     n_rows = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    rexp = 0
+    if FP8:
+        rexp = gl.load(w4a8[1] + expert * N + n_rows, mask=n_rows < N, other=0)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + expert * stride_be + n_rows, mask=n_rows < N, other=0.0)
+    return rexp, bias
+
+
+@gluon.jit
+def _epilogue(acc, y_smem, y_desc, first, args, row_values, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
+              ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """The sums [BLOCK_N weight rows, BLOCK_M rows from sorted row first] (in `mma`) scaled (W4A8: `_w4a8_scales`;
+    NVFP4: the global scale), biased (`_row_values`' values), then GEMM1's activation and h store or GEMM2's pair
+    rows."""
+    (out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, _, _, route_w_ptr, expert, off_n, N, alpha, beta, limit,
+     w4a8) = args
+    _, _, qscale_ptr, ra_ptr = w4a8
+    rexp, bias = row_values
     if _fp8_dots(ACT_QUANT):
-        acc = _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, expert * N + n_rows, n_rows < N,
-                           first, GEMM, BLOCK_M, ACT_QUANT, TOP_K, mma)
+        acc = _w4a8_scales(acc, gl.convert_layout(rexp, gl.SliceLayout(1, mma), assert_trivial=True), qscale_ptr,
+                           ra_ptr, pair_ptr, num_pairs, first, GEMM, BLOCK_M, ACT_QUANT, TOP_K, mma)
         if NVFP4:
             acc = acc / gl.load(gs_ptr + expert)
     else:  # bf16 dots: static FP8's input scale where the tile kernels apply it (_act_store, _gemm2_rows_out)
@@ -565,7 +586,7 @@ def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.
         if (ACT_QUANT == 3) & (GEMM == 2):
             acc = acc * gl.load(qscale_ptr + 2)
     if HAS_BIAS:
-        acc += gl.load(bias_ptr + expert * stride_be + n_rows, mask=n_rows < N, other=0.0)[:, None]
+        acc += gl.convert_layout(bias, gl.SliceLayout(1, mma), assert_trivial=True)[:, None]
     if GEMM == 1:
         h_scale = 1.0
         if (ACT_QUANT == 1) | (ACT_QUANT == 3):  # h as static FP8's E4M3 of act * (1 / a2), GEMM2's operand
@@ -578,16 +599,16 @@ def _epilogue(acc, y_smem, y_desc, first, args, GEMM: gl.constexpr, BLOCK_M: gl.
 
 
 @gluon.jit
-def _w4a8_scales(acc, rexp_ptr, qscale_ptr, ra_ptr, pair_ptr, num_pairs, w_rows, row_ok, first, GEMM: gl.constexpr,
-                 BLOCK_M: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr):
+def _w4a8_scales(acc, rexp, qscale_ptr, ra_ptr, pair_ptr, num_pairs, first, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, mma: gl.constexpr):
     """The FP8 sums [weight rows, rows] scaled as the tile kernels' (_x_row_exps, _act_store, _gemm2_rows_out): times
-    each weight row's 2^r (rows w_rows of the layer's, `ws_weights(kw, w4a8=True)`) and the static input scale
+    each weight row's 2^r (rexp: the rows' exponents of `ws_weights(kw, w4a8=True)`) and the static input scale
     (a1 = qscale[0] for GEMM1, a2 = qscale[2] for GEMM2); MXFP8: times each X row's 2^ra, GEMM1's before (x's row
     of the pair's token), GEMM2's after (h's row)."""
     a = 1.0
     if ACT_QUANT == 1:
         a = gl.load(qscale_ptr + (0 if GEMM == 1 else 2))
-    row_scale = _pow2(gl.load(rexp_ptr + w_rows, mask=row_ok, other=0)) * a
+    row_scale = _pow2(rexp) * a
     if ACT_QUANT == 2:
         m = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if GEMM == 1:
