@@ -139,7 +139,47 @@ def render_source(path: str, top: int = 12) -> str:
             sass = " ".join(r.get("Source", "").split()).replace("|", "/")
             lines.append(f"| {value / total:.3f} | `{sass}` | " + ", ".join(f"{k} {v:.0f}" for v, k in lead if v)
                          + " |")
+        lines += _k_loop_lines(rows, reasons, total)
     return "\n".join(lines) if lines else f"(no source rows in {os.path.basename(path)})"
+
+
+#: A branch in ncu's SASS text, with its target address.
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(0x[0-9a-fA-F]+)")
+
+
+def k_loop(rows: list[dict]) -> tuple[int, int] | None:
+    """(first, last) row of a launch's K loop: of the loops (a branch back to an earlier address) that hold a wgmma
+    (`GMMA`) and at least a quarter of the samples of the most-sampled such loop, the shortest (the branches of a
+    tile's loop around it and of its epilogue also jump back over it); None without one."""
+    address = {int(r["Address"], 16): i for i, r in enumerate(rows) if str(r.get("Address", "")).startswith("0x")}
+    loops = []
+    for i, r in enumerate(rows):
+        target = BRANCH.search(r.get("Source", ""))
+        start = address.get(int(target.group(1), 16)) if target else None
+        if start is not None and start < i and any("GMMA" in rows[k].get("Source", "") for k in range(start, i + 1)):
+            loops.append((start, i))
+    weight = {(a, b): sum(_num(r, "Warp Stall Sampling (All Samples)") or 0.0 for r in rows[a:b + 1]) for a, b in loops}
+    heavy = [(b - a, (a, b)) for (a, b), w in weight.items() if w >= max(weight.values()) / 4]
+    return min(heavy)[1] if heavy else None
+
+
+def _k_loop_lines(rows: list[dict], reasons: list[str], total: float, top: int = 8) -> list[str]:
+    """The K loop's (`k_loop`) share of the launch's samples and its leading (opcode, stall reason) pairs."""
+    span = k_loop(rows)
+    if span is None:
+        return []
+    first, last = span
+    pairs: dict[tuple[str, str], float] = {}
+    for r in rows[first:last + 1]:
+        words = r.get("Source", "").split()
+        opcode = (words[1] if words and words[0].startswith("@") and len(words) > 1 else (words or ["?"])[0])
+        for k in reasons:
+            pairs[(opcode.split(".")[0], k[6:])] = pairs.get((opcode.split(".")[0], k[6:]), 0.0) + (_num(r, k) or 0.0)
+    in_loop = sum(_num(r, "Warp Stall Sampling (All Samples)") or 0.0 for r in rows[first:last + 1])
+    leading = sorted(((v, op, k) for (op, k), v in pairs.items() if v), reverse=True)[:top]
+    return ["", f"K loop: {last - first + 1} SASS instructions, {in_loop / total:.1%} of the samples; by opcode and "
+            "reason (share of the loop's samples): " + ", ".join(f"{op} {k} {v / (in_loop or 1):.1%}"
+                                                                 for v, op, k in leading)]
 
 
 def _rows(path: str) -> list[dict]:

@@ -50,3 +50,29 @@ def test_extra_sections_reach_ncu_beside_the_default_ones(tmp_path, monkeypatch)
     asked = [args[i + 1] for args in calls for i, arg in enumerate(args) if arg == "--section"]
     assert "MemoryWorkloadAnalysis_Tables" in asked
     assert set(ncu.SECTIONS) <= set(asked)
+
+
+def test_the_k_loop_is_the_shortest_heavy_wgmma_loop_and_gets_its_opcode_and_reason_shares(tmp_path):
+    """A tile loop around a K loop: the K loop (its wgmma and a branch back to its start) is named with its share of
+    the launch's samples and its leading (opcode, reason) pairs; a loop without a wgmma is not a K loop."""
+    rows = [("MOV R1, R2", "5", "5", "0"),                      # 0x0: the tile loop's start
+            ("LDS R4, [R1]", "10", "0", "10"),                  # 0x1: the K loop's start
+            ("HGMMA.64x128x16.F32.BF16 R24, R4", "20", "0", "20"),
+            ("@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4]", "30", "30", "0"),
+            ("@P1 BRA 0x1", "0", "0", "0"),                     # 0x4: back to the K loop's start
+            ("FMUL R5, R6, R7", "15", "15", "0"),
+            ("@P2 BRA 0x0", "0", "0", "0"),                     # 0x6: back to the tile loop's start
+            ("@P3 BRA 0x5", "20", "20", "0")]                   # 0x7: a loop with no wgmma
+    path = tmp_path / "stalls.csv"
+    path.write_text(_launch(rows))
+    table_rows = list(ncu.csv.DictReader(ncu.io.StringIO(_launch(rows).partition("\n")[2])))
+    assert ncu.k_loop(table_rows) == (1, 4)
+    table = ncu.render_source(str(path))
+    assert "K loop: 4 SASS instructions, 60.0% of the samples" in table
+    assert "SYNCS long_sb 50.0%, HGMMA wait 33.3%, LDS wait 16.7%" in table
+
+
+def test_a_launch_without_a_wgmma_loop_names_no_k_loop():
+    rows = list(ncu.csv.DictReader(ncu.io.StringIO(_launch([("FADD R1, R2", "3", "3", "0"),
+                                                            ("@P0 BRA 0x0", "1", "1", "0")]).partition("\n")[2])))
+    assert ncu.k_loop(rows) is None
