@@ -541,6 +541,33 @@ def test_cuda_persistent_launches_give_a_program_per_tiles_bits(name, tokens, ro
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
+@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (700, "logits"), (1000, "one_expert")])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
+def test_cuda_two_k_steps_in_flight_give_one_steps_bits(name, tokens, routing, scheme, monkeypatch):
+    """$MOE_ORACLE_TRITON_WS_IN_FLIGHT=2 issues the same wgmmas in the same order into the same accumulators: the
+    same bits as one K step in flight."""
+    from backends.triton_moe import forward
+
+    shape = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    kw = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
+    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
+    route = _cuda_routing(shape, tokens, routing, gen)
+    call = {"prefill_kernel": "warp-specialized", "act_quant": scheme, "w4a8_mma": "fp8",
+            "fp8_accumulate": "tensor-core", **activation_kwargs(shape)}
+    if scheme == "fp8_per_tensor_static":
+        call.update(a1_scale=(x.float().abs().amax() / 448).reshape(1), a2_scale=torch.full((1,), 1 / 64, device="cuda"))
+    outs = []
+    for flight in ("1", "2"):
+        monkeypatch.setenv(forward.WS_IN_FLIGHT_ENV, flight)
+        outs.append(moe_forward(x, kw, **route, **call))
+    assert torch.isfinite(outs[0].float()).all()
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 def test_persistent_grids_are_a_program_per_multiprocessor_at_most(monkeypatch):
     from backends.triton_moe.warp_specialized import launch_programs
 
@@ -574,6 +601,42 @@ def test_sm90_persistent_build_keeps_operands_in_flight_without_spills_in_the_k_
     loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
     assert any(re.search(r"\b[HQ]GMMA\b", line) for line in loop)
     assert not any(re.search(r"\b(?:LDL|STL)\b", line) for line in loop)
+
+
+@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail", "persistent"), [
+    (1, 128, False, 1, 32, True), (2, 128, True, 2, 32, True), (1, 256, False, 1, 0, False),
+    (2, 256, True, 2, 0, False)])
+def test_sm90_w4a8_build_keeps_two_k_steps_wgmmas_in_flight_without_rewriting_their_operands(gemm, block_m, nvfp4,
+                                                                                            act_quant, tail,
+                                                                                            persistent):
+    """IN_FLIGHT 2 ($MOE_ORACLE_TRITON_WS_IN_FLIGHT): the consumers leave two K steps' wgmmas in flight, twice one's
+    at the back edge of the loop (unrolled by three), and decode into none of their operands (three register sets);
+    its build at 1 keeps one."""
+    from probe_gluon_w4a16 import sass_stats
+
+    config = WS_CONFIG[:2] + (warp_specialized.W4A8_BLOCK_K,) + WS_CONFIG[3:]
+    stats = {flight: sass_stats(compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=not nvfp4,
+                                             activation=0 if nvfp4 else 1, act_quant=act_quant, tail=tail,
+                                             config=config, k_size=0 if nvfp4 else 2880, persistent=persistent,
+                                             in_flight=flight))
+             for flight in (1, 2)}
+    assert stats[1]["in_flight"] >= 1 and stats[2]["in_flight"] == 2 * stats[1]["in_flight"], stats
+    assert stats[2]["operand_rewrites"] == 0 and stats[2]["warp_specialize"] > 0, stats
+
+
+def test_two_k_steps_in_flight_come_from_the_environment_for_fp8_dots_only(monkeypatch):
+    from backends.triton_moe import forward
+
+    monkeypatch.delenv(forward.WS_IN_FLIGHT_ENV, raising=False)
+    assert forward.ws_in_flight(fp8_dots=True) == 1 and forward.ws_in_flight(fp8_dots=False) == 1
+    monkeypatch.setenv(forward.WS_IN_FLIGHT_ENV, "2")
+    assert forward.ws_in_flight(fp8_dots=True) == 2
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_IN_FLIGHT=2 is for W4A8 on FP8 dots .*; unset it for "
+                                         r"this call"):
+        forward.ws_in_flight(fp8_dots=False)
+    monkeypatch.setenv(forward.WS_IN_FLIGHT_ENV, "3")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_IN_FLIGHT='3' must be one of \('1', '2'\)"):
+        forward.ws_in_flight(fp8_dots=True)
 
 
 def test_config_is_one_the_probe_measured():
