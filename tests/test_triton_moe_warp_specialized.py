@@ -522,23 +522,7 @@ def test_cuda_persistent_launches_give_a_program_per_tiles_bits(name, tokens, ro
     ring and the h store carried across), with the same sums per tile, so the same bits as a program per tile."""
     from backends.triton_moe import forward
 
-    shape = SHAPES[name]
-    gen = torch.Generator(device="cuda").manual_seed(tokens)
-    kw = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
-    x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
-    route = _cuda_routing(shape, tokens, routing, gen)
-    call = {"prefill_kernel": "warp-specialized", **activation_kwargs(shape)}
-    if scheme is not None:
-        call.update(act_quant=scheme, w4a8_mma="fp8", fp8_accumulate="tensor-core")
-        if scheme == "fp8_per_tensor_static":
-            call.update(a1_scale=(x.float().abs().amax() / 448).reshape(1),
-                        a2_scale=torch.full((1,), 1 / 64, device="cuda"))
-    outs = []
-    for persistent in ("0", "1"):
-        monkeypatch.setenv(forward.WS_PERSISTENT_ENV, persistent)
-        outs.append(moe_forward(x, kw, **route, **call))
-    assert torch.isfinite(outs[0].float()).all()
-    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    _assert_same_bits_under(forward.WS_PERSISTENT_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -551,18 +535,26 @@ def test_cuda_two_k_steps_in_flight_give_one_steps_bits(name, tokens, routing, s
     same bits as one K step in flight."""
     from backends.triton_moe import forward
 
+    _assert_same_bits_under(forward.WS_IN_FLIGHT_ENV, ("1", "2"), name, tokens, routing, scheme, monkeypatch)
+
+
+def _assert_same_bits_under(env: str, values: tuple, name: str, tokens: int, routing: str, scheme, monkeypatch):
+    """The warp-specialized layer (W4A16, or W4A8 on FP8 dots: `scheme`) gives the same bits under each value of
+    the environment variable `env`."""
     shape = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     kw = to_kernel_layout(**random_checkpoint(shape, device="cuda", generator=gen))
     x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
     route = _cuda_routing(shape, tokens, routing, gen)
-    call = {"prefill_kernel": "warp-specialized", "act_quant": scheme, "w4a8_mma": "fp8",
-            "fp8_accumulate": "tensor-core", **activation_kwargs(shape)}
-    if scheme == "fp8_per_tensor_static":
-        call.update(a1_scale=(x.float().abs().amax() / 448).reshape(1), a2_scale=torch.full((1,), 1 / 64, device="cuda"))
+    call = {"prefill_kernel": "warp-specialized", **activation_kwargs(shape)}
+    if scheme is not None:
+        call.update(act_quant=scheme, w4a8_mma="fp8", fp8_accumulate="tensor-core")
+        if scheme == "fp8_per_tensor_static":
+            call.update(a1_scale=(x.float().abs().amax() / 448).reshape(1),
+                        a2_scale=torch.full((1,), 1 / 64, device="cuda"))
     outs = []
-    for flight in ("1", "2"):
-        monkeypatch.setenv(forward.WS_IN_FLIGHT_ENV, flight)
+    for value in values:
+        monkeypatch.setenv(env, value)
         outs.append(moe_forward(x, kw, **route, **call))
     assert torch.isfinite(outs[0].float()).all()
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
