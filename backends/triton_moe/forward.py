@@ -104,7 +104,7 @@ WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
 #: The K steps whose wgmmas a warp-specialized consumer leaves in flight while it decodes the next
 #: ($MOE_ORACLE_TRITON_WS_IN_FLIGHT, one of WS_IN_FLIGHT; unset: 1), for A/B runs of W4A8 on FP8 dots: 2 holds a
-#: third operand register set. W4A16's 256-row GEMM1 serializes its wgmmas with 2 (ptxas), so bf16-dot calls take 1.
+#: third operand register set. W4A16's 256-row GEMM1 serializes its wgmmas with 2 (ptxas): bf16-dot calls refuse it.
 WS_IN_FLIGHT_ENV = "MOE_ORACLE_TRITON_WS_IN_FLIGHT"
 WS_IN_FLIGHT = ("1", "2")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
