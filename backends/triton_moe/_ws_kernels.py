@@ -481,11 +481,12 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     """One tile (`_tile_at`'s values) from the ring's step `base` on: W (decoded into registers) x X^T (shared memory)
     into the [BLOCK_N weight rows, BLOCK_M rows] accumulator, then the GEMM's epilogue. The K loop is unrolled by two so
     that consecutive tiles' operands alternate between two register sets with no copies (a single loop-carried operand
-    would be copied into the registers the wgmma in flight reads); by three over three sets with IN_FLIGHT 2. PERSISTENT: the last step's slot is released too, for
-    the program's next tile. ACT_QUANT (W4A8, `w4a8` = (table, row exponents, static scales, rows' exponents)): E4M3 X,
-    FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'. TAIL_M:
-    the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator and take the
-    same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
+    would be copied into the registers the wgmma in flight reads); by three over three sets with IN_FLIGHT 2.
+    PERSISTENT: the last steps' slots are released too, for the program's next tile. ACT_QUANT (W4A8, `w4a8` =
+    (table, row exponents, static scales, rows' exponents)): E4M3 X, FP8 wgmmas (K 32 each, their sums accumulated in
+    the tensor core) and the sums scaled as the tile kernels'. TAIL_M: the TAIL_M rows after the block (xt_bufs)
+    multiply the same decoded operand into a second accumulator and take the same epilogue (yt_smem, yt_desc): an
+    expert's last rows cost a wgmma, not a second decode."""
     FP8: gl.constexpr = _fp8_dots(ACT_QUANT)
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
