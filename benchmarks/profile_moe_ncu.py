@@ -12,7 +12,8 @@ use and the top warp-stall reasons (warps stalled per issued instruction).
                                           # also ncu's memory tables (shared-memory and L1 wavefronts), raw CSV only
     python benchmarks/profile_moe_ncu.py --report DIR                   # re-render the tables of a saved run
     python benchmarks/profile_moe_ncu.py --cases deepseek-v3:4096 --source ws_moe_gemm_kernel --out DIR
-                                          # where one kernel's warps stall, per SASS instruction (stalls-*.md)
+                                          # where one kernel's warps stall, per SASS instruction (stalls-*.md),
+                                          # and each launch's K loop split by opcode and stall reason
     MOE_ORACLE_TRITON_W4A8_MMA=fp8 python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:16384:mxfp8 --out DIR
                                           # a third field: the W4A8 layer with that act_quant (static FP8's input
                                           # scales from x and 1/64); the env variables pick its kernels
