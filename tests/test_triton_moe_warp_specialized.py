@@ -616,6 +616,20 @@ def test_sm90_w4a8_build_keeps_two_k_steps_wgmmas_in_flight_without_rewriting_th
     assert stats[2]["operand_rewrites"] == 0 and stats[2]["warp_specialize"] > 0, stats
 
 
+def test_two_k_steps_in_flight_refuse_a_ring_they_would_deadlock():
+    """With IN_FLIGHT steps holding their slots, a step's wait for its slot needs more stages than that: a
+    two-stage ring with two steps in flight would hang, so it is an error naming the two settings."""
+    from backends.triton_moe.warp_specialized import constexprs
+
+    two_stages = WS_CONFIG[:3] + (2,) + WS_CONFIG[4:]
+    kwargs = {"nvfp4": False, "has_bias": False, "activation": 0, "top_k": 4, "config": two_stages}
+    assert constexprs(1, 256, **kwargs, in_flight=1)["STAGES"] == 2
+    with pytest.raises(ValueError, match=r"2 K steps' wgmmas in flight need a ring of more than 2 stages, not 2; set "
+                                         r"\$MOE_ORACLE_TRITON_WS_STAGES higher"):
+        constexprs(1, 256, **kwargs, in_flight=2)
+    assert constexprs(1, 128, **kwargs, in_flight=2)["STAGES"] == warp_specialized.PARTIAL_BLOCK_STAGES
+
+
 def test_two_k_steps_in_flight_come_from_the_environment_for_fp8_dots_only(monkeypatch):
     from backends.triton_moe import forward
 

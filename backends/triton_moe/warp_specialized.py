@@ -336,6 +336,10 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
     if tail or block_m < WS_CONFIG[0]:  # their fixed depths, as deep as shared memory holds (config's: as given)
         stages = min(TAIL_BLOCK_STAGES if tail else PARTIAL_BLOCK_STAGES,
                      ring_stages_that_fit(gemm, block_m + tail, block_n, block_k, act_quant))
+    if stages <= in_flight:  # the slot a step waits for would be held by a step whose wgmmas are still in flight
+        raise ValueError(f"warp_specialized: {in_flight} K steps' wgmmas in flight need a ring of more than "
+                         f"{in_flight} stages, not {stages}; set $MOE_ORACLE_TRITON_WS_STAGES higher or "
+                         "$MOE_ORACLE_TRITON_WS_IN_FLIGHT lower")
     loader_regs = TMA_LOADER_REGS if gemm == 2 else (
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
