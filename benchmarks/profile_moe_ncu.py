@@ -129,7 +129,7 @@ def render_source(path: str, top: int = 12) -> str:
         name, _, body = block.partition("\n")
         rows = list(csv.DictReader(io.StringIO(body)))
         reasons = [k for k in (rows[0] if rows else {}) if k.startswith("stall_") and "Not Issued" not in k]
-        samples = [(_num(r, "Warp Stall Sampling (All Samples)") or 0.0, r) for r in rows]
+        samples = [(_samples(r), r) for r in rows]
         total = sum(v for v, _ in samples) or 1.0
         share = sorted(((sum(_num(r, k) or 0.0 for r in rows) / total, k[6:]) for k in reasons), reverse=True)
         lines += [f"\n### launch {launch}: {name.strip(chr(34) + ',')}, {total:.0f} samples\n",
@@ -159,7 +159,7 @@ def k_loop(rows: list[dict]) -> tuple[int, int] | None:
         start = address.get(int(target.group(1), 16)) if target else None
         if start is not None and start < i and any("GMMA" in rows[k].get("Source", "") for k in range(start, i + 1)):
             loops.append((start, i))
-    weight = {(a, b): sum(_num(r, "Warp Stall Sampling (All Samples)") or 0.0 for r in rows[a:b + 1]) for a, b in loops}
+    weight = {(a, b): sum(_samples(r) for r in rows[a:b + 1]) for a, b in loops}
     heavy = [(b - a, (a, b)) for (a, b), w in weight.items() if w >= max(weight.values()) / 4]
     return min(heavy)[1] if heavy else None
 
@@ -175,12 +175,18 @@ def _k_loop_lines(rows: list[dict], reasons: list[str], total: float, top: int =
         words = r.get("Source", "").split()
         opcode = (words[1] if words and words[0].startswith("@") and len(words) > 1 else (words or ["?"])[0])
         for k in reasons:
-            pairs[(opcode.split(".")[0], k[6:])] = pairs.get((opcode.split(".")[0], k[6:]), 0.0) + (_num(r, k) or 0.0)
-    in_loop = sum(_num(r, "Warp Stall Sampling (All Samples)") or 0.0 for r in rows[first:last + 1])
+            key = (opcode.split(".")[0], k[6:])
+            pairs[key] = pairs.get(key, 0.0) + (_num(r, k) or 0.0)
+    in_loop = sum(_samples(r) for r in rows[first:last + 1])
     leading = sorted(((v, op, k) for (op, k), v in pairs.items() if v), reverse=True)[:top]
     return ["", f"K loop: {last - first + 1} SASS instructions, {in_loop / total:.1%} of the samples; by opcode and "
             "reason (share of the loop's samples): " + ", ".join(f"{op} {k} {v / (in_loop or 1):.1%}"
                                                                  for v, op, k in leading)]
+
+
+def _samples(row: dict) -> float:
+    """A source-page row's warp samples (all reasons)."""
+    return _num(row, "Warp Stall Sampling (All Samples)") or 0.0
 
 
 def _rows(path: str) -> list[dict]:
