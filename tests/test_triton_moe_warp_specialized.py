@@ -525,19 +525,6 @@ def test_cuda_persistent_launches_give_a_program_per_tiles_bits(name, tokens, ro
     _assert_same_bits_under(forward.WS_PERSISTENT_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
-@pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
-@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (700, "logits"), (1000, "one_expert")])
-@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
-def test_cuda_two_k_steps_in_flight_give_one_steps_bits(name, tokens, routing, scheme, monkeypatch):
-    """$MOE_ORACLE_TRITON_WS_IN_FLIGHT=2 issues the same wgmmas in the same order into the same accumulators: the
-    same bits as one K step in flight."""
-    from backends.triton_moe import forward
-
-    _assert_same_bits_under(forward.WS_IN_FLIGHT_ENV, ("1", "2"), name, tokens, routing, scheme, monkeypatch)
-
-
 def _assert_same_bits_under(env: str, values: tuple, name: str, tokens: int, routing: str, scheme, monkeypatch):
     """The warp-specialized layer (W4A16, or W4A8 on FP8 dots: `scheme`) gives the same bits under each value of
     the environment variable `env`."""
@@ -593,56 +580,6 @@ def test_sm90_persistent_build_keeps_operands_in_flight_without_spills_in_the_k_
     loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
     assert any(re.search(r"\b[HQ]GMMA\b", line) for line in loop)
     assert not any(re.search(r"\b(?:LDL|STL)\b", line) for line in loop)
-
-
-@pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "act_quant", "tail", "persistent"), [
-    (1, 128, False, 1, 32, True), (2, 128, True, 2, 32, True), (1, 256, False, 1, 0, False),
-    (2, 256, True, 2, 0, False)])
-def test_sm90_w4a8_build_keeps_two_k_steps_wgmmas_in_flight_without_rewriting_their_operands(gemm, block_m, nvfp4,
-                                                                                            act_quant, tail,
-                                                                                            persistent):
-    """IN_FLIGHT 2 ($MOE_ORACLE_TRITON_WS_IN_FLIGHT): the consumers leave two K steps' wgmmas in flight, twice one's
-    at the back edge of the loop (unrolled by three), and decode into none of their operands (three register sets);
-    its build at 1 keeps one."""
-    from probe_gluon_w4a16 import sass_stats
-
-    config = WS_CONFIG[:2] + (warp_specialized.W4A8_BLOCK_K,) + WS_CONFIG[3:]
-    stats = {flight: sass_stats(compile_sm90(gemm, block_m, nvfp4=nvfp4, has_bias=not nvfp4,
-                                             activation=0 if nvfp4 else 1, act_quant=act_quant, tail=tail,
-                                             config=config, k_size=0 if nvfp4 else 2880, persistent=persistent,
-                                             in_flight=flight))
-             for flight in (1, 2)}
-    assert stats[1]["in_flight"] >= 1 and stats[2]["in_flight"] == 2 * stats[1]["in_flight"], stats
-    assert stats[2]["operand_rewrites"] == 0 and stats[2]["warp_specialize"] > 0, stats
-
-
-def test_two_k_steps_in_flight_refuse_a_ring_they_would_deadlock():
-    """With IN_FLIGHT steps holding their slots, a step's wait for its slot needs more stages than that: a
-    two-stage ring with two steps in flight would hang, so it is an error naming the two settings."""
-    from backends.triton_moe.warp_specialized import constexprs
-
-    two_stages = WS_CONFIG[:3] + (2,) + WS_CONFIG[4:]
-    kwargs = {"nvfp4": False, "has_bias": False, "activation": 0, "top_k": 4, "config": two_stages}
-    assert constexprs(1, 256, **kwargs, in_flight=1)["STAGES"] == 2
-    with pytest.raises(ValueError, match=r"2 K steps' wgmmas in flight need a ring of more than 2 stages, not 2; set "
-                                         r"\$MOE_ORACLE_TRITON_WS_STAGES higher"):
-        constexprs(1, 256, **kwargs, in_flight=2)
-    assert constexprs(1, 128, **kwargs, in_flight=2)["STAGES"] == warp_specialized.PARTIAL_BLOCK_STAGES
-
-
-def test_two_k_steps_in_flight_come_from_the_environment_for_fp8_dots_only(monkeypatch):
-    from backends.triton_moe import forward
-
-    monkeypatch.delenv(forward.WS_IN_FLIGHT_ENV, raising=False)
-    assert forward.ws_in_flight(fp8_dots=True) == 1 and forward.ws_in_flight(fp8_dots=False) == 1
-    monkeypatch.setenv(forward.WS_IN_FLIGHT_ENV, "2")
-    assert forward.ws_in_flight(fp8_dots=True) == 2
-    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_IN_FLIGHT=2 is for W4A8 on FP8 dots .*; unset it for "
-                                         r"this call"):
-        forward.ws_in_flight(fp8_dots=False)
-    monkeypatch.setenv(forward.WS_IN_FLIGHT_ENV, "3")
-    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_IN_FLIGHT='3' must be one of \('1', '2'\)"):
-        forward.ws_in_flight(fp8_dots=True)
 
 
 def test_config_is_one_the_probe_measured():

@@ -390,13 +390,11 @@ def _tile_at(b, n, tiles, N, BLOCK_N: gl.constexpr):
 @gluon.jit
 def _step(i, g, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K,
           lut_ptr, rows, next_codes, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NVFP4: gl.constexpr,
-          GATHERED: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr,
-          IN_FLIGHT: gl.constexpr = 1):
+          GATHERED: gl.constexpr, FP8: gl.constexpr, PAD: gl.constexpr, TAIL_M: gl.constexpr):
     """K tile i at the ring's step g (its scales loaded two steps ahead: `scales`): decode the packed tile into the
     wgmma's A registers, issue the wgmma (and, with TAIL_M, a second one of the same operand into the tail's
-    accumulator acc_t), wait for tile i - IN_FLIGHT's (whose operand w_keep stays alive until then, so no operand a
-    wgmma may still read shares registers with the one being decoded; W4A8's through `_kept`) and release its slot;
-    returns tile i + 2's scales and `rows`' next.
+    accumulator acc_t), wait for tile i - 1's (whose operand w_keep stays alive until then, so the two operands never
+    share registers; W4A8's through `_kept`) and release its slot; returns tile i + 2's scales and `rows`' next.
     FP8 (W4A8): the W4A8 bytes by table into an FP8 wgmma's operand (`_operand_from_lut`): `scales` are the rows'
     step codes (`_code_load`, one integer a row), `rows` tile i's table rows, loaded a step ahead from `next_codes`
     (tile i + 1's), so that neither load is waited for in the step that needs it (ncu: the code-to-row-to-decode
@@ -431,17 +429,17 @@ def _step(i, g, acc, acc_t, w_keep, scales, x_bufs, xt_bufs, w_bufs, ready, empt
     if FP8:
         next_rows = _table_rows(lut_ptr, _word_codes(next_codes, words, NVFP4, BLOCK_K), NVFP4)
         if TAIL_M:
-            acc, acc_t = warpgroup_mma_wait(num_outstanding=2 * IN_FLIGHT, deps=[acc, acc_t])
+            acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t])
         else:
-            acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=[acc])
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         _kept(w_keep)
     else:
         next_rows = rows
         if TAIL_M:
-            acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2 * IN_FLIGHT, deps=[acc, acc_t, w_keep])
+            acc, acc_t, w_keep = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_t, w_keep])
         else:
-            acc, w_keep = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=[acc, w_keep])
-    mbarrier.arrive(empty.index((g + STAGES - IN_FLIGHT) % STAGES), count=1, pred=i > IN_FLIGHT - 1)
+            acc, w_keep = warpgroup_mma_wait(num_outstanding=1, deps=[acc, w_keep])
+    mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), count=1, pred=i > 0)
     return acc, acc_t, w, next_scales, next_rows
 
 
@@ -451,7 +449,7 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
               alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
               ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, TAIL_M: gl.constexpr,
-              PERSISTENT: gl.constexpr, IN_FLIGHT: gl.constexpr):
+              PERSISTENT: gl.constexpr):
     """The consumers over the program's tiles (`tiles`; a program per tile: `this`): `_consumer_tile`."""
     if PERSISTENT:
         for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
@@ -460,15 +458,14 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
                            yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
                            num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, N, K, k_tiles, alpha, beta, limit,
                            w4a8, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT,
-                           TOP_K, TAIL_M, PERSISTENT, IN_FLIGHT)
+                           TOP_K, TAIL_M, PERSISTENT)
         if GEMM == 1:
             tma.store_wait(0)  # h's last tiles read out of shared memory before the program ends
     else:
         _consumer_tile(this[0], this[1], this[2], this[3], 0, x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty,
                        y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr,
                        stride_be, route_w_ptr, N, K, k_tiles, alpha, beta, limit, w4a8, GEMM, BLOCK_M, BLOCK_N,
-                       BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M, PERSISTENT,
-                       IN_FLIGHT)
+                       BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M, PERSISTENT)
 
 
 @gluon.jit
@@ -477,16 +474,15 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
                    route_w_ptr, N, K, k_tiles, alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr,
                    HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr,
-                   TAIL_M: gl.constexpr, PERSISTENT: gl.constexpr, IN_FLIGHT: gl.constexpr):
+                   TAIL_M: gl.constexpr, PERSISTENT: gl.constexpr):
     """One tile (`_tile_at`'s values) from the ring's step `base` on: W (decoded into registers) x X^T (shared memory)
     into the [BLOCK_N weight rows, BLOCK_M rows] accumulator, then the GEMM's epilogue. The K loop is unrolled by two so
     that consecutive tiles' operands alternate between two register sets with no copies (a single loop-carried operand
-    would be copied into the registers the wgmma in flight reads); by three over three sets with IN_FLIGHT 2.
-    PERSISTENT: the last steps' slots are released too, for the program's next tile. ACT_QUANT (W4A8, `w4a8` =
-    (table, row exponents, static scales, rows' exponents)): E4M3 X, FP8 wgmmas (K 32 each, their sums accumulated in
-    the tensor core) and the sums scaled as the tile kernels'. TAIL_M: the TAIL_M rows after the block (xt_bufs)
-    multiply the same decoded operand into a second accumulator and take the same epilogue (yt_smem, yt_desc): an
-    expert's last rows cost a wgmma, not a second decode."""
+    would be copied into the registers the wgmma in flight reads). PERSISTENT: the last step's slot is released too, for
+    the program's next tile. ACT_QUANT (W4A8, `w4a8` = (table, row exponents, static scales, rows' exponents)): E4M3 X,
+    FP8 wgmmas (K 32 each, their sums accumulated in the tensor core) and the sums scaled as the tile kernels'. TAIL_M:
+    the TAIL_M rows after the block (xt_bufs) multiply the same decoded operand into a second accumulator and take the
+    same epilogue (yt_smem, yt_desc): an expert's last rows cost a wgmma, not a second decode."""
     FP8: gl.constexpr = _fp8_dots(ACT_QUANT)
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -523,51 +519,23 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     row_values = _row_values(epilogue_args, BLOCK_N, mma, FP8, HAS_BIAS)
     # W4A16: a placeholder
     rows = _table_rows(lut_ptr, _word_codes(s_even, words, NVFP4, BLOCK_K), NVFP4) if FP8 else s_even
-    if IN_FLIGHT == 1:
-        for j in range(k_tiles // 2):
-            acc, acc_t, w_even, s_even, rows = _step(2 * j, base + 2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs,
-                                                     w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,
-                                                     s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
-            acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, base + 2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs,
-                                                   xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-                                                   rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
-        if k_tiles % 2:
-            acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, base + k_tiles - 1, acc, acc_t, w_odd, s_even,
-                                                    x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words,
-                                                    K, lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8,
-                                                    PAD, TAIL_M)
-    else:  # two tiles' wgmmas in flight: three operand sets, tile i decoded into tile i - 3's
-        w_b = w_odd
-        for j in range(k_tiles // 3):
-            acc, acc_t, w_a, s_2, rows = _step(3 * j, base + 3 * j, acc, acc_t, w_b, s_even, x_bufs, xt_bufs, w_bufs,
-                                               ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows, s_odd,
-                                               BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M, 2)
-            acc, acc_t, w_b, s_3, rows = _step(3 * j + 1, base + 3 * j + 1, acc, acc_t, w_odd, s_odd, x_bufs,
+    for j in range(k_tiles // 2):
+        acc, acc_t, w_even, s_even, rows = _step(2 * j, base + 2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs,
+                                                 w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,
+                                                 s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+        acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, base + 2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs,
                                                xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-                                               rows, s_2, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M, 2)
-            acc, acc_t, w_odd, s_4, rows = _step(3 * j + 2, base + 3 * j + 2, acc, acc_t, w_a, s_2, x_bufs,
-                                                 xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-                                                 rows, s_3, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M, 2)
-            s_even = s_3
-            s_odd = s_4
-        if k_tiles % 3 > 0:
-            acc, acc_t, w_a, s_2, rows = _step(k_tiles // 3 * 3, base + k_tiles // 3 * 3, acc, acc_t, w_b, s_even,
-                                               x_bufs, xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K,
-                                               lut_ptr, rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD,
-                                               TAIL_M, 2)
-            if k_tiles % 3 > 1:
-                acc, acc_t, w_b, s_3, rows = _step(k_tiles - 1, base + k_tiles - 1, acc, acc_t, w_odd, s_odd, x_bufs,
-                                                   xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K,
-                                                   lut_ptr, rows, s_2, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD,
-                                                   TAIL_M, 2)
+                                               rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+    if k_tiles % 2:
+        acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, base + k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs,
+                                                xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
+                                                rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
     if TAIL_M:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    if PERSISTENT:  # the last IN_FLIGHT steps' slots
-        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)
-        if IN_FLIGHT == 2:
-            mbarrier.arrive(empty.index((base + k_tiles - 2) % STAGES), count=1, pred=k_tiles > 1)
+    if PERSISTENT:
+        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)  # the last step's slot
     _epilogue(acc, y_smem, y_desc, first, epilogue_args, row_values, GEMM, BLOCK_M, BLOCK_N, NUM_WARPS, NVFP4,
               HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, mma, PERSISTENT)
     if TAIL_M:
@@ -724,7 +692,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                        STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr,
                        LOADER_REGS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
                        ACTIVATION: gl.constexpr, TOP_K: gl.constexpr, ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr,
-                       K_TAIL: gl.constexpr, PERSISTENT: gl.constexpr, IN_FLIGHT: gl.constexpr):
+                       K_TAIL: gl.constexpr, PERSISTENT: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): tile (b, n) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
@@ -741,9 +709,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     the table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents.
     TAIL_M > 0: each block carries the TAIL_M rows after it (an expert's last rows, `ws_blocks`) in a second
     accumulator: GEMM2 loads them by xt_desc, GEMM1 stores their h by yt_desc (unused without a tail).
-    K_TAIL: K is not a multiple of BLOCK_K (but of 32): the last K step is partial, its columns past K zeros.
-    IN_FLIGHT (1 or 2): the K steps whose wgmmas a consumer leaves in flight while it decodes the next (2: three
-    operand register sets, the K loop unrolled by three)."""
+    K_TAIL: K is not a multiple of BLOCK_K (but of 32): the last K step is partial, its columns past K zeros."""
     if PERSISTENT:
         tiles = ((N + BLOCK_N - 1) // BLOCK_N, gl.load(block_count_ptr), block_expert_ptr, block_first_ptr)
         this = (0, 0, 0, 0)  # unused
@@ -782,7 +748,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                          out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, tiles,
                          this, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM,
                          BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M,
-                         PERSISTENT, IN_FLIGHT)),
+                         PERSISTENT)),
             (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty,
                               tiles, this, N, k_tiles, K, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, LOADER_WARPS, TAIL_M,
                               K_TAIL, PERSISTENT)),
@@ -793,7 +759,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                          out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, tiles,
                          this, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM,
                          BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M,
-                         PERSISTENT, IN_FLIGHT)),
+                         PERSISTENT)),
             (_tma_loader, (x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, tiles, this, N, k_tiles,
                            BLOCK_N, BLOCK_K, TAIL_M, PERSISTENT)),
         ], [LOADER_WARPS], [LOADER_REGS])

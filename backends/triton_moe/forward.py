@@ -102,11 +102,6 @@ WS_BLOCK_KS = ("64", "128")
 #: benchmarks/results/ws-persistent-h200-2026-11-28/.
 WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
-#: The K steps whose wgmmas a warp-specialized consumer leaves in flight while it decodes the next
-#: ($MOE_ORACLE_TRITON_WS_IN_FLIGHT, one of WS_IN_FLIGHT; unset: 1), for A/B runs of W4A8 on FP8 dots: 2 holds a
-#: third operand register set. W4A16's 256-row GEMM1 serializes its wgmmas with 2 (ptxas): bf16-dot calls refuse it.
-WS_IN_FLIGHT_ENV = "MOE_ORACLE_TRITON_WS_IN_FLIGHT"
-WS_IN_FLIGHT = ("1", "2")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
 #: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
@@ -365,7 +360,7 @@ def moe_forward(
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, fp8_dots), w4a8=w4a8,
                                 config=ws_launch_config(fp8_dots, tokens * k / experts),
-                                persistent=ws_persistent(fp8_dots), in_flight=ws_in_flight(fp8_dots))
+                                persistent=ws_persistent(fp8_dots))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -525,16 +520,6 @@ def _once_per_tensor(cache: dict, anchor: torch.Tensor, watched: tuple, compute,
     value = compute()
     cache[key] = (weakref.ref(anchor, lambda _ref, k=key: cache.pop(k, None)), versions, value)
     return value
-
-
-def ws_in_flight(fp8_dots: bool) -> int:
-    """The K steps whose wgmmas the warp-specialized consumers leave in flight: $MOE_ORACLE_TRITON_WS_IN_FLIGHT,
-    else 1; 2 only on FP8 dots (an error for a bf16-dot call, not a silent 1)."""
-    forced = _forced_choice("wgmmas in flight", None, WS_IN_FLIGHT, WS_IN_FLIGHT_ENV, "1")
-    if forced == "2" and not fp8_dots:
-        _fail(ValueError, f"environment variable {WS_IN_FLIGHT_ENV}=2 is for W4A8 on FP8 dots (W4A16's 256-row GEMM1 "
-              "serializes its wgmmas with two steps in flight); unset it for this call")
-    return int(forced or 1)
 
 
 def _forced_choice(arg: str, choice: str | None, choices: tuple, env: str, otherwise: str) -> str | None:

@@ -328,24 +328,19 @@ def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
 
 def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
                config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0, k_size: int = 0,
-               persistent: bool = False, in_flight: int = 1) -> dict:
+               persistent: bool = False) -> dict:
     """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and tail rows after each), its K
-    k_size (0: a multiple of the K step), persistent or a program per tile, with in_flight K steps' wgmmas in flight
-    while the next decodes."""
+    k_size (0: a multiple of the K step), persistent or a program per tile."""
     _, block_n, block_k, stages, warps = config
     if tail or block_m < WS_CONFIG[0]:  # their fixed depths, as deep as shared memory holds (config's: as given)
         stages = min(TAIL_BLOCK_STAGES if tail else PARTIAL_BLOCK_STAGES,
                      ring_stages_that_fit(gemm, block_m + tail, block_n, block_k, act_quant))
-    if stages <= in_flight:  # the slot a step waits for would be held by a step whose wgmmas are still in flight
-        raise ValueError(f"warp_specialized: {in_flight} K steps' wgmmas in flight need a ring of more than "
-                         f"{in_flight} stages, not {stages}; set $MOE_ORACLE_TRITON_WS_STAGES higher or "
-                         "$MOE_ORACLE_TRITON_WS_IN_FLIGHT lower")
     loader_regs = TMA_LOADER_REGS if gemm == 2 else (
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=LOADER_WARPS[gemm], LOADER_REGS=loader_regs, NVFP4=nvfp4, HAS_BIAS=has_bias,
                 ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail, K_TAIL=k_size % block_k != 0,
-                PERSISTENT=persistent, IN_FLIGHT=in_flight)
+                PERSISTENT=persistent)
 
 
 #: Shared memory a program may take on sm_90 (227 KiB), less a KiB for the ring's barriers and alignment.
@@ -392,14 +387,12 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
-           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False,
-           in_flight: int = 1) -> None:
+           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8, as `w4a8` says: on
     FP8 dots E4M3, on `ws_weights(kw, w4a8=True)`; on bf16 dots its quantized values in bf16), ids [T, k], route_w
     fp32 [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit).
     persistent: the launches of blocks up to PERSISTENT_MAX_ROWS run a program per multiprocessor at most
-    (`launch_programs`), each on over several tiles; else a program per tile. in_flight: the K steps whose wgmmas
-    a consumer leaves in flight (the kernel's IN_FLIGHT)."""
+    (`launch_programs`), each on over several tiles; else a program per tile."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
@@ -448,7 +441,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
                 w4a8.qscale if act_quant else unused, row_exps,
                 **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
                              activation=activation, top_k=k, config=config, act_quant=act_quant, tail=tail,
-                             k_size=k_size, persistent=runs_on, in_flight=in_flight),
+                             k_size=k_size, persistent=runs_on),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
@@ -471,7 +464,7 @@ def launch_programs(tiles: int, device) -> int:
 
 def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
                  activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0,
-                 k_size: int = 0, persistent: bool = False, in_flight: int = 1):
+                 k_size: int = 0, persistent: bool = False):
     """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
     checks of what it compiles to."""
     import triton
@@ -482,8 +475,7 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
 
     _, block_n, block_k = config[:3]
     values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
-                        config=config, act_quant=act_quant, tail=tail, k_size=k_size, persistent=persistent,
-                        in_flight=in_flight)
+                        config=config, act_quant=act_quant, tail=tail, k_size=k_size, persistent=persistent)
     x_type, w_type, h_type = (DTYPES[name][1] for name in ws_dtypes(act_quant))
     y_type = h_type if gemm == 1 else "bf16"
 
