@@ -10,10 +10,14 @@ environment variable while the variant runs (a kernel experiment's switch, read 
 row gives µs,
 TFLOP/s (6·T·k·H·I), the fraction of this run's bf16 8192³ matmul rate, the relative L2 against the tuned row's
 output and whether its bits are the tuned row's (a variant that only regroups rows keeps them). --kernels adds each
-row's kernels (torch.profiler, eager, L2 flushed: mean µs per call) to DIR/kernels.csv.
+row's kernels (torch.profiler, eager, L2 flushed: mean µs per call) to DIR/kernels.csv. --routing: the routing of
+each row, one or more of ROUTINGS: "logits" (random router logits, as bench_matrix) and "balanced" (every expert
+exactly T·k/E pairs, `balanced_topk`): their ratio is what the experts' uneven row counts cost (their last, partial
+row blocks).
 
     python benchmarks/ab_prefill_configs.py --out DIR [--layers gpt-oss-120b,deepseek-v3] [--tokens 4096,16384]
-        [--act-quant mxfp8|fp8_per_tensor_static] [--iters 10] [--kernels] --variant tail32:tail_rows=32 [...]
+        [--act-quant mxfp8|fp8_per_tensor_static] [--routing logits,balanced] [--iters 10] [--kernels]
+        --variant tail32:tail_rows=32 [...]
 
 Writes DIR/ab.csv (appended row by row: a cut-off run keeps what it measured) and DIR/environment.json.
 """
@@ -26,7 +30,9 @@ import csv
 import dataclasses
 import datetime
 import functools
+import itertools
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -37,11 +43,13 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from backends.model_shapes import SHAPES  # noqa: E402
 from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig  # noqa: E402
 
-COLUMNS = ("run_id", "gpu", "commit", "shape", "tokens", "act_quant", "variant", "config", "us", "tflops", "of_bf16",
-           "rel_l2_vs_tuned", "bits_as_tuned", "note")
+COLUMNS = ("run_id", "gpu", "commit", "shape", "tokens", "act_quant", "routing", "variant", "config", "us", "tflops",
+           "of_bf16", "rel_l2_vs_tuned", "bits_as_tuned", "note")
 _FIELDS = {f.name: f.type for f in dataclasses.fields(LaunchConfig)}
 
 
+#: --routing choices: random router logits, or every expert the same number of pairs (balanced_topk)
+ROUTINGS = ("logits", "balanced")
 #: --variant keys that are moe_forward arguments rather than LaunchConfig fields
 CALL_KEYS = ("topk_sum", "prefill_kernel", "w4a8_mma", "fp8_accumulate")
 
@@ -88,6 +96,19 @@ def _value(value: str, text: str, part: str):
             from None
 
 
+def balanced_topk(tokens: int, experts: int, top_k: int, device=None):
+    """(topk_ids int32 [T, k], topk_weights fp32 [T, k] of 1/k) giving every expert exactly T·k/E pairs: pair
+    (t, j) takes expert (t·k + j) mod E, so a token's k experts are distinct. ValueError where T·k is not a multiple
+    of E or k > E."""
+    import torch
+
+    if (tokens * top_k) % experts or top_k > experts:
+        raise ValueError(f"--routing balanced: T·k = {tokens}·{top_k} must be a multiple of the layer's {experts} "
+                         f"experts (and k at most E); pick T a multiple of {experts // math.gcd(experts, top_k)}")
+    ids = (torch.arange(tokens * top_k, device=device, dtype=torch.int32) % experts).reshape(tokens, top_k)
+    return ids, torch.full((tokens, top_k), 1 / top_k, device=device)
+
+
 def edited(config: MoEConfig, name: str, g1: dict, g2: dict) -> MoEConfig:
     return dataclasses.replace(config, gemm1=dataclasses.replace(config.gemm1, **g1),
                                gemm2=dataclasses.replace(config.gemm2, **g2), source=f"variant {name}")
@@ -99,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", default="gpt-oss-120b,deepseek-v3")
     p.add_argument("--tokens", default="4096,16384")
     p.add_argument("--act-quant", default=None, choices=("mxfp8", "fp8_per_tensor_static"))
+    p.add_argument("--routing", default="logits", help=f"comma-separated, of {', '.join(ROUTINGS)}")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--variant", action="append", default=[])
     p.add_argument("--kernels", action="store_true", help="also each row's kernels' µs (torch.profiler)")
@@ -108,11 +130,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for layer in args.layers:
         if layer not in SHAPES:
             p.error(f"--layers: {layer!r} is not one of {', '.join(SHAPES)}")
+    args.routing = args.routing.split(",")
+    for routing in args.routing:
+        if routing not in ROUTINGS:
+            p.error(f"--routing: {routing!r} is not one of {', '.join(ROUTINGS)}")
     try:
         args.tokens = [int(t) for t in args.tokens.split(",")]
         args.variant = [parse_variant(v) for v in args.variant]
     except ValueError as exc:
         p.error(str(exc) if "--variant" in str(exc) else f"--tokens: {args.tokens!r} is not a list of whole numbers")
+    if "balanced" in args.routing:
+        for layer in args.layers:
+            shape = SHAPES[layer]
+            for tokens in args.tokens:
+                try:
+                    balanced_topk(tokens, shape.experts, shape.top_k, device="meta")
+                except ValueError as exc:
+                    p.error(f"{layer}: {exc}")
     return args
 
 
@@ -156,9 +190,14 @@ def main(argv: list[str] | None = None) -> int:
                 quant = {"act_quant": args.act_quant, "a1_scale": one, "a2_scale": one}
             elif args.act_quant:
                 quant = {"act_quant": args.act_quant}
-            for tokens in args.tokens:
+            for tokens, routing in itertools.product(args.tokens, args.routing):
                 x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
                 logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
+                if routing == "balanced":
+                    ids, route_w = balanced_topk(tokens, shape.experts, shape.top_k, device="cuda")
+                    route = {"topk_ids": ids, "topk_weights": route_w}
+                else:
+                    route = {"router_logits": logits, "top_k": shape.top_k}
                 problem = tuning.Problem(tokens=tokens, **shape.fields())
                 tuned = tuning.select_config(arch, gpu_info, problem)
                 if args.act_quant:
@@ -167,19 +206,19 @@ def main(argv: list[str] | None = None) -> int:
                 base_out = None
                 for name, g1, g2, extra in [("tuned", {}, {}, {})] + args.variant:
                     row = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "shape": layer, "tokens": tokens,
-                           "act_quant": args.act_quant or "", "variant": name}
+                           "act_quant": args.act_quant or "", "routing": routing, "variant": name}
                     extra = dict(extra)
                     with _environment(extra.pop("env", {})):
                         try:
                             config = tuned if name == "tuned" else edited(tuned, name, g1, g2)
                             row["config"] = describe(config, False) + f" | {config.gemm1} | {config.gemm2}"
-                            call = functools.partial(moe_forward, x, weights, router_logits=logits, top_k=shape.top_k,
-                                                     config=config, **act, **quant, **extra)
+                            call = functools.partial(moe_forward, x, weights, **route, config=config, **act, **quant,
+                                                     **extra)
                             us, out = time_graph_output(call, flush, args.iters)
                         except Exception as exc:  # noqa: BLE001  one failing variant is a result
                             writer.writerow({**row, "note": f"failed: {type(exc).__name__}: {exc}"[:300]})
                             handle.flush()
-                            print(f"{layer} T={tokens} {name}: failed {exc}"[:300], flush=True)
+                            print(f"{layer} T={tokens} {routing} {name}: failed {exc}"[:300], flush=True)
                             continue
                         out = out.clone()
                         if base_out is None:
@@ -192,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                         handle.flush()
                         if args.kernels:
                             _write_kernels(Path(args.out, "kernels.csv"), row, profile_kernels(call, flush))
-                        print(f"{layer} T={tokens} {name}: {us:.1f} us, {tflops / matmul:.3f} of bf16, "
+                        print(f"{layer} T={tokens} {routing} {name}: {us:.1f} us, {tflops / matmul:.3f} of bf16, "
                               f"bits as tuned {row['bits_as_tuned']}", flush=True)
     return 0
 
@@ -219,9 +258,10 @@ def _write_kernels(path: Path, row: dict, kernels: list) -> None:
     with path.open("a", newline="") as handle:
         writer = csv.writer(handle)
         if fresh:
-            writer.writerow(["shape", "tokens", "act_quant", "variant", "kernel", "us"])
+            writer.writerow(["shape", "tokens", "act_quant", "routing", "variant", "kernel", "us"])
         for name, us in kernels:
-            writer.writerow([row["shape"], row["tokens"], row["act_quant"], row["variant"], name[:120], f"{us:.1f}"])
+            writer.writerow([row["shape"], row["tokens"], row["act_quant"], row["routing"], row["variant"], name[:120],
+                             f"{us:.1f}"])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from backends.triton_moe import tuning
@@ -58,3 +60,29 @@ def test_a_config_naming_the_warp_specialized_prefill_says_so_in_benchmark_rows(
     assert bench_matrix.describe(tiles) == "sm90-h200.yaml#7: 128x64x64/128x64 w4/4 s3/3 tail16/16"
     ws = dataclasses.replace(tiles, prefill_kernel="warp-specialized")
     assert bench_matrix.describe(ws) == "sm90-h200.yaml#7: 128x64x64/128x64 w4/4 s3/3 tail16/16 + warp-specialized prefill"
+
+
+def test_balanced_routing_gives_every_expert_the_same_pairs_and_each_token_distinct_experts():
+    import torch
+
+    ids, weights = ab.balanced_topk(4096, 128, 4)
+    assert ids.shape == (4096, 4) and ids.dtype == torch.int32
+    assert torch.equal(torch.bincount(ids.reshape(-1).long(), minlength=128), torch.full((128,), 128))
+    assert all(len(set(row)) == 4 for row in ids.tolist())
+    assert torch.equal(weights, torch.full((4096, 4), 0.25))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--routing", "skewed"], r"--routing: 'skewed' is not one of logits, balanced"),
+    (["--routing", "logits,balanced", "--layers", "deepseek-v3", "--tokens", "4100"],
+     r"deepseek-v3: --routing balanced: T·k = 4100·8 must be a multiple of the layer's 256 experts .*T a multiple "
+     r"of 32"),
+])
+def test_a_routing_the_layer_cannot_take_is_one_message_before_any_gpu_work(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--out", "x", *argv])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_both_routings_are_parsed_in_order():
+    assert ab.parse_args(["--out", "x", "--routing", "balanced,logits"]).routing == ["balanced", "logits"]
