@@ -253,12 +253,31 @@ def test_cuda_scale_decode_is_exact_for_every_code():
     assert e8m0_folded_decode_mismatches("cuda") == []
 
 
+def test_coarse_padding_leaves_only_a_whole_blocks_one_block_tail_fine():
+    """coarse_pad (64, 256) on 32-row alignment: every run padded to 64 rows but those 257-288, 513-544, ... rows
+    long, which stop at the 32 rows past their whole 256-row blocks (a whole block's tail)."""
+    from backends.triton_moe._routing import align, max_row_blocks, padded_runs
+
+    counts = torch.tensor([0, 1, 32, 33, 64, 65, 256, 257, 288, 289, 320, 513, 544, 545, 577])
+    assert padded_runs(counts, 32, (64, 256)).tolist() == [0, 64, 64, 64, 64, 128, 256, 288, 288, 320, 320, 544, 544,
+                                                           576, 640]
+    assert padded_runs(counts, 32).tolist() == [0, 32, 32, 64, 64, 96, 256, 288, 288, 320, 320, 544, 544, 576, 608]
+    ids = torch.repeat_interleave(torch.arange(len(counts)), counts).reshape(-1, 1)
+    al = align(ids, len(counts), 32, coarse_pad=(64, 256))
+    assert int(al.padded_total) == int(padded_runs(counts, 32, (64, 256)).sum()) <= al.num_blocks * 32
+    assert al.num_blocks == max_row_blocks(ids.numel(), len(counts), 32, (64, 256))
+    with pytest.raises(ValueError, match=r"coarse_pad=\(48, 256\) must be \(COARSE, WHOLE\) with COARSE a multiple "
+                                         r"of block_m=32 and WHOLE one of COARSE"):
+        align(ids, len(counts), 32, coarse_pad=(48, 256))
+
+
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens, experts, k, block_m", [(1, 128, 4, 16), (256, 256, 8, 16), (1024, 128, 4, 64),
-                                                         (1024, 256, 8, 64), (4096, 128, 4, 128), (4096, 256, 8, 128),
-                                                         (2000, 6, 2, 32)])
-def test_cuda_alignment_paths_match_the_torch_path(tokens, experts, k, block_m):
+@pytest.mark.parametrize("tokens, experts, k, block_m, coarse_pad", [
+    (1, 128, 4, 16, None), (256, 256, 8, 16, None), (1024, 128, 4, 64, None), (1024, 256, 8, 64, None),
+    (4096, 128, 4, 128, None), (4096, 256, 8, 128, None), (2000, 6, 2, 32, None), (16384, 128, 4, 32, (64, 256)),
+    (1024, 6, 2, 16, (32, 128))])
+def test_cuda_alignment_paths_match_the_torch_path(tokens, experts, k, block_m, coarse_pad):
     """The one-program and the two-launch multi-program alignments give the torch path's exact blocks at layer
     sizes (up to 32768 pairs, one crowded expert)."""
     from backends.triton_moe import _kernels, _routing
@@ -266,12 +285,12 @@ def test_cuda_alignment_paths_match_the_torch_path(tokens, experts, k, block_m):
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     ids = torch.topk(torch.randn(tokens, experts, device="cuda", generator=gen), k, dim=-1).indices.int()
     ids[: tokens // 3, 0] = experts - 1
-    ref = _routing.align(ids, experts, block_m, path="torch")
+    ref = _routing.align(ids, experts, block_m, path="torch", coarse_pad=coarse_pad)
     used = int(ref.padded_total) // block_m
     for path in ("one-program", "multi-program"):
         if path == "one-program" and ids.numel() > 4096:
             continue
-        got = _routing.align(ids, experts, block_m, _kernels, path=path)
+        got = _routing.align(ids, experts, block_m, _kernels, path=path, coarse_pad=coarse_pad)
         assert torch.equal(got.padded_total, ref.padded_total), path
         assert torch.equal(got.sorted_pairs, ref.sorted_pairs), path
         assert torch.equal(got.block_expert[:used], ref.block_expert[:used]), path

@@ -155,9 +155,11 @@ def _run_case(name: str, spec) -> dict:
     return stats
 
 
-# (T, E, k, BLOCK_M); the multi-program path runs 128-pair chunks: 1 to 14 chunks here, the last ones partial
+# (T, E, k, BLOCK_M[, coarse_pad]); the multi-program path runs 128-pair chunks: 1 to 14 chunks here, the last ones
+# partial; with coarse_pad the crowded expert's run (about T / 2 rows) and some others end just past a WHOLE multiple
 ALIGN_CASES = [(1, 128, 4, 16), (3, 32, 4, 16), (37, 8, 3, 16), (64, 256, 8, 16), (120, 128, 8, 64), (9, 6, 1, 32),
-               (300, 128, 4, 64), (222, 256, 8, 16), (130, 6, 2, 32)]
+               (300, 128, 4, 64), (222, 256, 8, 16), (130, 6, 2, 32), (140, 6, 2, 16, (32, 64)),
+               (37, 8, 3, 8, (16, 32)), (300, 16, 4, 16, (32, 64)), (200, 4, 1, 8, (32, 64))]
 
 
 def _check_fused_alignment() -> dict:
@@ -168,20 +170,26 @@ def _check_fused_alignment() -> dict:
 
     gen = torch.Generator().manual_seed(5)
     mismatches = []
-    for tokens, experts, k, block_m in ALIGN_CASES:
+    fine_runs = 0
+    for tokens, experts, k, block_m, *coarse_pad in ALIGN_CASES:
+        coarse_pad = coarse_pad[0] if coarse_pad else None
         ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).int()
         ids[: tokens // 2, 0] = 1  # a crowded expert
-        ref = _routing._align_torch(ids, experts, block_m)
+        ref = _routing._align_torch(ids, experts, block_m, coarse_pad=coarse_pad)
+        if coarse_pad:
+            padded = _routing.padded_runs(torch.bincount(ids.reshape(-1).long(), minlength=experts), block_m,
+                                          coarse_pad)
+            fine_runs += int((padded % coarse_pad[0] != 0).sum())
         for path in ("one-program", "multi-program"):
             if path == "one-program" and ids.numel() > 4096:  # its sort holds every pair in one program
                 continue
-            got = _routing.align(ids, experts, block_m, _kernels, path=path)
+            got = _routing.align(ids, experts, block_m, _kernels, path=path, coarse_pad=coarse_pad)
             used = int(ref.padded_total) // block_m
             if not (int(got.padded_total) == int(ref.padded_total)
                     and torch.equal(got.sorted_pairs, ref.sorted_pairs)
                     and torch.equal(got.block_expert[:used], ref.block_expert[:used])):
-                mismatches.append([tokens, experts, k, block_m, path])
-    return {"mismatches": mismatches}
+                mismatches.append([tokens, experts, k, block_m, coarse_pad, path])
+    return {"mismatches": mismatches, "fine_runs": fine_runs}
 
 
 ROUTE_CASES = [(1, 128, 4, True), (7, 6, 1, True), (5, 256, 8, False), (33, 32, 3, False), (16, 20, 5, True)]
@@ -324,7 +332,8 @@ def test_interpreter_matches_emulation(interpreter_results, case):
 def test_interpreter_fused_alignment_matches_torch_path(interpreter_results):
     row = interpreter_results["fused-alignment"]
     assert "error" not in row, row.get("error")
-    assert row["mismatches"] == [], f"(T, E, k, BLOCK_M) cases that differ: {row['mismatches']}"
+    assert row["mismatches"] == [], f"(T, E, k, BLOCK_M, coarse_pad) cases that differ: {row['mismatches']}"
+    assert row["fine_runs"] >= 2, row  # the coarse_pad cases have runs its exception pads finer
 
 
 def test_interpreter_routing_breaks_ties_by_lower_index(interpreter_results):

@@ -114,8 +114,9 @@ def test_ws_w4a8_weights_are_the_fp8_tiles_rows_in_the_kernels_order(fmt):
 
 
 #: Run lengths that take every kind of block (with 256-row blocks: a quarter, a half, a half and its quarter tail,
-#: a whole block, one and a quarter, one and a half and a tail) and their edges.
-RUN_LENGTHS = (1, 64, 65, 129, 192, 193, 320, 400)
+#: a whole block, one and an eighth (a whole block's tail, `alignment_padding`'s eighth_tails), one and a quarter,
+#: one and a half and a tail) and their edges.
+RUN_LENGTHS = (1, 64, 65, 129, 192, 193, 270, 288, 320, 400)
 
 
 def _stepped_ids(tokens: int, experts: int, k: int, device=None) -> torch.Tensor:
@@ -136,21 +137,25 @@ def test_stepped_ids_take_the_run_lengths_with_distinct_experts_per_token():
     assert torch.bincount(ids.view(-1).long(), minlength=32)[:len(RUN_LENGTHS)].tolist() == list(RUN_LENGTHS)
 
 
-@pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(37, 8, 2, 256), (500, 16, 4, 128), (1, 4, 1, 64),
-                                                                  (300, 3, 3, 256), (1024, 32, 4, 256),
-                                                                  (1024, 64, 8, 128)])
-def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(tokens, experts, k, block_m):
+@pytest.mark.parametrize(("tokens", "experts", "k", "block_m", "eighth_tails"), [
+    (37, 8, 2, 256, False), (500, 16, 4, 128, False), (1, 4, 1, 64, False), (300, 3, 3, 256, False),
+    (1024, 32, 4, 256, False), (1024, 64, 8, 128, False), (1024, 32, 4, 256, True), (300, 3, 3, 256, True)])
+def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(tokens, experts, k, block_m, eighth_tails):
+    from backends.triton_moe._routing import padded_runs
+    from backends.triton_moe.warp_specialized import alignment_padding
+
     if tokens * k >= sum(RUN_LENGTHS) + experts:
         ids = _stepped_ids(tokens, experts, k)
     else:
         ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:k]
                            for t in range(tokens)])
-    al = align(ids, experts, block_m // 4)
+    align_rows, coarse_pad = alignment_padding(block_m, eighth_tails)
+    al = align(ids, experts, align_rows, coarse_pad=coarse_pad)
     sorted_pairs = al.sorted_pairs.tolist()
     covered, blocks_of = {}, Counter()
-    for size, tail, expert, first, count, bound in ws_blocks(ids, experts, block_m):
-        assert int(count) <= bound and tail in (0, block_m // 4)
-        assert not tail or size == block_m // 2 or size <= WHOLE_TAIL_MAX_ROWS, (size, tail)
+    for size, tail, expert, first, count, bound in ws_blocks(ids, experts, block_m, eighth_tails):
+        assert int(count) <= bound and tail in (0, block_m // 4) + ((block_m // 8,) if eighth_tails else ())
+        assert not tail or size == block_m // 2 or size <= WHOLE_TAIL_MAX_ROWS or tail == block_m // 8, (size, tail)
         for b in range(int(count)):
             e, row = int(expert[b]), int(first[b])
             blocks_of[e] += 1
@@ -158,18 +163,25 @@ def test_blocks_cover_each_experts_padded_run_once_in_the_alignments_order(token
                 assert r not in covered, (size, b, r)
                 covered[r] = e
     pairs_of = {e: sorted(p for p in range(tokens * k) if int(ids.view(-1)[p]) == e) for e in range(experts)}
+    eighths = 0
     for e in range(experts):
         rows = sorted(r for r, owner in covered.items() if owner == e)
-        padded = -(-len(pairs_of[e]) // (block_m // 4)) * (block_m // 4)
+        padded = int(padded_runs(torch.tensor([len(pairs_of[e])]), align_rows, coarse_pad))
         assert len(rows) == padded and rows == list(range(rows[0], rows[0] + padded)) if padded else not rows
         real = [sorted_pairs[r] for r in rows if sorted_pairs[r] < tokens * k]
         assert sorted(real) == pairs_of[e], e
         # one program (one decode of the expert's weights) for the rows past its whole blocks, none where a lone
-        # quarter rides with the last whole block
+        # quarter (or with eighth_tails an eighth) rides with the last whole block
         whole, rest = divmod(padded, block_m)
-        rides_on_whole = rest == block_m // 4 and whole > 0 and block_m <= WHOLE_TAIL_MAX_ROWS
+        eighths += rest == block_m // 8
+        rides_on_whole = whole > 0 and (rest == block_m // 4 and block_m <= WHOLE_TAIL_MAX_ROWS
+                                        or rest == block_m // 8)
         assert blocks_of[e] == whole + (rest > 0 and not rides_on_whole), (e, padded)
     assert len(covered) == int(al.padded_total)
+    if not eighth_tails:
+        assert eighths == 0
+    elif tokens * k >= sum(RUN_LENGTHS) + experts:  # RUN_LENGTHS' 270 and 288
+        assert eighths >= 2
 
 
 @pytest.mark.parametrize(("gemm", "block_m", "nvfp4", "has_bias", "activation", "tail"), [
@@ -352,6 +364,48 @@ def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(mo
         forward.ws_persistent(fp8_dots=False)
 
 
+def test_eighth_tails_run_where_they_compile_and_the_environment_says(monkeypatch):
+    from backends.triton_moe import forward
+
+    monkeypatch.delenv(forward.WS_EIGHTH_TAILS_ENV, raising=False)
+    assert forward.ws_eighth_tails("mxfp4", 1, 256) and forward.ws_eighth_tails("mxfp4", 2, 256)
+    assert not any(forward.ws_eighth_tails(*args) for args in (("nvfp4", 1, 256), ("mxfp4", 0, 256),
+                                                              ("mxfp4", 4, 256), ("mxfp4", 1, 128)))
+    monkeypatch.setenv(forward.WS_EIGHTH_TAILS_ENV, "0")
+    assert not forward.ws_eighth_tails("mxfp4", 1, 256)
+    monkeypatch.setenv(forward.WS_EIGHTH_TAILS_ENV, "1")
+    assert forward.ws_eighth_tails("mxfp4", 2, 256)
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_EIGHTH_TAILS=1: nvfp4 weights spill registers in the "
+                                         r"K loop with a tail on a whole block \(MXFP4 only\); unset it"):
+        forward.ws_eighth_tails("nvfp4", 1, 256)
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_EIGHTH_TAILS=1: W4A16 and W4A8 on bf16 dots "
+                                         r"serialize GEMM1's wgmmas"):
+        forward.ws_eighth_tails("mxfp4", 0, 256)
+
+
+@pytest.mark.parametrize(("gemm", "act_quant"), [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_sm90_w4a8_whole_block_with_an_eighth_tail_keeps_its_wgmmas_in_flight_without_spills_in_the_k_loop(gemm,
+                                                                                                           act_quant):
+    """The 256-row MXFP4 W4A8 builds carrying a 32-row tail (`eighth_tails_unsupported` allows them): both
+    accumulators' wgmmas in flight across the decode, no local memory access in the K loop (MXFP8's GEMM1: one on
+    triton 3.9, none on 3.6)."""
+    import re
+
+    from _cubin import cubin_tool, k_loop
+    from probe_gluon_w4a16 import sass_stats
+
+    from backends.triton_moe.warp_specialized import eighth_tails_unsupported
+
+    assert eighth_tails_unsupported("mxfp4", act_quant, 256) is None
+    config = WS_CONFIG[:2] + (W4A8_BLOCK_K,) + WS_CONFIG[3:]
+    compiled = compile_sm90(gemm, 256, nvfp4=False, has_bias=True, activation=1, act_quant=act_quant, tail=32,
+                            config=config, k_size=2880)
+    stats = sass_stats(compiled)
+    assert stats["in_flight"] >= 2 and stats["operand_rewrites"] == 0 and stats["shared_bytes"] <= 227 * 1024, stats
+    loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
+    assert sum(bool(re.search(r"\b(?:LDL|STL)\b", line)) for line in loop) <= int((gemm, act_quant) == (1, 2))
+
+
 def test_warp_specialized_on_sm90_names_an_older_triton(monkeypatch):
     kw = to_kernel_layout(**random_checkpoint(Shape("small", "mxfp4", 4, 2, 128, 64, "swigluoai", True)))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -512,6 +566,20 @@ def test_cuda_warp_specialized_w4a8_on_bf16_dots_matches_emulation(name, tokens,
 
 
 @requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
+@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1024, "stepped"), (16384, "logits")])
+def test_cuda_eighth_tails_give_a_quarter_blocks_bits(tokens, routing, scheme, monkeypatch):
+    """$MOE_ORACLE_TRITON_WS_EIGHTH_TAILS: an expert's rows one eighth past its whole blocks ride on the last one
+    (the same wgmmas for each row, into a second accumulator) instead of a quarter block of their own: the same
+    bits (gpt-oss-20b, MXFP4: 32 experts, about 512 rows each at T = 4096)."""
+    from backends.triton_moe import forward
+
+    _assert_same_bits_under(forward.WS_EIGHTH_TAILS_ENV, ("0", "1"), "gpt-oss-20b", tokens, routing, scheme,
+                            monkeypatch)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
 @pytest.mark.parametrize("scheme", [None, "fp8_per_tensor_static", "mxfp8"])

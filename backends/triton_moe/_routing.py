@@ -48,11 +48,25 @@ def _route_fused(router_logits, top_k, renormalize, kernels):
     return ids, weights
 
 
-def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """Static bound on sum_e ceil(count_e / BLOCK_M): at most min(E, pairs) experts waste a partial block."""
+def max_row_blocks(num_pairs: int, num_experts: int, block_m: int, coarse_pad: tuple[int, int] | None = None) -> int:
+    """Static bound on the padded rows / BLOCK_M: at most min(E, pairs) experts pad, each by less than BLOCK_M rows
+    (with coarse_pad, `padded_runs`: less than its COARSE)."""
     if num_pairs == 0:
         return 0
-    return -(-(num_pairs + min(num_experts, num_pairs) * (block_m - 1)) // block_m)
+    pad = coarse_pad[0] if coarse_pad else block_m
+    return -(-(num_pairs + min(num_experts, num_pairs) * (pad - 1)) // block_m)
+
+
+def padded_runs(counts: torch.Tensor, block_m: int, coarse_pad: tuple[int, int] | None = None) -> torch.Tensor:
+    """Each expert's run of `counts` pairs padded to a multiple of BLOCK_M rows: the alignment's definition (its
+    kernels compute the same). coarse_pad = (COARSE, WHOLE): to a multiple of COARSE (a multiple of BLOCK_M)
+    instead, except a run of more than WHOLE rows that BLOCK_M-padding leaves one BLOCK_M past a multiple of WHOLE:
+    the rows a WHOLE-row block can carry as its tail (warp_specialized.ws_blocks) are not padded further."""
+    fine = (counts + block_m - 1) // block_m * block_m
+    if coarse_pad is None:
+        return fine
+    coarse, whole = coarse_pad
+    return torch.where((fine > whole) & (fine % whole == block_m), fine, (counts + coarse - 1) // coarse * coarse)
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,9 @@ def align_path(num_pairs: int, have_kernels: bool = True) -> str:
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, path: str | None = None,
-          tickets_per_block: int = 0, extra_tickets: int = 0) -> Alignment:
-    """Counting sort of the pairs by expert, with per-expert padding to BLOCK_M; stable in pair order.
+          tickets_per_block: int = 0, extra_tickets: int = 0, coarse_pad: tuple[int, int] | None = None) -> Alignment:
+    """Counting sort of the pairs by expert, with per-expert padding to BLOCK_M (coarse_pad: as `padded_runs`
+    says); stable in pair order.
 
     With `kernels` (the Triton module): one launch for few pairs, two (histograms per chunk, then scatter)
     up to MULTI_ALIGN_PAIRS; otherwise a fixed sequence of torch ops. All give the same result without a
@@ -104,6 +119,9 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, 
     extra_tickets: that many more after them (GEMM2's top-k sum tickets: T * its column tiles).
     """
     _check_tickets_per_block("align", tickets_per_block, extra_tickets)
+    if coarse_pad is not None and not (coarse_pad[0] % block_m == 0 and coarse_pad[1] % coarse_pad[0] == 0):
+        raise ValueError(f"align: coarse_pad={coarse_pad!r} must be (COARSE, WHOLE) with COARSE a multiple of "
+                         f"block_m={block_m} and WHOLE one of COARSE")
     num_pairs = topk_ids.numel()
     if path is None:
         path = align_path(num_pairs, kernels is not None)
@@ -111,11 +129,12 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, 
         raise ValueError(f"align: path={path!r} must be one of {ALIGN_PATHS} (or None to choose by size)")
     if path != "torch" and (kernels is None or num_pairs == 0):
         raise ValueError(f"align: path={path!r} needs the Triton kernels module and at least one pair")
+    tickets = (tickets_per_block, extra_tickets)
     if path == "one-program":
-        return _align_fused(topk_ids, num_experts, block_m, kernels, (tickets_per_block, extra_tickets))
+        return _align_fused(topk_ids, num_experts, block_m, kernels, tickets, coarse_pad=coarse_pad)
     if path == "multi-program":
-        return _align_multi(topk_ids, num_experts, block_m, kernels, (tickets_per_block, extra_tickets))
-    return _align_torch(topk_ids, num_experts, block_m, (tickets_per_block, extra_tickets))
+        return _align_multi(topk_ids, num_experts, block_m, kernels, tickets, coarse_pad)
+    return _align_torch(topk_ids, num_experts, block_m, tickets, coarse_pad)
 
 
 def _check_tickets_per_block(caller: str, tickets_per_block, extra_tickets=0) -> None:
@@ -145,12 +164,13 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _align_fused(topk_ids, num_experts, block_m, kernels, tickets=(0, 0), routing=None) -> Alignment:
+def _align_fused(topk_ids, num_experts, block_m, kernels, tickets=(0, 0), routing=None,
+                 coarse_pad=None) -> Alignment:
     """One launch; routing = (router_logits, top_k, renormalize, route_weights): route first, in the same program,
     writing topk_ids (int32 [T, k]) and route_weights (fp32 [T, k])."""
     device = topk_ids.device
     num_pairs = topk_ids.numel()
-    num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
+    num_blocks = max_row_blocks(num_pairs, num_experts, block_m, coarse_pad)
     e_block = _pow2(num_experts + 1)  # one spare bin for the padding lanes (expert id E)
     sorted_pairs = torch.empty(num_blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
@@ -162,6 +182,7 @@ def _align_fused(topk_ids, num_experts, block_m, kernels, tickets=(0, 0), routin
         topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch,
         scratch if tickets is None else tickets, num_pairs, 0 if tickets is None else tickets.numel(), num_blocks,
         E=num_experts, E_BLOCK=e_block, P_BLOCK=max(16, _pow2(num_pairs)), BLOCK_M=block_m,
+        COARSE=coarse_pad[0] if coarse_pad else 0, WHOLE=coarse_pad[1] if coarse_pad else 0,
         ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
         logits_ptr=logits, weights_ptr=route_weights, stride_t=logits.stride(0), ROUTE=routing is not None,
         T_BLOCK=max(2, _pow2(num_pairs // top_k)) if routing else 2, LOGITS_BLOCK=_pow2(num_experts), TOP_K=top_k,
@@ -195,10 +216,10 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
     return ids, weights, al
 
 
-def _align_multi(topk_ids, num_experts, block_m, kernels, tickets=(0, 0)) -> Alignment:
+def _align_multi(topk_ids, num_experts, block_m, kernels, tickets=(0, 0), coarse_pad=None) -> Alignment:
     device = topk_ids.device
     num_pairs = topk_ids.numel()
-    num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
+    num_blocks = max_row_blocks(num_pairs, num_experts, block_m, coarse_pad)
     num_chunks = -(-num_pairs // MULTI_ALIGN_CHUNK)
     e_block = _pow2(num_experts + 1)  # one spare bin for the padding lanes (expert id E)
     flat = topk_ids.reshape(-1)
@@ -217,19 +238,20 @@ def _align_multi(topk_ids, num_experts, block_m, kernels, tickets=(0, 0)) -> Ali
     kernels.align_scatter_kernel[(num_chunks,)](
         flat, counts, scratch, sorted_pairs, block_expert, padded_total, num_pairs, num_chunks, num_blocks,
         -(-num_blocks // num_chunks), E=num_experts, E_BLOCK=e_block, CHUNK=MULTI_ALIGN_CHUNK,
-        C_STEP=max(1, min(16, 4096 // e_block)), BLOCK_M=block_m, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
-        num_warps=4)
+        C_STEP=max(1, min(16, 4096 // e_block)), BLOCK_M=block_m, COARSE=coarse_pad[0] if coarse_pad else 0,
+        WHOLE=coarse_pad[1] if coarse_pad else 0, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)), num_warps=4)
     return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m, tickets)
 
 
-def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, tickets=(0, 0)) -> Alignment:
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, tickets=(0, 0),
+                 coarse_pad=None) -> Alignment:
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     num_pairs = flat.numel()
-    num_blocks = max_row_blocks(num_pairs, num_experts, block_m)
+    num_blocks = max_row_blocks(num_pairs, num_experts, block_m, coarse_pad)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
+    padded = padded_runs(counts, block_m, coarse_pad)
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded
     count_start = torch.cumsum(counts, 0) - counts

@@ -142,10 +142,21 @@ def _zero_tickets(tickets_ptr, first, count, end, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _padded_runs(counts, BLOCK_M: tl.constexpr, COARSE: tl.constexpr, WHOLE: tl.constexpr):
+    """_routing.padded_runs: each run padded to BLOCK_M rows, or with WHOLE (> 0) to COARSE but for a run BLOCK_M
+    past a multiple of WHOLE."""
+    fine = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    if WHOLE:
+        fine = tl.where((fine > WHOLE) & (fine % WHOLE == BLOCK_M), fine, (counts + COARSE - 1) // COARSE * COARSE)
+    return fine
+
+
+@triton.jit
 def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr, scratch_ptr, tickets_ptr,
                        num_pairs, num_tickets, num_blocks: tl.constexpr, E: tl.constexpr, E_BLOCK: tl.constexpr,
                        P_BLOCK: tl.constexpr,
-                       BLOCK_M: tl.constexpr, ROWS_CHUNK: tl.constexpr, BLOCKS_CHUNK: tl.constexpr,
+                       BLOCK_M: tl.constexpr, COARSE: tl.constexpr, WHOLE: tl.constexpr, ROWS_CHUNK: tl.constexpr,
+                       BLOCKS_CHUNK: tl.constexpr,
                        logits_ptr, weights_ptr, stride_t, ROUTE: tl.constexpr, T_BLOCK: tl.constexpr,
                        LOGITS_BLOCK: tl.constexpr, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
                        RENORMALIZE: tl.constexpr):
@@ -166,7 +177,7 @@ def align_small_kernel(ids_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total
     expert = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E).to(tl.int32)
     bins = tl.arange(0, E_BLOCK)
     counts = tl.where(bins < E, tl.histogram(expert, E_BLOCK), 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded = _padded_runs(counts, BLOCK_M, COARSE, WHOLE)
     padded_end = tl.cumsum(padded, 0)
     delta = padded_end - padded - (tl.cumsum(counts, 0) - counts)  # padded start - unpadded start
     tl.store(scratch_ptr + bins, delta)
@@ -214,7 +225,8 @@ def align_count_kernel(ids_ptr, counts_ptr, sorted_pairs_ptr, tickets_ptr, num_p
 def align_scatter_kernel(ids_ptr, counts_ptr, scratch_ptr, sorted_pairs_ptr, block_expert_ptr, padded_total_ptr,
                          num_pairs, num_chunks, num_blocks, blocks_per_program,
                          E: tl.constexpr, E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, C_STEP: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCKS_CHUNK: tl.constexpr):
+                         BLOCK_M: tl.constexpr, COARSE: tl.constexpr, WHOLE: tl.constexpr,
+                         BLOCKS_CHUNK: tl.constexpr):
     """Multi-program alignment, pass 2 (program c): pair p of chunk c goes to padded_start[e] + (pairs of e in
     chunks before c) + (pairs of e before p inside c) - the stable counting sort of _routing._align_torch, each
     count an exact integer sum. Program c also writes the experts of its share of row blocks; program 0 the total."""
@@ -229,7 +241,7 @@ def align_scatter_kernel(ids_ptr, counts_ptr, scratch_ptr, sorted_pairs_ptr, blo
         total += tl.sum(tile, 0)
         before += tl.sum(tl.where((cs < c)[:, None], tile, 0), 0)
         c0 += C_STEP
-    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded = _padded_runs(total, BLOCK_M, COARSE, WHOLE)
     padded_end = tl.cumsum(padded, 0)
     tl.store(scratch_ptr + c * E_BLOCK + bins, padded_end - padded + before)  # first row of chunk c's pairs of e
     if c == 0:

@@ -102,6 +102,12 @@ WS_BLOCK_KS = ("64", "128")
 #: benchmarks/results/ws-persistent-h200-2026-11-28/.
 WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
+#: Whether an expert's rows one eighth block past its whole blocks ride as the last one's tail
+#: ($MOE_ORACLE_TRITON_WS_EIGHTH_TAILS, one of WS_EIGHTH_TAILS): "1" where warp_specialized.eighth_tails_unsupported
+#: allows (an error elsewhere), "0" never (those rows then take a quarter block and a decode of their own); unset:
+#: where it allows.
+WS_EIGHTH_TAILS_ENV = "MOE_ORACLE_TRITON_WS_EIGHTH_TAILS"
+WS_EIGHTH_TAILS = ("0", "1")
 #: act_quant values: None is W4A16 (bf16 activations); the others run W4A8, both GEMM inputs FP8 E4M3:
 #: "fp8_per_tensor_static" with the checkpoint's input scales a1_scale / a2_scale, "mxfp8" (dynamic, E8M0 per 32
 #: along K). Their numerics: backends.emulation.moe_forward's fake quantization on bf16 tensor cores, its
@@ -356,11 +362,13 @@ def moe_forward(
             x, qscale = _operand_values(kernels, x, act_quant, static_scales)
             w4a8 = warp_specialized.W4A8Inputs(_BF16_ACT_QUANT_IDS[act_quant][0], route_w,
                                                route_w if qscale is None else qscale, None)
+        ws_config = ws_launch_config(fp8_dots, tokens * k / experts)
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
-                                _ws_weights(weights, fp8_dots), w4a8=w4a8,
-                                config=ws_launch_config(fp8_dots, tokens * k / experts),
-                                persistent=ws_persistent(fp8_dots))
+                                _ws_weights(weights, fp8_dots), w4a8=w4a8, config=ws_config,
+                                persistent=ws_persistent(fp8_dots),
+                                eighth_tails=ws_eighth_tails(weights.format, w4a8.act_quant if w4a8 else 0,
+                                                             ws_config[0]))
         return out
     fp8 = _w4a8_data(weights, w4a8_given) if mma == "fp8" else None  # the FP8 tiles' operands (bf16: the FP4 ones)
     ids, route_w = _route_for_tiles(kernels, router_logits, ids, route_w, k, renormalize)
@@ -487,6 +495,16 @@ def ws_persistent(fp8_dots: bool) -> bool:
     forced = _forced_choice("persistent grid", None, WS_PERSISTENT, WS_PERSISTENT_ENV,
                             "persistent for W4A8 on FP8 dots, a program per tile for the bf16 dots")
     return fp8_dots if forced is None else forced == "1"
+
+
+def ws_eighth_tails(fmt: str, act_quant: int, block_m: int) -> bool:
+    """Whether the warp-specialized launches' whole blocks carry an expert's last eighth block as their tail:
+    $MOE_ORACLE_TRITON_WS_EIGHTH_TAILS, else where warp_specialized.eighth_tails_unsupported allows."""
+    why = warp_specialized.eighth_tails_unsupported(fmt, act_quant, block_m)
+    forced = _forced_choice("eighth tails", None, WS_EIGHTH_TAILS, WS_EIGHTH_TAILS_ENV, "where they compile")
+    if forced == "1" and why:
+        _fail(ValueError, f"environment variable {WS_EIGHTH_TAILS_ENV}=1: {why}; unset it for this call")
+    return why is None if forced is None else forced == "1"
 
 
 def _check_warp_specialized(x, w: TritonMoEWeights, act_quant, mma, fp8_accumulate) -> None:

@@ -249,23 +249,47 @@ def ws_shape_problem(hidden: int, inter: int) -> str | None:
     return None
 
 
-def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[int, int, torch.Tensor, torch.Tensor,
-                                                                               torch.Tensor, int]]:
-    """The row blocks of the pairs sorted by expert with each run padded to BLOCK_M / 4 (_routing.align's order):
-    per kind of block the tuple (size, tail, expert [bound] int32, first row [bound] int32, count [1] int32, bound),
-    a block covering rows first .. first + size + tail. A run of P padded rows is P // BLOCK_M whole blocks, then
-    a half and a quarter block where P's bits say; the quarter rides as the tail of the block before it (one decode
-    of the expert's weights for both): the half, or the last whole block where BLOCK_M <= WHOLE_TAIL_MAX_ROWS.
+def eighth_tails_unsupported(fmt: str, act_quant: int, block_m: int) -> str | None:
+    """Why whole blocks of block_m rows cannot carry an eighth block as their tail (None: they can): only W4A8's
+    256-row blocks on FP8 dots with MXFP4 weights compile with a 32-row tail and no serialized wgmma or spill in the
+    K loop (sm_90, triton 3.6: NVFP4's spill there, W4A16's GEMM1 serializes its wgmmas)."""
+    if not fp8_dots(act_quant):
+        return "W4A16 and W4A8 on bf16 dots serialize GEMM1's wgmmas with a tail on a whole block"
+    if fmt != "mxfp4":
+        return f"{fmt} weights spill registers in the K loop with a tail on a whole block (MXFP4 only)"
+    if block_m != WS_CONFIG[0]:
+        return f"{block_m}-row whole blocks carry a quarter as their tail instead"
+    return None
+
+
+def alignment_padding(block_m: int, eighth_tails: bool) -> tuple[int, tuple[int, int] | None]:
+    """The alignment of the pairs for blocks of block_m rows, as _routing.align's (block_m, coarse_pad): each run
+    padded to BLOCK_M / 4, or with eighth_tails to BLOCK_M / 8 where that leaves a run one eighth past its whole
+    blocks (the eighth rides as the last whole block's tail: `ws_blocks`)."""
+    return (block_m // 8, (block_m // 4, block_m)) if eighth_tails else (block_m // 4, None)
+
+
+def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int,
+              eighth_tails: bool = False) -> list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+    """The row blocks of the pairs sorted by expert with each run padded as `alignment_padding` says (_routing.align's
+    order): per kind of block the tuple (size, tail, expert [bound] int32, first row [bound] int32, count [1] int32,
+    bound), a block covering rows first .. first + size + tail. A run of P padded rows is P // BLOCK_M whole blocks,
+    then a half and a quarter block where P's bits say; the quarter rides as the tail of the block before it (one
+    decode of the expert's weights for both): the half, or the last whole block where BLOCK_M <= WHOLE_TAIL_MAX_ROWS.
+    eighth_tails: a run one eighth past its whole blocks ends in its last whole block carrying that eighth.
     Device ops of static sizes only: entries past count are never read."""
+    from backends.triton_moe._routing import padded_runs
+
     device = topk_ids.device
-    half, quarter = block_m // 2, block_m // 4
+    half, quarter, eighth = block_m // 2, block_m // 4, block_m // 8
     counts = torch.zeros(experts, dtype=torch.int64, device=device)
     counts.scatter_add_(0, topk_ids.reshape(-1).long(), torch.ones(topk_ids.numel(), dtype=torch.int64, device=device))
-    padded = (counts + quarter - 1) // quarter * quarter
+    padded = padded_runs(counts, *alignment_padding(block_m, eighth_tails))
     start = torch.cumsum(padded, 0) - padded
     whole = padded // block_m
     has_half = (padded // half) % 2
     has_quarter = (padded // quarter) % 2
+    on_whole_eighth = (padded // eighth) % 2  # padded to an eighth only one eighth past whole blocks
     lone_quarter = has_quarter * (1 - has_half)
     whole_tails = block_m <= WHOLE_TAIL_MAX_ROWS
     on_whole = lone_quarter * (whole > 0) * whole_tails
@@ -273,8 +297,9 @@ def ws_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> list[tuple[
     whole_bound = (topk_ids.numel() + experts * (quarter - 1)) // block_m
     tables = []
     for size, tail, per_expert, first_row, bound in (
-            (block_m, 0, whole - on_whole, start, whole_bound),
+            (block_m, 0, whole - on_whole - on_whole_eighth, start, whole_bound),
             (block_m, quarter, on_whole, after_whole - block_m, min(experts, whole_bound) * whole_tails),
+            (block_m, eighth, on_whole_eighth, after_whole - block_m, min(experts, whole_bound) * eighth_tails),
             (half, quarter, has_half * has_quarter, after_whole, experts),
             (half, 0, has_half * (1 - has_quarter), after_whole, experts),
             (quarter, 0, lone_quarter - on_whole, after_whole, experts)):
@@ -387,12 +412,14 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
-           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False) -> None:
+           config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False,
+           eighth_tails: bool = False) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8, as `w4a8` says: on
     FP8 dots E4M3, on `ws_weights(kw, w4a8=True)`; on bf16 dots its quantized values in bf16), ids [T, k], route_w
     fp32 [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit).
     persistent: the launches of blocks up to PERSISTENT_MAX_ROWS run a program per multiprocessor at most
-    (`launch_programs`), each on over several tiles; else a program per tile."""
+    (`launch_programs`), each on over several tiles; else a program per tile. eighth_tails: an expert's rows one
+    eighth block past its whole blocks ride as the last one's tail (`ws_blocks`; `eighth_tails_unsupported`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
@@ -409,13 +436,14 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
                          f"ws_weights(kw, w4a8={fp8_dots(act_quant)})")
     if not x.is_contiguous() or x.data_ptr() % 16:  # the gather's 16-byte copies need aligned rows
         x = x.clone(memory_format=torch.contiguous_format)
-    al = align(ids, ws.experts, block_m // 4, kernels)
+    align_rows, coarse_pad = alignment_padding(block_m, eighth_tails)
+    al = align(ids, ws.experts, align_rows, kernels, coarse_pad=coarse_pad)
     h = torch.empty(al.sorted_pairs.numel(), inter, dtype=DTYPES[ws_dtypes(act_quant)[2]][0], device=x.device)
     h_in, h_exp = h, None
     pair_out = torch.empty(1, num_pairs, hidden, dtype=torch.bfloat16, device=x.device)
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
     lut = w4a8_lut_table(x.device).view(torch.int64)  # W4A8's table as int64 rows: a row's 8 bytes in one load
-    tables = ws_blocks(ids, ws.experts, block_m)
+    tables = ws_blocks(ids, ws.experts, block_m, eighth_tails)
     for gemm, w, s, bias, gs, r, n, k_size in (
             (1, ws.w13, ws.w13_scale, ws.w13_bias, ws.w13_global_scale, ws.w13_row_exp, 2 * inter, hidden),
             (2, ws.w2, ws.w2_scale, ws.w2_bias, ws.w2_global_scale, ws.w2_row_exp, hidden, inter)):
