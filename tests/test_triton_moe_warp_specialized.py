@@ -569,11 +569,12 @@ def test_cuda_warp_specialized_w4a8_on_bf16_dots_matches_emulation(name, tokens,
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
 @pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
-@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1024, "stepped"), (16384, "logits")])
+@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (2048, "stepped"), (16384, "logits")])
 def test_cuda_eighth_tails_give_a_quarter_blocks_bits(tokens, routing, scheme, monkeypatch):
     """$MOE_ORACLE_TRITON_WS_EIGHTH_TAILS: an expert's rows one eighth past its whole blocks ride on the last one
     (the same wgmmas for each row, into a second accumulator) instead of a quarter block of their own: the same
-    bits (gpt-oss-20b, MXFP4: 32 experts, about 512 rows each at T = 4096)."""
+    bits (gpt-oss-20b, MXFP4: 32 experts, 256-row blocks from 145 rows an expert on; stepped: RUN_LENGTHS' 270 and
+    288 rows end one eighth past a whole block)."""
     from backends.triton_moe import forward
 
     _assert_same_bits_under(forward.WS_EIGHTH_TAILS_ENV, ("0", "1"), "gpt-oss-20b", tokens, routing, scheme,
