@@ -267,7 +267,7 @@ def test_coarse_padding_leaves_only_a_whole_blocks_one_block_tail_fine():
     assert int(al.padded_total) == int(padded_runs(counts, 32, (64, 256)).sum()) <= al.num_blocks * 32
     assert al.num_blocks == max_row_blocks(ids.numel(), len(counts), 32, (64, 256))
     with pytest.raises(ValueError, match=r"coarse_pad=\(48, 256\) must be \(COARSE, WHOLE\) with COARSE a multiple "
-                                         r"of block_m=32 and WHOLE one of COARSE"):
+                                         r"of block_m=32 and WHOLE a multiple of COARSE"):
         align(ids, len(counts), 32, coarse_pad=(48, 256))
 
 

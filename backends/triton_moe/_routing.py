@@ -121,7 +121,7 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, kernels=None, 
     _check_tickets_per_block("align", tickets_per_block, extra_tickets)
     if coarse_pad is not None and not (coarse_pad[0] % block_m == 0 and coarse_pad[1] % coarse_pad[0] == 0):
         raise ValueError(f"align: coarse_pad={coarse_pad!r} must be (COARSE, WHOLE) with COARSE a multiple of "
-                         f"block_m={block_m} and WHOLE one of COARSE")
+                         f"block_m={block_m} and WHOLE a multiple of COARSE")
     num_pairs = topk_ids.numel()
     if path is None:
         path = align_path(num_pairs, kernels is not None)
