@@ -160,6 +160,12 @@ def _empty_tickets(num_blocks: int, tickets, device) -> torch.Tensor | None:
     return torch.empty(count, dtype=torch.int32, device=device)
 
 
+def _coarse_pad_constexprs(coarse_pad: tuple[int, int] | None) -> dict:
+    """The alignment kernels' COARSE and WHOLE for `padded_runs`' coarse_pad (0 and 0: plain BLOCK_M padding)."""
+    coarse, whole = coarse_pad or (0, 0)
+    return {"COARSE": coarse, "WHOLE": whole}
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -182,8 +188,7 @@ def _align_fused(topk_ids, num_experts, block_m, kernels, tickets=(0, 0), routin
         topk_ids.reshape(-1), sorted_pairs, block_expert, padded_total, scratch,
         scratch if tickets is None else tickets, num_pairs, 0 if tickets is None else tickets.numel(), num_blocks,
         E=num_experts, E_BLOCK=e_block, P_BLOCK=max(16, _pow2(num_pairs)), BLOCK_M=block_m,
-        COARSE=coarse_pad[0] if coarse_pad else 0, WHOLE=coarse_pad[1] if coarse_pad else 0,
-        ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
+        **_coarse_pad_constexprs(coarse_pad), ROWS_CHUNK=1024, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)),
         logits_ptr=logits, weights_ptr=route_weights, stride_t=logits.stride(0), ROUTE=routing is not None,
         T_BLOCK=max(2, _pow2(num_pairs // top_k)) if routing else 2, LOGITS_BLOCK=_pow2(num_experts), TOP_K=top_k,
         K_BLOCK=_pow2(top_k), RENORMALIZE=bool(renormalize),
@@ -238,8 +243,8 @@ def _align_multi(topk_ids, num_experts, block_m, kernels, tickets=(0, 0), coarse
     kernels.align_scatter_kernel[(num_chunks,)](
         flat, counts, scratch, sorted_pairs, block_expert, padded_total, num_pairs, num_chunks, num_blocks,
         -(-num_blocks // num_chunks), E=num_experts, E_BLOCK=e_block, CHUNK=MULTI_ALIGN_CHUNK,
-        C_STEP=max(1, min(16, 4096 // e_block)), BLOCK_M=block_m, COARSE=coarse_pad[0] if coarse_pad else 0,
-        WHOLE=coarse_pad[1] if coarse_pad else 0, BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)), num_warps=4)
+        C_STEP=max(1, min(16, 4096 // e_block)), BLOCK_M=block_m, **_coarse_pad_constexprs(coarse_pad),
+        BLOCKS_CHUNK=max(16, min(64, 8192 // e_block)), num_warps=4)
     return Alignment(sorted_pairs, block_expert, padded_total, num_blocks, block_m, tickets)
 
 
