@@ -368,38 +368,49 @@ def test_eighth_tails_run_where_they_compile_and_the_environment_says(monkeypatc
     from backends.triton_moe import forward
 
     monkeypatch.delenv(forward.WS_EIGHTH_TAILS_ENV, raising=False)
-    assert forward.ws_eighth_tails("mxfp4", 1, 256) and forward.ws_eighth_tails("mxfp4", 2, 256)
-    assert not any(forward.ws_eighth_tails(*args) for args in (("nvfp4", 1, 256), ("mxfp4", 0, 256),
-                                                              ("mxfp4", 4, 256), ("mxfp4", 1, 128)))
+    assert all(forward.ws_eighth_tails(fmt, act_quant, 256) for fmt in ("mxfp4", "nvfp4") for act_quant in (1, 2))
+    assert not any(forward.ws_eighth_tails(*args) for args in (("mxfp4", 0, 256), ("nvfp4", 4, 256),
+                                                              ("mxfp4", 1, 128)))
     monkeypatch.setenv(forward.WS_EIGHTH_TAILS_ENV, "0")
     assert not forward.ws_eighth_tails("mxfp4", 1, 256)
     monkeypatch.setenv(forward.WS_EIGHTH_TAILS_ENV, "1")
-    assert forward.ws_eighth_tails("mxfp4", 2, 256)
-    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_EIGHTH_TAILS=1: nvfp4 weights spill registers in the "
-                                         r"K loop with a tail on a whole block \(MXFP4 only\); unset it"):
-        forward.ws_eighth_tails("nvfp4", 1, 256)
+    assert forward.ws_eighth_tails("nvfp4", 2, 256)
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_EIGHTH_TAILS=1: 128-row whole blocks carry a quarter "
+                                         r"as their tail instead; unset it"):
+        forward.ws_eighth_tails("nvfp4", 1, 128)
     with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_EIGHTH_TAILS=1: W4A16 and W4A8 on bf16 dots "
                                          r"serialize GEMM1's wgmmas"):
         forward.ws_eighth_tails("mxfp4", 0, 256)
 
 
-@pytest.mark.parametrize(("gemm", "act_quant"), [(1, 1), (2, 1), (1, 2), (2, 2)])
-def test_sm90_w4a8_whole_block_with_an_eighth_tail_keeps_its_wgmmas_in_flight_without_spills_in_the_k_loop(gemm,
-                                                                                                           act_quant):
-    """The 256-row MXFP4 W4A8 builds carrying a 32-row tail (`eighth_tails_unsupported` allows them): both
-    accumulators' wgmmas in flight across the decode, no local memory access in the K loop (MXFP8's GEMM1: one on
-    triton 3.9, none on 3.6)."""
+def test_nvfp4_whole_blocks_with_an_eighth_tail_take_the_narrow_k_step_and_no_other_launch_does():
+    from backends.triton_moe.warp_specialized import NVFP4_EIGHTH_TAIL_BLOCK_K, kind_config
+
+    config = WS_CONFIG[:2] + (W4A8_BLOCK_K,) + WS_CONFIG[3:]
+    assert kind_config(config, 256, 32, "nvfp4") == config[:2] + (NVFP4_EIGHTH_TAIL_BLOCK_K,) + config[3:]
+    assert all(kind_config(config, *kind) == config for kind in (
+        (256, 32, "mxfp4"), (256, 0, "nvfp4"), (128, 64, "nvfp4"), (64, 0, "nvfp4")))
+
+
+@pytest.mark.parametrize(("gemm", "act_quant", "nvfp4"), [(1, 1, False), (2, 1, False), (1, 2, False), (2, 2, False),
+                                                          (1, 1, True), (2, 2, True)])
+def test_sm90_w4a8_whole_block_with_an_eighth_tail_keeps_its_wgmmas_in_flight_without_spills_in_the_k_loop(
+        gemm, act_quant, nvfp4):
+    """The 256-row W4A8 builds carrying a 32-row tail (`eighth_tails_unsupported` allows them; NVFP4's at its
+    `kind_config` K step): both accumulators' wgmmas in flight across the decode, no local memory access in the
+    K loop (MXFP8's MXFP4 GEMM1: one on triton 3.9, none on 3.6)."""
     import re
 
     from _cubin import cubin_tool, k_loop
     from probe_gluon_w4a16 import sass_stats
 
-    from backends.triton_moe.warp_specialized import eighth_tails_unsupported
+    from backends.triton_moe.warp_specialized import eighth_tails_unsupported, kind_config
 
-    assert eighth_tails_unsupported("mxfp4", act_quant, 256) is None
-    config = WS_CONFIG[:2] + (W4A8_BLOCK_K,) + WS_CONFIG[3:]
-    compiled = compile_sm90(gemm, 256, nvfp4=False, has_bias=True, activation=1, act_quant=act_quant, tail=32,
-                            config=config, k_size=2880)
+    fmt = "nvfp4" if nvfp4 else "mxfp4"
+    assert eighth_tails_unsupported(fmt, act_quant, 256) is None
+    config = kind_config(WS_CONFIG[:2] + (W4A8_BLOCK_K,) + WS_CONFIG[3:], 256, 32, fmt)
+    compiled = compile_sm90(gemm, 256, nvfp4=nvfp4, has_bias=not nvfp4, activation=0 if nvfp4 else 1,
+                            act_quant=act_quant, tail=32, config=config, k_size=0 if nvfp4 else 2880)
     stats = sass_stats(compiled)
     assert stats["in_flight"] >= 2 and stats["operand_rewrites"] == 0 and stats["shared_bytes"] <= 227 * 1024, stats
     loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
@@ -569,16 +580,18 @@ def test_cuda_warp_specialized_w4a8_on_bf16_dots_matches_emulation(name, tokens,
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
 @pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
-@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (2048, "stepped"), (16384, "logits")])
-def test_cuda_eighth_tails_give_a_quarter_blocks_bits(tokens, routing, scheme, monkeypatch):
+@pytest.mark.parametrize(("name", "tokens", "routing"), [
+    ("gpt-oss-20b", 4096, "logits"), ("gpt-oss-20b", 2048, "stepped"), ("gpt-oss-20b", 16384, "logits"),
+    ("qwen3-30b-a3b-nvfp4", 4096, "logits"), ("qwen3-30b-a3b-nvfp4", 4096, "stepped")])
+def test_cuda_eighth_tails_give_a_quarter_blocks_bits(name, tokens, routing, scheme, monkeypatch):
     """$MOE_ORACLE_TRITON_WS_EIGHTH_TAILS: an expert's rows one eighth past its whole blocks ride on the last one
     (the same wgmmas for each row, into a second accumulator) instead of a quarter block of their own: the same
-    bits (gpt-oss-20b, MXFP4: 32 experts, 256-row blocks from 145 rows an expert on; stepped: RUN_LENGTHS' 270 and
-    288 rows end one eighth past a whole block)."""
+    bits (256-row blocks from 145 rows an expert on: gpt-oss-20b from T = 2048, Qwen3-30B-A3B NVFP4, whose tailed
+    launches step K by 64, from T = 4096; stepped: RUN_LENGTHS' 270 and 288 rows end one eighth past a whole
+    block)."""
     from backends.triton_moe import forward
 
-    _assert_same_bits_under(forward.WS_EIGHTH_TAILS_ENV, ("0", "1"), "gpt-oss-20b", tokens, routing, scheme,
-                            monkeypatch)
+    _assert_same_bits_under(forward.WS_EIGHTH_TAILS_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
 
 
 @pytest.mark.gpu

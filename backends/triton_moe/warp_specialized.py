@@ -249,17 +249,28 @@ def ws_shape_problem(hidden: int, inter: int) -> str | None:
     return None
 
 
+#: The K step of NVFP4's launches of whole blocks carrying an eighth tail: at W4A8_BLOCK_K their 256 + 32-row
+#: builds spill in the K loop, at 64 they keep their wgmmas in flight with no spill (sm_90, triton 3.6).
+NVFP4_EIGHTH_TAIL_BLOCK_K = 64
+
+
 def eighth_tails_unsupported(fmt: str, act_quant: int, block_m: int) -> str | None:
     """Why whole blocks of block_m rows cannot carry an eighth block as their tail (None: they can): only W4A8's
-    256-row blocks on FP8 dots with MXFP4 weights compile with a 32-row tail and no serialized wgmma or spill in the
-    K loop (sm_90, triton 3.6: NVFP4's spill there, W4A16's GEMM1 serializes its wgmmas)."""
+    256-row blocks on FP8 dots compile with a 32-row tail and no serialized wgmma or spill in the K loop (sm_90,
+    triton 3.6; NVFP4's at NVFP4_EIGHTH_TAIL_BLOCK_K: `kind_config`); W4A16's GEMM1 serializes its wgmmas."""
     if not fp8_dots(act_quant):
         return "W4A16 and W4A8 on bf16 dots serialize GEMM1's wgmmas with a tail on a whole block"
-    if fmt != "mxfp4":
-        return f"{fmt} weights spill registers in the K loop with a tail on a whole block (MXFP4 only)"
     if block_m != WS_CONFIG[0]:
         return f"{block_m}-row whole blocks carry a quarter as their tail instead"
     return None
+
+
+def kind_config(config: tuple, size: int, tail: int, fmt: str) -> tuple:
+    """The launch config of one kind of block (`ws_blocks`): the call's, but with NVFP4_EIGHTH_TAIL_BLOCK_K as the
+    K step of NVFP4's whole blocks carrying an eighth tail."""
+    if fmt == "nvfp4" and size == config[0] and tail == config[0] // 8:
+        return config[:2] + (NVFP4_EIGHTH_TAIL_BLOCK_K,) + config[3:]
+    return config
 
 
 def alignment_padding(block_m: int, eighth_tails: bool) -> tuple[int, tuple[int, int] | None]:
@@ -428,7 +439,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
 
     tokens, hidden = x.shape
     k = ids.shape[1]
-    block_m, block_n, block_k = config[:3]
+    block_m, block_n = config[:2]
     inter, num_pairs = ws.inter, tokens * k
     act_quant = w4a8.act_quant if w4a8 is not None else 0
     if fp8_dots(act_quant) != ws.w4a8:
@@ -451,24 +462,25 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
             h_in, h_exp = w4a8.quantize_h(h, al.padded_total)
         row_exps = (w4a8.x_exp if gemm == 1 else h_exp) if act_quant == 2 else al.sorted_pairs
         x_in, y_out = (x, h) if gemm == 1 else (h_in, pair_out[0])
-        w_desc = TensorDescriptor.from_tensor(w, packed_block(block_n, block_k, act_quant),
-                                              _layouts(block_m, block_n, block_k, act_quant)[0])
-        if ws.w4a8:
-            s = code_steps(s, block_k)
-        for size, tail, expert, first, count, bound in tables:
-            x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, config, act_quant)
-            xt_desc, yt_desc = _row_descriptors(gemm, tail, x_in, y_out, config, act_quant) if tail else (x_desc,
-                                                                                                          y_desc)
+        configs = [kind_config(config, size, tail, ws.format) for size, tail, *_ in tables]
+        weight_steps = {c[2]: (TensorDescriptor.from_tensor(w, packed_block(block_n, c[2], act_quant),
+                                                            _layouts(block_m, block_n, c[2], act_quant)[0]),
+                               code_steps(s, c[2]) if ws.w4a8 else s) for c in configs}
+        for (size, tail, expert, first, count, bound), launch_config in zip(tables, configs, strict=True):
+            w_desc, steps = weight_steps[launch_config[2]]
+            x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, launch_config, act_quant)
+            xt_desc, yt_desc = (_row_descriptors(gemm, tail, x_in, y_out, launch_config, act_quant) if tail
+                                else (x_desc, y_desc))
             runs_on = persistent and size + tail <= PERSISTENT_MAX_ROWS
             grid = (launch_programs(-(-n // block_n) * bound, x.device),) if runs_on else (-(-n // block_n), bound)
             ws_moe_gemm_kernel[grid](
-                x, x.stride(0), x_desc, xt_desc, w_desc, s, s.stride(0), y_desc, yt_desc, pair_out[0],
+                x, x.stride(0), x_desc, xt_desc, w_desc, steps, steps.stride(0), y_desc, yt_desc, pair_out[0],
                 pair_out.stride(1), expert, first, count, al.sorted_pairs, num_pairs,
                 unused if gs is None else gs, unused if bias is None else bias, 0 if bias is None else bias.stride(0),
                 route_w, n, k_size, *swiglu, lut, al.sorted_pairs if r is None else r,
                 w4a8.qscale if act_quant else unused, row_exps,
                 **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
-                             activation=activation, top_k=k, config=config, act_quant=act_quant, tail=tail,
+                             activation=activation, top_k=k, config=launch_config, act_quant=act_quant, tail=tail,
                              k_size=k_size, persistent=runs_on),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
