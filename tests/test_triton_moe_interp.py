@@ -59,6 +59,12 @@ CASES = {
     "mxfp4-swigluoai-bias-tail-rows": ("mxfp4", 4, 2, 128, 64, "swigluoai", True, 76, "interleaved", "logits",
                                        "tail-rows"),
     "nvfp4-silu-k-tail-tail-rows": ("nvfp4", 4, 2, 192, 64, "silu", False, 76, "contiguous", "logits", "tail-rows"),
+    # wide_tail_rows: 64-row blocks, 320 tokens on 8 experts (about 80 pairs an expert): a run's last block of at most
+    # 16 pairs rides on the block before it as a 16-row dot, one of 17-32 pairs as a 32-row dot
+    "mxfp4-swigluoai-bias-wide-tails": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 320, "interleaved", "logits",
+                                        "wide-tails"),
+    "nvfp4-silu-k-tail-wide-tails": ("nvfp4", 8, 2, 192, 64, "silu", False, 320, "contiguous", "logits",
+                                     "wide-tails"),
     # the decode kernels (_gemv_kernels, T = 1-2): routing in GEMV1 (both routings) or given ids, K tails (192 = 128 +
     # 64) and empty K slices (K = 64 in 4 slices), top-k not a power of two (dead slot warps), 1-8 row groups
     "mxfp4-swigluoai-bias-decode": ("mxfp4", 8, 2, 128, 64, "swigluoai", True, 1, "interleaved", "logits",
@@ -118,6 +124,11 @@ def _run_case(name: str, spec) -> dict:
                "tail-rows": tuning.MoEConfig(
                    tuning.LaunchConfig(32, 32, 64, 1, True, 4, 2, stack_gate_up=True, half_rows=True, tail_rows=16),
                    tuning.LaunchConfig(32, 32, 64, 1, True, 4, 2, half_rows=True, tail_rows=16), "test"),
+               "wide-tails": tuning.MoEConfig(
+                   tuning.LaunchConfig(64, 32, 64, 1, True, 4, 2, stack_gate_up=True, half_rows=True, tail_rows=16,
+                                       wide_tail_rows=32),
+                   tuning.LaunchConfig(64, 32, 64, 1, True, 4, 2, half_rows=True, tail_rows=16, wide_tail_rows=32),
+                   "test"),
                "decode-wide": tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
                    tuning.GemvLaunch(8, 1), tuning.GemvLaunch(4, 1))),
                "decode-sliced": tuning.MoEConfig(swap, swap, "test", tuning.DecodeConfig(
@@ -146,10 +157,14 @@ def _run_case(name: str, spec) -> dict:
     config = configs[config_name]
     if config is not None and config.gemm1.tail_rows:  # the blocks' own programs must give the same bits
         block_m, tail = config.gemm1.block_m, config.gemm1.tail_rows
+        wide = config.gemm1.wide_tail_rows or tail
         counts = torch.bincount(torch.topk(route["router_logits"], k, dim=-1).indices.flatten(), minlength=e)
-        stats["absorbed_tails"] = int(((counts > block_m) & (counts % block_m > 0) & (counts % block_m <= tail)).sum())
-        blocks = tuning.MoEConfig(dataclasses.replace(config.gemm1, tail_rows=None),
-                                  dataclasses.replace(config.gemm2, tail_rows=None), "test")
+        rest = counts % block_m
+        stats["absorbed_tails"] = int(((counts > block_m) & (rest > 0) & (rest <= wide)).sum())
+        if wide > tail:
+            stats["wide_tails"] = int(((counts > block_m) & (rest > tail) & (rest <= wide)).sum())
+        blocks = tuning.MoEConfig(dataclasses.replace(config.gemm1, tail_rows=None, wide_tail_rows=None),
+                                  dataclasses.replace(config.gemm2, tail_rows=None, wide_tail_rows=None), "test")
         unabsorbed = moe_forward(x, kw, **route, **activation_kwargs(shape), config=blocks)
         stats["bits_as_blocks"] = torch.equal(out.view(torch.int16), unabsorbed.view(torch.int16))
     return stats
@@ -327,6 +342,8 @@ def test_interpreter_matches_emulation(interpreter_results, case):
     assert stats["bit_identical_rerun"], "two runs on the same input differ"
     if "absorbed_tails" in stats:  # tail_rows cases: some runs end in a block short enough to be absorbed
         assert stats["absorbed_tails"] >= 2 and stats["bits_as_blocks"], stats
+    if "wide_tails" in stats:  # wide_tail_rows cases: both tail widths run
+        assert 1 <= stats["wide_tails"] < stats["absorbed_tails"], stats
 
 
 def test_interpreter_fused_alignment_matches_torch_path(interpreter_results):

@@ -154,6 +154,10 @@ def test_half_rows_change_no_bits_on_cuda(name):
     ("gemm2", {"tail_rows": 128}, r"tail_rows=128 must be a power of two from 16 to block_m / 2 = 64"),
     ("gemm2", {"tail_rows": 32, "split_k": 2}, r"tail_rows needs split_k 1 \(got 2\)"),
     ("gemm1", {"tail_rows": 32, "stack_gate_up": False}, r"gemm1.tail_rows needs stack_gate_up"),
+    ("gemm1", {"wide_tail_rows": 32}, r"wide_tail_rows=32 must be more than tail_rows=32"),
+    ("gemm2", {"tail_rows": 16, "wide_tail_rows": 128},
+     r"wide_tail_rows=128 must be a power of two from 16 to block_m / 2 = 64"),
+    ("gemm2", {"tail_rows": None, "wide_tail_rows": 64}, r"wide_tail_rows=64 needs tail_rows"),
 ])
 def test_tail_rows_outside_what_the_kernels_run_is_refused(gemm, edit, message):
     table = _default_table()
@@ -163,6 +167,7 @@ def test_tail_rows_outside_what_the_kernels_run_is_refused(gemm, edit, message):
     entry["gemm1"]["stack_gate_up"] = True
     tuning.validate_table(table, "x.yaml")
     entry[gemm].update(edit)
+    entry[gemm] = {key: value for key, value in entry[gemm].items() if value is not None}  # None: the key left out
     with pytest.raises(ValueError, match=rf"x.yaml: entries/\d+: {gemm}: {message}"):
         tuning.validate_table(table, "x.yaml")
 
@@ -192,22 +197,26 @@ def test_tail_rows_change_no_bits_on_cuda(name):
     x = torch.randn(tokens, shape.hidden_size, device="cuda", generator=gen).bfloat16()
     logits = torch.randn(tokens, shape.experts, device="cuda", generator=gen)
     counts = torch.bincount(torch.topk(logits, shape.top_k, dim=-1).indices.flatten(), minlength=shape.experts)
-    assert ((counts % 128 > 0) & (counts % 128 <= 32) & (counts > 128)).sum() >= 8  # the case has tails to absorb
+    rest = counts % 128
+    assert ((rest > 0) & (rest <= 32) & (counts > 128)).sum() >= 8  # the case has tails to absorb
+    assert ((rest > 16) & (rest <= 32) & (counts > 128)).sum() >= 4  # ... some of them wide
+
+    def tails(tail, wide=None):
+        return tuning.MoEConfig(dataclasses.replace(gemm1, tail_rows=tail, wide_tail_rows=wide),
+                                dataclasses.replace(gemm2, tail_rows=tail, wide_tail_rows=wide), "tail")
+
     run = {"router_logits": logits, "top_k": shape.top_k, **activation_kwargs(shape)}
-    for tail in (16, 32):
-        absorbed = tuning.MoEConfig(dataclasses.replace(gemm1, tail_rows=tail), dataclasses.replace(gemm2,
-                                                                                                    tail_rows=tail),
-                                    "tail")
-        assert torch.equal(moe_forward(x, weights, **run, config=absorbed),
-                           moe_forward(x, weights, **run, config=tuning.MoEConfig(gemm1, gemm2, "blocks"))), tail
+    plain = tuning.MoEConfig(gemm1, gemm2, "blocks")
+    blocks = moe_forward(x, weights, **run, config=plain)
+    for tail, wide in ((16, None), (32, None), (16, 32)):
+        assert torch.equal(moe_forward(x, weights, **run, config=tails(tail, wide)), blocks), (tail, wide)
     for act_quant in ("mxfp8",):
         for mma in ("bf16", "fp8"):
-            plain = tuning.MoEConfig(gemm1, gemm2, "blocks")
-            absorbed = tuning.MoEConfig(dataclasses.replace(gemm1, tail_rows=32),
-                                        dataclasses.replace(gemm2, tail_rows=32), "tail")
             quant = {"act_quant": act_quant, "w4a8_mma": mma}
-            assert torch.equal(moe_forward(x, weights, **run, **quant, config=absorbed),
-                               moe_forward(x, weights, **run, **quant, config=plain)), mma
+            blocks = moe_forward(x, weights, **run, **quant, config=plain)
+            for tail, wide in ((32, None), (16, 32)):
+                assert torch.equal(moe_forward(x, weights, **run, **quant, config=tails(tail, wide)), blocks), \
+                    (mma, tail, wide)
 
 
 @requires_cuda

@@ -834,30 +834,38 @@ def _tail_rows(pid_m, sorted_pair_ptr, num_pairs, BLOCK_M: tl.constexpr, TAIL: t
 
 @triton.jit
 def _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs, BLOCK_M: tl.constexpr,
-              HALF_ROWS: tl.constexpr, TAIL_ROWS: tl.constexpr):
-    """(absorbed, half, tail) of row block pid_m, what its program multiplies.
+              HALF_ROWS: tl.constexpr, TAIL_ROWS: tl.constexpr, WIDE_TAIL_ROWS: tl.constexpr = 0):
+    """(absorbed, half, tail, wide) of row block pid_m, what its program multiplies.
 
     half (HALF_ROWS): its expert run fills at most half of it, so it multiplies only that half. TAIL_ROWS: an expert
     run's last block that holds at most TAIL_ROWS real rows (a short tail, whose weight decode would otherwise cost a
     whole block's) is absorbed: the program of the run's block before it (tail) multiplies those rows too, with the
-    weight tiles it decodes anyway, and the absorbed block's program does nothing. A run fills its blocks from the
-    first row, so a block is short when its row TAIL_ROWS is padding, and a block followed by the same expert's is
-    full."""
+    weight tiles it decodes anyway, and the absorbed block's program does nothing. WIDE_TAIL_ROWS (> TAIL_ROWS): a
+    last block of more than TAIL_ROWS and at most WIDE_TAIL_ROWS real rows is absorbed the same way, by a program
+    whose second dot has WIDE_TAIL_ROWS rows (wide); a tail of at most TAIL_ROWS keeps the narrower dot, so no row
+    is multiplied twice as wide as it need be. A run fills its blocks from the first row, so a block is short when its
+    row TAIL_ROWS is padding, and a block followed by the same expert's is full."""
     half = False
     if HALF_ROWS:
         real = tl.sum((tl.load(sorted_pair_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) < num_pairs).to(tl.int32))
         half = real <= BLOCK_M // 2
     absorbed = False
     tail = False
+    wide = False
     if TAIL_ROWS > 0:
+        ABSORBS: tl.constexpr = WIDE_TAIL_ROWS if WIDE_TAIL_ROWS > TAIL_ROWS else TAIL_ROWS
         expert = tl.load(block_expert_ptr + pid_m)
-        short = tl.load(sorted_pair_ptr + pid_m * BLOCK_M + TAIL_ROWS) >= num_pairs
+        short = tl.load(sorted_pair_ptr + pid_m * BLOCK_M + ABSORBS) >= num_pairs
         absorbed = short & (pid_m > 0) & (tl.load(block_expert_ptr + tl.maximum(pid_m - 1, 0)) == expert)
         has_next = (pid_m + 1) * BLOCK_M < padded_total
         next_expert = tl.load(block_expert_ptr + pid_m + 1, mask=has_next, other=-1)
         next_short = tl.load(sorted_pair_ptr + (pid_m + 1) * BLOCK_M + TAIL_ROWS, mask=has_next, other=0) >= num_pairs
         tail = has_next & (next_expert == expert) & next_short
-    return absorbed, half, tail
+        if WIDE_TAIL_ROWS > TAIL_ROWS:
+            next_fits = tl.load(sorted_pair_ptr + (pid_m + 1) * BLOCK_M + WIDE_TAIL_ROWS, mask=has_next,
+                                other=0) >= num_pairs
+            wide = has_next & (next_expert == expert) & next_fits & ~next_short
+    return absorbed, half, tail, wide
 
 
 @triton.jit
@@ -969,10 +977,12 @@ def gemm1_act_kernel(
     RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr, USE_ASM: tl.constexpr, STACK_GATE_UP: tl.constexpr,
     HALF_ROWS: tl.constexpr, ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False,
     TAIL_ROWS: tl.constexpr = 0, MX_WARPS: tl.constexpr = 0, PDL_WAIT: tl.constexpr = False,
+    WIDE_TAIL_ROWS: tl.constexpr = 0,
 ):
     """h[row, n] = act(gate, up) for the N=I outputs; w rows [0, N) are gate, [N, 2N) are up.
 
-    HALF_ROWS, TAIL_ROWS (stacked gate/up, SPLIT_K 1): what each row block's program multiplies (_row_plan).
+    HALF_ROWS, TAIL_ROWS, WIDE_TAIL_ROWS (stacked gate/up, SPLIT_K 1): what each row block's program multiplies
+    (_row_plan).
 
     SPLIT_K > 1: program (tile, s) sums K slice s only and stores raw fp32 gate/up sums of its real rows
     to part[s, row, 0:N | N:2N]; gemm1_split_epilogue_kernel adds the slices in order s = 0, 1, ... or, with
@@ -993,8 +1003,8 @@ def gemm1_act_kernel(
     padded_total = tl.load(padded_total_ptr)
     if pid_m * BLOCK_M >= padded_total:
         return
-    absorbed, half, tail = _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs, BLOCK_M,
-                                     HALF_ROWS, TAIL_ROWS)
+    absorbed, half, tail, wide = _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs,
+                                           BLOCK_M, HALF_ROWS, TAIL_ROWS, WIDE_TAIL_ROWS)
     if absorbed:
         return
     if PDL_WAIT:
@@ -1006,6 +1016,13 @@ def gemm1_act_kernel(
             K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
             FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
             ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, TAIL_ROWS, MX_WARPS)
+    elif wide:
+        _gemm1_tile(pid_m, pid_n, BLOCK_M, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
+            sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
+            stride_wn, stride_se, stride_sc, stride_be, stride_hm, stride_ps, stride_pm, alpha, beta, limit, SPLIT_K,
+            K_SPLIT, EVEN_K, LAST_SLICE_ACTIVATES, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4,
+            FOLDED, ACTIVATION, HAS_BIAS, SWAP_AB, STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, STACK_GATE_UP,
+            ACT_QUANT, rexp_ptr, stride_re, qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, WIDE_TAIL_ROWS, MX_WARPS)
     elif half:
         _gemm1_tile(pid_m, pid_n, BLOCK_M // 2, x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, h_ptr, part_ptr, ticket_ptr,
             sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N, stride_xm, stride_we,
@@ -1189,11 +1206,12 @@ def gemm2_kernel(
     SWAP_AB: tl.constexpr, STORED_K_ORDER: tl.constexpr, RETIRE_WGMMA: tl.constexpr, DOT_FP32: tl.constexpr,
     USE_ASM: tl.constexpr, HALF_ROWS: tl.constexpr, LAST_PAIR_SUMS: tl.constexpr, TOP_K: tl.constexpr,
     ACT_QUANT: tl.constexpr, FP8_PROMOTE: tl.constexpr = False, TAIL_ROWS: tl.constexpr = 0,
+    WIDE_TAIL_ROWS: tl.constexpr = 0,
 ):
     """out[pair, n] = route_weight[pair] * (h[row] @ W2[e]^T + b2[e]) for the N=H outputs, rows in pair order, in
     bf16 (the fp32 sums rounded to nearest even).
 
-    HALF_ROWS, TAIL_ROWS (SPLIT_K 1): what each row block's program multiplies (_row_plan).
+    HALF_ROWS, TAIL_ROWS, WIDE_TAIL_ROWS (SPLIT_K 1): what each row block's program multiplies (_row_plan).
 
     SPLIT_K > 1: program (tile, s) writes its K slice's share to out[s] in fp32 (bias in slice 0 only); the
     top-k sum kernel adds the slices in fixed order. LAST_PAIR_SUMS: the program whose row draws the last of a
@@ -1208,8 +1226,8 @@ def gemm2_kernel(
     padded_total = tl.load(padded_total_ptr)
     if pid_m * BLOCK_M >= padded_total:
         return
-    absorbed, half, tail = _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs, BLOCK_M,
-                                     HALF_ROWS, TAIL_ROWS)
+    absorbed, half, tail, wide = _row_plan(pid_m, sorted_pair_ptr, block_expert_ptr, padded_total, num_pairs,
+                                           BLOCK_M, HALF_ROWS, TAIL_ROWS, WIDE_TAIL_ROWS)
     if absorbed:
         return
     if tail:
@@ -1219,6 +1237,13 @@ def gemm2_kernel(
             K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
             STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K, ACT_QUANT, rexp_ptr, stride_re,
             qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, TAIL_ROWS)
+    elif wide:
+        _gemm2_tile(pid_m, pid_n, BLOCK_M, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
+            ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,
+            stride_hm, stride_we, stride_wn, stride_se, stride_sc, stride_be, stride_om, stride_os, stride_ym, SPLIT_K,
+            K_SPLIT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALE_BLOCK, NVFP4, FOLDED, HAS_BIAS, SWAP_AB,
+            STORED_K_ORDER, RETIRE_WGMMA, DOT_FP32, USE_ASM, LAST_PAIR_SUMS, TOP_K, ACT_QUANT, rexp_ptr, stride_re,
+            qscale_ptr, ra_ptr, lut_ptr, FP8_PROMOTE, WIDE_TAIL_ROWS)
     elif half:
         _gemm2_tile(pid_m, pid_n, BLOCK_M // 2, h_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, route_w_ptr, out_ptr,
             ticket_ptr, y_ptr, sorted_pair_ptr, block_expert_ptr, padded_total_ptr, num_pairs, num_m_blocks, K, N,

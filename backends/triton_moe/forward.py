@@ -861,7 +861,8 @@ def gemm_constexprs(gemm: int, c, *, k_size: int, nvfp4: bool, wgmma: bool, inte
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         SCALE_BLOCK=SCALE_BLOCK["nvfp4" if nvfp4 else "mxfp4"], NVFP4=nvfp4, FOLDED=folded, HAS_BIAS=has_bias,
         SWAP_AB=c.swap_ab, STORED_K_ORDER=not wgmma, RETIRE_WGMMA=wgmma and c.swap_ab, DOT_FP32=interpreted,
-        USE_ASM=not interpreted, HALF_ROWS=bool(c.half_rows), TAIL_ROWS=c.tail_rows or 0)
+        USE_ASM=not interpreted, HALF_ROWS=bool(c.half_rows), TAIL_ROWS=c.tail_rows or 0,
+        WIDE_TAIL_ROWS=c.wide_tail_rows or 0)
     if gemm == 1:
         constexprs["STACK_GATE_UP"] = bool(c.stack_gate_up)
     return constexprs

@@ -31,18 +31,23 @@ class LaunchConfig:
     stack_gate_up: bool | None = None  # gemm1: gate and up rows as one weight tile, one dot per step (default: two)
     half_rows: bool | None = None  # blocks whose expert run fills at most half of BLOCK_M multiply only that half
     tail_rows: int | None = None  # a run's last block of at most this many rows is multiplied by the block before it
+    wide_tail_rows: int | None = None  # ... and one of more than tail_rows, up to this many, with a wider second dot
 
 
 def tail_rows_problem(config: LaunchConfig, gemm: int) -> str | None:
-    """Why config cannot take its tail_rows (None where it can, or sets none): the tail is a second dot on the same
-    weight tile, so it needs one K slice, GEMM1's gate and up stacked into one tile, and 16 <= tail_rows <= half a
-    block, a power of two (an MMA tile of whole 16-row groups, and a block's tail past half of it is a half block)."""
-    rows = config.tail_rows
+    """Why config cannot take its tail_rows and wide_tail_rows (None where it can, or sets none): the tail is a second
+    dot on the same weight tile, so it needs one K slice, GEMM1's gate and up stacked into one tile, and
+    16 <= tail_rows < wide_tail_rows <= half a block, powers of two (an MMA tile of whole 16-row groups, and a block's
+    tail past half of it is a half block)."""
+    rows, wide = config.tail_rows, config.wide_tail_rows
     if rows is None:
-        return None
-    if rows < 16 or rows > config.block_m // 2 or rows & (rows - 1):
-        return (f"tail_rows={rows} must be a power of two from 16 to block_m / 2 = {config.block_m // 2}; "
-                f"drop it or pick one in that range")
+        return None if wide is None else f"wide_tail_rows={wide} needs tail_rows (the narrower tail); set both"
+    for key, value in (("tail_rows", rows), ("wide_tail_rows", wide)):
+        if value is not None and (value < 16 or value > config.block_m // 2 or value & (value - 1)):
+            return (f"{key}={value} must be a power of two from 16 to block_m / 2 = {config.block_m // 2}; "
+                    f"drop it or pick one in that range")
+    if wide is not None and wide <= rows:
+        return f"wide_tail_rows={wide} must be more than tail_rows={rows}; drop it or raise it"
     if config.split_k != 1:
         return f"tail_rows needs split_k 1 (got {config.split_k}): the tail shares the block's one K loop"
     if gemm == 1 and not config.stack_gate_up:
