@@ -2,7 +2,9 @@
 
 Per layer (backends/model_shapes.py) and T: the layer with the config moe_forward would choose ("tuned"), then with
 each --variant, a named edit of that config, all in one process, each timed as bench_matrix times a layer (the whole
-layer with routing as a CUDA graph, L2 flushed before each replay, median of --iters). A variant is
+layer with routing as a CUDA graph, L2 flushed before each replay, median of --iters). With --rounds N every row's
+graph is captured first and the rows are timed in turn N times (the clock's drift over a run then falls on all rows
+alike); a row's µs is the median of its rounds, each round's in its round_us. A variant is
 `NAME:FIELD=VALUE[,FIELD=VALUE...]`, LaunchConfig fields set on both GEMMs, or on one with a `g1.` / `g2.` prefix
 (`tail32:tail_rows=32`, `w8:g1.num_warps=8,g1.tail_rows=64`); `none` clears an optional field; `topk_sum=fused`
 (or `launch`) and `prefill_kernel=warp-specialized` are moe_forward's own arguments; `env.NAME=VALUE` sets an
@@ -16,7 +18,7 @@ exactly T·k/E pairs, `balanced_topk`): their ratio is what the experts' uneven 
 row blocks).
 
     python benchmarks/ab_prefill_configs.py --out DIR [--layers gpt-oss-120b,deepseek-v3] [--tokens 4096,16384]
-        [--act-quant mxfp8|fp8_per_tensor_static] [--routing logits,balanced] [--iters 10] [--kernels]
+        [--act-quant mxfp8|fp8_per_tensor_static] [--routing logits,balanced] [--iters 10] [--rounds 1] [--kernels]
         --variant tail32:tail_rows=32 [...]
 
 Writes DIR/ab.csv (appended row by row: a cut-off run keeps what it measured) and DIR/environment.json.
@@ -34,6 +36,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -44,7 +47,7 @@ from backends.model_shapes import SHAPES  # noqa: E402
 from backends.triton_moe.tuning.configs import LaunchConfig, MoEConfig  # noqa: E402
 
 COLUMNS = ("run_id", "gpu", "commit", "shape", "tokens", "act_quant", "routing", "variant", "config", "us", "tflops",
-           "of_bf16", "rel_l2_vs_tuned", "bits_as_tuned", "note")
+           "of_bf16", "rel_l2_vs_tuned", "bits_as_tuned", "round_us", "note")
 _FIELDS = {f.name: f.type for f in dataclasses.fields(LaunchConfig)}
 
 
@@ -122,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--act-quant", default=None, choices=("mxfp8", "fp8_per_tensor_static"))
     p.add_argument("--routing", default="logits", help=f"comma-separated, of {', '.join(ROUTINGS)}")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every variant once per round, rounds in turn; a row's µs is its rounds' median")
     p.add_argument("--variant", action="append", default=[])
     p.add_argument("--kernels", action="store_true", help="also each row's kernels' µs (torch.profiler)")
     p.add_argument("--commit", default=os.environ.get("MOE_ORACLE_COMMIT", "unknown"))
@@ -130,6 +135,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for layer in args.layers:
         if layer not in SHAPES:
             p.error(f"--layers: {layer!r} is not one of {', '.join(SHAPES)}")
+    for flag, value in (("--iters", args.iters), ("--rounds", args.rounds)):
+        if value < 1:
+            p.error(f"{flag} {value}: give 1 or more")
     args.routing = args.routing.split(",")
     for routing in args.routing:
         if routing not in ROUTINGS:
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
     from bench_matrix import describe, rel_l2
 
-    from backends.gpu_timing import Flusher, measure_ceilings, profile_kernels, time_graph_output
+    from backends.gpu_timing import Flusher, events_ms, graph_of, measure_ceilings, profile_kernels
     from backends.layouts.triton_moe import to_kernel_layout
     from backends.triton_moe import moe_forward, tuning
     from backends.triton_moe.testing import activation_kwargs, random_checkpoint
@@ -203,36 +211,46 @@ def main(argv: list[str] | None = None) -> int:
                 if args.act_quant:
                     tuned = tuning.w4a8_config(arch, tuned, args.act_quant, "bf16")
                 flop = 6 * tokens * shape.top_k * shape.hidden_size * shape.intermediate_size
-                base_out = None
+                prepared = []  # (row, call, its environment, graph, the graph's output holder)
                 for name, g1, g2, extra in [("tuned", {}, {}, {})] + args.variant:
                     row = {"run_id": run_id, "gpu": gpu, "commit": args.commit, "shape": layer, "tokens": tokens,
                            "act_quant": args.act_quant or "", "routing": routing, "variant": name}
                     extra = dict(extra)
-                    with _environment(extra.pop("env", {})):
+                    variant_env = extra.pop("env", {})
+                    with _environment(variant_env):
                         try:
                             config = tuned if name == "tuned" else edited(tuned, name, g1, g2)
                             row["config"] = describe(config, False) + f" | {config.gemm1} | {config.gemm2}"
                             call = functools.partial(moe_forward, x, weights, **route, config=config, **act, **quant,
                                                      **extra)
-                            us, out = time_graph_output(call, flush, args.iters)
+                            holder = {}
+                            graph = graph_of(lambda call=call, holder=holder: holder.update(out=call()))
                         except Exception as exc:  # noqa: BLE001  one failing variant is a result
                             writer.writerow({**row, "note": f"failed: {type(exc).__name__}: {exc}"[:300]})
                             handle.flush()
                             print(f"{layer} T={tokens} {routing} {name}: failed {exc}"[:300], flush=True)
                             continue
-                        out = out.clone()
-                        if base_out is None:
-                            base_out = out
-                        tflops = flop / us / 1e6
-                        row.update(us=f"{us:.1f}", tflops=f"{tflops:.1f}", of_bf16=f"{tflops / matmul:.3f}",
-                                   rel_l2_vs_tuned=f"{rel_l2(out, base_out):.1e}",
-                                   bits_as_tuned=torch.equal(out.view(torch.int16), base_out.view(torch.int16)))
-                        writer.writerow(row)
-                        handle.flush()
-                        if args.kernels:
+                    prepared.append((row, call, variant_env, graph, holder))
+                rounds = [[] for _ in prepared]  # each round times every variant once, in order
+                for _ in range(args.rounds):
+                    for times, (_, _, _, graph, _) in zip(rounds, prepared, strict=True):
+                        times.append(events_ms(graph.replay, flush, args.iters) * 1e3)
+                for times, (row, call, variant_env, _, holder) in zip(rounds, prepared, strict=True):
+                    us, out, base = statistics.median(times), holder["out"], prepared[0][4]["out"]
+                    tflops = flop / us / 1e6
+                    row.update(us=f"{us:.1f}", tflops=f"{tflops:.1f}", of_bf16=f"{tflops / matmul:.3f}",
+                               rel_l2_vs_tuned=f"{rel_l2(out, base):.1e}",
+                               bits_as_tuned=torch.equal(out.view(torch.int16), base.view(torch.int16)),
+                               round_us=" ".join(f"{t:.1f}" for t in times))
+                    writer.writerow(row)
+                    handle.flush()
+                    if args.kernels:
+                        with _environment(variant_env):
                             _write_kernels(Path(args.out, "kernels.csv"), row, profile_kernels(call, flush))
-                        print(f"{layer} T={tokens} {routing} {name}: {us:.1f} us, {tflops / matmul:.3f} of bf16, "
-                              f"bits as tuned {row['bits_as_tuned']}", flush=True)
+                    print(f"{layer} T={tokens} {routing} {row['variant']}: {us:.1f} us, {tflops / matmul:.3f} of "
+                          f"bf16, bits as tuned {row['bits_as_tuned']}" + (f", rounds {row['round_us']}"
+                                                                            if args.rounds > 1 else ""), flush=True)
+                del prepared, rounds
     return 0
 
 

@@ -90,6 +90,11 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def _tails(launch: tuning.LaunchConfig) -> str:
+    """A launch's tail widths as rows name them: 16, or 16+32 with a wide tail."""
+    return f"{launch.tail_rows or 0}" + (f"+{launch.wide_tail_rows}" if launch.wide_tail_rows else "")
+
+
 def describe(config: tuning.MoEConfig, decode_kernels: bool = True) -> str:
     """The config as benchmark rows name it; decode_kernels: whether the call runs the decode kernels when the config
     has their warps (forward.takes_decode_kernels; a W4A16 call always does), whose warps are then all that applies.
@@ -98,7 +103,7 @@ def describe(config: tuning.MoEConfig, decode_kernels: bool = True) -> str:
     g1, g2 = config.gemm1, config.gemm2
     extra = "".join((f" split{g1.split_k}/{g2.split_k}" if g1.split_k > 1 or g2.split_k > 1 else "",
                      " stacked" if g1.stack_gate_up else "", " half" if g1.half_rows else "",
-                     f" tail{g1.tail_rows or 0}/{g2.tail_rows or 0}" if g1.tail_rows or g2.tail_rows else "",
+                     f" tail{_tails(g1)}/{_tails(g2)}" if g1.tail_rows or g2.tail_rows else "",
                      " + warp-specialized prefill" if config.prefill_kernel == "warp-specialized" else ""))
     if config.decode is not None and decode_kernels:
         return f"{config.source}: decode kernels {config.decode.label}"

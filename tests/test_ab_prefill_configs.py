@@ -58,6 +58,8 @@ def test_a_config_naming_the_warp_specialized_prefill_says_so_in_benchmark_rows(
     tiles = tuning.MoEConfig(tuning.LaunchConfig(128, 64, 64, 8, True, 4, 3, tail_rows=16),
                              tuning.LaunchConfig(128, 128, 64, 8, True, 4, 3, tail_rows=16), "sm90-h200.yaml#7")
     assert bench_matrix.describe(tiles) == "sm90-h200.yaml#7: 128x64x64/128x64 w4/4 s3/3 tail16/16"
+    wide = tuning.MoEConfig(dataclasses.replace(tiles.gemm1, wide_tail_rows=32), tiles.gemm2, "t")
+    assert bench_matrix.describe(wide) == "t: 128x64x64/128x64 w4/4 s3/3 tail16+32/16"
     ws = dataclasses.replace(tiles, prefill_kernel="warp-specialized")
     assert bench_matrix.describe(ws) == "sm90-h200.yaml#7: 128x64x64/128x64 w4/4 s3/3 tail16/16 + warp-specialized prefill"
 
@@ -74,11 +76,12 @@ def test_balanced_routing_gives_every_expert_the_same_pairs_and_each_token_disti
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--routing", "skewed"], r"--routing: 'skewed' is not one of logits, balanced"),
+    (["--rounds", "0"], r"--rounds 0: give 1 or more"),
     (["--routing", "logits,balanced", "--layers", "deepseek-v3", "--tokens", "4100"],
      r"deepseek-v3: --routing balanced: T·k = 4100·8 must be a multiple of the layer's 256 experts .*T a multiple "
      r"of 32"),
 ])
-def test_a_routing_the_layer_cannot_take_is_one_message_before_any_gpu_work(argv, message, capsys):
+def test_arguments_the_run_cannot_take_are_one_message_before_any_gpu_work(argv, message, capsys):
     with pytest.raises(SystemExit):
         ab.parse_args(["--out", "x", *argv])
     assert re.search(message, capsys.readouterr().err)
