@@ -95,7 +95,10 @@ def test_128_row_tiles_absorb_short_tails_and_64_row_tiles_do_not():
     for name, tokens in (("deepseek-v3", 4096), ("gpt-oss-120b", 16384)):
         config = tuning.heuristic_config(arch, 132, _problem(name, tokens))
         assert (config.gemm1.block_m, config.gemm1.tail_rows, config.gemm2.tail_rows) == (128, 16, 16)
+        assert config.gemm1.wide_tail_rows == config.gemm2.wide_tail_rows == 32  # runs end 17-32 rows past often too
         assert tuning.tail_rows_problem(config.gemm1, 1) is None and tuning.tail_rows_problem(config.gemm2, 2) is None
+    narrow = tuning.heuristic_config(arch, 132, _problem("qwen3-next-80b-a3b", 6144))  # 120 rows: few run past 144
+    assert (narrow.gemm1.tail_rows, narrow.gemm1.wide_tail_rows, narrow.gemm2.wide_tail_rows) == (16, None, None)
     mid = tuning.heuristic_config(arch, 132, _problem("deepseek-v3", 1024))
     assert mid.gemm1.block_m == 64 and mid.gemm1.tail_rows is None and mid.gemm2.tail_rows is None
 

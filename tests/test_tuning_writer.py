@@ -128,14 +128,15 @@ def test_every_candidate_is_a_valid_entry(name, tokens):
 
 
 def test_a_prefill_sweep_times_tail_rows_where_runs_exceed_a_block():
-    """tail_rows only pays where runs outgrow a 128-row block; a sweep times it there and nowhere else."""
+    """tail_rows (and a wide tail) only pays where runs outgrow a 128-row block; a sweep times it there and nowhere
+    else."""
     def tails(name, tokens):
         problem = tuning.Problem(tokens=tokens, **SHAPES[name].fields())
         base = tuning.heuristic_config(tuning.facts_by_name("sm90"), 132, problem)
-        return {g.tail_rows for pair in sweep_candidates(problem, base) for g in pair}
+        return {(g.tail_rows, g.wide_tail_rows) for pair in sweep_candidates(problem, base) for g in pair}
 
-    assert tails("gpt-oss-120b", 16384) == {None, 16, 32}
-    assert tails("deepseek-v3", 256) == {None}
+    assert tails("gpt-oss-120b", 16384) == {(None, None), (16, None), (32, None), (16, 32)}
+    assert tails("deepseek-v3", 256) == {(None, None)}
 
 
 def test_the_sweep_merge_finds_entries_by_shape_and_t(tmp_path):

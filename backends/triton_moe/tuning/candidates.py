@@ -37,15 +37,19 @@ def _mid() -> list:
 
 def _prefill(problem: Problem) -> list:
     """128-row tiles with and without half_rows and, where runs may fill more than a block, with tail_rows (the
-    H100 winners at T >= 4096: 16 rows on 4-warp tiles, 32 on the 8-warp GEMM1)."""
+    H100 winners at T >= 4096: 16 rows on 4-warp tiles, 32 on the 8-warp GEMM1) and the 4-warp tiles with a wide
+    tail as well (16 + 32 rows: 1.02-1.03x at T = 4096 on an H200, benchmarks/results/wide-tails-h200-2026-11-29/)."""
     out = []
-    tails = (None, 16, 32) if problem.rows_per_touched_expert > 64 else (None,)
+    tails = ((None, None), (16, None), (32, None), (16, 32)) if problem.rows_per_touched_expert > 64 else \
+        ((None, None),)
     for half in (True, None):
-        for tail in tails:
-            out += [(L(128, 64, 64, 8, True, 4, 3, stack_gate_up=True, half_rows=half, tail_rows=tail),
-                     L(128, 128, 64, 8, True, 4, 3, half_rows=half, tail_rows=tail)),
-                    (L(128, 128, 64, 8, True, 8, 3, stack_gate_up=True, half_rows=half, tail_rows=tail),
-                     L(128, 128, 64, 8, True, 4, 3, half_rows=half, tail_rows=tail))]
+        for tail, wide in tails:
+            out.append((L(128, 64, 64, 8, True, 4, 3, stack_gate_up=True, half_rows=half, tail_rows=tail,
+                          wide_tail_rows=wide),
+                        L(128, 128, 64, 8, True, 4, 3, half_rows=half, tail_rows=tail, wide_tail_rows=wide)))
+            if wide is None:
+                out.append((L(128, 128, 64, 8, True, 8, 3, stack_gate_up=True, half_rows=half, tail_rows=tail),
+                            L(128, 128, 64, 8, True, 4, 3, half_rows=half, tail_rows=tail)))
         out.append((L(128, 64, 64, 8, True, 4, 4, stack_gate_up=True, half_rows=half),
                     L(128, 64, 64, 8, True, 4, 4, half_rows=half)))
     out.append((L(64, 128, 64, 8, True, 4, 5, stack_gate_up=True), L(64, 128, 64, 8, True, 4, 5)))

@@ -60,6 +60,12 @@ TAIL_ROWS = 16
 #: runs rarely do, its larger kernel and longer prologue cost up to 7% (Kimi-K2 and Qwen3-Next at T = 4096, no such
 #: run: 0.93x); gpt-oss-20b at T = 16384 (0.14 of its runs): 1.08x; where a quarter to 0.4 do, 1.00-1.21x (same A/B).
 TAIL_SHARE_MIN = 0.1
+#: With tail_rows = TAIL_ROWS, a wide tail of WIDE_TAIL_ROWS where at least this share of runs ends more than
+#: TAIL_ROWS and at most WIDE_TAIL_ROWS past a block: an H200 A/B in interleaved rounds
+#: (benchmarks/results/wide-tails-h200-2026-11-29/) gave 1.02-1.03x at T = 4096 (gpt-oss-120b and DeepSeek-V3, about
+#: 0.07 of the runs), 1.06x at 5120 on DeepSeek-V3 MXFP4 (0.4), 1.00x at 8192 on gpt-oss-120b (0.14).
+WIDE_TAIL_ROWS = 32
+WIDE_TAIL_SHARE_MIN = 0.05
 #: GEMM1 K (= H) from which a decode GEMM1 splits K in two regardless of occupancy: its K loop is the longest
 #: of the layer (DeepSeek H = 7168 kept split-K 2 at every decode T in the sweeps; gpt-oss H = 2880 did not).
 LONG_K = 6144
@@ -124,10 +130,14 @@ def heuristic_config(arch: ArchFacts, sm_count: int, problem: Problem) -> MoECon
         return MoEConfig(gemm1, gemm2, "heuristic:mid")
     block_m = 128
     half = True if mean_rows <= HALF_ROWS_UP_TO else None
-    tail = TAIL_ROWS if _short_tail_share(problem, block_m, TAIL_ROWS) >= TAIL_SHARE_MIN else None
+    short = _short_tail_share(problem, block_m, TAIL_ROWS)
+    tail = TAIL_ROWS if short >= TAIL_SHARE_MIN else None
+    wide = WIDE_TAIL_ROWS if tail and _short_tail_share(problem, block_m, WIDE_TAIL_ROWS) - short \
+        >= WIDE_TAIL_SHARE_MIN else None
     gemm1 = LaunchConfig(block_m, 64, 64, 8, True, wgmma_warps, 3, stack_gate_up=True, half_rows=half,
-                         tail_rows=tail)
-    gemm2 = LaunchConfig(block_m, 128, 64, 8, True, wgmma_warps, 3, half_rows=half, tail_rows=tail)
+                         tail_rows=tail, wide_tail_rows=wide)
+    gemm2 = LaunchConfig(block_m, 128, 64, 8, True, wgmma_warps, 3, half_rows=half, tail_rows=tail,
+                         wide_tail_rows=wide)
     return MoEConfig(gemm1, gemm2, "heuristic:prefill")
 
 
