@@ -99,6 +99,11 @@ def test_128_row_tiles_absorb_short_tails_and_64_row_tiles_do_not():
         assert tuning.tail_rows_problem(config.gemm1, 1) is None and tuning.tail_rows_problem(config.gemm2, 2) is None
     narrow = tuning.heuristic_config(arch, 132, _problem("qwen3-next-80b-a3b", 6144))  # 120 rows: few run past 144
     assert (narrow.gemm1.tail_rows, narrow.gemm1.wide_tail_rows, narrow.gemm2.wide_tail_rows) == (16, None, None)
+    # 171 rows an expert: 2% of the runs end 1-16 past a block, 22% within 32: one 32-row tail
+    past_sixteen = tuning.heuristic_config(arch, 132, _problem("kimi-k2", 8192))
+    assert (past_sixteen.gemm1.tail_rows, past_sixteen.gemm1.wide_tail_rows, past_sixteen.gemm2.tail_rows) == \
+        (32, None, 32)
+    assert tuning.tail_rows_problem(past_sixteen.gemm1, 1) is None
     mid = tuning.heuristic_config(arch, 132, _problem("deepseek-v3", 1024))
     assert mid.gemm1.block_m == 64 and mid.gemm1.tail_rows is None and mid.gemm2.tail_rows is None
 

@@ -117,6 +117,18 @@ def _short_tail_share(problem: Problem, block_m: int, tail_rows: int) -> float:
     return sum(below(n * block_m + tail_rows + 0.5) - below(n * block_m + 0.5) for n in blocks)
 
 
+def _tails(problem: Problem, block_m: int) -> tuple[int | None, int | None]:
+    """(tail_rows, wide_tail_rows) of 128-row tiles: TAIL_ROWS where enough runs end at most that far past a block,
+    with a WIDE_TAIL_ROWS tail beside it where enough end between the two; where few runs end within TAIL_ROWS but
+    enough within WIDE_TAIL_ROWS (runs averaging 160-190 pairs), one tail of WIDE_TAIL_ROWS, as the H200 table's
+    entries at about 160 rows an expert (1.09-1.13x, benchmarks/results/tail-rows-h200-2026-11-28/)."""
+    short = _short_tail_share(problem, block_m, TAIL_ROWS)
+    within_wide = _short_tail_share(problem, block_m, WIDE_TAIL_ROWS)
+    if short >= TAIL_SHARE_MIN:
+        return TAIL_ROWS, WIDE_TAIL_ROWS if within_wide - short >= WIDE_TAIL_SHARE_MIN else None
+    return (WIDE_TAIL_ROWS, None) if within_wide >= TAIL_SHARE_MIN else (None, None)
+
+
 def heuristic_config(arch: ArchFacts, sm_count: int, problem: Problem) -> MoEConfig:
     """The launch config for `problem` from the rows per expert, N, K, the format and the SM count (no table)."""
     mean_rows = problem.rows_per_expert
@@ -130,10 +142,7 @@ def heuristic_config(arch: ArchFacts, sm_count: int, problem: Problem) -> MoECon
         return MoEConfig(gemm1, gemm2, "heuristic:mid")
     block_m = 128
     half = True if mean_rows <= HALF_ROWS_UP_TO else None
-    short = _short_tail_share(problem, block_m, TAIL_ROWS)
-    tail = TAIL_ROWS if short >= TAIL_SHARE_MIN else None
-    wide = WIDE_TAIL_ROWS if tail and _short_tail_share(problem, block_m, WIDE_TAIL_ROWS) - short \
-        >= WIDE_TAIL_SHARE_MIN else None
+    tail, wide = _tails(problem, block_m)
     gemm1 = LaunchConfig(block_m, 64, 64, 8, True, wgmma_warps, 3, stack_gate_up=True, half_rows=half,
                          tail_rows=tail, wide_tail_rows=wide)
     gemm2 = LaunchConfig(block_m, 128, 64, 8, True, wgmma_warps, 3, half_rows=half, tail_rows=tail,
