@@ -92,10 +92,12 @@ def test_128_row_tiles_absorb_short_tails_and_64_row_tiles_do_not():
     """A run longer than one 128-row block ends in a short one about as often as not; 64-row tiles serve runs that
     mostly fit one block."""
     arch = tuning.facts_by_name("sm90")
-    for name, tokens in (("deepseek-v3", 4096), ("gpt-oss-120b", 16384)):
+    # 128 rows an expert: runs end 17-32 rows past a block often too (a wide tail); 512: a saved half block is a
+    # small share of a run's four blocks, so no wide tail
+    for name, tokens, wide in (("deepseek-v3", 4096, 32), ("gpt-oss-120b", 16384, None)):
         config = tuning.heuristic_config(arch, 132, _problem(name, tokens))
         assert (config.gemm1.block_m, config.gemm1.tail_rows, config.gemm2.tail_rows) == (128, 16, 16)
-        assert config.gemm1.wide_tail_rows == config.gemm2.wide_tail_rows == 32  # runs end 17-32 rows past often too
+        assert config.gemm1.wide_tail_rows == config.gemm2.wide_tail_rows == wide
         assert tuning.tail_rows_problem(config.gemm1, 1) is None and tuning.tail_rows_problem(config.gemm2, 2) is None
     narrow = tuning.heuristic_config(arch, 132, _problem("qwen3-next-80b-a3b", 6144))  # 120 rows: few run past 144
     assert (narrow.gemm1.tail_rows, narrow.gemm1.wide_tail_rows, narrow.gemm2.wide_tail_rows) == (16, None, None)
@@ -104,6 +106,8 @@ def test_128_row_tiles_absorb_short_tails_and_64_row_tiles_do_not():
     assert (past_sixteen.gemm1.tail_rows, past_sixteen.gemm1.wide_tail_rows, past_sixteen.gemm2.tail_rows) == \
         (32, None, 32)
     assert tuning.tail_rows_problem(past_sixteen.gemm1, 1) is None
+    glm = tuning.heuristic_config(arch, 132, _problem("glm-4.5", 6144))  # 307 rows: as many, but 3 blocks a run
+    assert (glm.gemm1.tail_rows, glm.gemm1.wide_tail_rows) == (None, None)
     mid = tuning.heuristic_config(arch, 132, _problem("deepseek-v3", 1024))
     assert mid.gemm1.block_m == 64 and mid.gemm1.tail_rows is None and mid.gemm2.tail_rows is None
 

@@ -61,11 +61,16 @@ TAIL_ROWS = 16
 #: run: 0.93x); gpt-oss-20b at T = 16384 (0.14 of its runs): 1.08x; where a quarter to 0.4 do, 1.00-1.21x (same A/B).
 TAIL_SHARE_MIN = 0.1
 #: With tail_rows = TAIL_ROWS, a wide tail of WIDE_TAIL_ROWS where at least this share of runs ends more than
-#: TAIL_ROWS and at most WIDE_TAIL_ROWS past a block: an H200 A/B in interleaved rounds
-#: (benchmarks/results/wide-tails-h200-2026-11-29/) gave 1.02-1.03x at T = 4096 (gpt-oss-120b and DeepSeek-V3, about
-#: 0.07 of the runs), 1.06x at 5120 on DeepSeek-V3 MXFP4 (0.4), 1.00x at 8192 on gpt-oss-120b (0.14).
+#: TAIL_ROWS and at most WIDE_TAIL_ROWS past a block, and, where few runs end within TAIL_ROWS, one tail of
+#: WIDE_TAIL_ROWS; both only below WIDE_TAILS_BELOW mean rows a touched expert, where a run is one or two blocks and a
+#: saved half block is a large share of its work. H200 A/Bs in interleaved rounds
+#: (benchmarks/results/wide-tails-h200-2026-11-29/, heuristic-tails-h200-2026-11-29/): the wide tail 1.01-1.03x at
+#: 128 rows (gpt-oss-120b, DeepSeek-V3, MiniMax-M2 at T = 4096), 1.06-1.08x at 160 (DeepSeek-V3 MXFP4 at 5120,
+#: Qwen3-Next at 8192), 1.00x at 256, 0.99x at 512-2048 (MiniMax-M2, gpt-oss-20b at 16384); one 32-row tail 1.03x at
+#: 171 rows (Kimi-K2 at 8192), 0.94x at 307 (GLM-4.5 at 6144).
 WIDE_TAIL_ROWS = 32
 WIDE_TAIL_SHARE_MIN = 0.05
+WIDE_TAILS_BELOW = 256
 #: GEMM1 K (= H) from which a decode GEMM1 splits K in two regardless of occupancy: its K loop is the longest
 #: of the layer (DeepSeek H = 7168 kept split-K 2 at every decode T in the sweeps; gpt-oss H = 2880 did not).
 LONG_K = 6144
@@ -120,10 +125,12 @@ def _short_tail_share(problem: Problem, block_m: int, tail_rows: int) -> float:
 def _tails(problem: Problem, block_m: int) -> tuple[int | None, int | None]:
     """(tail_rows, wide_tail_rows) of 128-row tiles: TAIL_ROWS where enough runs end at most that far past a block,
     with a WIDE_TAIL_ROWS tail beside it where enough end between the two; where few runs end within TAIL_ROWS but
-    enough within WIDE_TAIL_ROWS (runs averaging 160-190 pairs), one tail of WIDE_TAIL_ROWS, as the H200 table's
-    entries at about 160 rows an expert (1.09-1.13x, benchmarks/results/tail-rows-h200-2026-11-28/)."""
+    enough within WIDE_TAIL_ROWS (runs averaging about 160-190 pairs), one tail of WIDE_TAIL_ROWS, as the H200
+    table's entries at about 160 rows an expert (1.09-1.13x, benchmarks/results/tail-rows-h200-2026-11-28/); the
+    WIDE_TAIL_ROWS forms only below WIDE_TAILS_BELOW rows a touched expert."""
     short = _short_tail_share(problem, block_m, TAIL_ROWS)
-    within_wide = _short_tail_share(problem, block_m, WIDE_TAIL_ROWS)
+    within_wide = _short_tail_share(problem, block_m, WIDE_TAIL_ROWS) if problem.rows_per_touched_expert \
+        < WIDE_TAILS_BELOW else short
     if short >= TAIL_SHARE_MIN:
         return TAIL_ROWS, WIDE_TAIL_ROWS if within_wide - short >= WIDE_TAIL_SHARE_MIN else None
     return (WIDE_TAIL_ROWS, None) if within_wide >= TAIL_SHARE_MIN else (None, None)
