@@ -129,8 +129,9 @@ def _tails(problem: Problem, block_m: int) -> tuple[int | None, int | None]:
     table's entries at about 160 rows an expert (1.09-1.13x, benchmarks/results/tail-rows-h200-2026-11-28/); the
     WIDE_TAIL_ROWS forms only below WIDE_TAILS_BELOW rows a touched expert."""
     short = _short_tail_share(problem, block_m, TAIL_ROWS)
-    within_wide = _short_tail_share(problem, block_m, WIDE_TAIL_ROWS) if problem.rows_per_touched_expert \
-        < WIDE_TAILS_BELOW else short
+    if problem.rows_per_touched_expert >= WIDE_TAILS_BELOW:
+        return (TAIL_ROWS, None) if short >= TAIL_SHARE_MIN else (None, None)
+    within_wide = _short_tail_share(problem, block_m, WIDE_TAIL_ROWS)
     if short >= TAIL_SHARE_MIN:
         return TAIL_ROWS, WIDE_TAIL_ROWS if within_wide - short >= WIDE_TAIL_SHARE_MIN else None
     return (WIDE_TAIL_ROWS, None) if within_wide >= TAIL_SHARE_MIN else (None, None)
