@@ -463,9 +463,9 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
         row_exps = (w4a8.x_exp if gemm == 1 else h_exp) if act_quant == 2 else al.sorted_pairs
         x_in, y_out = (x, h) if gemm == 1 else (h_in, pair_out[0])
         configs = [kind_config(config, size, tail, ws.format) for size, tail, *_ in tables]
-        weight_steps = {c[2]: (TensorDescriptor.from_tensor(w, packed_block(block_n, c[2], act_quant),
-                                                            _layouts(block_m, block_n, c[2], act_quant)[0]),
-                               code_steps(s, c[2]) if ws.w4a8 else s) for c in configs}
+        weight_steps = {step: (TensorDescriptor.from_tensor(w, packed_block(block_n, step, act_quant),
+                                                            _layouts(block_m, block_n, step, act_quant)[0]),
+                               code_steps(s, step) if ws.w4a8 else s) for step in {c[2] for c in configs}}
         for (size, tail, expert, first, count, bound), launch_config in zip(tables, configs, strict=True):
             w_desc, steps = weight_steps[launch_config[2]]
             x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, launch_config, act_quant)
