@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["BLOCK_SIZE", "GIB", "Flusher", "events_ms", "expert_bytes", "graph_of", "measure_ceilings", "memory_floor",
-           "time_eager", "time_graph", "time_graph_output"]
+__all__ = ["BLOCK_SIZE", "GIB", "Flusher", "events_ms", "expert_bytes", "graph_of", "graph_with_output",
+           "measure_ceilings", "memory_floor", "time_eager", "time_graph", "time_graph_output"]
 
 GIB = 1 << 30
 #: elements per block scale along K, per weight format
@@ -107,14 +107,20 @@ def time_graph(fn: Callable[[], Any], flush: Callable[[], Any], iters: int) -> f
     return time_graph_output(fn, flush, iters)[0]
 
 
-def time_graph_output(fn: Callable[[], Any], flush: Callable[[], Any], iters: int) -> tuple[float, Any]:
-    """(time_graph's µs, fn's output as the last replay left it): benchmarks check what they timed."""
+def graph_with_output(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, dict]:
+    """(graph_of fn, a dict whose "out" is fn's output as the graph's last replay left it): for timing a graph
+    apart from its capture and still checking what it computed."""
     holder = {}
 
     def run() -> None:
         holder["out"] = fn()
 
-    graph = graph_of(run)
+    return graph_of(run), holder
+
+
+def time_graph_output(fn: Callable[[], Any], flush: Callable[[], Any], iters: int) -> tuple[float, Any]:
+    """(time_graph's µs, fn's output as the last replay left it): benchmarks check what they timed."""
+    graph, holder = graph_with_output(fn)
     return events_ms(graph.replay, flush, iters) * 1e3, holder["out"]
 
 

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
     from bench_matrix import describe, rel_l2
 
-    from backends.gpu_timing import Flusher, events_ms, graph_of, measure_ceilings, profile_kernels
+    from backends.gpu_timing import Flusher, events_ms, graph_with_output, measure_ceilings, profile_kernels
     from backends.layouts.triton_moe import to_kernel_layout
     from backends.triton_moe import moe_forward, tuning
     from backends.triton_moe.testing import activation_kwargs, random_checkpoint
@@ -223,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                             row["config"] = describe(config, False) + f" | {config.gemm1} | {config.gemm2}"
                             call = functools.partial(moe_forward, x, weights, **route, config=config, **act, **quant,
                                                      **extra)
-                            holder = {}
-                            graph = graph_of(lambda call=call, holder=holder: holder.update(out=call()))
+                            graph, holder = graph_with_output(call)
                         except Exception as exc:  # noqa: BLE001  one failing variant is a result
                             writer.writerow({**row, "note": f"failed: {type(exc).__name__}: {exc}"[:300]})
                             handle.flush()
