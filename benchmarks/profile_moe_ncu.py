@@ -11,6 +11,8 @@ use and the top warp-stall reasons (warps stalled per issued instruction).
     python benchmarks/profile_moe_ncu.py --cases deepseek-v3:4096 --sections MemoryWorkloadAnalysis_Tables --out DIR
                                           # also ncu's memory tables (shared-memory and L1 wavefronts), raw CSV only
     python benchmarks/profile_moe_ncu.py --report DIR                   # re-render the tables of a saved run
+    python benchmarks/profile_moe_ncu.py --cases gpt-oss-120b:16384 --kernel ws_moe_gemm_kernel --out DIR
+                                          # counters of that kernel's first --launches (8) launches only
     python benchmarks/profile_moe_ncu.py --cases deepseek-v3:4096 --source ws_moe_gemm_kernel --out DIR
                                           # where one kernel's warps stall, per SASS instruction (stalls-*.md),
                                           # and each launch's K loop split by opcode and stall reason
@@ -75,7 +77,14 @@ def run_case(shape_name: str, tokens: int, act_quant: str | None = None) -> None
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def profile(cases, out: str, source: str | None = None, more_sections: tuple = ()) -> None:
+def _kernel_filter(kernel: str | None, launches: int) -> list[str]:
+    """ncu's arguments that profile only the first `launches` launches of `kernel` (none: every launch of the call;
+    a large layer's counters, every kernel replayed once per pass, can take minutes)."""
+    return [] if kernel is None else ["-k", kernel, "--launch-count", str(launches)]
+
+
+def profile(cases, out: str, source: str | None = None, more_sections: tuple = (), kernel: str | None = None,
+            launches: int = 8) -> None:
     ncu = shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))), None)
     if ncu is None:
         sys.exit("profile_moe_ncu: ncu not found on PATH or under /opt/nvidia/nsight-compute; install Nsight Compute")
@@ -85,10 +94,11 @@ def profile(cases, out: str, source: str | None = None, more_sections: tuple = (
         target = [sys.executable, os.path.abspath(__file__), "--run", case]
         name = f"{shape_name}-T{tokens}" + "".join(f"-{s}" for s in scheme)
         if source:
-            print(profile_source(ncu, target, source, os.path.join(out, f"stalls-{name}")), flush=True)
+            print(profile_source(ncu, target, source, os.path.join(out, f"stalls-{name}"), launches), flush=True)
             continue
         path = os.path.join(out, f"ncu-{name}.csv")
-        base = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw"]
+        base = [ncu, "--clock-control", "none", "--profile-from-start", "off", *_kernel_filter(kernel, launches),
+                "--csv", "--page", "raw"]
         sections = [arg for name in SECTIONS + tuple(more_sections) for arg in ("--section", name)]
         for what in (sections + ["--metrics", EXTRA_METRICS], sections):
             done = subprocess.run(base + what + target, capture_output=True, text=True)
@@ -104,8 +114,8 @@ def profile_source(ncu: str, target: list, kernel: str, stem: str, launches: int
     """Per-instruction warp-stall samples of the first `launches` launches of `kernel` (ncu's SourceCounters): the
     SASS rows as ncu's source page CSV (stem.csv, kept for later reports) and their table (stem.md)."""
     report = stem + ".ncu-rep"
-    done = subprocess.run([ncu, "--clock-control", "none", "--profile-from-start", "off", "-k", kernel,
-                           "--launch-count", str(launches), "--section", "SourceCounters", "-f", "-o", report]
+    done = subprocess.run([ncu, "--clock-control", "none", "--profile-from-start", "off",
+                           *_kernel_filter(kernel, launches), "--section", "SourceCounters", "-f", "-o", report]
                           + target, capture_output=True, text=True)
     if done.returncode:
         return f"# {stem}: ncu exited {done.returncode}: {done.stderr[-1500:]}"
@@ -255,6 +265,9 @@ def main() -> None:
                    "(stalls-*.md and the source page CSV per case)")
     p.add_argument("--sections", default="", help="comma-separated ncu sections to collect beside SECTIONS (e.g. "
                    "MemoryWorkloadAnalysis_Tables: shared-memory and L1 wavefronts; kept in the raw CSV)")
+    p.add_argument("--kernel", metavar="KERNEL", help="counters of KERNEL's launches only (the first --launches): "
+                   "what a large layer's run needs to finish in minutes")
+    p.add_argument("--launches", type=int, default=8, help="launches profiled with --kernel or --source (default 8)")
     p.add_argument("--run", metavar="SHAPE:T", help=argparse.SUPPRESS)  # the process ncu profiles
     args = p.parse_args()
     if args.run:
@@ -269,7 +282,10 @@ def main() -> None:
     else:
         if not args.out:
             p.error("--out DIR is required to profile (the raw CSVs are kept there)")
-        profile(args.cases.split(","), args.out, args.source, tuple(filter(None, args.sections.split(","))))
+        if args.launches < 1:
+            p.error(f"--launches must be at least 1, got {args.launches}")
+        profile(args.cases.split(","), args.out, args.source, tuple(filter(None, args.sections.split(","))),
+                args.kernel, args.launches)
 
 
 if __name__ == "__main__":

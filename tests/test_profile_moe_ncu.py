@@ -38,18 +38,34 @@ def test_a_file_without_launches_says_so(tmp_path):
 
 def test_extra_sections_reach_ncu_beside_the_default_ones(tmp_path, monkeypatch):
     """--sections: each named section is asked of ncu as well as SECTIONS (what the memory tables need)."""
+    calls = _ncu_calls(tmp_path, monkeypatch, more_sections=("MemoryWorkloadAnalysis_Tables",))
+    asked = [args[i + 1] for args in calls for i, arg in enumerate(args) if arg == "--section"]
+    assert "MemoryWorkloadAnalysis_Tables" in asked
+    assert set(ncu.SECTIONS) <= set(asked)
+
+
+def _ncu_calls(tmp_path, monkeypatch, **kwargs) -> list:
+    """The argument lists profile() hands ncu for one case (ncu itself faked)."""
     calls = []
 
-    def fake_run(args, **kwargs):
+    def fake_run(args, **_):
         calls.append(args)
         return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
 
     monkeypatch.setattr(ncu.shutil, "which", lambda name: "/usr/bin/ncu")
     monkeypatch.setattr(ncu.subprocess, "run", fake_run)
-    ncu.profile(["gpt-oss-120b:4096"], str(tmp_path), more_sections=("MemoryWorkloadAnalysis_Tables",))
-    asked = [args[i + 1] for args in calls for i, arg in enumerate(args) if arg == "--section"]
-    assert "MemoryWorkloadAnalysis_Tables" in asked
-    assert set(ncu.SECTIONS) <= set(asked)
+    ncu.profile(["gpt-oss-120b:16384"], str(tmp_path), **kwargs)
+    return calls
+
+
+def test_counters_of_one_kernel_ask_ncu_for_its_first_launches_only(tmp_path, monkeypatch):
+    """--kernel: a large layer's counters restricted to one kernel's first --launches launches (without it every
+    launch of the call is replayed, which at T = 16384 ran past a 200 s bound)."""
+    for args in _ncu_calls(tmp_path, monkeypatch, kernel="ws_moe_gemm_kernel", launches=3):
+        assert args[args.index("-k") + 1] == "ws_moe_gemm_kernel"
+        assert args[args.index("--launch-count") + 1] == "3"
+        assert args.index("--launch-count") < args.index("--run")  # ncu's option, not the profiled script's
+    assert all("-k" not in args for args in _ncu_calls(tmp_path, monkeypatch))
 
 
 def test_the_k_loop_is_the_shortest_heavy_wgmma_loop_and_gets_its_opcode_and_reason_shares(tmp_path):
