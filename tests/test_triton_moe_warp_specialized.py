@@ -607,23 +607,6 @@ def test_cuda_persistent_launches_give_a_program_per_tiles_bits(name, tokens, ro
     _assert_same_bits_under(forward.WS_PERSISTENT_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
 
 
-@requires_cuda
-@pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
-@pytest.mark.parametrize("scheme", ["fp8_per_tensor_static", "mxfp8"])
-@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (4096, "stepped")])
-@pytest.mark.parametrize(("name", "block_k"), [("gpt-oss-20b", None), ("qwen3-30b-a3b-nvfp4", "64")])
-def test_cuda_persistent_whole_blocks_give_a_program_per_tiles_bits(name, block_k, tokens, routing, scheme,
-                                                                    monkeypatch):
-    """$MOE_ORACLE_TRITON_WS_PERSISTENT_WHOLE: the 256-row whole blocks' programs run on over several tiles too
-    (NVFP4 at K steps of 64), with the same bits as a program per tile."""
-    from backends.triton_moe import forward
-
-    if block_k is not None:
-        monkeypatch.setenv(forward.WS_BLOCK_K_ENV, block_k)
-    _assert_same_bits_under(forward.WS_PERSISTENT_WHOLE_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
-
-
 def _assert_same_bits_under(env: str, values: tuple, name: str, tokens: int, routing: str, scheme, monkeypatch):
     """The warp-specialized layer (W4A16, or W4A8 on FP8 dots: `scheme`) gives the same bits under each value of
     the environment variable `env`."""

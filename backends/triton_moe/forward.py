@@ -102,10 +102,6 @@ WS_BLOCK_KS = ("64", "128")
 #: benchmarks/results/ws-persistent-h200-2026-11-28/.
 WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
-#: Whether persistent launches take the whole blocks too ($MOE_ORACLE_TRITON_WS_PERSISTENT_WHOLE, one of
-#: WS_PERSISTENT_WHOLE): "1" where warp_specialized.persistent_whole_unsupported allows, "0" never; unset: never.
-WS_PERSISTENT_WHOLE_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT_WHOLE"
-WS_PERSISTENT_WHOLE = ("0", "1")
 #: Whether an expert's rows one eighth block past its whole blocks ride as the last one's tail
 #: ($MOE_ORACLE_TRITON_WS_EIGHTH_TAILS, one of WS_EIGHTH_TAILS): "1" where warp_specialized.eighth_tails_unsupported
 #: allows (an error elsewhere), "0" never (those rows then take a quarter block and a decode of their own); unset:
@@ -370,7 +366,7 @@ def moe_forward(
         warp_specialized.launch(kernels, x, ids, route_w.contiguous(), out, _activation_id(kernels, activation),
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, fp8_dots), w4a8=w4a8, config=ws_config,
-                                persistent=ws_persistent(fp8_dots), persistent_whole=ws_persistent_whole(),
+                                persistent=ws_persistent(fp8_dots),
                                 eighth_tails=ws_eighth_tails(weights.format, w4a8.act_quant if w4a8 else 0,
                                                              ws_config[0]))
         return out
@@ -499,12 +495,6 @@ def ws_persistent(fp8_dots: bool) -> bool:
     forced = _forced_choice("persistent grid", None, WS_PERSISTENT, WS_PERSISTENT_ENV,
                             "persistent for W4A8 on FP8 dots, a program per tile for the bf16 dots")
     return fp8_dots if forced is None else forced == "1"
-
-
-def ws_persistent_whole() -> bool:
-    """Whether persistent launches take the whole blocks too: $MOE_ORACLE_TRITON_WS_PERSISTENT_WHOLE, else never."""
-    return _forced_choice("persistent whole blocks", None, WS_PERSISTENT_WHOLE, WS_PERSISTENT_WHOLE_ENV,
-                          "never") == "1"
 
 
 def ws_eighth_tails(fmt: str, act_quant: int, block_m: int) -> bool:

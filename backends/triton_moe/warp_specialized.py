@@ -75,21 +75,6 @@ TMA_LOADER_REGS = 40
 #: The largest block (with its tail) whose launches run persistent when asked (`launch`): a 256-row block's
 #: accumulator leaves the tile loop too few registers (ptxas serializes GEMM1's wgmmas, GEMM2 spills).
 PERSISTENT_MAX_ROWS = 192
-
-
-def persistent_whole_unsupported(fmt: str, act_quant: int, block_m: int, tail: int, block_k: int) -> str | None:
-    """Why the launch of whole blocks of block_m rows (with a tail of `tail` rows, K steps of block_k) cannot run
-    persistent beyond PERSISTENT_MAX_ROWS (None: it can): only W4A8 on FP8 dots keeps a 256-row tile loop's wgmmas
-    in flight with nothing spilled in its K loop, NVFP4 at K steps of 64 (sm_90, triton 3.6)."""
-    if block_m + tail <= PERSISTENT_MAX_ROWS:
-        return None
-    if not fp8_dots(act_quant):
-        return "the bf16 dots' 256-row tile loop serializes GEMM1's wgmmas and spills in GEMM2"
-    if fmt == "nvfp4" and block_k > NVFP4_EIGHTH_TAIL_BLOCK_K:
-        return f"NVFP4's 256-row tile loop spills in its K loop at K steps over {NVFP4_EIGHTH_TAIL_BLOCK_K}"
-    if tail:
-        return "a 256-row block with a tail serializes GEMM1's wgmmas in a tile loop"
-    return None
 #: Register cap of every thread at launch (12 warps x 32 x 168 fit the 64 Ki register file); the warp_specialize
 #: hands the loader its LOADER_REGS (`constexprs`) and the consumers the rest.
 WS_MAXNREG = 168
@@ -439,13 +424,12 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
            config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False,
-           eighth_tails: bool = False, persistent_whole: bool = False) -> None:
+           eighth_tails: bool = False) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8, as `w4a8` says: on
     FP8 dots E4M3, on `ws_weights(kw, w4a8=True)`; on bf16 dots its quantized values in bf16), ids [T, k], route_w
     fp32 [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit).
     persistent: the launches of blocks up to PERSISTENT_MAX_ROWS run a program per multiprocessor at most
-    (`launch_programs`), each on over several tiles, and with persistent_whole those of whole blocks as well where
-    `persistent_whole_unsupported` allows; else a program per tile. eighth_tails: an expert's rows one
+    (`launch_programs`), each on over several tiles; else a program per tile. eighth_tails: an expert's rows one
     eighth block past its whole blocks ride as the last one's tail (`ws_blocks`; `eighth_tails_unsupported`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -487,9 +471,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
             x_desc, y_desc = _row_descriptors(gemm, size, x_in, y_out, launch_config, act_quant)
             xt_desc, yt_desc = (_row_descriptors(gemm, tail, x_in, y_out, launch_config, act_quant) if tail
                                 else (x_desc, y_desc))
-            runs_on = persistent and (size + tail <= PERSISTENT_MAX_ROWS or persistent_whole and
-                                      persistent_whole_unsupported(ws.format, act_quant, size, tail,
-                                                                   launch_config[2]) is None)
+            runs_on = persistent and size + tail <= PERSISTENT_MAX_ROWS
             grid = (launch_programs(-(-n // block_n) * bound, x.device),) if runs_on else (-(-n // block_n), bound)
             ws_moe_gemm_kernel[grid](
                 x, x.stride(0), x_desc, xt_desc, w_desc, steps, steps.stride(0), y_desc, yt_desc, pair_out[0],
