@@ -73,7 +73,8 @@ GATHER_LOADER_REGS = 96
 WIDE_STEP_GATHER_LOADER_REGS = 64
 TMA_LOADER_REGS = 40
 #: The largest block (with its tail) whose launches run persistent when asked (`launch`): a 256-row block's
-#: accumulator leaves the tile loop too few registers (ptxas serializes GEMM1's wgmmas, GEMM2 spills).
+#: accumulator leaves the tile loop too few registers (ptxas serializes GEMM1's wgmmas, GEMM2 spills), except W4A8
+#: MXFP4's, whose persistent launches measured no faster (benchmarks/results/ws-persistent-whole-h200-2026-11-29/).
 PERSISTENT_MAX_ROWS = 192
 #: Register cap of every thread at launch (12 warps x 32 x 168 fit the 64 Ki register file); the warp_specialize
 #: hands the loader its LOADER_REGS (`constexprs`) and the consumers the rest.
