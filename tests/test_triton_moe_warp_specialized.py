@@ -607,6 +607,20 @@ def test_cuda_persistent_launches_give_a_program_per_tiles_bits(name, tokens, ro
     _assert_same_bits_under(forward.WS_PERSISTENT_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
 
 
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
+@pytest.mark.parametrize("scheme", [None, "fp8_per_tensor_static", "mxfp8"])
+@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1000, "one_expert"), (1024, "stepped")])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
+def test_cuda_sorted_x_gives_the_gathered_bits(name, tokens, routing, scheme, monkeypatch):
+    """$MOE_ORACLE_TRITON_WS_SORTED_X: GEMM1 loads x's rows copied to the sorted order by TMA instead of gathering
+    them by pair: the same rows in the same ring, so the same bits."""
+    from backends.triton_moe import forward
+
+    _assert_same_bits_under(forward.WS_SORTED_X_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
+
+
 def _assert_same_bits_under(env: str, values: tuple, name: str, tokens: int, routing: str, scheme, monkeypatch):
     """The warp-specialized layer (W4A16, or W4A8 on FP8 dots: `scheme`) gives the same bits under each value of
     the environment variable `env`."""

@@ -449,7 +449,7 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
               alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
               ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr, TAIL_M: gl.constexpr,
-              PERSISTENT: gl.constexpr):
+              PERSISTENT: gl.constexpr, GATHER: gl.constexpr):
     """The consumers over the program's tiles (`tiles`; a program per tile: `this`): `_consumer_tile`."""
     if PERSISTENT:
         for tile in range(gl.program_id(0), tiles[0] * tiles[1], gl.num_programs(0)):
@@ -458,14 +458,14 @@ def _consumer(x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt
                            yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr,
                            num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, N, K, k_tiles, alpha, beta, limit,
                            w4a8, GEMM, BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT,
-                           TOP_K, TAIL_M, PERSISTENT)
+                           TOP_K, TAIL_M, PERSISTENT, GATHER)
         if GEMM == 1:
             tma.store_wait(0)  # h's last tiles read out of shared memory before the program ends
     else:
         _consumer_tile(this[0], this[1], this[2], this[3], 0, x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty,
                        y_desc, yt_desc, s_ptr, stride_sn, out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr,
                        stride_be, route_w_ptr, N, K, k_tiles, alpha, beta, limit, w4a8, GEMM, BLOCK_M, BLOCK_N,
-                       BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M, PERSISTENT)
+                       BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M, PERSISTENT, GATHER)
 
 
 @gluon.jit
@@ -474,7 +474,7 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
                    route_w_ptr, N, K, k_tiles, alpha, beta, limit, w4a8, GEMM: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr, NVFP4: gl.constexpr,
                    HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, ACT_QUANT: gl.constexpr, TOP_K: gl.constexpr,
-                   TAIL_M: gl.constexpr, PERSISTENT: gl.constexpr):
+                   TAIL_M: gl.constexpr, PERSISTENT: gl.constexpr, GATHER: gl.constexpr):
     """One tile (`_tile_at`'s values) from the ring's step `base` on: W (decoded into registers) x X^T (shared memory)
     into the [BLOCK_N weight rows, BLOCK_M rows] accumulator, then the GEMM's epilogue. The K loop is unrolled by two so
     that consecutive tiles' operands alternate between two register sets with no copies (a single loop-carried operand
@@ -522,14 +522,14 @@ def _consumer_tile(expert, first, off_n, w_row, base, x_bufs, xt_bufs, w_bufs, y
     for j in range(k_tiles // 2):
         acc, acc_t, w_even, s_even, rows = _step(2 * j, base + 2 * j, acc, acc_t, w_odd, s_even, x_bufs, xt_bufs,
                                                  w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr, rows,
-                                                 s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+                                                 s_odd, BLOCK_N, BLOCK_K, NVFP4, GATHER, FP8, PAD, TAIL_M)
         acc, acc_t, w_odd, s_odd, rows = _step(2 * j + 1, base + 2 * j + 1, acc, acc_t, w_even, s_odd, x_bufs,
                                                xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-                                               rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+                                               rows, s_even, BLOCK_N, BLOCK_K, NVFP4, GATHER, FP8, PAD, TAIL_M)
     if k_tiles % 2:
         acc, acc_t, w_odd, s_even, rows = _step(k_tiles - 1, base + k_tiles - 1, acc, acc_t, w_odd, s_even, x_bufs,
                                                 xt_bufs, w_bufs, ready, empty, scale_ptrs, row_ok, words, K, lut_ptr,
-                                                rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GEMM == 1, FP8, PAD, TAIL_M)
+                                                rows, s_odd, BLOCK_N, BLOCK_K, NVFP4, GATHER, FP8, PAD, TAIL_M)
     if TAIL_M:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_t])
     else:
@@ -692,7 +692,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                        STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADER_WARPS: gl.constexpr,
                        LOADER_REGS: gl.constexpr, NVFP4: gl.constexpr, HAS_BIAS: gl.constexpr,
                        ACTIVATION: gl.constexpr, TOP_K: gl.constexpr, ACT_QUANT: gl.constexpr, TAIL_M: gl.constexpr,
-                       K_TAIL: gl.constexpr, PERSISTENT: gl.constexpr):
+                       K_TAIL: gl.constexpr, PERSISTENT: gl.constexpr, GATHER: gl.constexpr):
     """One GEMM of the layer over the row blocks of one size (BLOCK_M): tile (b, n) multiplies block b's rows
     (block_first[b] ..; `ws_blocks`) by weight rows n * BLOCK_N .. of expert block_expert[b] (W: E experts' N rows
     of int32 words [E * N, K / 8], `ws_weights`; s: a row's E8M0 bytes [E * N, K / 32], or NVFP4's folded bf16
@@ -709,7 +709,9 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     the table), qscale_ptr static FP8's [a1, 1/a1, a2, 1/a2], ra_ptr the X rows' MXFP8 exponents.
     TAIL_M > 0: each block carries the TAIL_M rows after it (an expert's last rows, `ws_blocks`) in a second
     accumulator: GEMM2 loads them by xt_desc, GEMM1 stores their h by yt_desc (unused without a tail).
-    K_TAIL: K is not a multiple of BLOCK_K (but of 32): the last K step is partial, its columns past K zeros."""
+    K_TAIL: K is not a multiple of BLOCK_K (but of 32): the last K step is partial, its columns past K zeros.
+    GATHER: X's rows are gathered by pair (GEMM1 on x); else X is already in the sorted rows' order (GEMM2's h, or
+    GEMM1's x copied to them) and loaded by TMA."""
     if PERSISTENT:
         tiles = ((N + BLOCK_N - 1) // BLOCK_N, gl.load(block_count_ptr), block_expert_ptr, block_first_ptr)
         this = (0, 0, 0, 0)  # unused
@@ -740,15 +742,15 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         # GEMM1: the weight TMA's expect and every loader thread's cp.async arrival; GEMM2: the TMA's expect
-        mbarrier.init(ready.index(i), count=1 + (LOADER_WARPS * 32 if GEMM == 1 else 0))
+        mbarrier.init(ready.index(i), count=1 + (LOADER_WARPS * 32 if GATHER else 0))
         mbarrier.init(empty.index(i), count=1)
-    if GEMM == 1:
+    if GATHER:
         gl.warp_specialize([
             (_consumer, (x_bufs, xt_bufs, w_bufs, y_smem, yt_smem, ready, empty, y_desc, yt_desc, s_ptr, stride_sn,
                          out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, tiles,
                          this, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM,
                          BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M,
-                         PERSISTENT)),
+                         PERSISTENT, GATHER)),
             (_gather_loader, (x_ptr, stride_xm, pair_ptr, num_pairs, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty,
                               tiles, this, N, k_tiles, K, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, LOADER_WARPS, TAIL_M,
                               K_TAIL, PERSISTENT)),
@@ -759,7 +761,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
                          out_ptr, stride_om, pair_ptr, num_pairs, gs_ptr, bias_ptr, stride_be, route_w_ptr, tiles,
                          this, N, K, k_tiles, alpha, beta, limit, (lut_ptr, rexp_ptr, qscale_ptr, ra_ptr), GEMM,
                          BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NVFP4, HAS_BIAS, ACTIVATION, ACT_QUANT, TOP_K, TAIL_M,
-                         PERSISTENT)),
+                         PERSISTENT, GATHER)),
             (_tma_loader, (x_desc, xt_desc, w_desc, x_bufs, xt_bufs, w_bufs, ready, empty, tiles, this, N, k_tiles,
                            BLOCK_N, BLOCK_K, TAIL_M, PERSISTENT)),
         ], [LOADER_WARPS], [LOADER_REGS])

@@ -102,6 +102,10 @@ WS_BLOCK_KS = ("64", "128")
 #: benchmarks/results/ws-persistent-h200-2026-11-28/.
 WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
+#: Whether GEMM1 loads x's rows copied to the sorted order by TMA ($MOE_ORACLE_TRITON_WS_SORTED_X, one of
+#: WS_SORTED_X: "1") or gathers them by pair ("0"; unset: gathers).
+WS_SORTED_X_ENV = "MOE_ORACLE_TRITON_WS_SORTED_X"
+WS_SORTED_X = ("0", "1")
 #: Whether an expert's rows one eighth block past its whole blocks ride as the last one's tail
 #: ($MOE_ORACLE_TRITON_WS_EIGHTH_TAILS, one of WS_EIGHTH_TAILS): "1" where warp_specialized.eighth_tails_unsupported
 #: allows (an error elsewhere), "0" never (those rows then take a quarter block and a decode of their own); unset:
@@ -367,6 +371,8 @@ def moe_forward(
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, fp8_dots), w4a8=w4a8, config=ws_config,
                                 persistent=ws_persistent(fp8_dots),
+                                sorted_x=_forced_choice("sorted x", None, WS_SORTED_X, WS_SORTED_X_ENV,
+                                                        "gathered") == "1",
                                 eighth_tails=ws_eighth_tails(weights.format, w4a8.act_quant if w4a8 else 0,
                                                              ws_config[0]))
         return out

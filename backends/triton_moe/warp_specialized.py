@@ -365,19 +365,21 @@ def ws_dtypes(act_quant: int) -> tuple[str, str, str]:
 
 def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activation: int, top_k: int,
                config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0, k_size: int = 0,
-               persistent: bool = False) -> dict:
+               persistent: bool = False, sorted_x: bool = False) -> dict:
     """The kernel's constexprs for one GEMM's launch over blocks of block_m rows (and tail rows after each), its K
-    k_size (0: a multiple of the K step), persistent or a program per tile."""
+    k_size (0: a multiple of the K step), persistent or a program per tile; sorted_x: GEMM1 loads x's rows copied
+    to the sorted rows' order by TMA instead of gathering them."""
     _, block_n, block_k, stages, warps = config
     if tail or block_m < WS_CONFIG[0]:  # their fixed depths, as deep as shared memory holds (config's: as given)
         stages = min(TAIL_BLOCK_STAGES if tail else PARTIAL_BLOCK_STAGES,
                      ring_stages_that_fit(gemm, block_m + tail, block_n, block_k, act_quant))
-    loader_regs = TMA_LOADER_REGS if gemm == 2 else (
+    gather = gemm == 1 and not sorted_x
+    loader_regs = TMA_LOADER_REGS if not gather else (
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                LOADER_WARPS=LOADER_WARPS[gemm], LOADER_REGS=loader_regs, NVFP4=nvfp4, HAS_BIAS=has_bias,
+                LOADER_WARPS=LOADER_WARPS[1 if gather else 2], LOADER_REGS=loader_regs, NVFP4=nvfp4, HAS_BIAS=has_bias,
                 ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail, K_TAIL=k_size % block_k != 0,
-                PERSISTENT=persistent)
+                PERSISTENT=persistent, GATHER=gather)
 
 
 #: Shared memory a program may take on sm_90 (227 KiB), less a KiB for the ring's barriers and alignment.
@@ -425,13 +427,14 @@ def _row_descriptors(gemm: int, rows: int, x_in: torch.Tensor, y_out: torch.Tens
 
 def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights,
            config: tuple = WS_CONFIG, w4a8: W4A8Inputs | None = None, persistent: bool = False,
-           eighth_tails: bool = False) -> None:
+           eighth_tails: bool = False, sorted_x: bool = False) -> None:
     """GEMM1 over every block size, then GEMM2, then the top-k sum into out; x bf16 [T, H] (W4A8, as `w4a8` says: on
     FP8 dots E4M3, on `ws_weights(kw, w4a8=True)`; on bf16 dots its quantized values in bf16), ids [T, k], route_w
     fp32 [T, k], activation the tile kernels' id (ACT_SILU / ACT_SWIGLUOAI), swiglu (alpha, beta, limit).
     persistent: the launches of blocks up to PERSISTENT_MAX_ROWS run a program per multiprocessor at most
     (`launch_programs`), each on over several tiles; else a program per tile. eighth_tails: an expert's rows one
-    eighth block past its whole blocks ride as the last one's tail (`ws_blocks`; `eighth_tails_unsupported`)."""
+    eighth block past its whole blocks ride as the last one's tail (`ws_blocks`; `eighth_tails_unsupported`).
+    sorted_x: x's rows are first copied to the sorted rows' order, which GEMM1 then loads by TMA as GEMM2 loads h."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from backends.layouts.triton_moe import w4a8_lut_table
@@ -456,13 +459,17 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
     lut = w4a8_lut_table(x.device).view(torch.int64)  # W4A8's table as int64 rows: a row's 8 bytes in one load
     tables = ws_blocks(ids, ws.experts, block_m, eighth_tails)
+    if sorted_x:  # a pad row copies token 0's row: its sums are never stored
+        pairs = al.sorted_pairs.long()
+        token = torch.where((pairs >= 0) & (pairs < num_pairs), pairs // k, 0)
+        x_sorted = x.view(torch.uint8).index_select(0, token).view(x.dtype)
     for gemm, w, s, bias, gs, r, n, k_size in (
             (1, ws.w13, ws.w13_scale, ws.w13_bias, ws.w13_global_scale, ws.w13_row_exp, 2 * inter, hidden),
             (2, ws.w2, ws.w2_scale, ws.w2_bias, ws.w2_global_scale, ws.w2_row_exp, hidden, inter)):
         if gemm == 2 and act_quant == 2:  # MXFP8 rebases each h row as a whole: after all of GEMM1's column tiles
             h_in, h_exp = w4a8.quantize_h(h, al.padded_total)
         row_exps = (w4a8.x_exp if gemm == 1 else h_exp) if act_quant == 2 else al.sorted_pairs
-        x_in, y_out = (x, h) if gemm == 1 else (h_in, pair_out[0])
+        x_in, y_out = (x_sorted if sorted_x else x, h) if gemm == 1 else (h_in, pair_out[0])
         configs = [kind_config(config, size, tail, ws.format) for size, tail, *_ in tables]
         weight_steps = {step: (TensorDescriptor.from_tensor(w, packed_block(block_n, step, act_quant),
                                                             _layouts(block_m, block_n, step, act_quant)[0]),
@@ -482,7 +489,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
                 w4a8.qscale if act_quant else unused, row_exps,
                 **constexprs(gemm, size, nvfp4=ws.format == "nvfp4", has_bias=bias is not None,
                              activation=activation, top_k=k, config=launch_config, act_quant=act_quant, tail=tail,
-                             k_size=k_size, persistent=runs_on),
+                             k_size=k_size, persistent=runs_on, sorted_x=sorted_x),
                 num_warps=config[4], maxnreg=WS_MAXNREG)
     sum_block = 1024
     kernels.topk_sum_kernel[(tokens, -(-hidden // sum_block))](
@@ -505,7 +512,7 @@ def launch_programs(tiles: int, device) -> int:
 
 def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False, has_bias: bool = False,
                  activation: int = 0, top_k: int = 4, config: tuple = WS_CONFIG, act_quant: int = 0, tail: int = 0,
-                 k_size: int = 0, persistent: bool = False):
+                 k_size: int = 0, persistent: bool = False, sorted_x: bool = False):
     """One launch's kernel compiled ahead of time for sm_90 (no GPU needed: ptxas ships with triton), for the CPU
     checks of what it compiles to."""
     import triton
@@ -516,7 +523,8 @@ def compile_sm90(gemm: int, block_m: int = WS_CONFIG[0], *, nvfp4: bool = False,
 
     _, block_n, block_k = config[:3]
     values = constexprs(gemm, block_m, nvfp4=nvfp4, has_bias=has_bias, activation=activation, top_k=top_k,
-                        config=config, act_quant=act_quant, tail=tail, k_size=k_size, persistent=persistent)
+                        config=config, act_quant=act_quant, tail=tail, k_size=k_size, persistent=persistent,
+                        sorted_x=sorted_x)
     x_type, w_type, h_type = (DTYPES[name][1] for name in ws_dtypes(act_quant))
     y_type = h_type if gemm == 1 else "bf16"
 
