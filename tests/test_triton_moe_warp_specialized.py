@@ -364,6 +364,53 @@ def test_ws_block_rows_steps_and_stages_come_from_the_environment_or_the_call(mo
         forward.ws_persistent(fp8_dots=False)
 
 
+def test_sorted_x_where_w4a8_takes_its_small_blocks_unless_the_environment_says(monkeypatch):
+    from backends.triton_moe import forward
+
+    small = warp_specialized.W4A8_SMALL_BLOCK_ROWS
+    monkeypatch.delenv(forward.WS_SORTED_X_ENV, raising=False)
+    assert forward.ws_sorted_x(fp8_dots=True, block_m=small)
+    assert not forward.ws_sorted_x(fp8_dots=True, block_m=WS_CONFIG[0])
+    assert not forward.ws_sorted_x(fp8_dots=False, block_m=small)
+    monkeypatch.setenv(forward.WS_SORTED_X_ENV, "1")
+    assert forward.ws_sorted_x(fp8_dots=False, block_m=WS_CONFIG[0])
+    monkeypatch.setenv(forward.WS_SORTED_X_ENV, "0")
+    assert not forward.ws_sorted_x(fp8_dots=True, block_m=small)
+    monkeypatch.setenv(forward.WS_SORTED_X_ENV, "2")
+    with pytest.raises(ValueError, match=r"MOE_ORACLE_TRITON_WS_SORTED_X='2' must be one of \('0', '1'\)"):
+        forward.ws_sorted_x(fp8_dots=True, block_m=small)
+
+
+def test_sorted_x_launches_load_x_by_tma_with_one_loader_warp():
+    from backends.triton_moe.warp_specialized import constexprs
+
+    gathered = constexprs(1, 128, nvfp4=False, has_bias=False, activation=0, top_k=4)
+    loaded = constexprs(1, 128, nvfp4=False, has_bias=False, activation=0, top_k=4, sorted_x=True)
+    assert gathered["GATHER"] and not loaded["GATHER"]
+    assert loaded["LOADER_WARPS"] == warp_specialized.LOADER_WARPS[2] < gathered["LOADER_WARPS"]
+    assert loaded["LOADER_REGS"] == warp_specialized.TMA_LOADER_REGS
+    assert not constexprs(2, 128, nvfp4=False, has_bias=False, activation=0, top_k=4)["GATHER"]
+
+
+@pytest.mark.parametrize(("nvfp4", "act_quant", "tail"), [(False, 1, 0), (True, 2, 0), (False, 2, 32), (True, 1, 32)])
+def test_sm90_sorted_x_build_keeps_fp8_operands_in_flight_without_spills_in_the_k_loop(nvfp4, act_quant, tail):
+    """GEMM1's launches that sorted_x_for gives x by TMA (W4A8's 128-row blocks, persistent, with and without their
+    tail) keep the FP8 wgmmas in flight with nothing spilled in the K loop."""
+    import re
+
+    from _cubin import cubin_tool, k_loop
+    from probe_gluon_w4a16 import sass_stats
+
+    config = (warp_specialized.W4A8_SMALL_BLOCK_ROWS, WS_CONFIG[1], warp_specialized.W4A8_BLOCK_K) + WS_CONFIG[3:]
+    compiled = compile_sm90(1, config[0], nvfp4=nvfp4, has_bias=not nvfp4, activation=0 if nvfp4 else 1,
+                            act_quant=act_quant, tail=tail, config=config, persistent=True, sorted_x=True)
+    stats = sass_stats(compiled)
+    assert stats["in_flight"] >= 1 and stats["operand_rewrites"] == 0, stats
+    assert stats["warp_specialize"] > 0 and stats["shared_bytes"] <= 227 * 1024, stats
+    loop = k_loop(cubin_tool(compiled, "nvdisasm", "-c"))
+    assert any("QGMMA" in line for line in loop) and not any(re.search(r"\b(?:LDL|STL)\b", line) for line in loop)
+
+
 def test_eighth_tails_run_where_they_compile_and_the_environment_says(monkeypatch):
     from backends.triton_moe import forward
 

@@ -103,7 +103,7 @@ WS_BLOCK_KS = ("64", "128")
 WS_PERSISTENT_ENV = "MOE_ORACLE_TRITON_WS_PERSISTENT"
 WS_PERSISTENT = ("0", "1")
 #: Whether GEMM1 loads x's rows copied to the sorted order by TMA ($MOE_ORACLE_TRITON_WS_SORTED_X, one of
-#: WS_SORTED_X: "1") or gathers them by pair ("0"; unset: gathers).
+#: WS_SORTED_X: "1") or gathers them by pair ("0"); unset: as warp_specialized.sorted_x_for says.
 WS_SORTED_X_ENV = "MOE_ORACLE_TRITON_WS_SORTED_X"
 WS_SORTED_X = ("0", "1")
 #: Whether an expert's rows one eighth block past its whole blocks ride as the last one's tail
@@ -371,8 +371,7 @@ def moe_forward(
                                 (float(swiglu_alpha), float(swiglu_beta), float(swiglu_limit)),
                                 _ws_weights(weights, fp8_dots), w4a8=w4a8, config=ws_config,
                                 persistent=ws_persistent(fp8_dots),
-                                sorted_x=_forced_choice("sorted x", None, WS_SORTED_X, WS_SORTED_X_ENV,
-                                                        "gathered") == "1",
+                                sorted_x=ws_sorted_x(fp8_dots, ws_config[0]),
                                 eighth_tails=ws_eighth_tails(weights.format, w4a8.act_quant if w4a8 else 0,
                                                              ws_config[0]))
         return out
@@ -501,6 +500,13 @@ def ws_persistent(fp8_dots: bool) -> bool:
     forced = _forced_choice("persistent grid", None, WS_PERSISTENT, WS_PERSISTENT_ENV,
                             "persistent for W4A8 on FP8 dots, a program per tile for the bf16 dots")
     return fp8_dots if forced is None else forced == "1"
+
+
+def ws_sorted_x(fp8_dots: bool, block_m: int) -> bool:
+    """Whether GEMM1 loads x copied to the sorted rows' order: $MOE_ORACLE_TRITON_WS_SORTED_X, else
+    warp_specialized.sorted_x_for."""
+    forced = _forced_choice("sorted x", None, WS_SORTED_X, WS_SORTED_X_ENV, "warp_specialized.sorted_x_for")
+    return warp_specialized.sorted_x_for(fp8_dots, block_m) if forced is None else forced == "1"
 
 
 def ws_eighth_tails(fmt: str, act_quant: int, block_m: int) -> bool:

@@ -51,6 +51,16 @@ W4A8_BLOCK_K = 128
 #: second decode of its weights in a 64-row block, where the 256-row form carries them as a tail).
 W4A8_SMALL_BLOCK_ROWS = 128
 W4A8_SMALL_BLOCKS_UP_TO = 144
+
+
+def sorted_x_for(fp8_dots: bool, block_m: int) -> bool:
+    """Whether GEMM1 loads x's rows copied to the sorted rows' order by TMA (one loader warp, no proxy fence in the K
+    loop) instead of gathering them by pair: W4A8 on FP8 dots with W4A8_SMALL_BLOCK_ROWS whole blocks. At T = 4096 on
+    an H200 (benchmarks/results/ws-sorted-x-h200-2026-11-29/) 1.05-1.08x on DeepSeek-V3 (NVFP4, MXFP4; both
+    schemes) and Kimi-K2, 0.99x on gpt-oss-120b; with 256-row blocks (T = 16384) 0.98-1.02x, and W4A16 0.99x."""
+    return fp8_dots and block_m == W4A8_SMALL_BLOCK_ROWS
+
+
 #: Ring stages of blocks under WS_CONFIG's rows (its BLOCK_M / 2 and / 4 blocks): their K steps are shorter, so the
 #: ring must hold more of them to cover the gather's latency (ncu at T = 4096 on an H200 had their consumers waiting
 #: for a slot's data while the loader waited for a free slot; 8 stages measured 2-9% faster than 4 there, and no
