@@ -641,31 +641,21 @@ def test_cuda_eighth_tails_give_a_quarter_blocks_bits(name, tokens, routing, sch
     _assert_same_bits_under(forward.WS_EIGHTH_TAILS_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
-@pytest.mark.parametrize("scheme", [None, "fp8_per_tensor_static", "mxfp8"])
-@pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1000, "one_expert"), (1024, "stepped")])
-@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
-def test_cuda_persistent_launches_give_a_program_per_tiles_bits(name, tokens, routing, scheme, monkeypatch):
-    """$MOE_ORACLE_TRITON_WS_PERSISTENT: the partial and tail blocks' programs run on over several tiles each (the
-    ring and the h store carried across), with the same sums per tile, so the same bits as a program per tile."""
-    from backends.triton_moe import forward
-
-    _assert_same_bits_under(forward.WS_PERSISTENT_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
-
-
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="the warp-specialized kernels are built for sm_90 (Hopper) only")
 @pytest.mark.parametrize("scheme", [None, "fp8_per_tensor_static", "mxfp8"])
 @pytest.mark.parametrize(("tokens", "routing"), [(4096, "logits"), (1000, "one_expert"), (1024, "stepped")])
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-nvfp4"])
-def test_cuda_sorted_x_gives_the_gathered_bits(name, tokens, routing, scheme, monkeypatch):
-    """$MOE_ORACLE_TRITON_WS_SORTED_X: GEMM1 loads x's rows copied to the sorted order by TMA instead of gathering
-    them by pair: the same rows in the same ring, so the same bits."""
+@pytest.mark.parametrize("switch", ["WS_PERSISTENT_ENV", "WS_SORTED_X_ENV"])
+def test_cuda_launch_forms_give_the_same_bits(switch, name, tokens, routing, scheme, monkeypatch):
+    """Two forms of the same sums, so the same bits either way: $MOE_ORACLE_TRITON_WS_PERSISTENT (the partial and
+    tail blocks' programs run on over several tiles each, the ring and the h store carried across) and
+    $MOE_ORACLE_TRITON_WS_SORTED_X (GEMM1 loads x's rows copied to the sorted order by TMA instead of gathering
+    them by pair: the same rows in the same ring)."""
     from backends.triton_moe import forward
 
-    _assert_same_bits_under(forward.WS_SORTED_X_ENV, ("0", "1"), name, tokens, routing, scheme, monkeypatch)
+    _assert_same_bits_under(getattr(forward, switch), ("0", "1"), name, tokens, routing, scheme, monkeypatch)
 
 
 def _assert_same_bits_under(env: str, values: tuple, name: str, tokens: int, routing: str, scheme, monkeypatch):
