@@ -387,7 +387,7 @@ def test_sorted_x_launches_load_x_by_tma_with_one_loader_warp():
     gathered = constexprs(1, 128, nvfp4=False, has_bias=False, activation=0, top_k=4)
     loaded = constexprs(1, 128, nvfp4=False, has_bias=False, activation=0, top_k=4, sorted_x=True)
     assert gathered["GATHER"] and not loaded["GATHER"]
-    assert loaded["LOADER_WARPS"] == warp_specialized.LOADER_WARPS[2] < gathered["LOADER_WARPS"]
+    assert loaded["LOADER_WARPS"] == warp_specialized.TMA_LOADER_WARPS < gathered["LOADER_WARPS"]
     assert loaded["LOADER_REGS"] == warp_specialized.TMA_LOADER_REGS
     assert not constexprs(2, 128, nvfp4=False, has_bias=False, activation=0, top_k=4)["GATHER"]
 

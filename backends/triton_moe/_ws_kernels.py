@@ -3,8 +3,9 @@
 One kernel, `ws_moe_gemm_kernel`, runs both GEMMs of the layer over expert-sorted row blocks:
 
     loader partition (LOADER_WARPS warps): each K step's packed weight tile by TMA into a STAGES-deep ring, and the
-        step's activation tile: GEMM1 gathers its x rows (token = pair // k of the block's sorted pairs) with cp.async,
-        GEMM2 loads h's rows by TMA; mbarrier-signalled, slots released by the consumer
+        step's activation tile: GEMM1 gathers its x rows (token = pair // k of the block's sorted pairs) with cp.async
+        or loads x's rows copied to the sorted order by TMA (GATHER), GEMM2 loads h's rows by TMA;
+        mbarrier-signalled, slots released by the consumer
     default partition (NUM_WARPS, one warpgroup per 64 weight rows): the packed int32 words (`pack_words` "words"
         order) straight into the wgmma's A registers through the layer kernels' word routine (`_E2M1_WORD_ASM`, the
         block scales folded into its FMAs), an async wgmma of W x X^T into the accumulator, left in flight while
@@ -741,7 +742,7 @@ def ws_moe_gemm_kernel(x_ptr, stride_xm, x_desc, xt_desc, w_desc, s_ptr, stride_
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        # GEMM1: the weight TMA's expect and every loader thread's cp.async arrival; GEMM2: the TMA's expect
+        # the weight TMA's expect, and with GATHER every loader thread's cp.async arrival
         mbarrier.init(ready.index(i), count=1 + (LOADER_WARPS * 32 if GATHER else 0))
         mbarrier.init(empty.index(i), count=1)
     if GATHER:

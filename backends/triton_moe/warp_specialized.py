@@ -73,10 +73,11 @@ WHOLE_TAIL_MAX_ROWS = 128
 #: with its two output tiles fill 216 of the 227 KiB of shared memory (bf16).
 TAIL_BLOCK_STAGES = 6
 #: Loader warps: GEMM1's cp.async gather spreads its 16-byte copies over a warpgroup (the register file is counted
-#: per warpgroup anyway); GEMM2's loader only issues TMA copies.
-LOADER_WARPS = {1: 4, 2: 1}
+#: per warpgroup anyway); a loader of X rows in the sorted order (GEMM2's h, GEMM1's sorted x) only issues TMA copies.
+GATHER_LOADER_WARPS = 4
+TMA_LOADER_WARPS = 1
 #: Registers of a loader thread: GEMM1's gather keeps a pointer per 16-byte copy of its share of the X tile (16 of
-#: them); GEMM2's loader only issues TMA copies. The gather's pointers also fit 64 registers, which leave GEMM1's
+#: them); a TMA loader only issues copies. The gather's pointers also fit 64 registers, which leave GEMM1's
 #: consumers 224 instead of 200: what W4A8's 128-wide K steps need (W4A8_BLOCK_K; at 200 they spill 34-54 in the
 #: K loop). W4A16 keeps 96 (64 measured 0.98-1.00x).
 GATHER_LOADER_REGS = 96
@@ -387,7 +388,8 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
     loader_regs = TMA_LOADER_REGS if not gather else (
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
-                LOADER_WARPS=LOADER_WARPS[1 if gather else 2], LOADER_REGS=loader_regs, NVFP4=nvfp4, HAS_BIAS=has_bias,
+                LOADER_WARPS=GATHER_LOADER_WARPS if gather else TMA_LOADER_WARPS, LOADER_REGS=loader_regs,
+                NVFP4=nvfp4, HAS_BIAS=has_bias,
                 ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail, K_TAIL=k_size % block_k != 0,
                 PERSISTENT=persistent, GATHER=gather)
 
@@ -469,7 +471,7 @@ def launch(kernels, x, ids, route_w, out, activation: int, swiglu, ws: WSWeights
     unused = route_w  # any fp32 tensor stands in for an absent optional pointer (never read)
     lut = w4a8_lut_table(x.device).view(torch.int64)  # W4A8's table as int64 rows: a row's 8 bytes in one load
     tables = ws_blocks(ids, ws.experts, block_m, eighth_tails)
-    if sorted_x:  # a pad row copies token 0's row: its sums are never stored
+    if sorted_x:  # pad rows (and the rows past the blocks in use) copy token 0's row: their sums are never stored
         pairs = al.sorted_pairs.long()
         token = torch.where((pairs >= 0) & (pairs < num_pairs), pairs // k, 0)
         x_sorted = x.view(torch.uint8).index_select(0, token).view(x.dtype)
