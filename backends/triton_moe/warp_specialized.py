@@ -389,9 +389,8 @@ def constexprs(gemm: int, block_m: int, *, nvfp4: bool, has_bias: bool, activati
         WIDE_STEP_GATHER_LOADER_REGS if block_k > WS_CONFIG[2] else GATHER_LOADER_REGS)
     return dict(GEMM=gemm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NUM_WARPS=warps,
                 LOADER_WARPS=GATHER_LOADER_WARPS if gather else TMA_LOADER_WARPS, LOADER_REGS=loader_regs,
-                NVFP4=nvfp4, HAS_BIAS=has_bias,
-                ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail, K_TAIL=k_size % block_k != 0,
-                PERSISTENT=persistent, GATHER=gather)
+                NVFP4=nvfp4, HAS_BIAS=has_bias, ACTIVATION=activation, TOP_K=top_k, ACT_QUANT=act_quant, TAIL_M=tail,
+                K_TAIL=k_size % block_k != 0, PERSISTENT=persistent, GATHER=gather)
 
 
 #: Shared memory a program may take on sm_90 (227 KiB), less a KiB for the ring's barriers and alignment.
